@@ -1,0 +1,111 @@
+"""The interface every idle detector keeps, and the shared snapshot type.
+
+Time here is integer ticks. The caller turns real time into ticks with two roundings that together give
+"never early, at most one tick late":
+
+* activity at real time ``t`` is recorded at tick ``activity_tick(t) = ceil(t / tick)``, so a deadline
+  ``activity_tick + timeout`` is never before the real deadline ``t + timeout * tick``;
+* ``advance`` is called with ``due_tick(t) = floor(t / tick)``, the last tick boundary already passed.
+
+Detectors are pure: no clock, no I/O. ``advance`` *returns* the expired keys; the caller logs and closes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import Protocol
+
+# Largest number of keys a server processes per ``advance`` call before yielding to the event loop.
+# Chosen from `idled bench`: one chunk of lazy re-filing at 1M keys stays well under 2 ms.
+DEFAULT_CHUNK = 1024
+
+MAX_TIMEOUT_TICKS = 10 * 24 * 3600  # ten days at 1 s ticks: "at least 24 h" with room to spare
+
+
+@dataclass(frozen=True, slots=True)
+class DetectorStats:
+    """A point-in-time snapshot, cheap enough to take at every metrics scrape."""
+
+    keys: int
+    slots: int  # ring buckets (0 for detectors without a ring)
+    occupied_slots: int
+    largest_slot: int
+    overflow_keys: int  # keys parked in the overflow wheel's levels
+    overflow_levels: int
+    expired_total: int  # keys returned by advance() since creation
+
+
+class Detector(Protocol):
+    """What the presence table needs from an idle detector.
+
+    Contract, in ticks: a key added or touched at ``now`` with timeout ``T`` has deadline ``now + T``;
+    ``advance(m)`` returns it once, at the first call with ``m >= deadline``, never earlier; a removed key is
+    never returned; re-adding a key replaces it.
+    """
+
+    def add(self, key: Hashable, now: int, timeout: int | None = None) -> None:
+        """Start watching ``key`` (replacing any previous entry); ``None`` means the default timeout."""
+        ...
+
+    def touch(self, key: Hashable, now: int) -> None:
+        """Record activity: the deadline moves to ``now + timeout``. Unknown keys are ignored."""
+        ...
+
+    def remove(self, key: Hashable) -> bool:
+        """Stop watching ``key``; returns whether it was watched."""
+        ...
+
+    def advance(self, now: int, limit: int | None = None) -> list[Hashable]:
+        """Move the clock to ``now`` and return keys whose deadline is ``<= now``.
+
+        With ``limit`` at most that many keys are examined per call (bounding the time one call holds the
+        caller); call again while ``next_due() <= now``.
+        """
+        ...
+
+    def next_due(self) -> int | None:
+        """No key is due before this tick; ``None`` when nothing is watched. Sleep until then."""
+        ...
+
+    def __len__(self) -> int: ...
+
+    def __contains__(self, key: object) -> bool: ...
+
+    def stats(self) -> DetectorStats: ...
+
+
+def activity_tick(t: float, tick: float) -> int:
+    """The tick at which activity at real time ``t`` is recorded (rounded up: never early)."""
+    return math.ceil(t / tick)
+
+
+def due_tick(t: float, tick: float) -> int:
+    """The last tick boundary at or before real time ``t``: what ``advance`` is called with."""
+    return math.floor(t / tick)
+
+
+def check_timeout(timeout: int) -> int:
+    """Validate a timeout in ticks (typed error at the one entry point, not deep in a bucket)."""
+    if type(timeout) is not int or not 1 <= timeout <= MAX_TIMEOUT_TICKS:
+        raise ValueError(f"timeout must be an int from 1 to {MAX_TIMEOUT_TICKS} ticks, got {timeout!r}")
+    return timeout
+
+
+DETECTOR_KINDS = ("ring-eager", "ring-lazy", "scan", "heap")
+
+
+def make_detector(kind: str, *, timeout: int, slots: int = 30, start: int = 0) -> Detector:
+    """Build a detector by name (as `idled bench` and `idled serve --detector` spell them)."""
+    # Imported here, not at the top: wheel and baselines import this module for the interface.
+    from idled.baselines import DeadlineHeap, FullScan
+    from idled.wheel import TimingWheel
+
+    if kind in ("ring-eager", "ring-lazy"):
+        return TimingWheel(timeout=timeout, slots=slots, policy=kind.removeprefix("ring-"), start=start)
+    if kind == "scan":
+        return FullScan(timeout=timeout, start=start)
+    if kind == "heap":
+        return DeadlineHeap(timeout=timeout, start=start)
+    raise ValueError(f"unknown detector {kind!r}; expected one of {', '.join(DETECTOR_KINDS)}")

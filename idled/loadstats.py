@@ -1,0 +1,532 @@
+"""Pure statistics for `idled loadtest`: a log-linear histogram, the session plan, and event matching.
+
+Theory of operation
+-------------------
+No sockets, no clocks: every time is passed in as wall-clock unix seconds, so all of this is tested with
+plain numbers.
+
+**Histogram.** HDR-style log-linear buckets over non-negative integers (microseconds by default). With
+``sub_bits = 11`` the first 2048 buckets hold the values 0..2047 exactly; above that every power of two is
+split into 1024 equal buckets, so a recorded value is off by at most 1/1024 (~0.1 %, three significant
+digits) whatever its size. Worked through: 3000 µs has bit length 12, shift = 1, bucket = 2048 + 0 * 1024 +
+(3000 >> 1) - 1024 = 2524, which holds 3000..3001. Buckets live in a dict, so an idle histogram costs a few
+hundred bytes and merging two (from worker processes) adds counts. `value_at_percentile(p)` walks buckets in
+order to the first cumulative count >= ceil(p% of total) and returns that bucket's highest equivalent value
+(clamped to the exact min / max), as HdrHistogram does; `hgrm()` gives the familiar percentile table with
+five rows per halving of the remaining distance to 100 %.
+
+**Plan.** Which sessions go silent and which log out is fixed before the run from a seed: exactly
+``round(n * fraction)`` sessions of each kind, chosen without replacement, each with a moment drawn
+uniformly from the *silent window*. The window starts when the ramp is done and ends early enough that a
+session silent at its very end must be reported offline, even two ticks late, before the measurement ends:
+``window_end = duration - timeout - bound_ticks * tick - margin``. Everyone else is a pinger.
+
+**Matching.** The coordinator feeds a `Matcher` three streams in any order -- the plan, what the workers did
+(`silent(idx, last_sent)`: the wall time the session's last frame was sent before it fell silent;
+`bye(idx, sent)`; `failed(idx)`: never logged in) and the observer's events -- and `judge()` settles the
+run afterwards. Storage is per kind: one byte per session counts online events, but offline events are kept
+in full only for planned silent / bye sessions (bounded by the plan); an offline for a pinger is a *false
+offline* (counted, first few kept as examples), whatever its reason, because the generator never stopped
+it. For a silent session with last frame sent at ``L``, timeout ``T`` and tick ``k``:
+
+* generator lateness = ``event.ts - (L + T)`` and server lateness = ``event.ts - event.deadline``, both
+  recorded in histograms (negative values are clamped to 0 in the buckets but kept exactly as the minimum);
+* an offline before ``L + T - tolerance`` (or before the server's own deadline) is an *early offline*;
+* no offline at or before ``L + T + bound_ticks * k`` is a *missed offline* -- whether one came later
+  (`missed_late`) or never (`missed_never`); a session whose bound falls after the cutoff is *unjudged*.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+__all__ = [
+    "PINGER", "SILENT", "BYE", "KIND_NAMES", "IDLE_REASONS", "LOGOUT_REASONS",
+    "Histogram", "Plan", "silent_window", "make_plan", "Matcher", "Verdict",
+]
+
+# ------------------------------------------------------------------------------------------- histogram
+
+
+class Histogram:
+    """Log-linear histogram of non-negative values; `unit` is the value of one integer step (1e-6 = µs)."""
+
+    __slots__ = ("_counts", "_sub_bits", "unit", "count", "total", "min", "max")
+
+    def __init__(self, unit: float = 1e-6, sub_bits: int = 11) -> None:
+        if not unit > 0:
+            raise ValueError(f"unit must be positive, got {unit!r}")
+        if not 2 <= sub_bits <= 20:
+            raise ValueError(f"sub_bits must be in 2..20, got {sub_bits!r}")
+        self._counts: dict[int, int] = {}
+        self._sub_bits = sub_bits
+        self.unit = unit
+        self.count = 0
+        self.total = 0.0  # exact sum of recorded values
+        self.min = math.inf  # exact (may be negative: such values were clamped to bucket 0)
+        self.max = -math.inf
+
+    # -- bucket arithmetic (integers) --
+
+    def _index(self, v: int) -> int:
+        sub = 1 << self._sub_bits
+        if v < sub:
+            return v
+        shift = v.bit_length() - self._sub_bits
+        return sub + (shift - 1) * (sub >> 1) + ((v >> shift) - (sub >> 1))
+
+    def _bounds(self, index: int) -> tuple[int, int]:
+        """(lowest, highest) integer value of a bucket."""
+        sub = 1 << self._sub_bits
+        if index < sub:
+            return index, index
+        half = sub >> 1
+        shift = (index - sub) // half + 1
+        mantissa = (index - sub) % half + half
+        low = mantissa << shift
+        return low, low + (1 << shift) - 1
+
+    # -- recording --
+
+    def record(self, value: float, n: int = 1) -> None:
+        """Record `value` (seconds, for the default unit) `n` times; negative values land in bucket 0."""
+        if n <= 0:
+            return
+        if not math.isfinite(value):
+            raise ValueError(f"cannot record {value!r}")
+        steps = max(0, round(value / self.unit))
+        index = self._index(steps)
+        self._counts[index] = self._counts.get(index, 0) + n
+        self.count += n
+        self.total += value * n
+        if value < self.min:
+            self.min = value
+        if value > self.max:
+            self.max = value
+
+    def merge(self, other: Histogram) -> None:
+        if other.unit != self.unit or other._sub_bits != self._sub_bits:
+            raise ValueError("cannot merge histograms of different unit or precision")
+        for index, n in other._counts.items():
+            self._counts[index] = self._counts.get(index, 0) + n
+        self.count += other.count
+        self.total += other.total
+        self.min = min(self.min, other.min)
+        self.max = max(self.max, other.max)
+
+    # -- reading --
+
+    def value_at_percentile(self, percentile: float) -> float:
+        """The value at or below which `percentile` % of recorded values fall (highest equivalent value)."""
+        if not self.count:
+            return math.nan
+        p = min(100.0, max(0.0, percentile))
+        wanted = max(1, math.ceil(p / 100.0 * self.count - 1e-9))
+        seen = 0
+        for index in sorted(self._counts):
+            seen += self._counts[index]
+            if seen >= wanted:
+                high = self._bounds(index)[1] * self.unit
+                return min(self.max, max(self.min, high))
+        return self.max  # pragma: no cover - counts always add up to self.count
+
+    def _cumulative(self) -> Iterator[tuple[float, int]]:
+        seen = 0
+        for index in sorted(self._counts):
+            seen += self._counts[index]
+            yield min(self.max, self._bounds(index)[1] * self.unit), seen
+
+    def summary(self) -> dict[str, float | int | None]:
+        """count, min, mean, p50, p90, p99, p99.9, max (seconds); None for an empty histogram."""
+        if not self.count:
+            return {"count": 0, "min": None, "mean": None, "p50": None, "p90": None, "p99": None,
+                    "p99_9": None, "max": None}
+        return {
+            "count": self.count,
+            "min": self.min,
+            "mean": self.total / self.count,
+            "p50": self.value_at_percentile(50.0),
+            "p90": self.value_at_percentile(90.0),
+            "p99": self.value_at_percentile(99.0),
+            "p99_9": self.value_at_percentile(99.9),
+            "max": self.max,
+        }
+
+    def hgrm(self, ticks_per_half_distance: int = 5, max_rows: int = 400) -> list[dict[str, float | int]]:
+        """Rows of an HdrHistogram `.hgrm` percentile table: value, percentile (0..1), total count, 1/(1-p)."""
+        rows: list[dict[str, float | int]] = []
+        if not self.count:
+            return rows
+        cumulative = list(self._cumulative())
+        pos = 0
+        percentile = 0.0
+        while len(rows) < max_rows:
+            wanted = max(1, math.ceil(percentile / 100.0 * self.count - 1e-9))
+            while cumulative[pos][1] < wanted:
+                pos += 1
+            value, seen = cumulative[pos]
+            value = max(self.min, value) if pos == 0 else value
+            rows.append({"value": value, "percentile": percentile / 100.0, "total_count": seen,
+                         "inverse": (1.0 / (1.0 - percentile / 100.0)) if percentile < 100.0 else math.inf})
+            if wanted >= self.count:
+                break
+            halvings = int(math.log2(100.0 / (100.0 - percentile))) + 1
+            percentile += 100.0 / (ticks_per_half_distance * 2**halvings)
+        if rows[-1]["percentile"] < 1.0:
+            rows.append({"value": self.max, "percentile": 1.0, "total_count": self.count, "inverse": math.inf})
+        return rows
+
+    def hgrm_text(self, scale: float = 1e3, unit_name: str = "ms") -> str:
+        """The table as text, values multiplied by `scale` (default: seconds shown as milliseconds)."""
+        lines = [f"{'Value(' + unit_name + ')':>14} {'Percentile':>14} {'TotalCount':>10} {'1/(1-Percentile)':>17}", ""]
+        for row in self.hgrm():
+            inverse = row["inverse"]
+            inv = f"{inverse:17.2f}" if math.isfinite(inverse) else f"{'inf':>17}"
+            lines.append(f"{row['value'] * scale:14.3f} {row['percentile']:14.12f} {row['total_count']:10d} {inv}")
+        s = self.summary()
+        if self.count:
+            lines.append(f"#[Mean    = {s['mean'] * scale:12.3f}, Max     = {self.max * scale:12.3f}]")  # type: ignore[operator]
+            lines.append(f"#[Count   = {self.count:12d}, Min     = {self.min * scale:12.3f}]")
+        return "\n".join(lines) + "\n"
+
+    # -- transport between processes --
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"unit": self.unit, "sub_bits": self._sub_bits, "counts": dict(self._counts), "count": self.count,
+                "total": self.total, "min": self.min if self.count else None, "max": self.max if self.count else None}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Histogram:
+        h = cls(unit=float(data["unit"]), sub_bits=int(data["sub_bits"]))
+        for index, n in data["counts"].items():
+            h._counts[int(index)] = int(n)
+        h.count = int(data["count"])
+        h.total = float(data["total"])
+        if h.count:
+            h.min = float(data["min"])
+            h.max = float(data["max"])
+        return h
+
+
+# ------------------------------------------------------------------------------------------------ plan
+
+PINGER: Final = 0
+SILENT: Final = 1
+BYE: Final = 2
+KIND_NAMES: Final = {PINGER: "pinger", SILENT: "silent", BYE: "bye"}
+
+# Offline reasons that mean "timed out" and "logged out"; the server names them, other spellings are
+# accepted so a rename on the server side shows up as figures, not as a crash here.
+IDLE_REASONS: Final = frozenset({"idle", "timeout", "idle_timeout", "expired"})
+LOGOUT_REASONS: Final = frozenset({"logout", "bye", "detach", "detached"})
+
+
+def silent_window(*, duration: float, ramp_end: float, timeout: float, tick: float, bound_ticks: float = 2.0,
+                  margin: float | None = None) -> tuple[float, float]:
+    """[start, end] (seconds after the start of the run) for silent / bye moments; ValueError if empty.
+
+    A session silent at `end` has its deadline at most `end + timeout` and must be reported by
+    `end + timeout + bound_ticks * tick`; `margin` (default 0.5 s + one tick) leaves room for the event to
+    travel to the observer before the measurement stops at `duration`.
+    """
+    if margin is None:
+        margin = 0.5 + tick
+    start = ramp_end
+    end = duration - timeout - bound_ticks * tick - margin
+    if end <= start:
+        need = ramp_end + timeout + bound_ticks * tick + margin
+        raise ValueError(f"the run is too short for silent sessions: --duration must exceed {need:.1f} s "
+                         f"(ramp {ramp_end:.1f} s + timeout {timeout:g} s + {bound_ticks:g} ticks + {margin:.1f} s margin)")
+    return start, end
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Session i is a pinger unless `special[i] = (kind, moment)`, moment in seconds after the run start."""
+
+    sessions: int
+    special: Mapping[int, tuple[int, float]]
+    window: tuple[float, float]
+
+    def kind(self, index: int) -> int:
+        entry = self.special.get(index)
+        return PINGER if entry is None else entry[0]
+
+    def counts(self) -> dict[str, int]:
+        c = Counter(kind for kind, _ in self.special.values())
+        return {"pinger": self.sessions - len(self.special), "silent": c[SILENT], "bye": c[BYE]}
+
+    def for_worker(self, indices: Iterable[int]) -> dict[int, tuple[int, float]]:
+        """The special entries among `indices` (what one worker needs to know)."""
+        special = self.special
+        return {i: special[i] for i in indices if i in special}
+
+
+def make_plan(sessions: int, *, silent_fraction: float, bye_fraction: float, window: tuple[float, float],
+              seed: int) -> Plan:
+    """Choose exactly round(n*fraction) silent and bye sessions, each with a moment uniform in `window`."""
+    if sessions < 0:
+        raise ValueError("sessions must be >= 0")
+    if not (0.0 <= silent_fraction <= 1.0 and 0.0 <= bye_fraction <= 1.0 and silent_fraction + bye_fraction <= 1.0):
+        raise ValueError("silent and bye fractions must be in [0, 1] and sum to at most 1")
+    n_silent = round(sessions * silent_fraction)
+    n_bye = min(sessions - n_silent, round(sessions * bye_fraction))
+    rng = random.Random(seed)
+    chosen = rng.sample(range(sessions), n_silent + n_bye)
+    lo, hi = window
+    special: dict[int, tuple[int, float]] = {}
+    for k, index in enumerate(chosen):
+        special[index] = (SILENT if k < n_silent else BYE, rng.uniform(lo, hi))
+    return Plan(sessions, special, window)
+
+
+# -------------------------------------------------------------------------------------------- matching
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The settled run. Every count is of sessions; `ok` is what a test or CI asserts."""
+
+    sessions: int
+    planned: Mapping[str, int]
+    failed_logins: int
+    online_events: int
+    online_missing: int  # logged in, yet no online event seen
+    online_duplicates: int
+    offline_events: int
+    false_offlines: int  # pingers reported offline, and silent / bye sessions reported offline before they stopped
+    false_offline_reasons: Mapping[str, int]
+    false_offline_examples: tuple[Mapping[str, Any], ...]
+    early_offlines: int  # silent sessions reported offline before last_sent + timeout (or their own deadline)
+    missed_offlines: int  # silent sessions not reported offline by last_sent + timeout + bound
+    missed_never: int
+    missed_late: int
+    unjudged_silent: int  # bound falls after the cutoff (the run ended first)
+    unreported_silent: int  # planned silent, logged in, yet the worker never said it stopped
+    silent_wrong_reason: Mapping[str, int]
+    logouts_seen: int
+    missed_logouts: int
+    logout_wrong_reason: Mapping[str, int]
+    duplicate_offlines: int
+    foreign_events: int  # events for uids outside this run
+    timeout: float
+    tick: float
+    bound: float
+    lateness_generator: Histogram = field(repr=False)
+    lateness_server: Histogram = field(repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return (self.false_offlines == 0 and self.missed_offlines == 0 and self.early_offlines == 0
+                and self.missed_logouts == 0 and self.duplicate_offlines == 0 and self.unreported_silent == 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "sessions": self.sessions,
+            "planned": dict(self.planned),
+            "failed_logins": self.failed_logins,
+            "online_events": self.online_events,
+            "online_missing": self.online_missing,
+            "online_duplicates": self.online_duplicates,
+            "offline_events": self.offline_events,
+            "false_offlines": self.false_offlines,
+            "false_offline_reasons": dict(self.false_offline_reasons),
+            "false_offline_examples": [dict(e) for e in self.false_offline_examples],
+            "early_offlines": self.early_offlines,
+            "missed_offlines": self.missed_offlines,
+            "missed_never": self.missed_never,
+            "missed_late": self.missed_late,
+            "unjudged_silent": self.unjudged_silent,
+            "unreported_silent": self.unreported_silent,
+            "silent_wrong_reason": dict(self.silent_wrong_reason),
+            "logouts_seen": self.logouts_seen,
+            "missed_logouts": self.missed_logouts,
+            "logout_wrong_reason": dict(self.logout_wrong_reason),
+            "duplicate_offlines": self.duplicate_offlines,
+            "foreign_events": self.foreign_events,
+            "timeout": self.timeout,
+            "tick": self.tick,
+            "bound": self.bound,
+        }
+
+
+class Matcher:
+    """Matches presence events to what the generator did. Feed in any order; `judge()` at the end.
+
+    Session `i` has uid `uid_base + i` (an int). Events for any other uid are counted as foreign.
+    """
+
+    MAX_EXAMPLES: Final = 20
+
+    def __init__(self, plan: Plan, uid_base: int = 0, t0_wall: float = 0.0) -> None:
+        self.plan = plan
+        self.uid_base = uid_base
+        self.t0_wall = t0_wall  # wall time of the plan's moment 0 (to convert planned moments)
+        n = plan.sessions
+        self._online = bytearray(n)  # online events per session, saturating at 255
+        self._failed: set[int] = set()
+        self._silent_sent: dict[int, float] = {}
+        self._bye_sent: dict[int, float] = {}
+        # first offline of each planned silent / bye session: (ts, reason, deadline)
+        self._special_offline: dict[int, tuple[float, str, float]] = {}
+        self._pinger_offlines = 0
+        self._pinger_offline_seen = bytearray(n)  # to count sessions, not events
+        self._false_reasons: Counter[str] = Counter()
+        self._examples: list[dict[str, Any]] = []
+        self.online_events = 0
+        self.offline_events = 0
+        self.duplicate_offlines = 0
+        self.foreign_events = 0
+        self.first_timeout: float | None = None  # deadline - last_seen of the first online event of ours
+
+    # -- what the generator did --
+
+    def failed(self, index: int) -> None:
+        self._failed.add(index)
+
+    def silent(self, index: int, last_sent: float) -> None:
+        self._silent_sent[index] = last_sent
+
+    def bye(self, index: int, sent: float) -> None:
+        self._bye_sent[index] = sent
+
+    # -- what the server said --
+
+    def event(self, kind: str, uid: object, ts: float, reason: str, deadline: float, last_seen: float) -> None:
+        index = uid - self.uid_base if type(uid) is int else -1  # type: ignore[operator]
+        if not 0 <= index < self.plan.sessions:
+            self.foreign_events += 1
+            return
+        if kind == "online":
+            self.online_events += 1
+            if self._online[index] < 255:
+                self._online[index] += 1
+            if self.first_timeout is None:
+                self.first_timeout = deadline - last_seen
+            return
+        self.offline_events += 1
+        entry = self.plan.special.get(index)
+        if entry is None:
+            if self._pinger_offline_seen[index]:
+                self.duplicate_offlines += 1
+                return
+            self._pinger_offline_seen[index] = 1
+            self._pinger_offlines += 1
+            self._false_reasons[reason] += 1
+            if len(self._examples) < self.MAX_EXAMPLES:
+                self._examples.append({"uid": uid, "kind": "pinger", "ts": ts, "reason": reason,
+                                       "deadline": deadline, "last_seen": last_seen})
+            return
+        if index in self._special_offline:
+            self.duplicate_offlines += 1
+            return
+        self._special_offline[index] = (ts, reason, deadline)
+
+    # -- settling --
+
+    def judge(self, *, timeout: float, tick: float, cutoff: float, bound_ticks: float = 2.0,
+              early_tolerance: float = 0.005) -> Verdict:
+        """Settle every session. `cutoff`: wall time up to which events were collected."""
+        bound = timeout + bound_ticks * tick
+        gen = Histogram()
+        srv = Histogram()
+        early = missed_never = missed_late = unjudged = unreported = 0
+        false_special = 0
+        silent_wrong: Counter[str] = Counter()
+        logout_wrong: Counter[str] = Counter()
+        logouts = missed_logouts = 0
+        false_reasons = Counter(self._false_reasons)
+        examples = list(self._examples)
+        for index, (kind, moment) in self.plan.special.items():
+            if index in self._failed:
+                continue
+            off = self._special_offline.get(index)
+            uid = self.uid_base + index
+            if kind == SILENT:
+                last_sent = self._silent_sent.get(index)
+                if last_sent is None:
+                    if off is not None and off[0] < self.t0_wall + moment:
+                        false_special += 1  # offline while it was still pinging
+                        false_reasons[off[1]] += 1
+                        if len(examples) < self.MAX_EXAMPLES:
+                            examples.append({"uid": uid, "kind": "silent", "ts": off[0], "reason": off[1],
+                                             "planned_silent_at": self.t0_wall + moment})
+                    else:
+                        unreported += 1
+                    continue
+                limit = last_sent + bound
+                if off is None:
+                    if limit > cutoff:
+                        unjudged += 1
+                    else:
+                        missed_never += 1
+                    continue
+                ts, reason, deadline = off
+                if ts < last_sent - early_tolerance:
+                    false_special += 1  # reported offline before it even stopped pinging
+                    false_reasons[reason] += 1
+                    if len(examples) < self.MAX_EXAMPLES:
+                        examples.append({"uid": uid, "kind": "silent", "ts": ts, "reason": reason,
+                                         "last_sent": last_sent})
+                    continue
+                if reason not in IDLE_REASONS:
+                    silent_wrong[reason] += 1
+                lateness = ts - (last_sent + timeout)
+                server_lateness = ts - deadline
+                gen.record(lateness)
+                srv.record(server_lateness)
+                if lateness < -early_tolerance or server_lateness < -0.001:
+                    early += 1
+                elif ts > limit:
+                    missed_late += 1
+            else:  # BYE
+                sent = self._bye_sent.get(index)
+                if sent is None:
+                    if off is not None and off[0] < self.t0_wall + moment:
+                        false_special += 1
+                        false_reasons[off[1]] += 1
+                    else:
+                        unreported += 1
+                    continue
+                if off is None:
+                    if sent + 1.0 + 2 * tick <= cutoff:
+                        missed_logouts += 1
+                    continue
+                ts, reason, _ = off
+                if ts < sent - early_tolerance:
+                    false_special += 1
+                    false_reasons[reason] += 1
+                    continue
+                logouts += 1
+                if reason not in LOGOUT_REASONS:
+                    logout_wrong[reason] += 1
+        online = self._online
+        failed = self._failed
+        zeros = online.count(0)
+        online_missing = zeros - sum(1 for i in failed if online[i] == 0)
+        online_duplicates = len(online) - zeros - online.count(1)
+        # A session whose login failed on our side may still have been logged in by the server (e.g. the
+        # welcome came after our login timeout): its offline then is our doing, not a false offline.
+        seen = self._pinger_offline_seen
+        failed_pingers = [i for i in failed if seen[i]]
+        pinger_false = self._pinger_offlines - len(failed_pingers)
+        for i in failed_pingers:
+            examples = [e for e in examples if e["uid"] != self.uid_base + i]
+        return Verdict(
+            sessions=self.plan.sessions, planned=self.plan.counts(), failed_logins=len(failed),
+            online_events=self.online_events, online_missing=online_missing, online_duplicates=online_duplicates,
+            offline_events=self.offline_events, false_offlines=pinger_false + false_special,
+            false_offline_reasons=dict(false_reasons), false_offline_examples=tuple(examples),
+            early_offlines=early, missed_offlines=missed_never + missed_late, missed_never=missed_never,
+            missed_late=missed_late, unjudged_silent=unjudged, unreported_silent=unreported,
+            silent_wrong_reason=dict(silent_wrong), logouts_seen=logouts, missed_logouts=missed_logouts,
+            logout_wrong_reason=dict(logout_wrong), duplicate_offlines=self.duplicate_offlines,
+            foreign_events=self.foreign_events, timeout=timeout, tick=tick, bound=bound,
+            lateness_generator=gen, lateness_server=srv,
+        )

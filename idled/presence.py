@@ -1,0 +1,225 @@
+"""The presence table: who is online, through which owner, until when; emits presence events.
+
+Theory of operation
+-------------------
+A *session* is one online uid. It has an *owner* (the direct connection it logged in on, or the gateway
+that attached it), a last-activity time and a timeout. The table owns an idle detector
+(``idled.detector.Detector``) keyed by uid and turns its tick arithmetic into seconds:
+
+* time comes in as ``now``: seconds on the server's pause-adjusted monotonic clock (never read here);
+  event records need wall-clock times, so calls that emit events also take ``wall`` (``time.time()`` read
+  once by the caller) and convert: ``wall - (now - t)``;
+* activity at ``now`` is recorded at tick ``ceil(now / tick)`` and ``expire`` advances to
+  ``floor(now / tick)``, so an offline is never before the deadline and at most one tick after it.
+
+Rules:
+
+* login of a uid that is already online: newest wins. The session moves to the new owner, its deadline
+  restarts, **no** offline/online pair is emitted, and the previous owner is returned so the caller can tell
+  it (``kicked``).
+* logout/close is honoured only from the current owner: a kicked connection closing late must not end the
+  session that replaced it.
+* every change gets the next ``seq``; events are returned, never sent from here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from idled.detector import Detector, DetectorStats
+
+Uid = Hashable
+
+
+@dataclass(frozen=True, slots=True)
+class PresenceEvent:
+    """One presence change, as logged and as observers see it (times are wall-clock unix seconds)."""
+
+    seq: int
+    kind: str  # "online" | "offline"
+    uid: Uid
+    ts: float
+    reason: str
+    last_seen: float
+    deadline: float
+    timeout: float
+    detector: str
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "seq": self.seq,
+            "kind": self.kind,
+            "uid": self.uid,
+            "ts": self.ts,
+            "reason": self.reason,
+            "last_seen": self.last_seen,
+            "deadline": self.deadline,
+            "timeout": self.timeout,
+            "detector": self.detector,
+        }
+
+
+class PresenceTable:
+    __slots__ = (
+        "_detector",
+        "_detector_name",
+        "_tick",
+        "_timeout",
+        "_timeout_ticks",
+        "_max_timeout",
+        "_owner",
+        "_last_seen",
+        "_timeouts",
+        "_next_seq",
+        "_tick_low",
+        "_tick_high",
+        "_tick_now",
+    )
+
+    def __init__(
+        self,
+        detector: Detector,
+        *,
+        tick: float,
+        timeout: float,
+        max_timeout: float,
+        detector_name: str,
+        first_seq: int = 1,
+    ) -> None:
+        self._detector = detector
+        self._detector_name = detector_name
+        self._tick = tick
+        self._timeout = timeout
+        self._timeout_ticks = self.ticks_for(timeout)
+        self._max_timeout = max_timeout
+        self._owner: dict[Uid, Any] = {}
+        self._last_seen: dict[Uid, float] = {}
+        self._timeouts: dict[Uid, float] = {}  # sparse: sessions whose timeout isn't the default
+        self._next_seq = first_seq
+        # Cache of the current activity tick: one int object shared by every touch within a tick.
+        self._tick_low = self._tick_high = math.inf
+        self._tick_now = 0
+
+    # -- rules ----------------------------------------------------------------------------------------
+
+    def timeout_for(self, keepalive: float | None) -> float:
+        """MQTT's rule: a client that promises a keepalive every k seconds is allowed 1.5 k of silence."""
+        if keepalive is None:
+            return self._timeout
+        return min(max(1.5 * keepalive, self._tick), self._max_timeout)
+
+    def ticks_for(self, seconds: float) -> int:
+        # Rounded up: a timeout is never shortened by the tick granularity.
+        return max(1, math.ceil(seconds / self._tick - 1e-9))
+
+    def _activity_tick(self, now: float) -> int:
+        if self._tick_low < now <= self._tick_high:
+            return self._tick_now
+        tick = math.ceil(now / self._tick)
+        self._tick_now = tick
+        self._tick_high = tick * self._tick
+        self._tick_low = self._tick_high - self._tick
+        return tick
+
+    # -- changes ------------------------------------------------------------------------------------------
+
+    def login(self, uid: Uid, owner: Any, now: float, wall: float, keepalive: float | None = None) -> tuple[Any, PresenceEvent | None]:
+        """Start (or take over) ``uid``'s session. Returns (previous owner or None, online event or None)."""
+        timeout = self.timeout_for(keepalive)
+        previous = self._owner.get(uid)
+        self._owner[uid] = owner
+        self._last_seen[uid] = now
+        if timeout == self._timeout:
+            self._timeouts.pop(uid, None)
+            self._detector.add(uid, self._activity_tick(now))
+        else:
+            self._timeouts[uid] = timeout
+            self._detector.add(uid, self._activity_tick(now), self.ticks_for(timeout))
+        if previous is not None:
+            return previous, None  # newest wins, without an offline/online flap
+        return None, self._event("online", uid, wall, "login", wall, timeout)
+
+    def touch(self, uid: Uid, now: float) -> None:
+        """Activity from ``uid``: the per-packet path, kept to two dict stores."""
+        last_seen = self._last_seen
+        if uid in last_seen:
+            last_seen[uid] = now
+            self._detector.touch(uid, self._activity_tick(now))
+
+    def touch_owned(self, uid: Uid, owner: Any, now: float) -> bool:
+        """Activity reported by ``owner`` (a gateway) for ``uid``; ignored unless it owns the session."""
+        if self._owner.get(uid) is not owner:
+            return False
+        self._last_seen[uid] = now
+        self._detector.touch(uid, self._activity_tick(now))
+        return True
+
+    def logout(self, uid: Uid, owner: Any, now: float, wall: float, reason: str) -> PresenceEvent | None:
+        """End ``uid``'s session if ``owner`` still owns it."""
+        if self._owner.get(uid) is not owner:
+            return None
+        return self._end(uid, now, wall, reason)
+
+    def _end(self, uid: Uid, now: float, wall: float, reason: str) -> PresenceEvent:
+        del self._owner[uid]
+        last_seen = wall - (now - self._last_seen.pop(uid))
+        timeout = self._timeouts.pop(uid, self._timeout)
+        self._detector.remove(uid)
+        return self._event("offline", uid, wall, reason, last_seen, timeout)
+
+    def expire(self, now: float, wall: float, limit: int | None = None) -> list[tuple[PresenceEvent, Any]]:
+        """Offline events (reason ``idle``) for sessions whose deadline passed, with their owners."""
+        expired = self._detector.advance(math.floor(now / self._tick), limit)
+        out = []
+        for uid in expired:
+            owner = self._owner.pop(uid)
+            last_seen = wall - (now - self._last_seen.pop(uid))
+            timeout = self._timeouts.pop(uid, self._timeout)
+            out.append((self._event("offline", uid, wall, "idle", last_seen, timeout), owner))
+        return out
+
+    def end_all(self, now: float, wall: float, reason: str) -> Iterator[tuple[PresenceEvent, Any]]:
+        """End every session (shutdown), yielding as it goes so the caller can checkpoint."""
+        while self._owner:
+            uid, owner = next(iter(self._owner.items()))
+            yield self._end(uid, now, wall, reason), owner
+
+    def restart_event(self, record: dict[str, Any], wall: float) -> PresenceEvent:
+        """The offline (``restart``) closing a session a previous run left online when it died."""
+        return self._event(
+            "offline", record["uid"], wall, "restart", record.get("last_seen", wall), record.get("timeout", self._timeout)
+        )
+
+    def _event(self, kind: str, uid: Uid, wall: float, reason: str, last_seen: float, timeout: float) -> PresenceEvent:
+        seq = self._next_seq
+        self._next_seq = seq + 1
+        return PresenceEvent(seq, kind, uid, wall, reason, last_seen, last_seen + timeout, timeout, self._detector_name)
+
+    # -- questions ------------------------------------------------------------------------------------
+
+    def next_due(self) -> float | None:
+        """The earliest time (server clock) at which ``expire`` could return something."""
+        due = self._detector.next_due()
+        return None if due is None else due * self._tick
+
+    def owner_of(self, uid: Uid) -> Any:
+        return self._owner.get(uid)
+
+    def is_online(self, uid: Uid) -> bool:
+        return uid in self._owner
+
+    def timeout_of(self, uid: Uid) -> float:
+        return self._timeouts.get(uid, self._timeout)
+
+    @property
+    def next_seq(self) -> int:
+        return self._next_seq
+
+    def __len__(self) -> int:
+        return len(self._owner)
+
+    def detector_stats(self) -> DetectorStats:
+        return self._detector.stats()

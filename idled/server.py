@@ -1,0 +1,749 @@
+"""The daemon: trio listeners, one task per connection, the tick task, the log writer, signals.
+
+Theory of operation
+-------------------
+Everything below this module is pure; this is the only place that reads clocks, touches sockets and
+handles signals. One nursery holds:
+
+* **listeners** (``trio.serve_listeners``): one task per connection. A connection must log in within
+  ``login_timeout`` as a *user* (one uid), a *gateway* (many uids, batched ``attach``/``touch``/``detach``) or
+  an *observer* (``subscribe``/``query``). A user's task is one loop: read, decode, ``presence.touch``,
+  answer pings. No per-connection timer exists: idleness is the detector's job.
+* **the tick task**: sleeps until the detector's ``next_due()`` -- not every second -- then expires in
+  chunks of ``DEFAULT_CHUNK`` keys with a checkpoint between chunks, so even 100k simultaneous expiries never
+  hold the loop for more than a couple of milliseconds. A login that brings the next deadline forward moves
+  the tick task's wake-up (its cancel scope's deadline).
+* **the monitor**: wakes ten times a tick to measure event-loop lag (exported as the largest stall), pings
+  the systemd watchdog, and runs the stall guard.
+* **the log writer** (``idled.logwriter``): group-commits the records the bus queues.
+
+Closing a connection from another task (idle expiry, duplicate login, shutdown) is a cancellation: each
+connection owns a ``CancelScope``; the canceller records why (``end``), the connection task sends the error
+frame itself and closes. Only the connection's own task ever writes to a user's socket.
+
+Stall guard: the server's clock is ``trio.current_time() - paused``. If the event loop could not run for
+``stall_ticks`` ticks or more (SIGSTOP, a VM pause, a starved machine), no packet could be read during that
+time, so silence during it proves nothing: the whole pause is added to ``paused``, which moves every
+deadline later by the pause at once (no per-key work). Whichever task first runs after the pause applies
+it, before it touches or expires anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import math
+import os
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from idled import auth, systemd
+from idled import config as config_module
+from idled.bus import EventBus, Subscription, event_frame
+from idled.config import Config, ConfigError
+from idled.detector import DEFAULT_CHUNK, make_detector
+from idled.eventlog import EventLog, iter_records
+from idled.logwriter import run_writer
+from idled.metrics import Metrics, serve_metrics
+from idled.presence import PresenceEvent, PresenceTable, Uid
+from idled.protocol import (
+    BYE,
+    NEED_DATA,
+    PING,
+    PONG_FRAME,
+    Attach,
+    Detach,
+    Error,
+    ErrorCode,
+    FrameDecoder,
+    Login,
+    Msg,
+    ProtocolError,
+    Query,
+    Status,
+    Subscribe,
+    Touch,
+    Welcome,
+    encode,
+)
+
+log = logging.getLogger("idled.server")
+
+RECEIVE_BYTES = 16384  # one read; a user sends ~15-byte pings, a gateway large touch batches
+SEND_ERROR_TIMEOUT = 1.0  # a peer that doesn't read can't hold a closing connection longer than this
+REPLAY_BATCH = 1000
+
+
+class Connection:
+    """A logged-in connection; for a user, also the owner object the presence table stores."""
+
+    __slots__ = ("scope", "end")
+
+    def __init__(self) -> None:
+        self.scope = trio.CancelScope()
+        self.end: tuple[str, str] | None = None  # (error code, reason) when closed by the server
+
+    def close(self, code: str, reason: str) -> None:
+        """Make the connection's own task send ``code`` and close (the first reason given wins)."""
+        if self.end is None:
+            self.end = (code, reason)
+        self.scope.cancel()
+
+    def release(self, uid: Uid, code: str, reason: str) -> None:
+        """The server ended this user's session (idle, kicked, shutdown): the connection goes with it."""
+        self.close(code, reason)
+
+
+class Gateway(Connection):
+    """A gateway connection: owns many sessions; losing it ends them all (``gateway_lost``)."""
+
+    __slots__ = ("name", "uids")
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+        self.uids: set[Uid] = set()
+
+    def release(self, uid: Uid, code: str, reason: str) -> None:
+        # One session of many ended (expired or taken over): the gateway connection itself stays.
+        self.uids.discard(uid)
+
+
+class Server:
+    def __init__(self, config: Config, *, metrics: Metrics | None = None, env: dict[str, str] | None = None) -> None:
+        self.config = config
+        self.env = dict(os.environ) if env is None else env
+        self.metrics = metrics
+        self.secret = auth.load_secret(config.secret_file) if config.secret_file else None
+        if self.secret is None and not config.insecure and not _is_loopback(config.host):
+            raise ConfigError(
+                f"refusing to listen on {config.host} with auth off: give --secret-file, or --insecure to accept it"
+            )
+        self.log = EventLog(
+            config.resolved_data_dir(self.env),
+            segment_bytes=config.segment_bytes,
+            retention_bytes=config.retention_bytes,
+            retention_seconds=config.retention_seconds,
+        )
+        self.presence: PresenceTable | None = None  # built after recovery, which fixes the first seq
+        self.bus = EventBus(on_event=self._count_event)
+        self.paused = 0.0
+        self._last_beat = 0.0
+        self._stall_limit = config.stall_ticks * config.tick
+        self.connections = {"user": 0, "gateway": 0, "observer": 0, "pending": 0}
+        self._open = 0
+        self._tick_scope: trio.CancelScope | None = None
+        self._tick_deadline = math.inf
+        self._accept_scope = trio.CancelScope()
+        self._stop_event = trio.Event()
+        self._writer_done = trio.Event()
+        self._peers: set[Connection] = set()  # gateways and observers, told when the server stops
+        self.stopping = False
+        self.largest_stall = 0.0  # seconds the event loop was late, at worst (the monitor's probe)
+        self.ports: list[int] = []
+
+    # -- clock ----------------------------------------------------------------------------------------
+
+    def now(self) -> float:
+        """The pause-adjusted monotonic clock every deadline is measured on."""
+        t = trio.current_time()
+        if t - self._last_beat > self._stall_limit:
+            self._stall_check(t)
+        return t - self.paused
+
+    def _stall_check(self, t: float) -> None:
+        gap = t - self._last_beat
+        self._last_beat = t
+        if gap > self._stall_limit:
+            self.paused += gap
+            log.warning("event loop could not run for %.3f s: moved every deadline by the pause", gap)
+
+    # -- lifecycle ------------------------------------------------------------------------------------
+
+    async def serve(
+        self,
+        listeners: Sequence[trio.SocketListener] | None = None,
+        *,
+        task_status: trio.TaskStatus[list[int]] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Recover the log, listen, and run until cancelled or ``stop()``; then shut down cleanly."""
+        cfg = self.config
+        recovery = await trio.to_thread.run_sync(self.log.recover)
+        if recovery.truncated_bytes or recovery.corrupt_records:
+            log.warning(
+                "event log: truncated a torn tail of %d bytes, skipped %d corrupt records",
+                recovery.truncated_bytes,
+                recovery.corrupt_records,
+            )
+        detector = make_detector(cfg.detector_kind, timeout=max(1, math.ceil(cfg.timeout / cfg.tick - 1e-9)), slots=cfg.slots)
+        self.presence = PresenceTable(
+            detector,
+            tick=cfg.tick,
+            timeout=cfg.timeout,
+            max_timeout=cfg.max_timeout,
+            detector_name=cfg.detector_kind,
+            first_seq=recovery.next_seq,
+        )
+        self._last_beat = trio.current_time()
+        if listeners is None:
+            listeners = await self._open_listeners()
+        self.ports = [listener.socket.getsockname()[1] for listener in listeners]
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self._run_writer)
+            # Sessions a crashed run left online end now, before anyone can log in again.
+            wall = time.time()
+            for record in recovery.online.values():
+                self.bus.publish(self.presence.restart_event(record, wall))
+            if recovery.online:
+                log.info("closed %d sessions left online by the previous run (reason restart)", len(recovery.online))
+            if self.metrics is not None:
+                self.metrics.register_snapshot(self.snapshot)
+                if cfg.metrics_port:
+                    port = await nursery.start(serve_metrics, self.metrics.registry, cfg.metrics_host, cfg.metrics_port)
+                    log.info("metrics on http://%s:%d/metrics", cfg.metrics_host, port)
+            nursery.start_soon(self._ticker)
+            nursery.start_soon(self._monitor)
+            await nursery.start(self._accept, listeners, nursery)
+            for port in self.ports:
+                log.info("listening on %s:%d", cfg.host, port)
+                print(f"IDLED_LISTENING host={cfg.host} port={port}", file=sys.stderr, flush=True)
+            systemd.notify(systemd.READY, env=self.env)
+            task_status.started(self.ports)
+            await self._until_stopped()
+            await self._shutdown(nursery)
+
+    async def _accept(
+        self, listeners: Sequence[trio.SocketListener], handlers: trio.Nursery, task_status: trio.TaskStatus[None]
+    ) -> None:
+        # Accept loops under their own scope, handlers in the main nursery: stopping to accept
+        # (shutdown) closes the listeners and leaves the connections to end cleanly.
+        with self._accept_scope:
+            await trio.serve_listeners(self._handle, listeners, handler_nursery=handlers, task_status=task_status)
+
+    async def _open_listeners(self) -> list[trio.SocketListener]:
+        inherited = systemd.listen_fds(self.env)
+        if inherited:
+            log.info("socket activation: adopting %d listening socket(s)", len(inherited))
+            return [trio.SocketListener(trio.socket.from_stdlib_socket(sock)) for sock in inherited]
+        return await trio.open_tcp_listeners(self.config.port, host=self.config.host)
+
+    async def _until_stopped(self) -> None:
+        """Wait for SIGTERM/SIGINT (or ``stop()``). Once shutdown begins the default handlers are back, so a
+        second Ctrl-C interrupts the shutdown itself."""
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+            async with trio.open_nursery() as watch:
+
+                async def on_signals() -> None:
+                    async for signum in signals:
+                        if signum == signal.SIGHUP:
+                            self._reload()
+                        else:
+                            log.info("%s: shutting down", signal.Signals(signum).name)
+                            self._stop_event.set()
+
+                watch.start_soon(on_signals)
+                await self._stop_event.wait()
+                watch.cancel_scope.cancel()
+
+    def stop(self) -> None:
+        """Begin a clean shutdown (what SIGTERM does)."""
+        self._stop_event.set()
+
+    def _reload(self) -> None:
+        log.info("SIGHUP: nothing is reloaded in this version; restart to change settings")
+
+    async def _shutdown(self, nursery: trio.Nursery) -> None:
+        """Stop accepting, end every session (reason shutdown), flush the log, then cancel the rest."""
+        self.stopping = True
+        self._accept_scope.cancel()
+        systemd.notify(systemd.STOPPING, env=self.env)
+        assert self.presence is not None
+        with trio.move_on_after(max(5.0, self.config.login_timeout)) as grace:
+            grace.shield = True
+            wall = time.time()
+            ended = 0
+            for event, owner in self.presence.end_all(self.now(), wall, "shutdown"):
+                self.bus.publish(event)
+                owner.release(event.uid, ErrorCode.SERVER_SHUTDOWN, "server is shutting down")
+                ended += 1
+                if ended % DEFAULT_CHUNK == 0:
+                    await trio.sleep(0)
+            log.info("shutdown: ended %d sessions", ended)
+            self.bus.close_log()
+            await self._writer_done.wait()
+            # Observers get every shutdown event before their own server_shutdown.
+            while self.bus.undelivered():
+                await trio.sleep(0.01)
+            for peer in list(self._peers):
+                peer.close(ErrorCode.SERVER_SHUTDOWN, "server is shutting down")
+            await trio.sleep(0)
+        nursery.cancel_scope.cancel()
+
+    async def _run_writer(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        metrics = self.metrics
+        try:
+            await run_writer(
+                self.log,
+                self.bus.log_receive,
+                fsync=self.config.fsync,
+                interval=self.config.fsync_interval,
+                on_batch=None if metrics is None else _count_batch(metrics),
+                on_fsync=None if metrics is None else metrics.eventlog_fsync_duration.observe,
+                task_status=task_status,
+            )
+        finally:
+            self.log.close()
+            self._writer_done.set()
+
+    def _count_event(self, event: PresenceEvent) -> None:
+        if self.metrics is not None:
+            self.metrics.presence_events.labels(kind=event.kind, reason=event.reason).inc()
+
+    # -- the tick task ----------------------------------------------------------------------------------
+
+    async def _ticker(self) -> None:
+        presence = self.presence
+        assert presence is not None
+        metrics = self.metrics
+        while True:
+            due = presence.next_due()
+            with trio.CancelScope() as self._tick_scope:
+                self._tick_deadline = math.inf if due is None else due + self.paused
+                self._tick_scope.deadline = self._tick_deadline
+                await trio.sleep_forever()
+            self._tick_scope = None
+            started = time.perf_counter()
+            while True:
+                now = self.now()
+                due = presence.next_due()
+                if due is None or due > now:
+                    break
+                await self.bus.room()
+                wall = time.time()
+                for event, owner in presence.expire(now, wall, DEFAULT_CHUNK):
+                    self.bus.publish(event)
+                    owner.release(event.uid, ErrorCode.IDLE_TIMEOUT, "no activity within the timeout")
+                    if metrics is not None:
+                        metrics.offline_lateness.observe(event.ts - event.deadline)
+                await trio.sleep(0)  # a checkpoint between chunks: nobody waits behind a mass expiry
+            if metrics is not None:
+                metrics.detector_ticks.inc()
+                metrics.tick_duration.observe(time.perf_counter() - started)
+
+    def _wake_ticker(self) -> None:
+        """A new session may be due before the tick task's wake-up: bring the wake-up forward."""
+        assert self.presence is not None
+        due = self.presence.next_due()
+        if due is not None and self._tick_scope is not None and due + self.paused < self._tick_deadline:
+            self._tick_deadline = due + self.paused
+            self._tick_scope.deadline = self._tick_deadline
+
+    # -- the monitor --------------------------------------------------------------------------------------
+
+    async def _monitor(self) -> None:
+        interval = min(0.1, self.config.tick / 10)
+        watchdog = systemd.watchdog_interval(self.env)
+        notifier = systemd.Notifier(self.env)
+        next_ping = trio.current_time()
+        next_status = trio.current_time()
+        with notifier:
+            while True:
+                before = trio.current_time()
+                await trio.sleep(interval)
+                t = trio.current_time()
+                self.now()  # applies the stall guard if the loop was held up
+                self._last_beat = t
+                lag = max(0.0, t - before - interval)
+                self.largest_stall = max(self.largest_stall, lag)
+                if self.metrics is not None:
+                    self.metrics.observe_loop_lag(lag)
+                if watchdog is not None and t >= next_ping:
+                    notifier.send(systemd.WATCHDOG)
+                    next_ping = t + watchdog
+                if notifier.enabled and t >= next_status:
+                    notifier.send(systemd.status(self._status_line()))
+                    next_status = t + 5.0
+
+    def _status_line(self) -> str:
+        c = self.connections
+        return f"{len(self.presence or ())} online; connections: {c['user']} users, {c['gateway']} gateways, {c['observer']} observers"
+
+    def snapshot(self) -> dict[str, Any]:
+        assert self.presence is not None
+        stats = self.presence.detector_stats()
+        return {
+            "connections": dict(self.connections),
+            "sessions_online": len(self.presence),
+            "detector_keys": stats.keys,
+            "detector_overflow_keys": stats.overflow_keys,
+        }
+
+    # -- connections ----------------------------------------------------------------------------------------
+
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        role = "pending"
+        self._open += 1
+        self.connections[role] += 1
+        try:
+            if self._open > self.config.max_connections or self.stopping:
+                code = ErrorCode.SERVER_SHUTDOWN if self.stopping else ErrorCode.BUSY
+                await self._close_with(stream, code, "too many connections" if code == ErrorCode.BUSY else "shutting down")
+                return
+            decoder = FrameDecoder(self.config.max_frame)
+            try:
+                login = await self._login(stream, decoder)
+                if login is None:
+                    return
+                self.connections[role] -= 1
+                role = "user" if login.role == "uid" else login.role
+                self.connections[role] += 1
+                if login.role == "uid":
+                    await self._run_user(stream, decoder, login)
+                elif login.role == "gateway":
+                    await self._run_gateway(stream, decoder, login)
+                else:
+                    await self._run_observer(stream, decoder, login)
+            except ProtocolError as exc:
+                self._reject(exc.code)
+                await self._close_with(stream, exc.code, exc.reason)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the peer went away: its session (if any) was ended where it was read
+        except Exception:
+            log.exception("connection handler failed (bug); connection closed, server unaffected")
+        finally:
+            self._open -= 1
+            self.connections[role] -= 1
+            await stream.aclose()
+
+    def _reject(self, code: str) -> None:
+        if self.metrics is not None:
+            self.metrics.frames_rejected.labels(reason=str(code)).inc()
+
+    async def _close_with(self, stream: trio.SocketStream, code: str, reason: str) -> None:
+        """Send an error frame (bounded in time, even while cancelled) before the caller closes."""
+        with trio.CancelScope(shield=True) as scope:
+            scope.deadline = trio.current_time() + SEND_ERROR_TIMEOUT
+            try:
+                await stream.send_all(encode(Error(str(code), reason)))
+            except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError):
+                pass
+
+    async def _next(self, stream: trio.SocketStream, decoder: FrameDecoder) -> Any:
+        """The next message, reading as needed; None at end of stream."""
+        while True:
+            event = decoder.next_event()
+            if event is not NEED_DATA:
+                return event
+            data = await stream.receive_some(RECEIVE_BYTES)
+            if not data:
+                return None
+            decoder.receive_data(data)
+
+    async def _login(self, stream: trio.SocketStream, decoder: FrameDecoder) -> Login | None:
+        with trio.move_on_after(self.config.login_timeout):
+            message = await self._next(stream, decoder)
+            if message is None:
+                return None
+            if not isinstance(message, Login):
+                raise ProtocolError(ErrorCode.NOT_LOGGED_IN, f"log in first (got {type(message).__name__.lower()})")
+            role_label = "user" if message.role == "uid" else message.role
+            if self.secret is not None:
+                try:
+                    auth.verify(self.secret, message.token or "", message.role, message.name, time.time())
+                except auth.AuthError as exc:
+                    if self.metrics is not None:
+                        self.metrics.logins.labels(role=role_label, result="auth_failed").inc()
+                    raise ProtocolError(ErrorCode.AUTH_FAILED, str(exc)) from None
+            if self.metrics is not None:
+                self.metrics.logins.labels(role=role_label, result="ok").inc()
+            return message
+        self._reject(ErrorCode.LOGIN_TIMEOUT)
+        await self._close_with(stream, ErrorCode.LOGIN_TIMEOUT, f"no login within {self.config.login_timeout:g} s")
+        return None
+
+    def _take_over(self, uid: Uid, previous: Any, owner: Connection) -> None:
+        if previous is not None and previous is not owner:
+            previous.release(uid, ErrorCode.KICKED, "logged in elsewhere")
+
+    def _publish(self, event: PresenceEvent | None) -> None:
+        if event is not None:
+            self.bus.publish(event)
+
+    # -- users ------------------------------------------------------------------------------------------------
+
+    async def _run_user(self, stream: trio.SocketStream, decoder: FrameDecoder, login: Login) -> None:
+        presence = self.presence
+        assert presence is not None
+        uid = login.name
+        conn = Connection()
+        await self.bus.room()
+        previous, event = presence.login(uid, conn, self.now(), time.time(), login.keepalive)
+        self._take_over(uid, previous, conn)
+        self._publish(event)
+        self._wake_ticker()
+        reason = "closed"
+        try:
+            with conn.scope:
+                await stream.send_all(encode(Welcome("uid", uid, presence.timeout_of(uid))))
+                while True:
+                    message = decoder.next_event()
+                    if message is NEED_DATA:
+                        data = await stream.receive_some(RECEIVE_BYTES)
+                        if not data:
+                            break
+                        decoder.receive_data(data)
+                        continue
+                    presence.touch(uid, self.now())  # any frame is activity
+                    if message is PING:
+                        await stream.send_all(PONG_FRAME)
+                    elif message is BYE:
+                        reason = "logout"
+                        break
+                    elif type(message) is not Msg:
+                        raise ProtocolError(ErrorCode.NOT_ALLOWED, f"{type(message).__name__.lower()} is not for users")
+        except ProtocolError as exc:
+            self._reject(exc.code)
+            self._publish(presence.logout(uid, conn, self.now(), time.time(), "closed"))
+            await self._close_with(stream, exc.code, exc.reason)
+            return
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        if conn.end is not None:
+            await self._close_with(stream, *conn.end)
+        else:
+            self._publish(presence.logout(uid, conn, self.now(), time.time(), reason))
+
+    # -- gateways ---------------------------------------------------------------------------------------------
+
+    async def _run_gateway(self, stream: trio.SocketStream, decoder: FrameDecoder, login: Login) -> None:
+        presence = self.presence
+        assert presence is not None
+        gateway = Gateway(str(login.name))
+        decoder.max_frame = self.config.max_gateway_frame
+        self._peers.add(gateway)
+        try:
+            with gateway.scope:
+                await stream.send_all(encode(Welcome("gateway", gateway.name, None, self.config.max_gateway_frame)))
+                while True:
+                    message = await self._next(stream, decoder)
+                    if message is None or message is BYE:
+                        break
+                    if type(message) is Touch:
+                        now = self.now()
+                        for uid in message.uids:
+                            presence.touch_owned(uid, gateway, now)
+                    elif type(message) is Attach:
+                        await self._attach(gateway, message)
+                    elif type(message) is Detach:
+                        await self.bus.room()
+                        now, wall = self.now(), time.time()
+                        for uid in message.uids:
+                            self._publish(presence.logout(uid, gateway, now, wall, "detach"))
+                            gateway.uids.discard(uid)
+                    elif message is PING:
+                        await stream.send_all(PONG_FRAME)
+                    else:
+                        raise ProtocolError(ErrorCode.NOT_ALLOWED, f"{type(message).__name__.lower()} is not for gateways")
+        finally:
+            self._peers.discard(gateway)
+            with trio.CancelScope(shield=True):
+                await self._gateway_lost(gateway)
+        if gateway.end is not None:
+            await self._close_with(stream, *gateway.end)
+
+    async def _attach(self, gateway: Gateway, message: Attach) -> None:
+        presence = self.presence
+        assert presence is not None
+        await self.bus.room()
+        now, wall = self.now(), time.time()
+        for uid in message.uids:
+            previous, event = presence.login(uid, gateway, now, wall, message.keepalive)
+            self._take_over(uid, previous, gateway)
+            gateway.uids.add(uid)
+            self._publish(event)
+        self._wake_ticker()
+
+    async def _gateway_lost(self, gateway: Gateway) -> None:
+        presence = self.presence
+        assert presence is not None
+        ended = 0
+        while gateway.uids:
+            await self.bus.room()
+            now, wall = self.now(), time.time()
+            for _ in range(min(DEFAULT_CHUNK, len(gateway.uids))):
+                self._publish(presence.logout(gateway.uids.pop(), gateway, now, wall, "gateway_lost"))
+                ended += 1
+            await trio.sleep(0)
+        if ended:
+            log.info("gateway %s lost: %d sessions offline", gateway.name, ended)
+
+    # -- observers --------------------------------------------------------------------------------------------
+
+    async def _run_observer(self, stream: trio.SocketStream, decoder: FrameDecoder, login: Login) -> None:
+        observer = Connection()
+        subscription = Subscription(
+            lambda: observer.close(ErrorCode.BUSY, "observer fell behind; subscribe again with from=<last seq + 1>")
+        )
+        self._peers.add(observer)
+        try:
+            with observer.scope:
+                await stream.send_all(encode(Welcome("observer", login.name)))
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._observer_sender, stream, subscription)
+                    await self._observer_requests(stream, decoder, subscription)
+                    nursery.cancel_scope.cancel()
+        finally:
+            self._peers.discard(observer)
+            self.bus.unsubscribe(subscription)
+        if observer.end is not None:
+            await self._close_with(stream, *observer.end)
+
+    async def _observer_requests(self, stream: trio.SocketStream, decoder: FrameDecoder, subscription: Subscription) -> None:
+        presence = self.presence
+        assert presence is not None
+        while True:
+            message = await self._next(stream, decoder)
+            if message is None or message is BYE:
+                return
+            if type(message) is Subscribe:
+                if subscription in self.bus.subscriptions:
+                    raise ProtocolError(ErrorCode.NOT_ALLOWED, "already subscribed")
+                start = message.from_seq
+                if start is not None and start < presence.next_seq:
+                    oldest = await trio.to_thread.run_sync(self.log.oldest_seq)
+                    available = min(x for x in (oldest, self.bus.oldest_recent(), presence.next_seq) if x is not None)
+                    if start < available:
+                        raise ProtocolError(ErrorCode.GONE, f"seq {start} is no longer retained; oldest available is {available}")
+                # No checkpoint between these two lines: the replay marker precedes every live frame.
+                self.bus.subscribe(subscription, presence.next_seq, start)
+                self._queue(subscription, REPLAY_MARKER)
+            elif type(message) is Query:
+                self._queue(subscription, encode(Status({uid: presence.is_online(uid) for uid in message.uids})))
+            elif message is PING:
+                self._queue(subscription, PONG_FRAME)
+            else:
+                raise ProtocolError(ErrorCode.NOT_ALLOWED, f"{type(message).__name__.lower()} is not for observers")
+
+    def _queue(self, subscription: Subscription, frame: bytes) -> None:
+        try:
+            subscription.send.send_nowait(frame)
+        except trio.WouldBlock:
+            subscription.on_overflow()
+
+    async def _observer_sender(self, stream: trio.SocketStream, subscription: Subscription) -> None:
+        """The only task writing to an observer's socket: replies, replay (at the marker), live events."""
+        async for frame in subscription.receive:
+            if frame is REPLAY_MARKER:
+                if subscription.replay_from is not None:
+                    await self._replay(stream, subscription.replay_from, subscription.live_from)
+            else:
+                await stream.send_all(frame)
+
+    async def _replay(self, stream: trio.SocketStream, start: int, below: int) -> None:
+        """Send events ``[start, below)``: older ones from the log on disk, the rest from the recent window."""
+        window_start, frames = self.bus.recent_from(start, below)
+        if start < window_start:
+            # Everything before the window has reached the writer; wait until it is on disk too.
+            while self.log.last_seq < window_start - 1:
+                await trio.sleep(0.01)
+            records = iter_records(self.log.directory, start)
+            while batch := await trio.to_thread.run_sync(_take, records, REPLAY_BATCH, window_start):
+                await stream.send_all(b"".join(event_frame(record) for record in batch))
+        for frame in frames:
+            await stream.send_all(frame)
+
+
+REPLAY_MARKER = b""  # queued at subscribe: "replay the requested range here, before the live frames"
+
+
+def _take(records: Any, count: int, below: int) -> list[dict[str, Any]]:
+    out = []
+    for record in records:
+        if record["seq"] >= below:
+            break
+        out.append(record)
+        if len(out) >= count:
+            break
+    return out
+
+
+def _count_batch(metrics: Metrics) -> Callable[[int, int], None]:
+    def on_batch(records: int, nbytes: int) -> None:
+        metrics.eventlog_records.inc(records)
+        metrics.eventlog_bytes.inc(nbytes)
+
+    return on_batch
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+# -- the `idled serve` command ------------------------------------------------------------------------------
+
+add_arguments = config_module.add_arguments
+
+
+def setup_logging(level: str, env: dict[str, str] | None = None) -> None:
+    """Log lines to stderr; under journald (JOURNAL_STREAM set) with sd-daemon priority prefixes, no timestamps."""
+    env = dict(os.environ) if env is None else env
+    if env.get("JOURNAL_STREAM"):
+        formatter: logging.Formatter = _JournalFormatter("%(name)s: %(message)s")
+    else:
+        formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(formatter)
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
+class _JournalFormatter(logging.Formatter):
+    _PRIORITY = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3, logging.CRITICAL: 2}
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"<{self._PRIORITY.get(record.levelno, 6)}>{super().format(record)}"
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        cfg = config_module.load(args)
+    except ConfigError as exc:
+        print(f"idled serve: {exc}", file=sys.stderr)
+        return 2
+    setup_logging(cfg.log_level)
+    soft, hard = systemd.raise_nofile_limit()
+    log.info("open-file limit %d (hard %d)", soft, hard)
+    try:
+        server = Server(cfg, metrics=Metrics(_registry(), tick=cfg.tick))
+    except (ConfigError, auth.SecretError) as exc:
+        print(f"idled serve: {exc}", file=sys.stderr)
+        return 2
+    try:
+        trio.run(server.serve)
+    except KeyboardInterrupt:
+        log.error("interrupted during shutdown")
+        return 130
+    except OSError as exc:
+        log.error("%s", exc)
+        return 1
+    log.info("stopped; largest event-loop stall %.1f ms", 1000 * server.largest_stall)
+    return 0
+
+
+def _registry() -> Any:
+    from prometheus_client import CollectorRegistry
+
+    return CollectorRegistry()
