@@ -9,8 +9,15 @@ that attached it), a last-activity time and a timeout. The table owns an idle de
 * time comes in as ``now``: seconds on the server's pause-adjusted monotonic clock (never read here);
   event records need wall-clock times, so calls that emit events also take ``wall`` (``time.time()`` read
   once by the caller) and convert: ``wall - (now - t)``;
-* activity at ``now`` is recorded at tick ``ceil(now / tick)`` and ``expire`` advances to
-  ``floor(now / tick)``, so an offline is never before the deadline and at most one tick after it.
+* the detector counts whole ticks from an activity tick; activity at ``now`` is recorded at the tick
+  ``ceil((now + timeout) / tick) - ticks(timeout)``, so that activity tick + timeout ticks is exactly the
+  first tick at or after the real deadline ``now + timeout`` -- also when the timeout is not a whole
+  number of ticks (keepalive 1 s -> 1.5 s with a 1 s tick: activity at 0.2 is due at tick 2, where
+  ``ceil(0.2) + ceil(1.5)`` would say 3); ``expire`` advances to ``floor(now / tick)``, so an offline is
+  never before the deadline and at most one tick after it;
+* ``next_due()`` returns a time ``t`` for which ``floor(t / tick)`` really is the due tick: ``43 * 0.1 / 0.1``
+  is just below 43 in floating point, and a tick task woken at exactly ``43 * 0.1`` (a virtual clock does
+  that) would otherwise find nothing due and spin.
 
 Rules:
 
@@ -116,13 +123,27 @@ class PresenceTable:
         return max(1, math.ceil(seconds / self._tick - 1e-9))
 
     def _activity_tick(self, now: float) -> int:
+        """The detector's activity tick for a default-timeout session active at ``now`` (see the module doc)."""
         if self._tick_low < now <= self._tick_high:
             return self._tick_now
-        tick = math.ceil(now / self._tick)
+        due = self._due_tick(now, self._timeout)
+        tick = due - self._timeout_ticks
         self._tick_now = tick
-        self._tick_high = tick * self._tick
+        # Activity in (low, high] is due at the same tick: one shared int for every touch in it.
+        self._tick_high = due * self._tick - self._timeout
         self._tick_low = self._tick_high - self._tick
         return tick
+
+    def _due_tick(self, now: float, timeout: float) -> int:
+        """The first tick at or after ``now + timeout`` (the same 1e-9 slack as ``ticks_for``)."""
+        return math.ceil((now + timeout) / self._tick - 1e-9)
+
+    def _tick_of(self, uid: Uid, now: float) -> int:
+        timeouts = self._timeouts
+        if timeouts and uid in timeouts:  # sparse: one truthiness test when every session has the default
+            timeout = timeouts[uid]
+            return self._due_tick(now, timeout) - self.ticks_for(timeout)
+        return self._activity_tick(now)
 
     # -- changes ------------------------------------------------------------------------------------------
 
@@ -137,7 +158,7 @@ class PresenceTable:
             self._detector.add(uid, self._activity_tick(now))
         else:
             self._timeouts[uid] = timeout
-            self._detector.add(uid, self._activity_tick(now), self.ticks_for(timeout))
+            self._detector.add(uid, self._tick_of(uid, now), self.ticks_for(timeout))
         if previous is not None:
             return previous, None  # newest wins, without an offline/online flap
         return None, self._event("online", uid, wall, "login", wall, timeout)
@@ -147,14 +168,17 @@ class PresenceTable:
         last_seen = self._last_seen
         if uid in last_seen:
             last_seen[uid] = now
-            self._detector.touch(uid, self._activity_tick(now))
+            if self._timeouts and uid in self._timeouts:  # sparse: usually one truthiness test
+                self._detector.touch(uid, self._tick_of(uid, now))
+            else:
+                self._detector.touch(uid, self._activity_tick(now))
 
     def touch_owned(self, uid: Uid, owner: Any, now: float) -> bool:
         """Activity reported by ``owner`` (a gateway) for ``uid``; ignored unless it owns the session."""
         if self._owner.get(uid) is not owner:
             return False
         self._last_seen[uid] = now
-        self._detector.touch(uid, self._activity_tick(now))
+        self._detector.touch(uid, self._tick_of(uid, now))
         return True
 
     def logout(self, uid: Uid, owner: Any, now: float, wall: float, reason: str) -> PresenceEvent | None:
@@ -203,7 +227,12 @@ class PresenceTable:
     def next_due(self) -> float | None:
         """The earliest time (server clock) at which ``expire`` could return something."""
         due = self._detector.next_due()
-        return None if due is None else due * self._tick
+        if due is None:
+            return None
+        t = due * self._tick
+        while math.floor(t / self._tick) < due:  # expire(t) must see tick `due` (see the module doc)
+            t = math.nextafter(t, math.inf)
+        return t
 
     def owner_of(self, uid: Uid) -> Any:
         return self._owner.get(uid)

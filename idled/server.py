@@ -79,6 +79,7 @@ log = logging.getLogger("idled.server")
 RECEIVE_BYTES = 16384  # one read; a user sends ~15-byte pings, a gateway large touch batches
 SEND_ERROR_TIMEOUT = 1.0  # a peer that doesn't read can't hold a closing connection longer than this
 REPLAY_BATCH = 1000
+OBSERVER_WRITE_BYTES = 64 * 1024  # one write to an observer carries up to this much of its backlog
 
 
 class Connection:
@@ -209,12 +210,13 @@ class Server:
                     port = await nursery.start(serve_metrics, self.metrics.registry, cfg.metrics_host, cfg.metrics_port)
                     log.info("metrics on http://%s:%d/metrics", cfg.metrics_host, port)
             nursery.start_soon(self._ticker)
-            nursery.start_soon(self._monitor)
             await nursery.start(self._accept, listeners, nursery)
             for port in self.ports:
                 log.info("listening on %s:%d", cfg.host, port)
                 print(f"IDLED_LISTENING host={cfg.host} port={port}", file=sys.stderr, flush=True)
             systemd.notify(systemd.READY, env=self.env)
+            # Started after READY=1, so the manager never sees WATCHDOG=1 (or STATUS=) before it.
+            nursery.start_soon(self._monitor)
             task_status.started(self.ports)
             await self._until_stopped()
             await self._shutdown(nursery)
@@ -225,6 +227,11 @@ class Server:
         # Accept loops under their own scope, handlers in the main nursery: stopping to accept
         # (shutdown) closes the listeners and leaves the connections to end cleanly.
         with self._accept_scope:
+            if not listeners:
+                # trio.serve_listeners([]) returns at once and then raises AssertionError: with nothing to
+                # accept on (connections are handed to _handle directly), just hold the scope.
+                task_status.started()
+                await trio.sleep_forever()
             await trio.serve_listeners(self._handle, listeners, handler_nursery=handlers, task_status=task_status)
 
     async def _open_listeners(self) -> list[trio.SocketListener]:
@@ -283,7 +290,12 @@ class Server:
                 await trio.sleep(0.01)
             for peer in list(self._peers):
                 peer.close(ErrorCode.SERVER_SHUTDOWN, "server is shutting down")
-            await trio.sleep(0)
+            # Let every logged-in connection send its server_shutdown frame and close (each send is bounded
+            # by SEND_ERROR_TIMEOUT): cancelling the nursery while a gateway's or observer's task is still
+            # unwinding its own cancel scope would skip its goodbye. Connections still logging in are not
+            # waited for; they are cancelled below.
+            while any(self.connections[role] for role in ("user", "gateway", "observer")):
+                await trio.sleep(0.01)
         nursery.cancel_scope.cancel()
 
     async def _run_writer(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -315,7 +327,7 @@ class Server:
         while True:
             due = presence.next_due()
             with trio.CancelScope() as self._tick_scope:
-                self._tick_deadline = math.inf if due is None else due + self.paused
+                self._tick_deadline = math.inf if due is None else self._wake_time(due)
                 self._tick_scope.deadline = self._tick_deadline
                 await trio.sleep_forever()
             self._tick_scope = None
@@ -341,9 +353,19 @@ class Server:
         """A new session may be due before the tick task's wake-up: bring the wake-up forward."""
         assert self.presence is not None
         due = self.presence.next_due()
-        if due is not None and self._tick_scope is not None and due + self.paused < self._tick_deadline:
-            self._tick_deadline = due + self.paused
+        if due is not None and self._tick_scope is not None and self._wake_time(due) < self._tick_deadline:
+            self._tick_deadline = self._wake_time(due)
             self._tick_scope.deadline = self._tick_deadline
+
+    def _wake_time(self, due: float) -> float:
+        """The trio time at which the server clock (``current_time() - paused``) reads at least ``due``.
+
+        ``(due + paused) - paused`` can be one ulp below ``due``: woken at exactly that deadline (a virtual
+        clock does so), the tick task would find nothing due yet, sleep until the same deadline, and spin."""
+        t = due + self.paused
+        while t - self.paused < due:
+            t = math.nextafter(t, math.inf)
+        return t
 
     # -- the monitor --------------------------------------------------------------------------------------
 
@@ -401,6 +423,10 @@ class Server:
                 login = await self._login(stream, decoder)
                 if login is None:
                     return
+                if self.stopping:
+                    # end_all() has run (or is running): a session started now would never be ended,
+                    # and its online event would miss the log.
+                    raise ProtocolError(ErrorCode.SERVER_SHUTDOWN, "server is shutting down")
                 self.connections[role] -= 1
                 role = "user" if login.role == "uid" else login.role
                 self.connections[role] += 1
@@ -443,6 +469,7 @@ class Server:
                 return event
             data = await stream.receive_some(RECEIVE_BYTES)
             if not data:
+                _check_eof(decoder)
                 return None
             decoder.receive_data(data)
 
@@ -484,6 +511,8 @@ class Server:
         uid = login.name
         conn = Connection()
         await self.bus.room()
+        if self.stopping:  # checked again after the wait: see _handle
+            raise ProtocolError(ErrorCode.SERVER_SHUTDOWN, "server is shutting down")
         previous, event = presence.login(uid, conn, self.now(), time.time(), login.keepalive)
         self._take_over(uid, previous, conn)
         self._publish(event)
@@ -497,6 +526,7 @@ class Server:
                     if message is NEED_DATA:
                         data = await stream.receive_some(RECEIVE_BYTES)
                         if not data:
+                            _check_eof(decoder)
                             break
                         decoder.receive_data(data)
                         continue
@@ -562,6 +592,9 @@ class Server:
         presence = self.presence
         assert presence is not None
         await self.bus.room()
+        if self.stopping:
+            # end_all() has run: sessions started now would never be ended (nor their online events logged).
+            raise ProtocolError(ErrorCode.SERVER_SHUTDOWN, "server is shutting down")
         now, wall = self.now(), time.time()
         for uid in message.uids:
             previous, event = presence.login(uid, gateway, now, wall, message.keepalive)
@@ -593,15 +626,25 @@ class Server:
         )
         self._peers.add(observer)
         try:
+            error: ProtocolError | None = None
             with observer.scope:
                 await stream.send_all(encode(Welcome("observer", login.name)))
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._observer_sender, stream, subscription)
-                    await self._observer_requests(stream, decoder, subscription)
+                    nursery.start_soon(self._observer_sender, stream, subscription, nursery.cancel_scope)
+                    # Caught here, not outside: out of a nursery it would come wrapped in an ExceptionGroup,
+                    # which _handle's `except ProtocolError` does not catch (no error frame, a logged "bug").
+                    try:
+                        await self._observer_requests(stream, decoder, subscription)
+                    except ProtocolError as exc:
+                        error = exc
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        pass
                     nursery.cancel_scope.cancel()
         finally:
             self._peers.discard(observer)
             self.bus.unsubscribe(subscription)
+        if error is not None:
+            raise error
         if observer.end is not None:
             await self._close_with(stream, *observer.end)
 
@@ -637,14 +680,34 @@ class Server:
         except trio.WouldBlock:
             subscription.on_overflow()
 
-    async def _observer_sender(self, stream: trio.SocketStream, subscription: Subscription) -> None:
+    async def _observer_sender(self, stream: trio.SocketStream, subscription: Subscription, done: trio.CancelScope) -> None:
         """The only task writing to an observer's socket: replies, replay (at the marker), live events."""
-        async for frame in subscription.receive:
-            if frame is REPLAY_MARKER:
-                if subscription.replay_from is not None:
-                    await self._replay(stream, subscription.replay_from, subscription.live_from)
-            else:
-                await stream.send_all(frame)
+        try:
+            async for frame in subscription.receive:
+                # Whatever else is already queued goes out in the same write: one send per burst, not
+                # per event, or a mass expiry outruns the observer (~3k sends/s against ~10k events/s).
+                batch: list[bytes] = []
+                size = 0
+                while True:
+                    if frame is REPLAY_MARKER:
+                        if batch:
+                            await stream.send_all(b"".join(batch))
+                            batch, size = [], 0
+                        if subscription.replay_from is not None:
+                            await self._replay(stream, subscription.replay_from, subscription.live_from)
+                    else:
+                        batch.append(frame)
+                        size += len(frame)
+                    if size >= OBSERVER_WRITE_BYTES:
+                        break
+                    try:
+                        frame = subscription.receive.receive_nowait()
+                    except trio.WouldBlock:
+                        break
+                if batch:
+                    await stream.send_all(b"".join(batch))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            done.cancel()  # the observer went away: end the connection (its reader may be blocked)
 
     async def _replay(self, stream: trio.SocketStream, start: int, below: int) -> None:
         """Send events ``[start, below)``: older ones from the log on disk, the rest from the recent window."""
@@ -658,6 +721,12 @@ class Server:
                 await stream.send_all(b"".join(event_frame(record) for record in batch))
         for frame in frames:
             await stream.send_all(frame)
+
+
+def _check_eof(decoder: FrameDecoder) -> None:
+    """At end of stream: bytes of an unfinished frame are a truncated frame (the peer may still read)."""
+    if decoder.buffered:
+        raise ProtocolError(ErrorCode.BAD_FRAME, f"end of stream inside a frame ({decoder.buffered} bytes pending)")
 
 
 REPLAY_MARKER = b""  # queued at subscribe: "replay the requested range here, before the live frames"

@@ -74,7 +74,9 @@ def test_record_layout_is_length_crc_msgpack() -> None:
 
 
 def test_round_trip_keeps_values_types_and_extra_keys() -> None:
-    originals = [ev(1, uid="alice"), ev(2, "offline", uid=42, reason="gateway_lost"), ev(3, uid="é", extra_key=[1, "x"])]
+    originals = [
+        ev(1, uid="alice"), ev(2, "offline", uid=42, reason="gateway_lost"), ev(3, uid="é", extra_key=[1, "x"])
+    ]
     data = b"".join(encode_record(e) for e in originals)
     result = decode_buffer(data)
     assert result.records == originals
@@ -149,7 +151,10 @@ def test_zero_filled_tail_is_broken_not_an_endless_run_of_empty_records() -> Non
 
 @pytest.mark.parametrize(
     "body",
-    [msgpack.packb([1, 2, 3]), msgpack.packb({"kind": "online"}), msgpack.packb({"seq": "7"}), b"\xc1", msgpack.packb(1) + b"x"],
+    [
+        msgpack.packb([1, 2, 3]), msgpack.packb({"kind": "online"}), msgpack.packb({"seq": "7"}), b"\xc1",
+        msgpack.packb(1) + b"x",
+    ],
     ids=["array", "no-seq", "str-seq", "invalid-byte", "trailing-bytes"],
 )
 def test_crc_valid_body_that_is_not_an_event_counts_as_corrupt(body: bytes) -> None:
@@ -219,7 +224,10 @@ def test_out_of_order_batch_is_rejected_whole(tmp_path: Path) -> None:
     with open_log(tmp_path) as log:
         log.append(events(1, 3))
         size = os.path.getsize(log.active_path)
-        for bad in ([ev(4), ev(4)], [ev(5), ev(3)], [ev(4), {"kind": "online"}], [ev(True)], [ev(4.0)]):  # type: ignore[arg-type]
+        bad_batches: list[list[dict[str, Any]]] = [
+            [ev(4), ev(4)], [ev(5), ev(3)], [ev(4), {"kind": "online"}], [ev(True)], [ev(4.0)]  # type: ignore[arg-type]
+        ]
+        for bad in bad_batches:
             with pytest.raises(SeqOrderError) as info:
                 log.append(bad)
             assert info.value.code == "seq_order"
@@ -577,23 +585,23 @@ CHILD = textwrap.dedent(
 
 
 def test_sigkilled_writer_loses_nothing_it_reported_synced(tmp_path: Path) -> None:
-    child = subprocess.Popen(
+    with subprocess.Popen(
         [sys.executable, "-c", CHILD, str(tmp_path)], stdout=subprocess.PIPE, text=True, bufsize=1
-    )
-    reported = 0
-    try:
-        assert child.stdout is not None
-        deadline = time.monotonic() + 60
-        while reported < 1500 and time.monotonic() < deadline:  # several segments' worth, mid-loop
-            line = child.stdout.readline()
-            if not line:
-                break
-            reported = int(line)
-        child.send_signal(signal.SIGKILL)
-        rest = child.stdout.read()  # lines written to the pipe before the kill
-    finally:
-        child.kill()
-        child.wait()
+    ) as child:
+        reported = 0
+        try:
+            assert child.stdout is not None
+            deadline = time.monotonic() + 60
+            while reported < 1500 and time.monotonic() < deadline:  # several segments' worth, mid-loop
+                line = child.stdout.readline()
+                if not line:
+                    break
+                reported = int(line)
+            child.send_signal(signal.SIGKILL)
+            rest = child.stdout.read()  # lines written to the pipe before the kill
+        finally:
+            child.kill()
+            child.wait()
     reported = max([reported] + [int(x) for x in rest.split()])
     assert child.returncode == -signal.SIGKILL
     assert reported >= 1500, "the child did not get far enough"

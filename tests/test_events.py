@@ -92,37 +92,39 @@ def test_bytes_values_stay_printable() -> None:
 def test_follow_prints_new_records_and_segments_until_ctrl_c(tmp_path: Path) -> None:
     write(tmp_path, 1, 3, segment_bytes=600)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    child = subprocess.Popen(
+    with subprocess.Popen(
         [sys.executable, "-m", "idled.events", "--data-dir", str(tmp_path), "--follow", "--poll-interval", "0.05"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # an inherited SIG_IGN would hide Ctrl-C
-    )
-    got: queue.Queue[str] = queue.Queue()
+    ) as child:
+        got: queue.Queue[str] = queue.Queue()
 
-    def pump() -> None:
-        assert child.stdout is not None
-        for line in child.stdout:
-            got.put(line)
+        def pump() -> None:
+            assert child.stdout is not None
+            for line in child.stdout:
+                got.put(line)
 
-    threading.Thread(target=pump, daemon=True).start()
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
 
-    def take(n: int) -> list[int]:
-        return [json.loads(got.get(timeout=20))["seq"] for _ in range(n)]
+        def take(n: int) -> list[int]:
+            return [json.loads(got.get(timeout=20))["seq"] for _ in range(n)]
 
-    try:
-        assert take(3) == [1, 2, 3]
-        with EventLog(tmp_path, segment_bytes=600) as log:  # a live writer: appends, then rotations
-            log.recover()
-            log.append([ev(4)])
-            assert take(1) == [4]
-            for seq in range(5, 21):
-                log.append([ev(seq)])
-            assert take(16) == list(range(5, 21))
-        assert len(list_segments(tmp_path)) > 3
-        child.send_signal(signal.SIGINT)
-        assert child.wait(timeout=20) == 0
-        assert child.stderr is not None and "Traceback" not in child.stderr.read()
-        assert got.empty()
-    finally:
-        child.kill()
-        child.wait()
+        try:
+            assert take(3) == [1, 2, 3]
+            with EventLog(tmp_path, segment_bytes=600) as log:  # a live writer: appends, then rotations
+                log.recover()
+                log.append([ev(4)])
+                assert take(1) == [4]
+                for seq in range(5, 21):
+                    log.append([ev(seq)])
+                assert take(16) == list(range(5, 21))
+            assert len(list_segments(tmp_path)) > 3
+            child.send_signal(signal.SIGINT)
+            assert child.wait(timeout=20) == 0
+            reader.join(timeout=20)
+            assert child.stderr is not None and "Traceback" not in child.stderr.read()
+            assert got.empty()
+        finally:
+            child.kill()
+            child.wait()
