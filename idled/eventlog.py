@@ -9,7 +9,8 @@ Theory of operation
     | of the body    | of the body    | {"seq": 7, "kind": ...}   |
     +----------------+----------------+---------------------------+
 
-    00 00 00 5a | 1c 3e 9a 07 | 89 a3 73 65 71 07 a4 6b 69 6e 64 a7 6f 66 66 ...
+    00 00 00 7a | 44 0b d3 f3 | 89 a3 73 65 71 07 a4 6b 69 6e 64 a7 6f 66 66 ...
+    122-byte body  its CRC32     map(9) "seq" 7 "kind" "off...   (seq 7, alice offline idle: 130 bytes)
 
 The CRC is `zlib.crc32(body)`. A length of 0 or above `MAX_RECORD_BYTES` (64 KiB) is *implausible*: no
 writer produces it, so a reader never allocates for it. A body is *good* when its CRC matches and it decodes
@@ -404,7 +405,8 @@ class EventLog:
         if self._failed is not None:
             raise FsyncFailed(f"log poisoned by an earlier fsync failure: {self._failed.reason}")
         if self._state != "open":
-            raise LogStateError(f"log is {self._state}; call recover() first" if self._state == "new" else "log is closed")
+            detail = "call recover() first" if self._state == "new" else "it was closed"
+            raise LogStateError(f"log is {self._state}: {detail}")
 
     # ------------------------------------------------------------------------------------------ recovery
 

@@ -22,11 +22,13 @@ __all__ = ["add_arguments", "run", "format_record"]
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", required=True, metavar="DIR", help="event log directory (holds the *.seg files)")
     parser.add_argument(
-        "--from", dest="from_seq", type=int, default=0, metavar="SEQ", help="first seq to print (default: oldest retained)"
+        "--from", dest="from_seq", type=int, default=0, metavar="SEQ",
+        help="first seq to print (default: oldest retained)",
     )
     parser.add_argument("--follow", "-f", action="store_true", help="keep printing new records until interrupted")
     parser.add_argument(
-        "--poll-interval", type=float, default=0.2, metavar="SECONDS", help="with --follow, how often to look (default 0.2)"
+        "--poll-interval", type=float, default=0.2, metavar="SECONDS",
+        help="with --follow, how often to look (default 0.2)",
     )
 
 
@@ -77,6 +79,9 @@ def run(args: argparse.Namespace) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
         return 0
+    except OSError as exc:  # e.g. the directory removed while following
+        print(f"idled events: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -31,6 +31,8 @@ it. For a silent session with last frame sent at ``L``, timeout ``T`` and tick `
 
 * generator lateness = ``event.ts - (L + T)`` and server lateness = ``event.ts - event.deadline``, both
   recorded in histograms (negative values are clamped to 0 in the buckets but kept exactly as the minimum);
+* ``event.deadline - (L + T)``, the *deadline shift*, is how much later than sent the server took the last
+  frame to have arrived: loopback latency plus time in its read queue (its own histogram);
 * an offline before ``L + T - tolerance`` (or before the server's own deadline) is an *early offline*;
 * no offline at or before ``L + T + bound_ticks * k`` is a *missed offline* -- whether one came later
   (`missed_late`) or never (`missed_never`); a session whose bound falls after the cutoff is *unjudged*.
@@ -41,7 +43,7 @@ from __future__ import annotations
 import math
 import random
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -170,7 +172,8 @@ class Histogram:
             while cumulative[pos][1] < wanted:
                 pos += 1
             value, seen = cumulative[pos]
-            value = max(self.min, value) if pos == 0 else value
+            if percentile == 0.0:
+                value = self.min  # the table starts at the exact minimum
             rows.append({"value": value, "percentile": percentile / 100.0, "total_count": seen,
                          "inverse": (1.0 / (1.0 - percentile / 100.0)) if percentile < 100.0 else math.inf})
             if wanted >= self.count:
@@ -261,10 +264,12 @@ class Plan:
         c = Counter(kind for kind, _ in self.special.values())
         return {"pinger": self.sessions - len(self.special), "silent": c[SILENT], "bye": c[BYE]}
 
-    def for_worker(self, indices: Iterable[int]) -> dict[int, tuple[int, float]]:
-        """The special entries among `indices` (what one worker needs to know)."""
-        special = self.special
-        return {i: special[i] for i in indices if i in special}
+    def split(self, owner: Callable[[int], int], parts: int) -> list[dict[int, tuple[int, float]]]:
+        """The special entries per part (worker), `owner(i)` naming the part of session i."""
+        out: list[dict[int, tuple[int, float]]] = [{} for _ in range(parts)]
+        for index, entry in self.special.items():
+            out[owner(index)][index] = entry
+        return out
 
 
 def make_plan(sessions: int, *, silent_fraction: float, bye_fraction: float, window: tuple[float, float],
@@ -307,7 +312,7 @@ class Verdict:
     missed_never: int
     missed_late: int
     unjudged_silent: int  # bound falls after the cutoff (the run ended first)
-    unreported_silent: int  # planned silent, logged in, yet the worker never said it stopped
+    unreported: int  # planned silent / bye, logged in, yet the worker never said it stopped
     silent_wrong_reason: Mapping[str, int]
     logouts_seen: int
     missed_logouts: int
@@ -319,11 +324,16 @@ class Verdict:
     bound: float
     lateness_generator: Histogram = field(repr=False)
     lateness_server: Histogram = field(repr=False)
+    # server's deadline minus the generator's (last_sent + timeout): how much later than we sent it the
+    # server took the last frame to have arrived (loopback, its read queue, its clock)
+    deadline_shift: Histogram = field(repr=False)
 
     @property
     def ok(self) -> bool:
+        """Every event the server emitted was right, and every one it owed was emitted."""
         return (self.false_offlines == 0 and self.missed_offlines == 0 and self.early_offlines == 0
-                and self.missed_logouts == 0 and self.duplicate_offlines == 0 and self.unreported_silent == 0)
+                and self.missed_logouts == 0 and self.duplicate_offlines == 0 and self.unreported == 0
+                and self.online_missing == 0)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -343,7 +353,7 @@ class Verdict:
             "missed_never": self.missed_never,
             "missed_late": self.missed_late,
             "unjudged_silent": self.unjudged_silent,
-            "unreported_silent": self.unreported_silent,
+            "unreported": self.unreported,
             "silent_wrong_reason": dict(self.silent_wrong_reason),
             "logouts_seen": self.logouts_seen,
             "missed_logouts": self.missed_logouts,
@@ -436,6 +446,7 @@ class Matcher:
         bound = timeout + bound_ticks * tick
         gen = Histogram()
         srv = Histogram()
+        shift = Histogram()
         early = missed_never = missed_late = unjudged = unreported = 0
         false_special = 0
         silent_wrong: Counter[str] = Counter()
@@ -481,6 +492,7 @@ class Matcher:
                 server_lateness = ts - deadline
                 gen.record(lateness)
                 srv.record(server_lateness)
+                shift.record(deadline - (last_sent + timeout))
                 if lateness < -early_tolerance or server_lateness < -0.001:
                     early += 1
                 elif ts > limit:
@@ -524,9 +536,9 @@ class Matcher:
             offline_events=self.offline_events, false_offlines=pinger_false + false_special,
             false_offline_reasons=dict(false_reasons), false_offline_examples=tuple(examples),
             early_offlines=early, missed_offlines=missed_never + missed_late, missed_never=missed_never,
-            missed_late=missed_late, unjudged_silent=unjudged, unreported_silent=unreported,
+            missed_late=missed_late, unjudged_silent=unjudged, unreported=unreported,
             silent_wrong_reason=dict(silent_wrong), logouts_seen=logouts, missed_logouts=missed_logouts,
             logout_wrong_reason=dict(logout_wrong), duplicate_offlines=self.duplicate_offlines,
             foreign_events=self.foreign_events, timeout=timeout, tick=tick, bound=bound,
-            lateness_generator=gen, lateness_server=srv,
+            lateness_generator=gen, lateness_server=srv, deadline_shift=shift,
         )

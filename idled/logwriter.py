@@ -5,17 +5,17 @@ Theory of operation
 Producers (the presence tick, connection handlers) send event dicts, seq already assigned, into a bounded
 `trio.MemoryChannel`. `run_writer` is its only consumer. Each turn of its loop:
 
-1. waits for one event (`receive()`), then takes everything else already queued without waiting
+1. passes one schedule point (so ready producers can add to the channel), takes one event -- waiting for it
+   if the channel is empty -- then everything else already queued without waiting
    (`receive_nowait()` until WouldBlock, at most `max_batch`): one *batch*, however many arrived while the
    previous batch was being written. Under load batches grow by themselves; at low rates a batch is one event.
-2. commits the batch: `log.append(batch)` -- encode, one os.write -- and, when the policy says so,
-   `log.sync()`. Anything that fsyncs runs in a worker thread (`trio.to_thread.run_sync`): fdatasync takes
-   milliseconds. So does a large batch (> `inline_max`, 64 events): encoding costs ~2 us per event, and
-   in a thread the GIL's 5 ms switch interval lets the event loop in. A small batch that needs no fsync
-   is written on the event loop: ~30 us for 12 events against ~90 us for the thread hop alone (measured,
-   2 cores), which otherwise caps the interval/never policies below the rate a producer reaches. The cost
-   is that such a write can stall the loop if the kernel throttles dirty pages; `inline_max=0` sends every
-   write to a thread. While a commit is in a thread, the next batch accumulates in the channel.
+2. commits the batch in one worker-thread call (`trio.to_thread.run_sync`): `log.append(batch)` -- encode,
+   one os.write -- and, when the policy says so, `log.sync()`. fdatasync takes milliseconds; a write into
+   the page cache usually takes microseconds but can stall as long under dirty-page throttling, and
+   encoding a large batch takes ~2 us per event (in a thread the GIL's 5 ms switch interval still lets the
+   event loop in). While the thread works, the next batch accumulates in the channel. (Writing small
+   batches on the event loop instead, to save the ~90 us thread hop, measured no faster end to end: the
+   hop is what lets batches grow.)
 3. reports: `on_batch(records, bytes)`, `on_fsync(seconds)`, `on_durable(seq)`.
 
 fsync policies, and what `on_durable(seq)` means under each:
@@ -24,8 +24,9 @@ fsync policies, and what `on_durable(seq)` means under each:
   durable survives a power cut. Cost: one fdatasync per batch (throughput is set by fdatasync latency x
   batch size; see `python -m idled.logwriter` for this machine's figures).
 - ``interval``: a batch is synced together with its write if `interval` seconds have passed since the last
-  sync, otherwise it is left dirty and the writer stops waiting for events at `last sync + interval` to sync
-  it -- so nothing stays unsynced longer than ~interval even if traffic stops. `on_durable` follows the syncs.
+  sync (so the first batch after a quiet spell is synced at once); otherwise it is left dirty, and the
+  writer stops waiting for events at `last sync + interval` to sync it -- so nothing stays unsynced longer
+  than ~interval even if traffic stops. `on_durable` follows the syncs.
 - ``never``: no fsync ever (the kernel writes back on its own, ~30 s); `on_durable(seq)` is called once the
   batch is written, i.e. it survives a crash of the process, not of the machine.
 
@@ -97,7 +98,6 @@ async def run_writer(
     on_batch: Callable[[int, int], None] | None = None,
     on_fsync: Callable[[float], None] | None = None,
     max_batch: int = 4096,
-    inline_max: int = 64,
     retention_every: float = 3600.0,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -105,13 +105,11 @@ async def run_writer(
 
     on_durable(seq): highest seq durable under the policy. on_batch(records, bytes): after each write.
     on_fsync(seconds): after each fdatasync, its duration. Raises FsyncFailed (fatal) and any append error.
-    inline_max: a batch of at most this many events that needs no fsync is written on the event loop (0:
-    never); see the module docstring.
     """
     if fsync not in FSYNC_POLICIES:
         raise ValueError(f"fsync must be one of {FSYNC_POLICIES}, not {fsync!r}")
-    if not (interval > 0 and math.isfinite(interval)) or max_batch < 1 or inline_max < 0 or retention_every <= 0:
-        raise ValueError("interval must be finite and > 0, max_batch >= 1, inline_max >= 0, retention_every > 0")
+    if not (interval > 0 and math.isfinite(interval)) or max_batch < 1 or retention_every <= 0:
+        raise ValueError("interval must be finite and > 0, max_batch >= 1, retention_every > 0")
     always, never = fsync == "always", fsync == "never"
     last_sync = trio.current_time() - interval  # the first batch is synced at once
     next_retention = trio.current_time()  # the first batch applies retention
@@ -161,10 +159,7 @@ async def run_writer(
                 last_sync = now
             if do_retention:
                 next_retention = now + retention_every
-            if do_sync or do_retention or len(batch) > inline_max:
-                nbytes, fsync_seconds = await trio.to_thread.run_sync(_commit, log, batch, do_sync, never, do_retention)
-            else:
-                nbytes, fsync_seconds = _commit(log, batch, False, never, False)
+            nbytes, fsync_seconds = await trio.to_thread.run_sync(_commit, log, batch, do_sync, never, do_retention)
             if on_batch is not None:
                 on_batch(len(batch), nbytes)
             if do_sync:
@@ -231,10 +226,18 @@ async def _bench_no_disk(seconds: float, channel_size: int, burst: bool) -> dict
     """The producer against a consumer that only drains: the ceiling of the measurement itself."""
     send, receive = trio.open_memory_channel[dict[str, Any]](channel_size)
 
-    async def drain() -> None:
+    async def drain() -> None:  # takes what is queued in one go, as run_writer does
         async with receive:
-            async for _ in receive:
-                pass
+            while True:
+                try:
+                    await receive.receive()
+                except trio.EndOfChannel:
+                    return
+                while True:
+                    try:
+                        receive.receive_nowait()
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(drain)
@@ -243,9 +246,7 @@ async def _bench_no_disk(seconds: float, channel_size: int, burst: bool) -> dict
     return {"events_per_s": count / (time.perf_counter() - started)}
 
 
-async def _bench_one(
-    directory: str, policy: str, inline_max: int, burst: bool, seconds: float, channel_size: int
-) -> dict[str, float]:
+async def _bench_one(directory: str, policy: str, burst: bool, seconds: float, channel_size: int) -> dict[str, float]:
     log = EventLog(directory)
     log.recover()
     send, receive = trio.open_memory_channel[dict[str, Any]](channel_size)
@@ -261,7 +262,7 @@ async def _bench_one(
     async with trio.open_nursery() as nursery:
         await nursery.start(
             lambda task_status: run_writer(
-                log, receive, fsync=policy, interval=1.0, inline_max=inline_max, on_batch=on_batch,
+                log, receive, fsync=policy, interval=1.0, on_batch=on_batch,
                 on_fsync=fsyncs.append, on_durable=lambda seq: durable.__setitem__(0, seq), task_status=task_status,
             )
         )
@@ -289,25 +290,19 @@ async def _bench_one(
     }
 
 
-# (fsync policy, inline_max); each is run with both producers
-BENCH_CONFIGS: Final[tuple[tuple[str, int], ...]] = (
-    ("always", 64), ("interval", 64), ("never", 64), ("interval", 0), ("never", 0),
-)
-
-
 def bench_writer(
     seconds: float = 3.0, channel_size: int = 8192, directory: str | None = None,
-    configs: Sequence[tuple[str, int]] = BENCH_CONFIGS,
+    policies: Sequence[str] = FSYNC_POLICIES,
 ) -> list[tuple[str, dict[str, float]]]:
-    """Measure run_writer's sustained events/s per (fsync policy, inline_max, producer) on a real directory."""
+    """Measure run_writer's sustained events/s per (producer, fsync policy) on a real directory, one run each."""
     results = []
     for burst in (False, True):
         producer = "burst" if burst else "per-event"
         results.append((f"{producer} no disk", trio.run(_bench_no_disk, seconds, channel_size, burst)))
-        for policy, inline_max in configs:
+        for policy in policies:
             with tempfile.TemporaryDirectory(prefix="idled-bench-", dir=directory) as tmp:
-                result = trio.run(_bench_one, tmp, policy, inline_max, burst, seconds, channel_size)
-            results.append((f"{producer} {policy} i={inline_max}", result))
+                result = trio.run(_bench_one, tmp, policy, burst, seconds, channel_size)
+            results.append((f"{producer} {policy}", result))
     return results
 
 
@@ -317,13 +312,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     seconds = float(args[0]) if args else 3.0
     directory = args[1] if len(args) > 1 else None
     print(f"run_writer: {seconds:g} s per run, channel 8192, dir {directory or tempfile.gettempdir()}, "
-          f"{os.cpu_count()} CPUs; i = inline_max")
+          f"{os.cpu_count()} CPUs")
     for name, r in bench_writer(seconds, directory=directory):
         if name.endswith("no disk"):
-            print(f"{name:>24}: {r['events_per_s']:>9,.0f} events/s (no writer: a consumer that only drains)")
+            print(f"{name:>18}: {r['events_per_s']:>9,.0f} events/s (no writer: a consumer that only drains)")
             continue
         print(
-            f"{name:>24}: {r['events_per_s']:>9,.0f} events/s durable, {r['mib_per_s']:5.1f} MiB/s, "
+            f"{name:>18}: {r['events_per_s']:>9,.0f} events/s durable, {r['mib_per_s']:5.1f} MiB/s, "
             f"mean batch {r['mean_batch']:6,.0f}, {r['fsyncs']:5,.0f} fsyncs (p50 {r['fsync_p50_ms']:5.2f} ms, "
             f"p99 {r['fsync_p99_ms']:6.2f} ms); recover() {r['recover_records_per_s']:,.0f} records/s"
             f" = {r['recover_mib_per_s']:.1f} MiB/s"
