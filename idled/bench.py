@@ -5,10 +5,14 @@ Theory of operation
 Time is integer ticks (read them as seconds). For each size N one *schedule* is built before anything is
 timed, and every detector (and the dict floor) is driven through exactly that schedule:
 
-* Key ``i`` is the string ``"u<i>"``; it logs in at a real time drawn from ``(0, P]``, where
-  ``P = timeout / pings_per_timeout`` is its keepalive period (clients connect over a period, not all at
-  tick 0: a million keys in one bucket would be an artefact). It then pings every ``P * U(0.75, 0.95)``,
-  so a live key always pings before its deadline.
+* Key ``i`` is the string ``"u<i>"``; it logs in at a real time drawn from ``(0, login_spread]``
+  (default: one timeout) and then pings every ``P * U(0.75, 0.95)``, where ``P = timeout /
+  pings_per_timeout`` is its keepalive period, so a live key always pings before its deadline. Logins are
+  spread over a whole timeout, not one keepalive period, because that is the steady state: the lazy ring
+  re-files each key about once per timeout, at a phase set by its login, and keeps that phase for several
+  timeouts. A million keys logging in within one 6 s period (``--login-spread 6`` at 5 pings per timeout)
+  is a reconnect storm, whose lumps the lazy ring carries on for minutes: a different benchmark, kept
+  available as an option. (All at tick 0 would be an artefact: a million keys in one bucket.)
 * A ``silent_fraction`` of the keys stop pinging at a random moment of the measured window, early enough
   that their deadline falls inside it. Their last real activity time is remembered.
 * Real activity at time ``t`` is recorded at tick ``ceil(t)``; the schedule is one list of keys per tick
@@ -16,9 +20,15 @@ timed, and every detector (and the dict floor) is driven through exactly that sc
   memory at random as they would in a server.
 
 Simulated tick ``s`` then runs: add the keys logging in at ``s``; touch every key of ``touches[s]`` with
-``touch(key, s)`` (one clock reading around the batch); then the server's tick task -- call ``next_due()``
-and, while it is ``<= s``, ``advance(s, limit=chunk)`` -- timing each call. A warm-up of one
-timeout is run untimed, then ``--seconds`` measured ticks.
+``touch(key, s)`` (one clock reading around the batch); then the server's tick task -- ``advance(s,
+limit=chunk)`` at the tick boundary, then again while ``next_due() <= s`` -- timing each call. A warm-up of
+one timeout (or of the login spread, if longer) is run untimed, then ``--seconds`` measured ticks.
+
+Why advance at *every* tick boundary (``--wake tick``) rather than only when ``next_due()`` says so
+(``--wake due``): the wheel files a deadline relative to its own clock, which moves only in ``advance``.
+If a tick passes without one, the next touches land one tick beyond the ring, in the overflow level, and
+come back as a cascade later: at 100k keys that was an 88 ms tick at the first due bucket. ``--wake due``
+keeps that behaviour measurable.
 
 The clock (``--clock``) is this thread's CPU time by default (``thread_time_ns``, ~0.7 us a reading): on a
 shared machine a wall clock charges the detector for every time slice another process takes, which swamps
@@ -32,10 +42,11 @@ gives what an event loop sees on a quiet machine. Reported per detector and size
   the small per-chunk overhead (``--chunk 0`` runs truly unchunked to compare); the max is the stall an
   unchunked tick would cause in an event loop;
 * ``call_max_ms``: the longest single ``advance`` *or* ``next_due`` call (both hold the event loop; the
-  heap's ``next_due`` pops stale entries and is not bounded by the chunk);
+  heap's ``next_due`` pops stale entries and is not bounded by the chunk). The table adds ``call_p99_ms``:
+  a max is one sample, and on a shared machine one unlucky sample;
 * ``cpu_ms_per_s``: (measured touch time + measured tick time) / measured seconds;
-* ``bytes_per_key``: a separate, untimed pass under ``tracemalloc`` (which slows allocation): logins over one
-  period, then one full timeout of pings and ticks so buckets are spread as in steady state; the largest
+* ``bytes_per_key``: a separate, untimed pass under ``tracemalloc`` (which slows allocation): the logins,
+  then one full timeout of pings and ticks so buckets are spread as in steady state; the largest
   traced size at a tick end after the last login, over N. The key strings exist before tracing starts and
   are not counted; tick numbers are small cached ints;
 * ``lateness_max_ticks``: max over silent keys of expiry tick - (last real activity + timeout); the contract
@@ -45,9 +56,12 @@ gives what an event loop sees on a quiet machine. Reported per detector and size
 
 Garbage collection: before each timed run ``gc.collect(); gc.freeze()`` moves the schedule and everything
 else already alive into the permanent generation, so a full collection triggered during the run does not
-rescan millions of schedule entries (a benchmark artefact). The collector stays *enabled*: collections
-triggered by a detector's own allocations (the heap's tuples) are its real cost in a server and are charged
-to it. Each detector is freed and collected before the next.
+rescan millions of schedule entries (a benchmark artefact). At the end of the warm-up one untimed
+``gc.collect()`` moves the detector's own long-lived tables to the oldest generation, as in a server that has
+been up for a while. The collector stays *enabled*: collections triggered by a detector's own allocations
+(the heap's tuples) are its real cost in a server and are charged to the call they interrupt; the table
+says how many passes ran in the measured window and the longest. Each detector is freed and collected
+before the next.
 
 The command exits 1 if any detector expired early, late or not at all; the performance targets are printed
 but never decide the exit status (timings on a shared machine are noisy).
@@ -61,6 +75,7 @@ import json
 import math
 import random
 import sys
+import textwrap
 import tracemalloc
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import asdict, dataclass
@@ -118,7 +133,7 @@ class Schedule:
     size: int
     timeout: int
     pings_per_timeout: float
-    warmup: int  # ticks 1..warmup are not measured
+    warmup: int  # ticks 1..warmup are not measured (one timeout, or the login spread if longer)
     end: int  # last tick run; ticks warmup+1..end are measured
     logins: list[list[str]]  # logins[s]: keys added at tick s
     touches: list[list[str]]  # touches[s]: keys active in (s-1, s], touched at tick s
@@ -141,12 +156,14 @@ def build_schedule(
     seconds: int,
     silent_fraction: float,
     seed: int,
+    login_spread: float | None = None,
 ) -> Schedule:
     """Draw logins, pings and silences for ``size`` keys (pure Python; ~0.3 us per ping)."""
     rng = random.Random(seed)
     period = timeout / pings_per_timeout
     lo, hi = JITTER[0] * period, JITTER[1] * period
-    warmup = timeout
+    spread = float(timeout) if login_spread is None else login_spread
+    warmup = max(timeout, math.ceil(spread))
     end = warmup + seconds
     keys = [f"u{i}" for i in range(size)]
     # Silent keys stop inside the measured window, no later than end - timeout - 1 so that their deadline
@@ -162,7 +179,7 @@ def build_schedule(
     uniform, ceil, random_ = rng.uniform, math.ceil, rng.random
     for i in order:
         key = keys[i]
-        t = period * (1.0 - random_())  # in (0, period]: ceil(t) >= 1
+        t = spread * (1.0 - random_())  # in (0, spread]: ceil(t) >= 1
         logins[ceil(t)].append(key)
         stop = stop_at.get(i, end)
         last = t
@@ -200,6 +217,9 @@ class RunResult:
     early: int
     missed: int
     prunes: int  # heap rebuilds seen in the measured window (diagnostic; 0 for other detectors)
+    call_p99_ms: float = 0.0  # table only: the max is one sample, and a noisy machine inflates it
+    gc_passes: int = 0  # table only: collector passes during the measured window (any generation)
+    gc_max_ms: float = 0.0
 
 
 def _timed_touches(touch: TouchFn, batch: list[str], now: int, clock: Clock) -> int:
@@ -242,36 +262,66 @@ def run_floor(schedule: Schedule, *, clock: Clock = thread_time_ns) -> RunResult
 
 
 def run_detector(
-    kind: str, schedule: Schedule, *, slots: int, chunk: int | None, clock: Clock = thread_time_ns
+    kind: str,
+    schedule: Schedule,
+    *,
+    slots: int,
+    chunk: int | None,
+    clock: Clock = thread_time_ns,
+    wake: str = "tick",
 ) -> tuple[RunResult, list[tuple[int, list[Hashable]]]]:
     """Drive one detector through the schedule; returns the timings and every (tick, expired keys)."""
     limit = chunk
+    every_tick = wake == "tick"
     # A detector that keeps saying "due" without making progress would hang the benchmark: fail instead.
     max_calls = 1000 + 64 * (schedule.size // (chunk or schedule.size or 1) + 1) * max(
         1, math.ceil(schedule.pings_per_timeout)
     )
-    touch_total = tick_total = tick_max = call_max = 0
+    touch_total = tick_total = tick_max = 0
+    all_calls: list[int] = []  # every next_due/advance call of the measured window, ns
     prunes = 0
     expired_log: list[tuple[int, list[Hashable]]] = []
+    pauses: list[int] = []  # collector passes in the measured window, ns (a diagnostic)
+    started = [0, False]  # start of the current pass; whether we are in the measured window
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started[0] = clock()
+        elif started[1]:
+            pauses.append(clock() - started[0])
+
     gc.collect()
     gc.freeze()
     detector: Detector = make_detector(kind, timeout=schedule.timeout, slots=slots)
+    gc.callbacks.append(on_gc)
     try:
         add, touch = detector.add, detector.touch
         next_due, advance = detector.next_due, detector.advance
         for s in range(1, schedule.end + 1):
+            if s == schedule.warmup + 1:
+                # A server that has run for a while holds the detector's big tables in the oldest
+                # generation; without this, the first young collections of the window would still
+                # traverse them (a start-up artefact, ~7 ms at 1M keys).
+                gc.collect()
+                started[1] = True
             for key in schedule.logins[s]:
                 add(key, s)
             touch_ns = _timed_touches(touch, schedule.touches[s], s, clock)
-            tick_ns = longest = calls = 0
+            tick_ns = calls = 0
+            call_times: list[int] = []
+            # wake="tick": advance at every tick boundary, then again while something is still due.
+            # wake="due": only while next_due() <= s (a tick task that sleeps until the next due bucket).
+            check_first = not every_tick
             while True:
-                start = clock()
-                due = next_due()
-                spent = clock() - start
-                tick_ns += spent
-                longest = max(longest, spent)
-                if due is None or due > s:
-                    break
+                if check_first:
+                    start = clock()
+                    due = next_due()
+                    spent = clock() - start
+                    tick_ns += spent
+                    call_times.append(spent)
+                    if due is None or due > s:
+                        break
+                check_first = True
                 calls += 1
                 if calls > max_calls:
                     raise RuntimeError(f"{kind}: next_due() stays <= {s} after {max_calls} advance calls")
@@ -280,7 +330,7 @@ def run_detector(
                 expired = advance(s, limit)
                 spent = clock() - start
                 tick_ns += spent
-                longest = max(longest, spent)
+                call_times.append(spent)
                 if expired:
                     expired_log.append((s, expired))
                 if heap is not None and getattr(detector, "_heap", None) is not heap and s > schedule.warmup:
@@ -289,25 +339,36 @@ def run_detector(
                 touch_total += touch_ns
                 tick_total += tick_ns
                 tick_max = max(tick_max, tick_ns)
-                call_max = max(call_max, longest)
+                all_calls.extend(call_times)
     finally:
-        del detector
+        gc.callbacks.remove(on_gc)
         gc.unfreeze()
-        gc.collect()
+    # The detector goes with this frame (or, being a cycle -- the wheel's ``touch`` is a bound method stored
+    # on itself -- at the gc.collect() that every timed run and memory pass starts with).
     seconds = schedule.measured_seconds
     result = RunResult(
         touch_ns=touch_total / max(schedule.measured_touches(), 1),
         tick_mean_ms=tick_total / 1e6 / seconds,
         tick_max_ms=tick_max / 1e6,
-        call_max_ms=call_max / 1e6,
+        call_max_ms=max(all_calls, default=0) / 1e6,
         cpu_ms_per_s=(touch_total + tick_total) / 1e6 / seconds,
         bytes_per_key=0.0,
         lateness_max_ticks=0.0,
         early=0,
         missed=0,
         prunes=prunes,
+        call_p99_ms=_percentile(all_calls, 0.99) / 1e6,
+        gc_passes=len(pauses),
+        gc_max_ms=max(pauses, default=0) / 1e6,
     )
     return result, expired_log
+
+
+def _percentile(values: list[int], fraction: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return float(ordered[min(len(ordered) - 1, int(fraction * len(ordered)))])
 
 
 def check_expiries(
@@ -346,6 +407,7 @@ def measure_bytes_per_key(kind: str, schedule: Schedule, *, slots: int) -> float
                 detector.add(key, s)
             for key in schedule.touches[s]:
                 detector.touch(key, s)
+            detector.advance(s)  # every tick boundary (the default wake="tick" of the timed run)
             while (due := detector.next_due()) is not None and due <= s:
                 detector.advance(s)
             if s >= schedule.login_end:
@@ -381,8 +443,10 @@ def bench_size(
     silent_fraction: float,
     chunk: int | None,
     seed: int,
+    login_spread: float | None,
     memory: bool,
     clock: Clock,
+    wake: str,
     progress: TextIO | None,
 ) -> SizeReport:
     def say(message: str) -> None:
@@ -397,13 +461,14 @@ def bench_size(
         seconds=seconds,
         silent_fraction=silent_fraction,
         seed=seed,
+        login_spread=login_spread,
     )
     say(f"[{size:,} keys] dict floor")
     floor = run_floor(schedule, clock=clock)
     results: dict[str, RunResult] = {}
     for kind in kinds:
         say(f"[{size:,} keys] {kind}: timed run")
-        result, expired_log = run_detector(kind, schedule, slots=slots, chunk=chunk, clock=clock)
+        result, expired_log = run_detector(kind, schedule, slots=slots, chunk=chunk, clock=clock, wake=wake)
         result.early, result.missed, result.lateness_max_ticks = check_expiries(schedule, expired_log)
         del expired_log
         if memory:
@@ -448,6 +513,7 @@ def format_table(reports: Sequence[SizeReport], header: str) -> str:
         ("tick_mean_ms", 13, ".3f"),
         ("tick_max_ms", 12, ".3f"),
         ("call_max_ms", 12, ".3f"),
+        ("call_p99_ms", 12, ".3f"),
         ("cpu_ms_per_s", 13, ".2f"),
         ("bytes_per_key", 14, ".1f"),
         ("lateness_max", 13, ".3f"),
@@ -463,8 +529,8 @@ def format_table(reports: Sequence[SizeReport], header: str) -> str:
         lines.append(" ".join(f"{name:<{width}}" if fmt == "s" else f"{name:>{width}}" for name, width, fmt in columns))
         floor = report.floor
         lines.append(
-            f"{'dict floor':<11} {floor.touch_ns:>9.1f} {'-':>13} {'-':>12} {'-':>12} {floor.cpu_ms_per_s:>13.2f}"
-            f" {'-':>14} {'-':>13} {'-':>6} {'-':>7}"
+            f"{'dict floor':<11} {floor.touch_ns:>9.1f} {'-':>13} {'-':>12} {'-':>12} {'-':>12}"
+            f" {floor.cpu_ms_per_s:>13.2f} {'-':>14} {'-':>13} {'-':>6} {'-':>7}"
         )
         for kind, result in report.results.items():
             values = asdict(result)
@@ -504,6 +570,11 @@ def ratio_lines(report: SizeReport) -> list[str]:
         lines.append(f"cpu ring-eager / ring-lazy: {_ratio(cpu_e, cpu_l):.2f}x ({cheaper} costs less CPU)")
     if "heap" in results:
         lines.append(f"heap prunes in the measured window: {results['heap'].prunes}")
+    passes = ", ".join(
+        f"{kind} {result.gc_passes}" + (f" (longest {result.gc_max_ms:.2f} ms)" if result.gc_passes else "")
+        for kind, result in results.items()
+    )
+    lines.append(f"gc passes in the measured window (charged to the call they interrupt): {passes}")
     return lines
 
 
@@ -574,7 +645,7 @@ def plot(reports: Sequence[SizeReport], path: Path, title: str) -> None:
         axes.set_xlabel("keys")
         axes.grid(True, which="both", alpha=0.3)
         axes.legend()
-    figure.suptitle(title)
+    figure.suptitle(textwrap.fill(title, 110), fontsize=9)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
@@ -621,6 +692,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="measured simulated seconds, after a warm-up of one timeout (default: %(default)s)",
     )
     parser.add_argument(
+        "--login-spread",
+        type=float,
+        metavar="TICKS",
+        help="keys log in over this many ticks (default: one timeout, the steady state; "
+        "one keepalive period or less simulates a reconnect storm)",
+    )
+    parser.add_argument(
         "--silent-fraction",
         type=float,
         default=DEFAULT_SILENT_FRACTION,
@@ -644,6 +722,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="cpu",
         help="cpu: thread CPU time, immune to preemption on a shared machine; wall: perf_counter (default: cpu)",
     )
+    parser.add_argument(
+        "--wake",
+        choices=("tick", "due"),
+        default="tick",
+        help="tick: advance at every tick boundary, then while next_due() <= now; "
+        "due: only while next_due() <= now (default: tick)",
+    )
     parser.add_argument("--seed", type=int, default=1, help="schedule random seed (default: %(default)s)")
     parser.add_argument("--no-memory", action="store_true", help="skip the tracemalloc pass (bytes_per_key = 0)")
     parser.add_argument("--json", type=Path, metavar="FILE", help="write the result rows as JSON")
@@ -666,15 +751,21 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.login_spread is not None and not 0 < args.login_spread <= 100_000:
+        print("idled bench: --login-spread must be positive", file=sys.stderr)
+        return 2
     if not 0 <= args.silent_fraction < 1:
         print("idled bench: --silent-fraction must be in [0, 1)", file=sys.stderr)
         return 2
 
     chunk = args.chunk or None
+    spread = args.timeout if args.login_spread is None else args.login_spread
+    warmup = max(args.timeout, math.ceil(spread))
     header = (
         f"idled bench: timeout {args.timeout} ticks, {args.slots} slots, {_number(k)} ping(s) per timeout, "
-        f"{args.silent_fraction:.1%} silent, warm-up {args.timeout} + {args.seconds} measured ticks, "
-        f"chunk {chunk or 'none'}, {args.clock} clock, seed {args.seed}"
+        f"{args.silent_fraction:.1%} silent, logins over {_number(spread)} ticks, "
+        f"warm-up {warmup} + {args.seconds} measured ticks, chunk {chunk or 'none'}, {args.clock} clock, "
+        f"advance {'every tick' if args.wake == 'tick' else 'only when due'}, seed {args.seed}"
     )
     reports = []
     for size in args.sizes:
@@ -689,8 +780,10 @@ def run(args: argparse.Namespace) -> int:
                 silent_fraction=args.silent_fraction,
                 chunk=chunk,
                 seed=args.seed,
+                login_spread=args.login_spread,
                 memory=not args.no_memory,
                 clock=CLOCKS[args.clock],
+                wake=args.wake,
                 progress=None if args.quiet else sys.stderr,
             )
         )

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from idled.detector import MAX_TIMEOUT_TICKS
+
 DETECTORS = ("ring", "scan", "heap")
 POLICIES = ("lazy", "eager")
 FSYNC_POLICIES = ("always", "interval", "never")
@@ -64,6 +66,10 @@ class Config:
         need(0.001 <= self.tick <= 60, "tick must be between 0.001 and 60 seconds")
         need(self.tick <= self.timeout <= self.max_timeout, "need tick <= timeout <= max_timeout")
         need(self.max_timeout <= 10 * 86400, "max_timeout is at most ten days")
+        need(
+            self.max_timeout / self.tick <= MAX_TIMEOUT_TICKS,
+            f"max_timeout / tick must be at most {MAX_TIMEOUT_TICKS} ticks (the detectors' limit)",
+        )
         need(1 <= self.slots <= 1_000_000, "slots must be 1..1000000")
         need(self.detector in DETECTORS, f"detector must be one of {', '.join(DETECTORS)}")
         need(self.policy in POLICIES, f"policy must be one of {', '.join(POLICIES)}")

@@ -43,7 +43,8 @@ class Detector(Protocol):
 
     Contract, in ticks: a key added or touched at ``now`` with timeout ``T`` has deadline ``now + T``;
     ``advance(m)`` returns it once, at the first call with ``m >= deadline``, never earlier; a removed key is
-    never returned; re-adding a key replaces it.
+    never returned; re-adding a key replaces it. Activity at tick ``n`` tells the detector that real time
+    has reached ``n - 1`` (activity ticks are rounded up), so the caller never advances below that.
     """
 
     def add(self, key: Hashable, now: int, timeout: int | None = None) -> None:

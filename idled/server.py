@@ -31,6 +31,7 @@ it, before it touches or expires anything.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import ipaddress
 import logging
 import math
@@ -49,7 +50,7 @@ from idled import config as config_module
 from idled.bus import EventBus, Subscription, event_frame
 from idled.config import Config, ConfigError
 from idled.detector import DEFAULT_CHUNK, make_detector
-from idled.eventlog import EventLog, iter_records
+from idled.eventlog import EventLog, EventLogError, SeqReservation, iter_records
 from idled.logwriter import run_writer
 from idled.metrics import Metrics, serve_metrics
 from idled.presence import PresenceEvent, PresenceTable, Uid
@@ -79,6 +80,12 @@ log = logging.getLogger("idled.server")
 RECEIVE_BYTES = 16384  # one read; a user sends ~15-byte pings, a gateway large touch batches
 SEND_ERROR_TIMEOUT = 1.0  # a peer that doesn't read can't hold a closing connection longer than this
 REPLAY_BATCH = 1000
+# Settings SIGHUP applies to the running server; they only shape what happens next (new connections,
+# new frames, the log level). The others size structures or bind sockets: they need a restart.
+RELOADABLE = ("log_level", "max_connections", "login_timeout", "max_frame", "max_gateway_frame", "stall_ticks")
+ATTACH_CHUNK = 2048  # uids of one attach frame logged in between two checkpoints
+SEQ_BLOCK = 1_000_000  # seqs reserved durably at a time (see eventlog.SeqReservation)
+SEQ_HEADROOM = 200_000  # producers wait in room() rather than issue a seq this close to the reserved mark
 OBSERVER_WRITE_BYTES = 64 * 1024  # one write to an observer carries up to this much of its backlog
 
 
@@ -118,8 +125,16 @@ class Gateway(Connection):
 
 
 class Server:
-    def __init__(self, config: Config, *, metrics: Metrics | None = None, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        metrics: Metrics | None = None,
+        env: dict[str, str] | None = None,
+        reload_config: Callable[[], Config] | None = None,
+    ) -> None:
         self.config = config
+        self._reload_config = reload_config
         self.env = dict(os.environ) if env is None else env
         self.metrics = metrics
         self.secret = auth.load_secret(config.secret_file) if config.secret_file else None
@@ -134,6 +149,9 @@ class Server:
             retention_seconds=config.retention_seconds,
         )
         self.presence: PresenceTable | None = None  # built after recovery, which fixes the first seq
+        self.reservation = SeqReservation(self.log.directory)
+        self._reserved = 0  # every seq issued is <= this, durably
+        self._reserving = False
         self.bus = EventBus(on_event=self._count_event)
         self.paused = 0.0
         self._last_beat = 0.0
@@ -166,6 +184,36 @@ class Server:
             self.paused += gap
             log.warning("event loop could not run for %.3f s: moved every deadline by the pause", gap)
 
+    # -- seqs -----------------------------------------------------------------------------------------
+
+    async def _reserve_seqs(self, next_seq: int) -> int:
+        """The first seq of this run: past every record on disk and every seq a previous run may have
+        shown an observer; reserves the first block before anything is issued."""
+        reserved = await trio.to_thread.run_sync(self.reservation.load)
+        first = max(next_seq, reserved + 1)
+        if first > next_seq:
+            log.info("seqs %d..%d may have been seen but not logged before the last stop: skipped", next_seq, first - 1)
+        await trio.to_thread.run_sync(self.reservation.record, first + SEQ_BLOCK)
+        self._reserved = first + SEQ_BLOCK
+        return first
+
+    async def _extend_reservation(self) -> None:
+        assert self.presence is not None
+        try:
+            upto = self.presence.next_seq + SEQ_BLOCK
+            await trio.to_thread.run_sync(self.reservation.record, upto)
+            self._reserved = upto
+        finally:
+            self._reserving = False
+
+    async def _room(self) -> None:
+        """Wait until a burst of presence changes may be made: the log writer is not too far behind, and
+        the seq reservation has headroom (it is extended ahead of need, so this rarely waits)."""
+        assert self.presence is not None
+        await self.bus.room()
+        while self.presence.next_seq + SEQ_HEADROOM > self._reserved:
+            await trio.sleep(0.005)
+
     # -- lifecycle ------------------------------------------------------------------------------------
 
     async def serve(
@@ -190,13 +238,14 @@ class Server:
             timeout=cfg.timeout,
             max_timeout=cfg.max_timeout,
             detector_name=cfg.detector_kind,
-            first_seq=recovery.next_seq,
+            first_seq=await self._reserve_seqs(recovery.next_seq),
         )
         self._last_beat = trio.current_time()
         if listeners is None:
             listeners = await self._open_listeners()
         self.ports = [listener.socket.getsockname()[1] for listener in listeners]
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery
             await nursery.start(self._run_writer)
             # Sessions a crashed run left online end now, before anyone can log in again.
             wall = time.time()
@@ -264,7 +313,34 @@ class Server:
         self._stop_event.set()
 
     def _reload(self) -> None:
-        log.info("SIGHUP: nothing is reloaded in this version; restart to change settings")
+        """SIGHUP: re-read the configuration and apply what can change without a restart (``RELOADABLE``);
+        report the rest. Logs go to stderr (journald), so there is no log file to reopen."""
+        if self._reload_config is None:
+            log.info("SIGHUP: no configuration source to reload")
+            return
+        systemd.notify(systemd.RELOADING, env=self.env)
+        try:
+            new = self._reload_config()
+        except ConfigError as exc:
+            log.error("SIGHUP: configuration not reloaded: %s", exc)
+            return
+        finally:
+            systemd.notify(systemd.READY, env=self.env)
+        applied = {name: getattr(new, name) for name in RELOADABLE if getattr(new, name) != getattr(self.config, name)}
+        ignored = [
+            field.name
+            for field in dataclasses.fields(new)
+            if field.name not in RELOADABLE and getattr(new, field.name) != getattr(self.config, field.name)
+        ]
+        self.config = dataclasses.replace(self.config, **applied)
+        self._stall_limit = self.config.stall_ticks * self.config.tick
+        if "log_level" in applied:
+            logging.getLogger().setLevel(self.config.log_level.upper())
+        log.info(
+            "SIGHUP: reloaded %s%s",
+            ", ".join(f"{k}={v}" for k, v in applied.items()) or "nothing changed",
+            f"; needs a restart: {', '.join(ignored)}" if ignored else "",
+        )
 
     async def _shutdown(self, nursery: trio.Nursery) -> None:
         """Stop accepting, end every session (reason shutdown), flush the log, then cancel the rest."""
@@ -310,9 +386,20 @@ class Server:
                 on_fsync=None if metrics is None else metrics.eventlog_fsync_duration.observe,
                 task_status=task_status,
             )
-        finally:
+        except BaseException:
             self.log.close()
             self._writer_done.set()
+            raise
+        self._writer_done.set()  # every event is written: shutdown may tell the peers goodbye
+        # Drained cleanly (run_writer raises on any failure). A clean stop syncs even under --fsync never;
+        # then every issued seq is durable and the next run may continue right after the last one: no gap.
+        # Shielded: cancelling the server must not stop this half-way.
+        with trio.CancelScope(shield=True):
+            if self.config.fsync == "never":
+                await trio.to_thread.run_sync(self.log.sync)
+            assert self.presence is not None
+            await trio.to_thread.run_sync(self.reservation.record, self.presence.next_seq - 1)
+            self.log.close()
 
     def _count_event(self, event: PresenceEvent) -> None:
         if self.metrics is not None:
@@ -337,7 +424,7 @@ class Server:
                 due = presence.next_due()
                 if due is None or due > now:
                     break
-                await self.bus.room()
+                await self._room()
                 wall = time.time()
                 for event, owner in presence.expire(now, wall, DEFAULT_CHUNK):
                     self.bus.publish(event)
@@ -392,6 +479,11 @@ class Server:
                 if notifier.enabled and t >= next_status:
                     notifier.send(systemd.status(self._status_line()))
                     next_status = t + 5.0
+                if self.presence is not None and not self._reserving and (
+                    self.presence.next_seq + SEQ_BLOCK // 2 > self._reserved
+                ):
+                    self._reserving = True
+                    self._nursery.start_soon(self._extend_reservation)
 
     def _status_line(self) -> str:
         c = self.connections
@@ -510,7 +602,7 @@ class Server:
         assert presence is not None
         uid = login.name
         conn = Connection()
-        await self.bus.room()
+        await self._room()
         if self.stopping:  # checked again after the wait: see _handle
             raise ProtocolError(ErrorCode.SERVER_SHUTDOWN, "server is shutting down")
         previous, event = presence.login(uid, conn, self.now(), time.time(), login.keepalive)
@@ -530,7 +622,8 @@ class Server:
                             break
                         decoder.receive_data(data)
                         continue
-                    presence.touch(uid, self.now())  # any frame is activity
+                    if conn.end is None:  # a kicked connection's last frames are not the new owner's activity
+                        presence.touch(uid, self.now())  # any frame is activity
                     if message is PING:
                         await stream.send_all(PONG_FRAME)
                     elif message is BYE:
@@ -572,7 +665,7 @@ class Server:
                     elif type(message) is Attach:
                         await self._attach(gateway, message)
                     elif type(message) is Detach:
-                        await self.bus.room()
+                        await self._room()
                         now, wall = self.now(), time.time()
                         for uid in message.uids:
                             self._publish(presence.logout(uid, gateway, now, wall, "detach"))
@@ -591,16 +684,22 @@ class Server:
     async def _attach(self, gateway: Gateway, message: Attach) -> None:
         presence = self.presence
         assert presence is not None
-        await self.bus.room()
+        await self._room()
         if self.stopping:
             # end_all() has run: sessions started now would never be ended (nor their online events logged).
             raise ProtocolError(ErrorCode.SERVER_SHUTDOWN, "server is shutting down")
         now, wall = self.now(), time.time()
-        for uid in message.uids:
+        for index, uid in enumerate(message.uids, 1):
             previous, event = presence.login(uid, gateway, now, wall, message.keepalive)
             self._take_over(uid, previous, gateway)
             gateway.uids.add(uid)
             self._publish(event)
+            if index % ATTACH_CHUNK == 0:  # a 1 MiB attach is ~100k uids: don't hold the loop for all of them
+                self._wake_ticker()
+                await trio.sleep(0)
+                if self.stopping:
+                    raise ProtocolError(ErrorCode.SERVER_SHUTDOWN, "server is shutting down")
+                now, wall = self.now(), time.time()
         self._wake_ticker()
 
     async def _gateway_lost(self, gateway: Gateway) -> None:
@@ -608,7 +707,7 @@ class Server:
         assert presence is not None
         ended = 0
         while gateway.uids:
-            await self.bus.room()
+            await self._room()
             now, wall = self.now(), time.time()
             for _ in range(min(DEFAULT_CHUNK, len(gateway.uids))):
                 self._publish(presence.logout(gateway.uids.pop(), gateway, now, wall, "gateway_lost"))
@@ -659,10 +758,13 @@ class Server:
                 if subscription in self.bus.subscriptions:
                     raise ProtocolError(ErrorCode.NOT_ALLOWED, "already subscribed")
                 start = message.from_seq
+                if start is not None and start > presence.next_seq:
+                    raise ProtocolError(ErrorCode.BAD_MESSAGE, f"from={start} is beyond the next seq {presence.next_seq}")
                 if start is not None and start < presence.next_seq:
                     oldest = await trio.to_thread.run_sync(self.log.oldest_seq)
                     available = min(x for x in (oldest, self.bus.oldest_recent(), presence.next_seq) if x is not None)
-                    if start < available:
+                    # Seq 1 is the first ever: asking for anything before it misses nothing.
+                    if start < available and available > 1:
                         raise ProtocolError(ErrorCode.GONE, f"seq {start} is no longer retained; oldest available is {available}")
                 # No checkpoint between these two lines: the replay marker precedes every live frame.
                 self.bus.subscribe(subscription, presence.next_seq, start)
@@ -796,7 +898,7 @@ def run(args: argparse.Namespace) -> int:
     soft, hard = systemd.raise_nofile_limit()
     log.info("open-file limit %d (hard %d)", soft, hard)
     try:
-        server = Server(cfg, metrics=Metrics(_registry(), tick=cfg.tick))
+        server = Server(cfg, metrics=Metrics(_registry(), tick=cfg.tick), reload_config=lambda: config_module.load(args))
     except (ConfigError, auth.SecretError) as exc:
         print(f"idled serve: {exc}", file=sys.stderr)
         return 2
@@ -805,8 +907,10 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         log.error("interrupted during shutdown")
         return 130
-    except OSError as exc:
-        log.error("%s", exc)
+    except (OSError, EventLogError) as exc:
+        # EventLogError includes FsyncFailed: fatal by design (never retried), so exit non-zero and let
+        # the supervisor restart us onto a recovered log.
+        log.error("fatal: %s", exc)
         return 1
     log.info("stopped; largest event-loop stall %.1f ms", 1000 * server.largest_stall)
     return 0

@@ -138,6 +138,7 @@ class TimingWheel:
                 self._bucket_of[key] = new
         else:
             del old[key]
+            self._catch_up(now - 1)
             self._file(key, deadline)
 
     def _touch_lazy(self, key: Hashable, now: int) -> None:
@@ -156,6 +157,8 @@ class TimingWheel:
             timeout = self._timeout
         if self.policy == "lazy":
             self._last_seen[key] = now
+        if now + timeout - self._now > self._n0:
+            self._catch_up(now - 1)
         self._file(key, now + timeout)
 
     def remove(self, key: Hashable) -> bool:
@@ -174,6 +177,23 @@ class TimingWheel:
         return key in self._bucket_of
 
     # -- filing ---------------------------------------------------------------------------------------
+
+    def _catch_up(self, target: int) -> None:
+        """Move the clock to ``target`` (no later than the caller's real time) across buckets that are all
+        empty, so a deadline measured from now fits the ring again.
+
+        A caller that advances only when ``next_due()`` says so leaves the clock behind real time: with
+        chatty clients every deadline sits near ``now + timeout`` and nothing is due for most of a
+        revolution. Filing relative to that stale clock would push every touch into the overflow wheel and
+        bring it back as a cascade. Only empty ticks are skipped: nothing due is passed over.
+        """
+        if target <= self._now or self._pending:
+            return
+        due = self._next_bucket_due()
+        if due is not None and due <= target:
+            target = due - 1
+        if target > self._now:
+            self._now = target
 
     def _file(self, key: Hashable, deadline: int) -> None:
         """Put ``key`` in the bucket for ``deadline``, relative to the current tick."""

@@ -7,7 +7,6 @@ JSON rows have exactly the documented keys.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from pathlib import Path
@@ -33,10 +32,8 @@ EXPECTED_KEYS = {
 
 
 def run_bench(argv: list[str]) -> int:
-    """What `idled bench ARGV` does: the command's own parser and run(), as cli.main wires them."""
-    parser = argparse.ArgumentParser(prog="idled bench")
-    bench.add_arguments(parser)
-    return bench.run(parser.parse_args(argv))
+    """`idled bench ARGV`, through the real command line entry point."""
+    return cli.main(["bench", *argv])
 
 
 def table_rows(out: str) -> dict[tuple[int, str], list[str]]:

@@ -120,7 +120,21 @@ def test_stats_snapshot() -> None:
     wheel.add("long", 0, 3600)
     stats = wheel.stats()
     assert stats.keys == 51 and stats.slots == 31
-    # Deadlines 30 and 31 fit the ring (31 buckets ahead of tick 0); 32 (added "ahead" at tick 2) and
-    # the hour-long timeout go to the overflow wheel.
-    assert stats.occupied_slots == 2 and stats.largest_slot == 17
-    assert stats.overflow_keys == 16 + 1 and stats.expired_total == 0
+    # Activity at tick 2 says real time reached tick 1: the clock catches up over empty ticks, so deadline
+    # 32 fits the ring too; only the hour-long timeout goes to the overflow wheel.
+    assert stats.occupied_slots == 3 and stats.largest_slot == 17
+    assert stats.overflow_keys == 1 and stats.expired_total == 0
+
+
+@pytest.mark.parametrize("policy", ["eager", "lazy"])
+def test_a_clock_left_behind_catches_up_instead_of_overflowing(policy: str) -> None:
+    # A caller that advances only when next_due() says so: chatty clients keep every deadline ~30 ticks
+    # ahead, so nothing is due for a long time and the wheel's clock stays where it was.
+    wheel = TimingWheel(timeout=30, slots=30, policy=policy)  # type: ignore[arg-type]
+    wheel.add("due-at-30", 0)
+    for now in range(1, 30):
+        wheel.add(f"k{now}", now)
+        wheel.touch("due-at-30", now)
+    assert wheel.stats().overflow_keys == 0
+    # ...and it never skips a bucket that is due.
+    assert wheel.next_due() is not None and wheel.next_due() <= 31
