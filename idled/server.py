@@ -152,6 +152,7 @@ class Server:
         self.reservation = SeqReservation(self.log.directory)
         self._reserved = 0  # every seq issued is <= this, durably
         self._reserving = False
+        self._first_seq = 1  # of this run
         self.bus = EventBus(on_event=self._count_event)
         self.paused = 0.0
         self._last_beat = 0.0
@@ -195,6 +196,7 @@ class Server:
             log.info("seqs %d..%d may have been seen but not logged before the last stop: skipped", next_seq, first - 1)
         await trio.to_thread.run_sync(self.reservation.record, first + SEQ_BLOCK)
         self._reserved = first + SEQ_BLOCK
+        self._first_seq = first
         return first
 
     async def _extend_reservation(self) -> None:
@@ -762,6 +764,8 @@ class Server:
                     raise ProtocolError(ErrorCode.BAD_MESSAGE, f"from={start} is beyond the next seq {presence.next_seq}")
                 if start is not None and start < presence.next_seq:
                     oldest = await trio.to_thread.run_sync(self.log.oldest_seq)
+                    if oldest is None:  # nothing on disk yet: this run's events are all written or queued to be
+                        oldest = self._first_seq
                     available = min(x for x in (oldest, self.bus.oldest_recent(), presence.next_seq) if x is not None)
                     # Seq 1 is the first ever: asking for anything before it misses nothing.
                     if start < available and available > 1:

@@ -13,7 +13,6 @@ import struct
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 import msgpack
 import pytest
@@ -23,54 +22,14 @@ from prometheus_client import CollectorRegistry
 from idled.config import Config
 from idled.eventlog import iter_records
 from idled.metrics import Metrics
-from idled.protocol import (
-    NEED_DATA,
-    PING,
-    PONG,
-    Error,
-    Event,
-    FrameDecoder,
-    Login,
-    Subscribe,
-    Welcome,
-    encode,
-    parse_server_message,
-)
+from idled.protocol import PING, PONG, Error, Event, Login, Subscribe, Welcome, encode
 from idled.server import Server
+
+from peers import Client, frame, raw_frame
 
 TICK = 0.1
 TIMEOUT = 1.0
 MAX_GATEWAY_FRAME = 65536
-
-
-def frame(obj: Any) -> bytes:
-    body = msgpack.packb(obj)
-    return struct.pack(">I", len(body)) + body
-
-
-def raw_frame(body: bytes) -> bytes:
-    return struct.pack(">I", len(body)) + body
-
-
-class Client:
-    def __init__(self, stream: trio.SocketStream) -> None:
-        self.stream = stream
-        self.decoder = FrameDecoder(1 << 24, parse=parse_server_message)
-
-    async def recv(self, timeout: float = 10.0) -> Any:
-        """The next server message, or None at end of stream (a reset counts as the end too)."""
-        with trio.fail_after(timeout):
-            while True:
-                message = self.decoder.next_event()
-                if message is not NEED_DATA:
-                    return message
-                try:
-                    data = await self.stream.receive_some(65536)
-                except trio.BrokenResourceError:
-                    return None
-                if not data:
-                    return None
-                self.decoder.receive_data(data)
 
 
 @asynccontextmanager
@@ -89,15 +48,12 @@ async def running(tmp_path: Path) -> AsyncIterator[tuple[Server, int]]:
 
 
 async def connect(port: int) -> Client:
-    return Client(await trio.open_tcp_stream("127.0.0.1", port))
+    """A connection whose reset (the server dropping a hostile peer) reads as the end of the stream."""
+    return await Client.connect(port, reset_is_eof=True)
 
 
 async def login(port: int, role: str, name: str) -> Client:
-    client = await connect(port)
-    await client.stream.send_all(encode(Login(role, name)))  # type: ignore[arg-type]
-    welcome = await client.recv()
-    assert isinstance(welcome, Welcome), welcome
-    return client
+    return await Client.login(port, role, name, reset_is_eof=True)
 
 
 def nested_array(depth: int) -> bytes:

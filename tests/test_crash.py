@@ -20,10 +20,7 @@ from __future__ import annotations
 import os
 import random
 import signal
-import socket
 import struct
-import subprocess
-import sys
 import urllib.request
 from collections import defaultdict
 from pathlib import Path
@@ -33,53 +30,23 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from idled.eventlog import iter_records, list_segments
-from idled.protocol import (
-    BYE,
-    NEED_DATA,
-    PING,
-    Event,
-    FrameDecoder,
-    Login,
-    Subscribe,
-    Welcome,
-    encode,
-    parse_server_message,
-)
+from idled.protocol import BYE, PING, Event, Subscribe
+
+import peers
 
 TICK = 0.1
 RUNS = 4
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class Daemon:
+class Daemon(peers.Daemon):
     def __init__(self, tmp_path: Path, run: int, *extra: str) -> None:
         self.data_dir = tmp_path / "data"
-        self.stderr_path = tmp_path / f"run-{run}.stderr"
-        self.metrics_port = free_port()
-        command = [
-            sys.executable, "-m", "idled.cli", "serve", "--port", "0", "--metrics-port", str(self.metrics_port),
-            "--data-dir", str(self.data_dir), "--tick", str(TICK), "--timeout", "1", "--fsync", "always",
-            "--segment-bytes", "4096", "--retention-bytes", str(1 << 30), *extra,
-        ]
-        with open(self.stderr_path, "wb") as stderr:
-            self.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr)
-
-    async def started(self) -> int:
-        with trio.fail_after(20):
-            while True:
-                for line in self.stderr().splitlines():
-                    if line.startswith("IDLED_LISTENING"):
-                        return int(line.rsplit("port=", 1)[1])
-                assert self.proc.poll() is None, f"idled exited early:\n{self.stderr()}"
-                await trio.sleep(0.02)
-
-    def stderr(self) -> str:
-        return self.stderr_path.read_text(errors="replace")
+        self.metrics_port = peers.free_port()
+        command = peers.serve_command(
+            self.data_dir, "--metrics-port", str(self.metrics_port), "--tick", str(TICK), "--timeout", "1",
+            "--fsync", "always", "--segment-bytes", "4096", "--retention-bytes", str(1 << 30), *extra,
+        )
+        super().__init__(command, tmp_path / f"run-{run}.stderr")
 
     def records_written(self) -> int:
         """idled_eventlog_records_total: records whose commit (write + fdatasync) has returned."""
@@ -91,36 +58,10 @@ class Daemon:
                     return int(sample.value)
         raise AssertionError("idled_eventlog_records_total not exported")
 
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
 
-
-class Client:
-    def __init__(self, stream: trio.SocketStream) -> None:
-        self.stream = stream
-        self.decoder = FrameDecoder(1 << 24, parse=parse_server_message)
-
-    async def send(self, message: Any) -> None:
-        await self.stream.send_all(encode(message))
-
-    async def recv(self) -> Any:
-        while True:
-            message = self.decoder.next_event()
-            if message is not NEED_DATA:
-                return message
-            data = await self.stream.receive_some(65536)
-            if not data:
-                return None
-            self.decoder.receive_data(data)
-
-
-async def login(port: int, role: str, name: Any, keepalive: float | None = None) -> Client:
-    client = Client(await trio.open_tcp_stream("127.0.0.1", port))
-    await client.send(Login(role, name, None, keepalive))  # type: ignore[arg-type]
-    assert isinstance(await client.recv(), Welcome)
-    return client
+async def login(port: int, role: str, name: Any, keepalive: float | None = None) -> peers.Client:
+    """A session whose receives wait for as long as it takes: the server's death ends them."""
+    return await peers.Client.login(port, role, name, keepalive, recv_timeout=peers.NO_TIMEOUT)
 
 
 CONNECTION_GONE = (trio.BrokenResourceError, trio.ClosedResourceError, OSError, AssertionError)

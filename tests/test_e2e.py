@@ -17,65 +17,25 @@ from typing import Any
 
 import trio
 
-from idled.protocol import (
-    BYE,
-    NEED_DATA,
-    PING,
-    PONG,
-    Error,
-    Event,
-    FrameDecoder,
-    Login,
-    Query,
-    Status,
-    Subscribe,
-    Welcome,
-    encode,
-    parse_server_message,
-)
+from idled.protocol import BYE, PING, PONG, Error, Event, Query, Status, Subscribe
+
+import peers
 
 TICK = 0.1
 TIMEOUT = 1.0
 SLACK = 0.2
 
 
-class Daemon:
+class Daemon(peers.Daemon):
     """`python -m idled.cli serve` on a port-0 listener; stderr goes to a file we poll for IDLED_LISTENING."""
 
     def __init__(self, tmp_path: Path, *extra: str, env: dict[str, str] | None = None) -> None:
         self.data_dir = tmp_path / "data"
-        self.stderr_path = tmp_path / f"idled-{time.monotonic_ns()}.stderr"
-        command = [
-            sys.executable, "-m", "idled.cli", "serve", "--port", "0", "--metrics-port", "0",
-            "--data-dir", str(self.data_dir), "--tick", str(TICK), "--timeout", str(TIMEOUT), "--login-timeout", "2",
+        command = peers.serve_command(
+            self.data_dir, "--metrics-port", "0", "--tick", str(TICK), "--timeout", str(TIMEOUT), "--login-timeout", "2",
             *extra,
-        ]
-        with open(self.stderr_path, "wb") as stderr:
-            self.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
-                                         env=env)
-        self.port = 0
-
-    async def started(self, timeout: float = 20.0) -> int:
-        with trio.fail_after(timeout):
-            while True:
-                for line in self.stderr().splitlines():
-                    if line.startswith("IDLED_LISTENING"):
-                        self.port = int(line.rsplit("port=", 1)[1])
-                        return self.port
-                assert self.proc.poll() is None, f"idled exited early:\n{self.stderr()}"
-                await trio.sleep(0.02)
-
-    def stderr(self) -> str:
-        return self.stderr_path.read_text(errors="replace")
-
-    async def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int:
-        self.proc.send_signal(sig)
-        return await trio.to_thread.run_sync(self.proc.wait, timeout)
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
+        )
+        super().__init__(command, tmp_path / f"idled-{time.monotonic_ns()}.stderr", env=env)
 
 
 def read_events(data_dir: Path) -> list[dict[str, Any]]:
@@ -87,33 +47,7 @@ def read_events(data_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in out.splitlines()]
 
 
-class Client:
-    def __init__(self, stream: trio.SocketStream) -> None:
-        self.stream = stream
-        self.decoder = FrameDecoder(1 << 24, parse=parse_server_message)
-
-    @classmethod
-    async def login(cls, port: int, role: str, name: Any, keepalive: float | None = None) -> Client:
-        client = cls(await trio.open_tcp_stream("127.0.0.1", port))
-        await client.send(Login(role, name, None, keepalive))  # type: ignore[arg-type]
-        welcome = await client.recv()
-        assert isinstance(welcome, Welcome), welcome
-        return client
-
-    async def send(self, message: Any) -> None:
-        await self.stream.send_all(encode(message))
-
-    async def recv(self, timeout: float = 10.0) -> Any:
-        with trio.fail_after(timeout):
-            while True:
-                message = self.decoder.next_event()
-                if message is not NEED_DATA:
-                    return message
-                data = await self.stream.receive_some(65536)
-                if not data:
-                    return None
-                self.decoder.receive_data(data)
-
+class Client(peers.Client):
     async def next_event(self, timeout: float = 10.0) -> Event:
         message = await self.recv(timeout)
         assert isinstance(message, Event), message

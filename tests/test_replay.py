@@ -20,52 +20,17 @@ import trio.testing
 
 import idled.bus
 from idled.config import Config
-from idled.protocol import (
-    BYE,
-    NEED_DATA,
-    Error,
-    Event,
-    FrameDecoder,
-    Login,
-    Query,
-    Status,
-    Subscribe,
-    Welcome,
-    encode,
-    parse_server_message,
-)
+from idled.protocol import BYE, Error, Event, Login, Subscribe, Welcome
 from idled.server import Server
 
+import peers
 
-class Peer:
-    def __init__(self, stream: trio.abc.Stream) -> None:
-        self.stream = stream
-        self.decoder = FrameDecoder(1 << 24, parse=parse_server_message)
 
-    async def send(self, message: Any) -> None:
-        await self.stream.send_all(encode(message))
-
-    async def recv(self, timeout: float = 20.0) -> Any:
-        with trio.fail_after(timeout):
-            while True:
-                message = self.decoder.next_event()
-                if message is not NEED_DATA:
-                    return message
-                data = await self.stream.receive_some(65536)
-                if not data:
-                    return None
-                self.decoder.receive_data(data)
-
+class Peer(peers.Client):
     async def drain(self) -> list[Event]:
         """Every event queued for this observer so far (a query's reply comes after them)."""
-        await self.send(Query(()))
-        events = []
-        while True:
-            message = await self.recv()
-            if isinstance(message, Status):
-                return events
-            assert isinstance(message, Event), message
-            events.append(message)
+        events, _ = await self.events_until_status()
+        return events
 
 
 class Harness:
@@ -77,7 +42,7 @@ class Harness:
     async def connect(self) -> Peer:
         client, server_end = trio.testing.memory_stream_pair()
         self.nursery.start_soon(self.server._handle, server_end)
-        return Peer(client)
+        return Peer(client, recv_timeout=20.0)
 
     async def observer(self, from_seq: int | None = None, name: str = "obs") -> Peer:
         peer = await self.connect()

@@ -13,12 +13,11 @@ from __future__ import annotations
 import math
 import struct
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import msgpack
 import pytest
 import trio
 import trio.testing
@@ -30,7 +29,6 @@ from idled.eventlog import iter_records
 from idled.metrics import Metrics
 from idled.protocol import (
     BYE,
-    NEED_DATA,
     PING,
     PING_FRAME,
     PONG,
@@ -38,7 +36,6 @@ from idled.protocol import (
     Detach,
     Error,
     Event,
-    FrameDecoder,
     Login,
     Msg,
     Query,
@@ -47,63 +44,15 @@ from idled.protocol import (
     Touch,
     Welcome,
     encode,
-    parse_server_message,
 )
 from idled.server import Server
+
+from peers import Client, frame
 
 TICK = 0.1
 TIMEOUT = 1.0
 BASE: dict[str, Any] = dict(tick=TICK, timeout=TIMEOUT, max_timeout=60.0, login_timeout=2.0, fsync="never", metrics_port=0, port=0)
 SLACK = 1e-6  # float noise on the virtual clock
-
-
-class Peer:
-    """One client connection: typed frames out, typed frames in (server messages, leniently parsed)."""
-
-    def __init__(self, stream: trio.abc.Stream) -> None:
-        self.stream = stream
-        self.decoder = FrameDecoder(1 << 24, parse=parse_server_message)
-
-    async def send(self, message: Any) -> None:
-        await self.stream.send_all(encode(message))
-
-    async def send_raw(self, data: bytes) -> None:
-        await self.stream.send_all(data)
-
-    async def recv(self, timeout: float = 60.0) -> Any:
-        """The next message, or None once the server closed the connection."""
-        with trio.fail_after(timeout):  # virtual seconds: a missing frame fails fast instead of hanging
-            while True:
-                message = self.decoder.next_event()
-                if message is not NEED_DATA:
-                    return message
-                data = await self.stream.receive_some(65536)
-                if not data:
-                    return None
-                self.decoder.receive_data(data)
-
-    async def expect(self, kind: type) -> Any:
-        message = await self.recv()
-        assert isinstance(message, kind), f"expected {kind.__name__}, got {message!r}"
-        return message
-
-    async def expect_error(self, code: str) -> Error:
-        """An error frame with `code`, then the connection closes."""
-        message = await self.recv()
-        assert isinstance(message, Error) and message.code == code, f"expected error {code}, got {message!r}"
-        assert await self.recv() is None, "connection not closed after the error frame"
-        return message
-
-    async def events_until_status(self, uids: Sequence[Any] = ()) -> tuple[list[Event], Status]:
-        """Flush an observer: query, then collect every event queued before the reply."""
-        await self.send(Query(tuple(uids)))
-        events = []
-        while True:
-            message = await self.recv()
-            if isinstance(message, Status):
-                return events, message
-            assert isinstance(message, Event), message
-            events.append(message)
 
 
 class Harness:
@@ -113,29 +62,29 @@ class Harness:
         self.done = done
         self.data_dir = data_dir
 
-    async def connect(self, lockstep: bool = False) -> Peer:
+    async def connect(self, lockstep: bool = False) -> Client:
         """A new connection; `lockstep`: the server's writes block until this end reads (a slow reader)."""
         pair = trio.testing.lockstep_stream_pair if lockstep else trio.testing.memory_stream_pair
         client, server_end = pair()
         self.nursery.start_soon(self.server._handle, server_end)
         await trio.testing.wait_all_tasks_blocked()  # the handler has run up to its first read
-        return Peer(client)
+        return Client(client, recv_timeout=60.0)  # virtual seconds: a missing frame fails fast instead of hanging
 
-    async def user(self, uid: Any, keepalive: float | None = None, token: str | None = None) -> Peer:
+    async def user(self, uid: Any, keepalive: float | None = None, token: str | None = None) -> Client:
         peer = await self.connect()
         await peer.send(Login("uid", uid, token, keepalive))
         welcome = await peer.expect(Welcome)
         assert welcome.role == "uid" and welcome.name == uid
         return peer
 
-    async def observer(self, name: str = "obs", from_seq: int | None = None, lockstep: bool = False) -> Peer:
+    async def observer(self, name: str = "obs", from_seq: int | None = None, lockstep: bool = False) -> Client:
         peer = await self.connect(lockstep)
         await peer.send(Login("observer", name))
         await peer.expect(Welcome)
         await peer.send(Subscribe(from_seq))
         return peer
 
-    async def gateway(self, name: str = "gw") -> Peer:
+    async def gateway(self, name: str = "gw") -> Client:
         peer = await self.connect()
         await peer.send(Login("gateway", name))
         welcome = await peer.expect(Welcome)
@@ -173,11 +122,6 @@ async def running(tmp_path: Path, env: dict[str, str] | None = None, **settings:
             with trio.move_on_after(60):
                 await done.wait()
             nursery.cancel_scope.cancel()
-
-
-def frame(obj: Any) -> bytes:
-    body = msgpack.packb(obj)
-    return struct.pack(">I", len(body)) + body
 
 
 # -- login, ping, logout ----------------------------------------------------------------------------------

@@ -9,7 +9,6 @@ import os
 import resource
 import signal
 import socket
-import subprocess
 import sys
 import time
 import urllib.request
@@ -21,66 +20,27 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from idled.eventlog import iter_records
-from idled.protocol import (
-    BYE,
-    NEED_DATA,
-    PING,
-    PONG,
-    Error,
-    FrameDecoder,
-    Login,
-    Welcome,
-    encode,
-    parse_server_message,
-)
+from idled.protocol import BYE, PING, PONG, Error
+
+import peers
 
 TICK = 0.1
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+RECV_TIMEOUT = 30.0
 
 
 def serve_command(data_dir: Path, *extra: str) -> list[str]:
-    return [
-        sys.executable, "-m", "idled.cli", "serve", "--port", "0", "--data-dir", str(data_dir),
-        "--tick", str(TICK), "--timeout", "1", "--login-timeout", "2", *extra,
-    ]
+    return peers.serve_command(data_dir, "--tick", str(TICK), "--timeout", "1", "--login-timeout", "2", *extra)
 
 
-class Daemon:
+class Daemon(peers.Daemon):
     def __init__(self, tmp_path: Path, *extra: str, env: dict[str, str] | None = None,
                  command: list[str] | None = None, pass_fds: tuple[int, ...] = ()) -> None:
         self.data_dir = tmp_path / "data"
-        self.stderr_path = tmp_path / f"idled-{time.monotonic_ns()}.stderr"
-        self.metrics_port = free_port()
+        self.metrics_port = peers.free_port()
         if command is None:
             command = serve_command(self.data_dir, "--metrics-port", str(self.metrics_port), *extra)
-        with open(self.stderr_path, "wb") as stderr:
-            self.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
-                                         env=env, pass_fds=pass_fds)
-
-    async def started(self) -> int:
-        with trio.fail_after(30):
-            while True:
-                for line in self.stderr().splitlines():
-                    if line.startswith("IDLED_LISTENING"):
-                        return int(line.rsplit("port=", 1)[1])
-                assert self.proc.poll() is None, f"idled exited early:\n{self.stderr()}"
-                await trio.sleep(0.02)
-
-    def stderr(self) -> str:
-        return self.stderr_path.read_text(errors="replace")
-
-    async def wait(self, timeout: float = 30.0) -> int:
-        return await trio.to_thread.run_sync(self.proc.wait, timeout)
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
+        super().__init__(command, tmp_path / f"idled-{time.monotonic_ns()}.stderr", env=env, pass_fds=pass_fds,
+                         timeout=30.0)
 
     async def scrape(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         def get() -> str:
@@ -101,32 +61,9 @@ def value(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: s
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
-class Client:
-    def __init__(self, stream: trio.SocketStream) -> None:
-        self.stream = stream
-        self.decoder = FrameDecoder(1 << 24, parse=parse_server_message)
-
-    @classmethod
-    async def login(cls, port: int, uid: Any, keepalive: float | None = None, role: str = "uid") -> Client:
-        client = cls(await trio.open_tcp_stream("127.0.0.1", port))
-        await client.send(Login(role, uid, None, keepalive))  # type: ignore[arg-type]
-        welcome = await client.recv()
-        assert isinstance(welcome, Welcome), welcome
-        return client
-
-    async def send(self, message: Any) -> None:
-        await self.stream.send_all(encode(message))
-
-    async def recv(self, timeout: float = 30.0) -> Any:
-        with trio.fail_after(timeout):
-            while True:
-                message = self.decoder.next_event()
-                if message is not NEED_DATA:
-                    return message
-                data = await self.stream.receive_some(65536)
-                if not data:
-                    return None
-                self.decoder.receive_data(data)
+async def login(port: int, uid: Any, keepalive: float | None = None) -> peers.Client:
+    """A user session."""
+    return await peers.Client.login(port, "uid", uid, keepalive, recv_timeout=RECV_TIMEOUT)
 
 
 # -- /metrics ------------------------------------------------------------------------------------------------
@@ -140,12 +77,12 @@ async def test_metrics_move_as_sessions_log_in_and_expire(tmp_path: Path) -> Non
         assert value(before, "idled_sessions_online") == 0
         assert value(before, "idled_tick_seconds") == TICK
         assert value(before, "idled_offline_lateness_seconds_count") == 0
-        stay = [await Client.login(port, f"stay-{i}", keepalive=10.0) for i in range(3)]  # timeout 15 s
+        stay = [await login(port, f"stay-{i}", keepalive=10.0) for i in range(3)]  # timeout 15 s
         samples = await daemon.scrape()
         assert value(samples, "idled_sessions_online") == 3
         assert value(samples, "idled_connections", role="user") == 3
         assert value(samples, "idled_detector_keys") == 3
-        brief = await Client.login(port, "brief", keepalive=0.2)  # timeout 0.3, never pings
+        brief = await login(port, "brief", keepalive=0.2)  # timeout 0.3, never pings
         error = await brief.recv()
         assert isinstance(error, Error) and error.code == "idle_timeout"
         samples = await daemon.scrape()
@@ -209,7 +146,7 @@ async def test_sd_notify_ready_watchdog_stopping(tmp_path: Path) -> None:
         try:
             port = await daemon.started()
             await receive_until(lambda: messages.count("WATCHDOG=1") >= 3)
-            user = await Client.login(port, "u")
+            user = await login(port, "u")
             daemon.proc.send_signal(signal.SIGTERM)
             await receive_until(lambda: "STOPPING=1" in messages)
             assert await daemon.wait() == 0
@@ -260,7 +197,7 @@ async def test_socket_activation_serves_on_the_passed_socket(tmp_path: Path) -> 
     listener.close()  # the daemon holds it now
     try:
         assert await daemon.started() == port  # it listens on the socket it was given, not a port of its own
-        user = await Client.login(port, "activated")
+        user = await login(port, "activated")
         await user.send(PING)
         assert await user.recv() is PONG
         assert "socket activation: adopting 1 listening socket(s)" in daemon.stderr()
@@ -284,12 +221,12 @@ async def test_sigterm_with_1000_sessions_exits_0_and_logs_1000_shutdowns(tmp_pa
     daemon = Daemon(tmp_path, "--timeout", "60")
     try:
         port = await daemon.started()
-        clients: list[Client] = []
+        clients: list[peers.Client] = []
         limiter = trio.CapacityLimiter(50)
 
         async def connect(i: int) -> None:
             async with limiter:
-                clients.append(await Client.login(port, i))
+                clients.append(await login(port, i))
 
         async with trio.open_nursery() as nursery:
             for i in range(n):
