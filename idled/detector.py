@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 # Largest number of keys a server examines per ``advance`` call before yielding to the event loop.
-# From `idled bench` at 1M keys: a lazy re-file costs ~3.5-5 us (every dict access a cache miss), so
-# 1024 keys took 3.6-5.6 ms per call; 256 keep a call near 1 ms, for ~30 us of checkpoint per chunk.
-DEFAULT_CHUNK = 256
+# From `idled bench` at 1M keys: a lazy re-file costs ~2-5 us (every dict access a cache miss), so 1024
+# keys took 3.6-5.6 ms per call and 256 up to ~2 ms when a ring bucket's dict resizes (~1 ms by itself)
+# inside the call; 128 leave room for that resize, for ~30 us of checkpoint per chunk in the server.
+DEFAULT_CHUNK = 128
 
 MAX_TIMEOUT_TICKS = 10 * 24 * 3600  # ten days at 1 s ticks: "at least 24 h" with room to spare
 
