@@ -162,6 +162,17 @@ def reference(dataset: dict[str, Any]) -> tuple[Result, dict[str, FileStats]]:
     return run_reference(dataset["dirs"])
 
 
+# The job over all three daemons takes the duplicate-dropping path (the crafted daemon has a copied
+# segment, so seq ranges overlap); over the generated daemons alone it takes the path without it.
+VARIANTS = {"all": slice(0, 3), "generated": slice(0, 2)}
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def variant(request: pytest.FixtureRequest, dataset: dict[str, Any]) -> dict[str, Any]:
+    dirs = dataset["dirs"][VARIANTS[request.param]]
+    return {"name": request.param, "dirs": dirs, "reference": run_reference(dirs)}
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     pytest.importorskip("pyspark")
@@ -318,28 +329,28 @@ def assert_tables_equal(spark_rows: list[dict[str, Any]], ref_rows: list[dict[st
 
 
 @pytest.fixture(scope="module")
-def job_result(spark: Any, dataset: dict[str, Any]) -> dict[str, Any]:
+def job_result(spark: Any, dataset: dict[str, Any], variant: dict[str, Any]) -> dict[str, Any]:
     from idled.pipeline.job import JobConfig, run_job
 
-    out = dataset["root"] / "out"
-    result = run_job(JobConfig(events=tuple(dataset["dirs"]), out=str(out), min_partitions=5, chart=False), spark=spark)
+    out = dataset["root"] / f"out-{variant['name']}"
+    result = run_job(JobConfig(events=tuple(variant["dirs"]), out=str(out), min_partitions=5, chart=False), spark=spark)
     return {"out": out, "summary": result.summary}
 
 
 @pytest.mark.parametrize("table", list(KEYS))
-def test_spark_table_equals_reference(
-    spark: Any, job_result: dict[str, Any], reference: tuple[Result, dict[str, FileStats]], table: str
-) -> None:
+def test_spark_table_equals_reference(spark: Any, job_result: dict[str, Any], variant: dict[str, Any], table: str) -> None:
     rows = [row.asDict() for row in spark.read.parquet(str(job_result["out"] / table)).collect()]
     assert rows, f"{table} is empty"
-    assert_tables_equal(rows, reference[0].tables[table], table)
+    assert_tables_equal(rows, variant["reference"][0].tables[table], table)
 
 
-def test_spark_counts_equal_reference(job_result: dict[str, Any], reference: tuple[Result, dict[str, FileStats]], dataset: dict[str, Any]) -> None:
+def test_spark_counts_equal_reference(job_result: dict[str, Any], variant: dict[str, Any], dataset: dict[str, Any]) -> None:
     counts = job_result["summary"]["counts"]
-    result, files = reference
+    result, files = variant["reference"]
+    crafted = variant["name"] == "all"
     assert counts["events"] == result.counts["events"]
-    assert counts["duplicates"] == result.counts["duplicates"] == dataset["damage"]["duplicates"]
+    assert counts["duplicates"] == result.counts["duplicates"] == (dataset["damage"]["duplicates"] if crafted else 0)
+    assert counts["daemons_with_overlapping_files"] == int(crafted)
     assert counts["sessions"] == result.counts["sessions"]
     assert counts["open_sessions"] == result.counts["open_sessions"]
     assert counts["orphan_offlines"] == result.counts["orphans"]
@@ -347,8 +358,10 @@ def test_spark_counts_equal_reference(job_result: dict[str, Any], reference: tup
     assert counts["files"] == len(files)
     for name in ("corrupt", "malformed", "torn_bytes", "records", "bytes"):
         assert counts[name] == sum(getattr(st, name) for st in files.values()), name
-    # 2 generated daemons x 1 flipped record, 1 in the crafted daemon, 1 broken.seg
-    assert counts["corrupt"] == 4 and counts["broken_files"] == 1 and counts["malformed"] == 4
+    if crafted:  # 2 generated daemons x 1 flipped record, 1 in the crafted daemon, 1 broken.seg
+        assert counts["corrupt"] == 4 and counts["broken_files"] == 1 and counts["malformed"] == 4
+    else:
+        assert counts["corrupt"] == 2 and counts["broken_files"] == 0 and counts["malformed"] == 0
     timings = job_result["summary"]["timings_s"]
     assert {"spark_start", "decode", "aggregate", "total"} <= set(timings)
 
@@ -372,6 +385,26 @@ def test_run_command_end_to_end(spark: Any, dataset: dict[str, Any], tmp_path: P
         assert partitions and partitions[0] == "date=2026-05-01", table
     assert (out / "concurrency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert spark.range(3).count() == 3  # the command left the caller's session running
+
+
+def test_run_over_nothing_but_garbage(spark: Any, tmp_path: Path) -> None:
+    from idled.pipeline.job import JobConfig, run_job
+
+    events = tmp_path / "events"
+    events.mkdir()
+    (events / "00000000000000000001.seg").write_bytes(b"\xff\xff\xff\xff\x00\x00\x00\x00garbage")
+    summary = run_job(JobConfig(events=(str(events),), out=str(tmp_path / "out")), spark=spark).summary
+    assert summary["counts"]["events"] == 0 and summary["counts"]["corrupt"] == 1 and summary["counts"]["torn_bytes"] == 15
+    assert summary["peak_concurrency"]["users_online"] == 0 and summary["dau"] == [] and "chart" in summary
+
+
+def test_conf_flag_parses_key_value_pairs() -> None:
+    parser = argparse.ArgumentParser(prog="idled pipeline")
+    add_arguments(parser)
+    args = parser.parse_args(["run", "--events", "d", "--out", "o", "--conf", "spark.a=1", "--conf", "spark.b=x=y"])
+    assert args.conf == [("spark.a", "1"), ("spark.b", "x=y")]
+    with pytest.raises(SystemExit):
+        parser.parse_args(["run", "--events", "d", "--out", "o", "--conf", "novalue"])
 
 
 def test_run_command_rejects_missing_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

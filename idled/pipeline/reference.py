@@ -1,0 +1,237 @@
+"""Pure-Python reference for the pipeline: the rules of `idled.pipeline.rules`, written plainly.
+
+It decodes with the same `records.iter_rows` (so both see the same events) and computes every table with
+dicts and sorted lists, no Spark. Tests compare the Spark job's Parquet output with it; at a few hundred
+thousand events it is also a usable tool on its own. Rows are dicts keyed by the output column names, with
+``date`` a `datetime.date`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from idled.pipeline.records import FileStats, Row, iter_rows, split_uid_key
+from idled.pipeline.rules import (
+    BUCKETS,
+    NOT_USER_ENDS,
+    SUPERSEDED,
+    FlapParams,
+    bucket_index,
+    bucket_label,
+    day_range,
+    minute_range,
+    percentile,
+    unix_date,
+)
+
+__all__ = ["Result", "load_dirs", "compute", "run_reference", "segment_files"]
+
+TableRows = list[dict[str, Any]]
+
+
+@dataclass
+class Result:
+    tables: dict[str, TableRows]
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+def segment_files(directory: str) -> list[str]:
+    """Every *.seg file in `directory`, in no particular order (pairing never relies on file order)."""
+    return [os.path.join(directory, n) for n in os.listdir(directory) if n.endswith(".seg")]
+
+
+def load_dirs(dirs: Sequence[str]) -> tuple[list[Row], dict[str, FileStats]]:
+    """Rows of every segment of every daemon directory (daemon = index in `dirs`), and stats per file."""
+    rows: list[Row] = []
+    stats: dict[str, FileStats] = {}
+    for daemon, directory in enumerate(dirs):
+        for path in segment_files(directory):
+            with open(path, "rb") as file:
+                data = file.read()
+            file_stats = FileStats()
+            rows.extend(iter_rows(data, daemon, file_stats))
+            stats[path] = file_stats
+    return rows, stats
+
+
+def _date(ts: float) -> Any:
+    return unix_date(int(ts // 86400))
+
+
+def compute(rows: Iterable[Row], daemon_names: Sequence[str], params: FlapParams = FlapParams()) -> Result:
+    """Every table from decoded rows."""
+    by_uid: dict[tuple[int, str], list[Row]] = defaultdict(list)
+    data_end: dict[int, float] = {}
+    events = 0
+    for row in rows:
+        events += 1
+        by_uid[(row[0], row[3])].append(row)
+        if row[4] > data_end.get(row[0], float("-inf")):
+            data_end[row[0]] = row[4]
+
+    duplicates = orphans = superseded = 0
+    sessions: TableRows = []
+    lateness_values: dict[tuple[str, int], list[float]] = defaultdict(list)
+    for (daemon, key), uid_rows in by_uid.items():
+        uid_rows.sort(key=lambda r: r[1])
+        unique: list[Row] = []
+        for row in uid_rows:
+            if unique and unique[-1][1] == row[1]:
+                duplicates += 1
+            else:
+                unique.append(row)
+        uid, uid_type = split_uid_key(key)
+        for i, row in enumerate(unique):
+            _, seq, online, _, ts, reason, deadline, detector = row
+            if not online:
+                if i == 0 or not unique[i - 1][2]:
+                    orphans += 1
+                if reason == "idle" and deadline is not None:
+                    lateness_values[(detector, int(ts // 3600) * 3600)].append(ts - deadline)
+                continue
+            nxt = unique[i + 1] if i + 1 < len(unique) else None
+            if nxt is None:
+                offline_seq = offline_ts = duration = end_reason = None
+            else:
+                offline_seq, offline_ts = nxt[1], nxt[4]
+                duration = offline_ts - ts
+                if nxt[2]:
+                    end_reason = SUPERSEDED
+                    superseded += 1
+                else:
+                    end_reason = nxt[5]
+            sessions.append({
+                "date": _date(ts), "daemon": daemon_names[daemon], "uid": uid, "uid_type": uid_type,
+                "online_seq": seq, "online_ts": ts, "offline_seq": offline_seq, "offline_ts": offline_ts,
+                "duration_s": duration, "end_reason": end_reason, "open": nxt is None,
+                "_key": key, "_end": max(offline_ts if nxt is not None else data_end[daemon], ts),
+            })
+
+    tables = {
+        "concurrency": _concurrency(sessions),
+        "lateness": _lateness(lateness_values),
+        "flappers": _flappers(sessions, params),
+        "dau": _dau(sessions),
+        "session_lengths": _session_lengths(sessions),
+    }
+    open_sessions = sum(1 for s in sessions if s["open"])
+    for s in sessions:
+        del s["_key"], s["_end"]
+    tables["sessions"] = sessions
+    counts = {
+        "events": events, "duplicates": duplicates, "sessions": len(sessions), "open_sessions": open_sessions,
+        "orphans": orphans, "superseded": superseded,
+    }
+    return Result(tables, counts)
+
+
+def _merged_ranges(spans: dict[str, list[tuple[int, int]]]) -> Iterable[tuple[int, int]]:
+    """Per user, union of inclusive integer ranges; yields the disjoint merged ranges of all users."""
+    for user_spans in spans.values():
+        user_spans.sort()
+        lo, hi = user_spans[0]
+        for a, b in user_spans[1:]:
+            if a > hi:
+                yield lo, hi
+                lo, hi = a, b
+            elif b > hi:
+                hi = b
+        yield lo, hi
+
+
+def _concurrency(sessions: TableRows) -> TableRows:
+    spans: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for s in sessions:
+        spans[s["_key"]].append(minute_range(s["online_ts"], s["_end"]))
+    delta: dict[int, int] = defaultdict(int)
+    for lo, hi in _merged_ranges(spans):
+        delta[lo] += 1
+        delta[hi + 1] -= 1
+    if not delta:
+        return []
+    out = []
+    users = 0
+    last = max(delta) - 1  # the final delta only brings the count back to 0
+    for minute in range(min(delta), last + 1):
+        users += delta.get(minute, 0)
+        out.append({"date": unix_date(minute * 60 // 86400), "minute_start": minute * 60, "users_online": users})
+    return out
+
+
+def _lateness(values: dict[tuple[str, int], list[float]]) -> TableRows:
+    out = []
+    for (detector, hour), lateness in values.items():
+        lateness.sort()
+        out.append({
+            "date": _date(hour), "hour_start": hour, "detector": detector, "offlines": len(lateness),
+            "early": sum(1 for v in lateness if v < 0), "p50_s": percentile(lateness, 0.5),
+            "p99_s": percentile(lateness, 0.99), "max_s": lateness[-1],
+        })
+    return out
+
+
+def _flappers(sessions: TableRows, params: FlapParams) -> TableRows:
+    starts: dict[str, list[float]] = defaultdict(list)
+    for s in sessions:
+        if not s["open"] and s["duration_s"] < params.short_s and s["end_reason"] not in NOT_USER_ENDS:
+            starts[s["_key"]].append(s["online_ts"])
+    out = []
+    for key, ts_list in starts.items():
+        ts_list.sort()
+        per_day: dict[Any, dict[str, Any]] = {}
+        for t in ts_list:
+            day = _date(t)
+            in_window = bisect.bisect_right(ts_list, t) - bisect.bisect_left(ts_list, t - params.window_s)
+            row = per_day.get(day)
+            if row is None:
+                row = per_day[day] = {"short_sessions": 0, "max_in_window": 0, "first_flagged_ts": None}
+            row["short_sessions"] += 1
+            if in_window >= params.k:
+                row["max_in_window"] = max(row["max_in_window"], in_window)
+                if row["first_flagged_ts"] is None:
+                    row["first_flagged_ts"] = t
+        uid, uid_type = split_uid_key(key)
+        for day, row in per_day.items():
+            if row["first_flagged_ts"] is not None:
+                out.append({"date": day, "uid": uid, "uid_type": uid_type, **row})
+    return out
+
+
+def _dau(sessions: TableRows) -> TableRows:
+    users: dict[int, set[str]] = defaultdict(set)
+    started: dict[int, int] = defaultdict(int)
+    for s in sessions:
+        first, last = day_range(s["online_ts"], s["_end"])
+        for day in range(first, last + 1):
+            users[day].add(s["_key"])
+        started[first] += 1
+    return [
+        {"date": unix_date(day), "active_users": len(users[day]), "sessions_started": started.get(day, 0)}
+        for day in users
+    ]
+
+
+def _session_lengths(sessions: TableRows) -> TableRows:
+    counts: dict[tuple[Any, int], int] = defaultdict(int)
+    for s in sessions:
+        if not s["open"]:
+            counts[(s["date"], bucket_index(s["duration_s"]))] += 1
+    out = []
+    for (day, index), n in counts.items():
+        out.append({
+            "date": day, "bucket": index, "label": bucket_label(index), "lo_s": BUCKETS[index],
+            "hi_s": BUCKETS[index + 1] if index + 1 < len(BUCKETS) else None, "sessions": n,
+        })
+    return out
+
+
+def run_reference(dirs: Sequence[str], params: FlapParams = FlapParams()) -> tuple[Result, dict[str, FileStats]]:
+    """Decode `dirs` and compute every table; daemon names are the directories' absolute paths."""
+    rows, stats = load_dirs(dirs)
+    names = [os.path.abspath(d) for d in dirs]
+    return compute(rows, names, params), stats
