@@ -144,7 +144,8 @@ class TimingWheel:
                 self._bucket_of[key] = new
         else:
             del old[key]
-            self._catch_up(now - 1)
+            if deadline - now < self._n0:  # catching up can only help a deadline the ring can hold
+                self._catch_up(now - 1)
             self._file(key, deadline)
 
     def _touch_lazy(self, key: Hashable, now: int) -> None:
@@ -163,7 +164,7 @@ class TimingWheel:
             timeout = self._timeout
         if self.policy == "lazy":
             self._last_seen[key] = now
-        if now + timeout - self._now > self._n0:
+        if now + timeout - self._now > self._n0 and timeout < self._n0:  # (longer ones overflow anyway)
             self._catch_up(now - 1)
         self._file(key, now + timeout)
 
