@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from idled import auth, cli
+
+
+@pytest.fixture(autouse=True)
+def restore_logging() -> Iterator[None]:
+    """`idled serve` installs its stderr handler on the root logger; don't leave one pointing at pytest's
+    captured (soon closed) stream for the rest of the session."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 def test_every_command_builds_its_parser() -> None:
