@@ -39,8 +39,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import trio
