@@ -128,9 +128,8 @@ class EventBus:
         frames = [frame for s, frame in itertools.islice(self._recent, offset, None) if s < below]
         return start, frames
 
-    @property
-    def subscriptions(self) -> frozenset[Subscription]:
-        return frozenset(self._subscriptions)
+    def is_subscribed(self, subscription: Subscription) -> bool:
+        return subscription in self._subscriptions
 
     def oldest_recent(self) -> int | None:
         return self._recent[0][0] if self._recent else None

@@ -1,18 +1,14 @@
 """The interface every idle detector keeps, and the shared snapshot type.
 
-Time here is integer ticks. The caller turns real time into ticks with two roundings that together give
-"never early, at most one tick late":
-
-* activity at real time ``t`` is recorded at tick ``activity_tick(t) = ceil(t / tick)``, so a deadline
-  ``activity_tick + timeout`` is never before the real deadline ``t + timeout * tick``;
-* ``advance`` is called with ``due_tick(t) = floor(t / tick)``, the last tick boundary already passed.
+Time here is integer ticks. The caller turns real time into ticks so that "activity tick + timeout ticks" is
+the first tick at or after the real deadline, and advances with the last tick boundary already passed: never
+early, at most one tick late (``idled.presence`` holds the rounding rule).
 
 Detectors are pure: no clock, no I/O. ``advance`` *returns* the expired keys; the caller logs and closes.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Protocol
@@ -77,16 +73,6 @@ class Detector(Protocol):
     def __contains__(self, key: object) -> bool: ...
 
     def stats(self) -> DetectorStats: ...
-
-
-def activity_tick(t: float, tick: float) -> int:
-    """The tick at which activity at real time ``t`` is recorded (rounded up: never early)."""
-    return math.ceil(t / tick)
-
-
-def due_tick(t: float, tick: float) -> int:
-    """The last tick boundary at or before real time ``t``: what ``advance`` is called with."""
-    return math.floor(t / tick)
 
 
 def check_timeout(timeout: int) -> int:

@@ -767,7 +767,7 @@ class Server:
             if message is None or message is BYE:
                 return
             if type(message) is Subscribe:
-                if subscription in self.bus.subscriptions:
+                if self.bus.is_subscribed(subscription):
                     raise ProtocolError(ErrorCode.NOT_ALLOWED, "already subscribed")
                 start = message.from_seq
                 if start is not None and start > presence.next_seq:
