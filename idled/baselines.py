@@ -60,6 +60,9 @@ class FullScan:
             return self._now
         return self._now + 1 if self._last_seen else None
 
+    def work_ahead(self, limit: int) -> int:
+        return 0  # which keys are due is only known by the scan at the tick itself
+
     def advance(self, now: int, limit: int | None = None) -> list[Hashable]:
         if now < self._now:
             raise ValueError(f"time went backwards: {now} < {self._now}")
@@ -141,6 +144,9 @@ class DeadlineHeap:
                 return max(deadline, self._now)
             heapq.heappop(heap)  # stale entry: discard, as trio's next_deadline() does
         return None
+
+    def work_ahead(self, limit: int) -> int:
+        return 0  # a heap pops due entries in order: there is nothing to move out of the way early
 
     def advance(self, now: int, limit: int | None = None) -> list[Hashable]:
         if now < self._now:

@@ -30,7 +30,7 @@ class DetectorStats:
     slots: int  # ring buckets (0 for detectors without a ring)
     occupied_slots: int
     largest_slot: int
-    overflow_keys: int  # keys parked in the overflow wheel's levels
+    overflow_keys: int  # keys in the overflow wheel's levels
     overflow_levels: int
     expired_total: int  # keys returned by advance() since creation
 
@@ -66,6 +66,12 @@ class Detector(Protocol):
 
     def next_due(self) -> int | None:
         """No key is due before this tick; ``None`` when nothing is watched. Sleep until then."""
+        ...
+
+    def work_ahead(self, limit: int) -> int:
+        """Do up to ``limit`` keys of the next tick's work that need not wait for it, so that tick is
+        mostly expiries; returns the keys examined, 0 when nothing is left. Optional to call: results never
+        depend on it."""
         ...
 
     def __len__(self) -> int: ...

@@ -247,6 +247,10 @@ class PresenceTable:
             t = math.nextafter(t, math.inf)
         return t
 
+    def work_ahead(self, limit: int) -> int:
+        """The detector's optional work before the next tick (see ``Detector.work_ahead``)."""
+        return self._detector.work_ahead(limit)
+
     def owner_of(self, uid: Uid) -> Any:
         return self._owner.get(uid)
 

@@ -12,7 +12,9 @@ handles signals. One nursery holds:
 * **the tick task**: sleeps until the detector's ``next_due()`` -- not every second -- then expires in
   chunks of ``DEFAULT_CHUNK`` keys, with a checkpoint after every ``TICK_SLICE`` (2 ms) of them, so even
   100k simultaneous expiries never hold the loop for more than a couple of milliseconds. A login that
-  brings the next deadline forward moves the tick task's wake-up (its cancel scope's deadline).
+  brings the next deadline forward moves the tick task's wake-up (its cancel scope's deadline). Before it
+  sleeps, it lets the detector work ahead (the lazy wheel re-files the next tick's active keys now, in the
+  same slices), so the next tick itself is only the expiries and they are reported without waiting.
 * **the monitor**: wakes ten times a tick to measure event-loop lag (exported as the largest stall), pings
   the systemd watchdog, and runs the stall guard.
 * **the log writer** (``idled.logwriter``): group-commits the records the bus queues.
@@ -447,6 +449,21 @@ class Server:
             if metrics is not None:
                 metrics.detector_ticks.inc()
                 metrics.tick_duration.observe(time.perf_counter() - started)
+            await self._work_ahead()
+
+    async def _work_ahead(self) -> None:
+        """The detector's work for the next tick that need not wait for it, in TICK_SLICE slices; stops as
+        soon as a tick is due (its expiries come first)."""
+        presence = self.presence
+        assert presence is not None
+        slice_end = time.perf_counter() + TICK_SLICE
+        while presence.work_ahead(DEFAULT_CHUNK):
+            if time.perf_counter() >= slice_end:
+                await trio.sleep(0)
+                due = presence.next_due()
+                if due is not None and due <= self.now():
+                    return
+                slice_end = time.perf_counter() + TICK_SLICE
 
     def _wake_ticker(self) -> None:
         """A new session may be due before the tick task's wake-up: bring the wake-up forward."""

@@ -33,6 +33,23 @@ def test_docstring_overflow_example() -> None:
 
 
 @pytest.mark.parametrize("policy", ["eager", "lazy"])
+def test_a_deadline_one_revolution_out_is_parked_in_the_ring(policy: str) -> None:
+    # slots=3: ring span 4; deadline 6 is parked in bucket 6 % 4, which comes due at 2, not in level 1.
+    wheel = TimingWheel(timeout=6, slots=3, policy=policy)  # type: ignore[arg-type]
+    wheel.add("k", 0)
+    assert (wheel.stats().overflow_keys, wheel.stats().overflow_levels) == (0, 0)
+    assert wheel.next_due() == 2
+    assert wheel.advance(2) == []  # re-filed by its deadline, which now fits the ring
+    assert wheel.next_due() == 6
+    wheel.touch("k", 5)  # deadline 11: parked again (eager at once, lazy when 6 comes due)
+    assert wheel.advance(6) == []
+    assert wheel.next_due() == 7
+    assert wheel.advance(10) == []
+    assert wheel.advance(11) == ["k"]
+    assert wheel.stats().overflow_levels == 0
+
+
+@pytest.mark.parametrize("policy", ["eager", "lazy"])
 def test_timeout_equal_to_slots_stays_in_the_ring(policy: str) -> None:
     # The common case: touched during tick `now` (recorded at now + 1) with a 30-tick timeout, 30 slots.
     wheel = TimingWheel(timeout=30, slots=30, policy=policy)  # type: ignore[arg-type]
@@ -138,3 +155,23 @@ def test_a_clock_left_behind_catches_up_instead_of_overflowing(policy: str) -> N
     assert wheel.stats().overflow_keys == 0
     # ...and it never skips a bucket that is due.
     assert wheel.next_due() is not None and wheel.next_due() <= 31
+
+
+
+def test_work_ahead_leaves_only_the_silent_keys_for_the_tick() -> None:
+    wheel = TimingWheel(timeout=5, slots=8, policy="lazy")
+    for key in range(10):
+        wheel.add(key, 0)  # all due at 5
+    for key in [1, 2, 3, 4, 5, 6, 7, 9]:
+        wheel.touch(key, 2)  # keys 0 and 8 stay silent
+    assert wheel.work_ahead(4) == 4  # chunked: a snapshot of the bucket (0..9) walked in parts
+    wheel.touch(8, 3)  # activity before the rest of the walk counts too
+    wheel.remove(9)  # and a key removed meanwhile is skipped
+    assert wheel.work_ahead(100) == 6
+    assert wheel.work_ahead(100) == 0  # nothing left before the next tick
+    sizes = sorted(len(bucket) for bucket in wheel._ring if bucket)
+    assert sizes == [1, 1, 7]  # key 0 alone at 5; keys 1..7 at 7; key 8 at 8
+    assert wheel.advance(5, limit=1) == [0]  # the tick examines only the silent key
+    assert wheel.advance(5) == [] and wheel.next_due() == 7
+    assert sorted(wheel.advance(7)) == list(range(1, 8))
+    assert wheel.advance(8) == [8]
