@@ -29,10 +29,12 @@ Example, ``slots=3`` (ring span 4, level-1 width 4): a key due at 10 waits in le
 returns it.
 
 **Parking: one extra revolution in the ring.** A deadline up to one revolution beyond the ring
-(``n0 < deadline - now <= 2 * n0``, ``n0 = slots + 1``) is not sent to level 1: it goes in the ring bucket of
-its own deadline -- the one due at ``deadline - n0`` -- with the deadline stored as the value instead of
-``None`` (Netty's HashedWheelTimer keeps such a "remaining rounds" count). When that bucket comes due the key
-is re-filed by its deadline, which then fits the ring. The work is the same as through level 1 (one extra
+(``n0 < deadline - now <= 2 * n0``, ``n0 = slots + 1``) is not sent to level 1: it goes in the *parking* bucket
+beside the ring bucket of its own deadline -- the slot that comes due at ``deadline - n0`` -- with the
+deadline as the value (Netty's HashedWheelTimer keeps such a "remaining rounds" count). When that slot comes
+due the key is re-filed by its deadline, which then fits the ring. A parked key cannot be due then (its
+deadline is a revolution later), so the slot's parking bucket is drained *after* its ring bucket: the tick's
+expiries are never queued behind re-filing. The work is the same as through level 1 (one extra
 filing) but spread tick by tick: a level-1 bucket is as wide as the ring, so it holds a whole revolution of
 such keys and cascades them *all at once* -- at 1M sessions with a 45 s timeout on 30 slots, ~300k keys in
 one tick, which delayed that tick's expiries by ~2 s (measured with ``idled loadtest``). Longer deadlines
@@ -74,7 +76,7 @@ from typing import Callable, Literal
 
 from idled.detector import DetectorStats, check_timeout
 
-Bucket = dict[Hashable, "int | None"]  # key -> deadline (overflow levels, parked) or None (ring, exact)
+Bucket = dict[Hashable, "int | None"]  # key -> deadline (overflow levels, parking) or None (ring)
 
 # A ring bucket whose table is over this size but which holds at most this many keys is rebuilt
 # (one per advance: ~0.3 ms of re-pointing at 1M keys, where every dict access is a cache miss).
@@ -109,6 +111,7 @@ class TimingWheel:
         "_overflow_slots",
         "_now",
         "_ring",
+        "_parked",
         "_levels",
         "_bucket_of",
         "_timeouts",
@@ -140,6 +143,7 @@ class TimingWheel:
         self._overflow_slots = max(2, overflow_slots or slots)
         self._now = start
         self._ring: list[Bucket] = [{} for _ in range(self._n0)]
+        self._parked: list[Bucket] = [{} for _ in range(self._n0)]
         self._levels: list[_Level] = []
         self._bucket_of: dict[Hashable, Bucket] = {}
         self._timeouts: dict[Hashable, int] = {}
@@ -235,7 +239,7 @@ class TimingWheel:
             bucket[key] = None
         elif delta <= 2 * self._n0:
             # Parked (see the module doc): re-filed when this bucket comes due, one revolution early.
-            bucket = self._ring[deadline % self._n0]
+            bucket = self._parked[deadline % self._n0]
             bucket[key] = deadline
         else:
             bucket = self._overflow_bucket(deadline)
@@ -272,10 +276,11 @@ class TimingWheel:
         return self._next_bucket_due()
 
     def _next_bucket_due(self) -> int | None:
-        now, n0, ring = self._now, self._n0, self._ring
+        now, n0, ring, parked = self._now, self._n0, self._ring, self._parked
         best = None
         for offset in range(1, n0 + 1):
-            if ring[(now + offset) % n0]:
+            index = (now + offset) % n0
+            if ring[index] or parked[index]:
                 best = now + offset
                 break
         for level in self._levels:
@@ -350,7 +355,7 @@ class TimingWheel:
         ring, bucket_of = self._ring, self._bucket_of
         for index, bucket in enumerate(ring):
             if len(bucket) <= _COMPACT_MAX_KEYS and sys.getsizeof(bucket) > _COMPACT_MIN_BYTES:
-                fresh: Bucket = dict(bucket)  # values kept: parked keys carry their deadline
+                fresh: Bucket = dict.fromkeys(bucket)
                 for key in fresh:
                     bucket_of[key] = fresh
                 ring[index] = fresh
@@ -359,6 +364,10 @@ class TimingWheel:
     def _detach(self, t: int) -> None:
         """Queue every bucket that comes due at tick ``t`` (the clock is already at ``t``)."""
         index = t % self._n0
+        # _pending is a stack: the parking bucket goes under the ring bucket, so it is drained after it.
+        if self._parked[index]:
+            self._pending.append((self._parked[index], _CASCADE))
+            self._parked[index] = {}
         if self._ring[index]:
             self._pending.append((self._ring[index], _RING))
             self._ring[index] = {}
@@ -381,8 +390,8 @@ class TimingWheel:
             key, deadline = bucket.popitem()
             if lazy:
                 deadline = last_seen[key] + (timeouts.get(key, default) if timeouts else default)
-            elif kind == _RING and deadline is None:
-                deadline = now  # an exact eager ring entry: due (a parked one carries its deadline)
+            elif kind == _RING:
+                deadline = now  # eager ring buckets are exact: everything in a due one is due
             if deadline <= now:
                 del bucket_of[key]
                 if timeouts:

@@ -38,6 +38,7 @@ def test_a_deadline_one_revolution_out_is_parked_in_the_ring(policy: str) -> Non
     wheel = TimingWheel(timeout=6, slots=3, policy=policy)  # type: ignore[arg-type]
     wheel.add("k", 0)
     assert (wheel.stats().overflow_keys, wheel.stats().overflow_levels) == (0, 0)
+    assert wheel.stats().largest_slot == 0  # beside the ring, in the parking bucket of slot 6 % 4
     assert wheel.next_due() == 2
     assert wheel.advance(2) == []  # re-filed by its deadline, which now fits the ring
     assert wheel.next_due() == 6
@@ -47,6 +48,17 @@ def test_a_deadline_one_revolution_out_is_parked_in_the_ring(policy: str) -> Non
     assert wheel.advance(10) == []
     assert wheel.advance(11) == ["k"]
     assert wheel.stats().overflow_levels == 0
+
+
+@pytest.mark.parametrize("policy", ["eager", "lazy"])
+def test_a_tick_expires_before_it_refiles_parked_keys(policy: str) -> None:
+    wheel = TimingWheel(timeout=2, slots=3, policy=policy)  # type: ignore[arg-type]
+    for key in range(5):
+        wheel.add(f"parked{key}", 0, 6)  # parked in slot 2's parking bucket
+    wheel.add("due", 0)  # due at 2, in slot 2's ring bucket
+    assert wheel.advance(2, limit=1) == ["due"]  # examined first, whatever was filed before it
+    assert wheel.next_due() == 2  # the parked keys are re-filed next, still at tick 2
+    assert wheel.advance(2) == [] and wheel.next_due() == 6
 
 
 @pytest.mark.parametrize("policy", ["eager", "lazy"])
