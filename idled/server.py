@@ -13,8 +13,8 @@ handles signals. One nursery holds:
   chunks of ``DEFAULT_CHUNK`` keys, with a checkpoint after every ``TICK_SLICE`` (5 ms) of them, so even
   100k simultaneous expiries never hold the loop for more than a few milliseconds. A login that
   brings the next deadline forward moves the tick task's wake-up (its cancel scope's deadline). Before it
-  sleeps, it lets the detector work ahead (the lazy wheel re-files the next tick's active keys now, in the
-  same slices), so the next tick itself is only the expiries and they are reported without waiting.
+  sleeps, it lets the detector work ahead (the lazy wheel re-files the next tick's active keys now, in 2 ms
+  slices), so the next tick itself is only the expiries and they are reported without waiting.
 * **the monitor**: wakes ten times a tick to measure event-loop lag (exported as the largest stall), pings
   the systemd watchdog, and runs the stall guard.
 * **the log writer** (``idled.logwriter``): group-commits the records the bus queues.
@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gc
 import ipaddress
 import logging
 import math
@@ -53,6 +52,7 @@ from idled.bus import EventBus, Subscription, event_frame
 from idled.config import Config, ConfigError
 from idled.detector import DEFAULT_CHUNK, make_detector
 from idled.eventlog import EventLog, EventLogError, SeqReservation, iter_records
+from idled.gcpolicy import GcPolicy
 from idled.logwriter import run_writer
 from idled.metrics import Metrics, serve_metrics
 from idled.presence import PresenceEvent, PresenceTable, Uid
@@ -142,10 +142,10 @@ class Server:
         metrics: Metrics | None = None,
         env: dict[str, str] | None = None,
         reload_config: Callable[[], Config] | None = None,
-        freeze_gc: bool = False,
+        gc_policy: GcPolicy | None = None,
     ) -> None:
         self.config = config
-        self._freeze_gc = freeze_gc
+        self.gc_policy = gc_policy  # None: the interpreter's default (tests run many servers in one process)
         self._reload_config = reload_config
         self.env = dict(os.environ) if env is None else env
         self.metrics = metrics
@@ -254,13 +254,8 @@ class Server:
             detector_name=cfg.detector_kind,
             first_seq=await self._reserve_seqs(recovery.next_seq),
         )
-        if self._freeze_gc:
-            # The session maps (presence owners, the wheel's key -> bucket) hold 1M entries at 1M sessions
-            # and their values are objects, so every full collection of the cyclic GC walks all of them:
-            # 150-450 ms event-loop stalls, measured with gc.callbacks during `idled loadtest` at 1M. They
-            # live as long as the process, so they move to the permanent generation now, while empty.
-            gc.collect()
-            gc.freeze()
+        if self.gc_policy is not None:
+            self.gc_policy.start()  # after the session maps exist: see idled.gcpolicy
         self._last_beat = trio.current_time()
         if listeners is None:
             listeners = await self._open_listeners()
@@ -514,6 +509,8 @@ class Server:
                 t = trio.current_time()
                 self.now()  # applies the stall guard if the loop was held up
                 self._last_beat = t
+                if self.gc_policy is not None:
+                    self.gc_policy.maybe_thaw()
                 lag = max(0.0, t - before - interval)
                 self.largest_stall = max(self.largest_stall, lag)
                 if self.metrics is not None:
@@ -946,7 +943,7 @@ def run(args: argparse.Namespace) -> int:
     log.info("open-file limit %d (hard %d)", soft, hard)
     try:
         server = Server(
-            cfg, metrics=Metrics(_registry(), tick=cfg.tick), reload_config=lambda: config_module.load(args), freeze_gc=True
+            cfg, metrics=Metrics(_registry(), tick=cfg.tick), reload_config=lambda: config_module.load(args), gc_policy=GcPolicy()
         )
     except (ConfigError, auth.SecretError) as exc:
         print(f"idled serve: {exc}", file=sys.stderr)
