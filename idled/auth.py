@@ -35,16 +35,15 @@ import time
 from pathlib import Path
 from typing import Final
 
+from idled.protocol import MAX_TOKEN_CHARS, MAX_UID_BYTES, ROLES, ErrorCode
+
 __all__ = [
     "ROLES", "MIN_SECRET_BYTES", "MAX_SECRET_BYTES", "MAX_TOKEN_CHARS", "DEFAULT_TTL",
     "AuthError", "SecretError", "canonical_name", "mint", "verify", "load_secret", "add_arguments", "run",
 ]
 
-ROLES: Final = ("uid", "gateway", "observer")
 MIN_SECRET_BYTES: Final = 16
 MAX_SECRET_BYTES: Final = 4096  # a secret file larger than this is a mistake (or /dev/zero)
-MAX_TOKEN_CHARS: Final = 1024  # as in the protocol's login frame
-MAX_NAME_BYTES: Final = 256  # the longest uid; gateway/observer names are shorter
 DEFAULT_TTL: Final = 86400
 
 _VERSION: Final = "1"
@@ -60,7 +59,7 @@ class AuthError(Exception):
     """A token was refused. `kind` is one of malformed, forged, expired, wrong_role, wrong_name (a metric
     label); `reason` is safe to send to the client."""
 
-    code: Final = "auth_failed"  # the protocol's ErrorCode.AUTH_FAILED
+    code: Final = ErrorCode.AUTH_FAILED
 
     def __init__(self, reason: str, kind: str) -> None:
         super().__init__(reason)
@@ -94,8 +93,9 @@ def canonical_name(role: str, name: str | int) -> str:
         return str(name)
     if type(name) is not str:
         raise ValueError(f"a {role} name must be a str{' or int' if role == 'uid' else ''}, got {type(name).__name__}")
-    if not name or len(name.encode()) > MAX_NAME_BYTES:
-        raise ValueError(f"a {role} name must be 1..{MAX_NAME_BYTES} UTF-8 bytes")
+    # The longest uid: tokens also cover gateway/observer names, which the protocol bounds lower.
+    if not name or len(name.encode()) > MAX_UID_BYTES:
+        raise ValueError(f"a {role} name must be 1..{MAX_UID_BYTES} UTF-8 bytes")
     return name
 
 

@@ -84,6 +84,7 @@ from time import perf_counter_ns, thread_time_ns
 from typing import Any, TextIO
 
 from idled.detector import DEFAULT_CHUNK, DETECTOR_KINDS, Detector, make_detector
+from idled.loadstats import percentile
 
 DEFAULT_SIZES = (10_000, 100_000, 1_000_000)
 DEFAULT_TIMEOUT = 30
@@ -221,6 +222,11 @@ class RunResult:
     gc_passes: int = 0  # table only: collector passes during the measured window (any generation)
     gc_max_ms: float = 0.0
 
+    @property
+    def exact(self) -> bool:
+        """No key expired early or never, none later than one tick past its deadline."""
+        return self.early == 0 and self.missed == 0 and self.lateness_max_ticks <= 1
+
 
 def _timed_touches(touch: TouchFn, batch: list[str], now: int, clock: Clock) -> int:
     """The per-keepalive loop, shared by every detector and the dict floor so they pay the same overhead."""
@@ -357,18 +363,11 @@ def run_detector(
         early=0,
         missed=0,
         prunes=prunes,
-        call_p99_ms=_percentile(all_calls, 0.99) / 1e6,
+        call_p99_ms=percentile(all_calls, 0.99) / 1e6,
         gc_passes=len(pauses),
         gc_max_ms=max(pauses, default=0) / 1e6,
     )
     return result, expired_log
-
-
-def _percentile(values: list[int], fraction: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return float(ordered[min(len(ordered) - 1, int(fraction * len(ordered)))])
 
 
 def check_expiries(
@@ -610,7 +609,7 @@ def target_lines(report: SizeReport) -> list[str]:
                     f"{result.bytes_per_key:.1f}",
                 )
     for kind, result in results.items():
-        ok = result.early == 0 and result.lateness_max_ticks <= 1 and result.missed == 0
+        ok = result.exact
         check(
             f"{kind} exact",
             ok,
@@ -792,11 +791,7 @@ def run(args: argparse.Namespace) -> int:
         args.json.write_text(json.dumps(json_rows(reports), indent=2) + "\n")
     if args.plot is not None:
         plot(reports, args.plot, header.removeprefix("idled bench: "))
-    exact = all(
-        result.early == 0 and result.missed == 0 and result.lateness_max_ticks <= 1
-        for report in reports
-        for result in report.results.values()
-    )
+    exact = all(result.exact for report in reports for result in report.results.values())
     if not exact:
         print("idled bench: a detector expired a key early, late or never (see early/missed/lateness)", file=sys.stderr)
     return 0 if exact else 1

@@ -1,7 +1,7 @@
 """One frozen configuration object for `idled serve`: TOML file < environment < command line.
 
-Every setting is declared once in ``SETTINGS`` (name, type, default, help); the argparse flags
-(``--max-timeout``), the TOML keys (``max_timeout``, flat, top level) and the environment variables
+Every setting is declared once, as a field of ``Config`` (type, default) with its line in ``HELP``; the
+argparse flags (``--max-timeout``), the TOML keys (``max_timeout``, flat, top level) and the environment variables
 (``IDLED_MAX_TIMEOUT``) are all derived from it, so the three can never drift apart. Flags default to
 ``None`` so that only flags actually given override the file and the environment.
 """
@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from idled.detector import MAX_TIMEOUT_TICKS
+from idled.logwriter import FSYNC_POLICIES
 
 DETECTORS = ("ring", "scan", "heap")
 POLICIES = ("lazy", "eager")
-FSYNC_POLICIES = ("always", "interval", "never")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
@@ -54,7 +54,7 @@ class Config:
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 9878
     log_level: str = "info"
-    # Stall guard: a loop that could not run for this many ticks was paused; see server.StallGuard.
+    # Stall guard: a loop that could not run for this many ticks was paused; see Server.now.
     stall_ticks: float = 2.0
 
     def validate(self) -> Config:

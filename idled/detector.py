@@ -91,16 +91,16 @@ def check_timeout(timeout: int) -> int:
 DETECTOR_KINDS = ("ring-eager", "ring-lazy", "scan", "heap")
 
 
-def make_detector(kind: str, *, timeout: int, slots: int = 30, start: int = 0) -> Detector:
+def make_detector(kind: str, *, timeout: int, slots: int = 30) -> Detector:
     """Build a detector by name (as `idled bench` and `idled serve --detector` spell them)."""
     # Imported here, not at the top: wheel and baselines import this module for the interface.
     from idled.baselines import DeadlineHeap, FullScan
     from idled.wheel import TimingWheel
 
     if kind in ("ring-eager", "ring-lazy"):
-        return TimingWheel(timeout=timeout, slots=slots, policy=kind.removeprefix("ring-"), start=start)
+        return TimingWheel(timeout=timeout, slots=slots, policy=kind.removeprefix("ring-"))
     if kind == "scan":
-        return FullScan(timeout=timeout, start=start)
+        return FullScan(timeout=timeout)
     if kind == "heap":
-        return DeadlineHeap(timeout=timeout, start=start)
+        return DeadlineHeap(timeout=timeout)
     raise ValueError(f"unknown detector {kind!r}; expected one of {', '.join(DETECTOR_KINDS)}")

@@ -183,7 +183,7 @@ class DecodeResult:
 _UNPACK_ERRORS: Final = (ValueError, TypeError, msgpack.UnpackException)
 
 
-def decode_buffer(data: bytes | bytearray | memoryview, *, max_record_bytes: int = MAX_RECORD_BYTES) -> DecodeResult:
+def decode_buffer(data: bytes | bytearray | memoryview) -> DecodeResult:
     """Decode every framed record in `data` (e.g. a whole segment file). Pure: no I/O, no state.
 
     Spark calls this in mapPartitions on files read with binaryFiles; it never raises on bad input.
@@ -198,7 +198,7 @@ def decode_buffer(data: bytes | bytearray | memoryview, *, max_record_bytes: int
     broken = False
     while size - offset >= HEADER_BYTES:
         length, crc = unpack_header(view, offset)
-        if length == 0 or length > max_record_bytes:
+        if length == 0 or length > MAX_RECORD_BYTES:
             corrupt += 1
             broken = True
             break
@@ -246,15 +246,12 @@ def list_segments(directory: str | os.PathLike[str]) -> list[tuple[int, str]]:
 class _SegmentScan:
     """Streams one segment's good records in bounded chunks, counting what recovery needs to know."""
 
-    __slots__ = ("path", "corrupt", "good_end", "end", "size", "broken")
+    __slots__ = ("path", "corrupt", "good_end")
 
     def __init__(self, path: str) -> None:
         self.path = path
         self.corrupt = 0
         self.good_end = 0  # file offset just past the last good record
-        self.end = 0  # file offset where scanning stopped (start of torn/broken bytes)
-        self.size = 0  # file size when the scan finished
-        self.broken = False
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         with open(self.path, "rb", buffering=0) as file:
@@ -273,11 +270,8 @@ class _SegmentScan:
                 consumed = len(buf) - result.torn_bytes
                 base += consumed
                 if result.broken:
-                    self.broken = True
                     break
                 buf = buf[consumed:]
-            self.end = base
-            self.size = os.fstat(file.fileno()).st_size
 
 
 def _segments_from(directory: str, from_seq: int) -> list[tuple[int, str]]:
@@ -300,8 +294,7 @@ def iter_records(directory: str | os.PathLike[str], from_seq: int = 0) -> Iterat
     """
     for _first, path in _segments_from(os.fspath(directory), from_seq):
         try:
-            scan = iter(_SegmentScan(path))
-            for record in scan:
+            for record in _SegmentScan(path):
                 if record["seq"] >= from_seq:
                     yield record
         except FileNotFoundError:
@@ -318,7 +311,7 @@ class Recovery:
     next_seq: seq for the next appended record. truncated_bytes: bytes cut off the end of the last segment.
     corrupt_records: records skipped in all segments (CRC, undecodable, implausible length). online: uid ->
     last record of every uid whose last retained record is "online". records / segments: good records and
-    segment files scanned. skipped_bytes: unreadable bytes left in place at the end of older segments.
+    segment files scanned.
     """
 
     next_seq: int
@@ -327,7 +320,6 @@ class Recovery:
     online: dict[Uid, dict[str, Any]] = field(default_factory=dict)
     records: int = 0
     segments: int = 0
-    skipped_bytes: int = 0
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -394,10 +386,6 @@ class EventLog:
         return self._durable_seq
 
     @property
-    def next_seq(self) -> int:
-        return self._last_seq + 1
-
-    @property
     def active_path(self) -> str | None:
         return self._active_path
 
@@ -432,8 +420,8 @@ class EventLog:
         segments = list_segments(self.directory)
         online: dict[Uid, dict[str, Any]] = {}
         max_seq = 0
-        corrupt = records = skipped = truncated = 0
-        for index, (_first, path) in enumerate(segments):
+        corrupt = records = truncated = 0
+        for _first, path in segments:
             scan = _SegmentScan(path)
             for record in scan:
                 records += 1
@@ -447,8 +435,6 @@ class EventLog:
                 elif kind == "offline":
                     online.pop(uid, None)
             corrupt += scan.corrupt
-            if index < len(segments) - 1:
-                skipped += scan.size - scan.good_end if scan.size > scan.good_end else 0
         next_seq = max_seq + 1
         if segments:
             last_first, last_path = segments[-1]
@@ -478,7 +464,6 @@ class EventLog:
             online=online,
             records=records,
             segments=len(segments),
-            skipped_bytes=skipped,
         )
 
     # ------------------------------------------------------------------------------------------ writing

@@ -48,11 +48,19 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 __all__ = [
-    "PINGER", "SILENT", "BYE", "KIND_NAMES", "IDLE_REASONS", "LOGOUT_REASONS",
-    "Histogram", "Plan", "silent_window", "make_plan", "Matcher", "Verdict",
+    "PINGER", "SILENT", "BYE", "IDLE_REASONS", "LOGOUT_REASONS",
+    "percentile", "Histogram", "Plan", "silent_window", "make_plan", "Matcher", "Verdict",
 ]
 
 # ------------------------------------------------------------------------------------------- histogram
+
+
+def percentile(values: list[float] | list[int], fraction: float) -> float:
+    """The exact order statistic at ``fraction`` (nearest rank, no interpolation); 0.0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return float(ordered[min(len(ordered) - 1, int(fraction * len(ordered)))])
 
 
 class Histogram:
@@ -191,9 +199,8 @@ class Histogram:
             inverse = row["inverse"]
             inv = f"{inverse:17.2f}" if math.isfinite(inverse) else f"{'inf':>17}"
             lines.append(f"{row['value'] * scale:14.3f} {row['percentile']:14.12f} {row['total_count']:10d} {inv}")
-        s = self.summary()
         if self.count:
-            lines.append(f"#[Mean    = {s['mean'] * scale:12.3f}, Max     = {self.max * scale:12.3f}]")  # type: ignore[operator]
+            lines.append(f"#[Mean    = {self.total / self.count * scale:12.3f}, Max     = {self.max * scale:12.3f}]")
             lines.append(f"#[Count   = {self.count:12d}, Min     = {self.min * scale:12.3f}]")
         return "\n".join(lines) + "\n"
 
@@ -221,7 +228,6 @@ class Histogram:
 PINGER: Final = 0
 SILENT: Final = 1
 BYE: Final = 2
-KIND_NAMES: Final = {PINGER: "pinger", SILENT: "silent", BYE: "bye"}
 
 # Offline reasons that mean "timed out" and "logged out"; the server names them, other spellings are
 # accepted so a rename on the server side shows up as figures, not as a crash here.

@@ -121,6 +121,9 @@ class Scenario:
         return self.sessions / self.ramp
 
     def window(self) -> tuple[float, float]:
+        """Where silent and bye moments fall; (0, 0) when no session goes silent or says bye."""
+        if not (self.silent_fraction or self.bye_fraction):
+            return (0.0, 0.0)
         return silent_window(duration=self.duration, ramp_end=self.ramp_end, timeout=self.expected_timeout,
                              tick=self.tick, bound_ticks=self.bound_ticks)
 
@@ -280,7 +283,7 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
         # a fresh base per run against a long-lived server: a uid still online from an earlier run would be a
         # duplicate login (no online event) and wreck the matching
         uid_base = 0 if spawn else (int(time.time()) % 1_000_000) * 10_000_000
-    if not 0 <= uid_base and uid_base + sessions < 2**63:
+    if not (0 <= uid_base and uid_base + sessions < 2**63):
         raise UsageError("--uid-base out of range")
     sc = Scenario(
         mode=mode, sessions=sessions, gateways=args.gateways, workers=workers, sources=sources, ramp=ramp,
@@ -293,11 +296,10 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
     )
     if not (0 <= sc.silent_fraction <= 1 and 0 <= sc.bye_fraction <= 1 and sc.silent_fraction + sc.bye_fraction <= 1):
         raise UsageError("--silent-fraction and --bye-fraction must be in [0, 1] and sum to at most 1")
-    if sc.silent_fraction or sc.bye_fraction:
-        try:
-            sc.window()
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
+    try:
+        sc.window()
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     return sc
 
 
@@ -376,7 +378,7 @@ class _Run:
     def __init__(self, sc: Scenario, err: TextIO) -> None:
         self.sc = sc
         self.err = err
-        window = sc.window() if (sc.silent_fraction or sc.bye_fraction) else (0.0, 0.0)
+        window = sc.window()
         self.plan: Plan = make_plan(sc.sessions, silent_fraction=sc.silent_fraction,
                                     bye_fraction=sc.bye_fraction, window=window, seed=sc.seed)
         self.matcher = Matcher(self.plan, sc.uid_base)
@@ -395,7 +397,6 @@ class _Run:
         self.t0 = 0.0
         self.stall: float | None = None
         self.stall_at_ramp_end: float | None = None
-        self.stall_history: list[tuple[float, float]] = []
         self.metrics_end: dict[str, float] = {}
         self.ramp_done_at: float | None = None
         self.observer_delay: Callable[[], float | None] | None = None

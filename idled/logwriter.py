@@ -1,8 +1,8 @@
-"""The event-log writer task: drains a bounded trio channel into an EventLog with group commit.
+"""The event-log writer task: drains a trio channel into an EventLog with group commit.
 
 Theory of operation
 -------------------
-Producers (the presence tick, connection handlers) send event dicts, seq already assigned, into a bounded
+Producers (the presence tick, connection handlers) send event dicts, seq already assigned, into a
 `trio.MemoryChannel`. `run_writer` is its only consumer. Each turn of its loop:
 
 1. passes one schedule point (so ready producers can add to the channel), takes one event -- waiting for it
@@ -30,9 +30,10 @@ fsync policies, and what `on_durable(seq)` means under each:
 - ``never``: no fsync ever (the kernel writes back on its own, ~30 s); `on_durable(seq)` is called once the
   batch is written, i.e. it survives a crash of the process, not of the machine.
 
-Backpressure, not loss: the channel is bounded, so when the disk is slower than the event rate the channel
-fills and `send()` blocks the producer. Nothing is dropped. Sizing is the server's call (a buffer that
-covers a worst-case fdatasync stall at the peak event rate).
+Backpressure, not loss, is the caller's: with a bounded channel `send()` blocks the producer when the disk
+is slower than the event rate (the benchmark below does that); the server's channel is unbounded and its
+producers wait in `EventBus.room()` while the backlog is over a limit (events are published synchronously,
+so they cannot block in `send()`). Nothing is dropped either way.
 
 Stopping: close the send side(s). The writer drains what is queued, writes it, syncs (except ``never``) and
 returns. If the writer is cancelled instead, queued events are abandoned; a commit in flight still completes
@@ -70,12 +71,8 @@ def _commit(
 ) -> tuple[int, float | None]:
     """Runs in a worker thread: write the batch, maybe sync / retain. Returns (bytes, fsync seconds | None)."""
     nbytes = log.append(batch)
-    fsync_seconds = None
-    if sync:
-        started = time.perf_counter()
-        log.sync()
-        fsync_seconds = time.perf_counter() - started
-    elif release:
+    fsync_seconds = _sync(log) if sync else None
+    if release and not sync:
         log.release_rotated()
     if retention:
         log.apply_retention()
@@ -115,15 +112,18 @@ async def run_writer(
     next_retention = trio.current_time()  # the first batch applies retention
     dirty = False  # written but not yet synced (interval policy only)
 
-    async def sync_now() -> None:
-        nonlocal dirty, last_sync
-        last_sync = trio.current_time()
-        seconds = await trio.to_thread.run_sync(_sync, log)
+    def synced(seconds: float) -> None:
+        nonlocal dirty
         dirty = False
         if on_fsync is not None:
             on_fsync(seconds)
         if on_durable is not None:
             on_durable(log.durable_seq)
+
+    async def sync_now() -> None:
+        nonlocal last_sync
+        last_sync = trio.current_time()
+        synced(await trio.to_thread.run_sync(_sync, log))
 
     task_status.started()
     async with receive:
@@ -162,12 +162,8 @@ async def run_writer(
             nbytes, fsync_seconds = await trio.to_thread.run_sync(_commit, log, batch, do_sync, never, do_retention)
             if on_batch is not None:
                 on_batch(len(batch), nbytes)
-            if do_sync:
-                dirty = False
-                if on_fsync is not None and fsync_seconds is not None:
-                    on_fsync(fsync_seconds)
-                if on_durable is not None:
-                    on_durable(log.durable_seq)
+            if fsync_seconds is not None:
+                synced(fsync_seconds)
             elif never:
                 if on_durable is not None:
                     on_durable(log.last_seq)

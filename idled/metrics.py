@@ -170,7 +170,7 @@ class _SnapshotCollector(Collector):
             for role in sorted(set(connections) - set(ROLES)):
                 family.add_metric([role], float(connections[role]))
             out.append(family)
-        for key in ("sessions_online", "detector_keys", "detector_overflow_keys"):
+        for key in SNAPSHOT_KEYS[1:]:  # after "connections"
             value = snapshot.get(key)
             if value is not None:
                 families[key].add_metric([], float(value))
@@ -209,7 +209,6 @@ class Metrics:
         process_collectors: bool = True,
     ) -> None:
         self.registry = registry
-        self.tick = tick
         r = registry
         self.presence_events = Counter(
             "idled_presence_events", "Presence events emitted.", ["kind", "reason"], registry=r

@@ -69,6 +69,12 @@ class PresenceEvent:
         }
 
 
+def ticks_for(seconds: float, tick: float) -> int:
+    """Whole ticks in a timeout, rounded up: a timeout is never shortened by the tick granularity. The
+    server sizes the detector's default timeout with it, so it must match the table's own rounding."""
+    return max(1, math.ceil(seconds / tick - 1e-9))
+
+
 class PresenceTable:
     __slots__ = (
         "_detector",
@@ -121,8 +127,7 @@ class PresenceTable:
         return min(max(1.5 * keepalive, self._tick), self._max_timeout)
 
     def ticks_for(self, seconds: float) -> int:
-        # Rounded up: a timeout is never shortened by the tick granularity.
-        return max(1, math.ceil(seconds / self._tick - 1e-9))
+        return ticks_for(seconds, self._tick)
 
     def _activity_tick(self, now: float) -> int:
         """The detector's activity tick for a default-timeout session active at ``now`` (see the module doc)."""
@@ -202,27 +207,28 @@ class PresenceTable:
 
     def _end(self, uid: Uid, now: float, wall: float, reason: str) -> PresenceEvent:
         del self._owner[uid]
+        self._detector.remove(uid)
+        return self._offline(uid, now, wall, reason)
+
+    def _offline(self, uid: Uid, now: float, wall: float, reason: str) -> PresenceEvent:
+        """The offline event of a session already out of the owner map and the detector."""
         last_seen = wall - (now - self._last_seen.pop(uid))
         timeout = self._timeouts.pop(uid, self._timeout)
-        self._detector.remove(uid)
         return self._event("offline", uid, wall, reason, last_seen, timeout)
 
     def expire(self, now: float, wall: float, limit: int | None = None) -> list[tuple[PresenceEvent, Any]]:
         """Offline events (reason ``idle``) for sessions whose deadline passed, with their owners."""
         expired = self._detector.advance(math.floor(now / self._tick), limit)
-        out = []
-        for uid in expired:
-            owner = self._owner.pop(uid)
-            last_seen = wall - (now - self._last_seen.pop(uid))
-            timeout = self._timeouts.pop(uid, self._timeout)
-            out.append((self._event("offline", uid, wall, "idle", last_seen, timeout), owner))
-        return out
+        return [(self._offline(uid, now, wall, "idle"), self._owner.pop(uid)) for uid in expired]
 
     def end_all(self, now: float, wall: float, reason: str) -> Iterator[tuple[PresenceEvent, Any]]:
         """End every session (shutdown), yielding as it goes so the caller can checkpoint."""
         while self._owner:
-            uid, owner = next(iter(self._owner.items()))
-            yield self._end(uid, now, wall, reason), owner
+            # popitem, not next(iter(...)): iterating from the front steps over every entry deleted so far,
+            # which made a 100k-session shutdown take 3.3 s (quadratic).
+            uid, owner = self._owner.popitem()
+            self._detector.remove(uid)
+            yield self._offline(uid, now, wall, reason), owner
 
     def restart_event(self, record: dict[str, Any], wall: float) -> PresenceEvent:
         """The offline (``restart``) closing a session a previous run left online when it died."""

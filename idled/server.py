@@ -55,7 +55,7 @@ from idled.eventlog import EventLog, EventLogError, SeqReservation, iter_records
 from idled.gcpolicy import GcPolicy
 from idled.logwriter import run_writer
 from idled.metrics import Metrics, serve_metrics
-from idled.presence import PresenceEvent, PresenceTable, Uid
+from idled.presence import PresenceEvent, PresenceTable, Uid, ticks_for
 from idled.protocol import (
     BYE,
     NEED_DATA,
@@ -170,9 +170,7 @@ class Server:
         self._last_beat = 0.0
         self._stall_limit = config.stall_ticks * config.tick
         self.connections = {"user": 0, "gateway": 0, "observer": 0, "pending": 0}
-        self._open = 0
         self._tick_scope: trio.CancelScope | None = None
-        self._tick_deadline = math.inf
         self._accept_scope = trio.CancelScope()
         self._stop_event = trio.Event()
         self._writer_done = trio.Event()
@@ -186,16 +184,12 @@ class Server:
     def now(self) -> float:
         """The pause-adjusted monotonic clock every deadline is measured on."""
         t = trio.current_time()
-        if t - self._last_beat > self._stall_limit:
-            self._stall_check(t)
-        return t - self.paused
-
-    def _stall_check(self, t: float) -> None:
         gap = t - self._last_beat
-        self._last_beat = t
         if gap > self._stall_limit:
+            self._last_beat = t
             self.paused += gap
             log.warning("event loop could not run for %.3f s: moved every deadline by the pause", gap)
+        return t - self.paused
 
     # -- seqs -----------------------------------------------------------------------------------------
 
@@ -245,7 +239,7 @@ class Server:
                 recovery.truncated_bytes,
                 recovery.corrupt_records,
             )
-        detector = make_detector(cfg.detector_kind, timeout=max(1, math.ceil(cfg.timeout / cfg.tick - 1e-9)), slots=cfg.slots)
+        detector = make_detector(cfg.detector_kind, timeout=ticks_for(cfg.timeout, cfg.tick), slots=cfg.slots)
         self.presence = PresenceTable(
             detector,
             tick=cfg.tick,
@@ -430,8 +424,7 @@ class Server:
         while True:
             due = presence.next_due()
             with trio.CancelScope() as self._tick_scope:
-                self._tick_deadline = math.inf if due is None else self._wake_time(due)
-                self._tick_scope.deadline = self._tick_deadline
+                self._tick_scope.deadline = math.inf if due is None else self._wake_time(due)
                 await trio.sleep_forever()
             self._tick_scope = None
             started = time.perf_counter()
@@ -479,10 +472,12 @@ class Server:
     def _wake_ticker(self) -> None:
         """A new session may be due before the tick task's wake-up: bring the wake-up forward."""
         assert self.presence is not None
+        scope = self._tick_scope
+        if scope is None:
+            return  # the tick task is awake: it asks next_due() itself before it sleeps again
         due = self.presence.next_due()
-        if due is not None and self._tick_scope is not None and self._wake_time(due) < self._tick_deadline:
-            self._tick_deadline = self._wake_time(due)
-            self._tick_scope.deadline = self._tick_deadline
+        if due is not None and (wake := self._wake_time(due)) < scope.deadline:
+            scope.deadline = wake
 
     def _wake_time(self, due: float) -> float:
         """The trio time at which the server clock (``current_time() - paused``) reads at least ``due``.
@@ -545,22 +540,20 @@ class Server:
 
     async def _handle(self, stream: trio.SocketStream) -> None:
         role = "pending"
-        self._open += 1
         self.connections[role] += 1
         try:
-            if self._open > self.config.max_connections or self.stopping:
-                code = ErrorCode.SERVER_SHUTDOWN if self.stopping else ErrorCode.BUSY
-                await self._close_with(stream, code, "too many connections" if code == ErrorCode.BUSY else "shutting down")
+            if self.stopping:
+                await self._close_with(stream, ErrorCode.SERVER_SHUTDOWN, "shutting down")
+                return
+            if sum(self.connections.values()) > self.config.max_connections:
+                await self._close_with(stream, ErrorCode.BUSY, "too many connections")
                 return
             decoder = FrameDecoder(self.config.max_frame)
             try:
                 login = await self._login(stream, decoder)
                 if login is None:
                     return
-                if self.stopping:
-                    # end_all() has run (or is running): a session started now would never be ended,
-                    # and its online event would miss the log.
-                    raise ProtocolError(ErrorCode.SERVER_SHUTDOWN, "server is shutting down")
+                self._refuse_if_stopping()
                 self.connections[role] -= 1
                 role = "user" if login.role == "uid" else login.role
                 self.connections[role] += 1
@@ -578,9 +571,14 @@ class Server:
         except Exception:
             log.exception("connection handler failed (bug); connection closed, server unaffected")
         finally:
-            self._open -= 1
             self.connections[role] -= 1
             await stream.aclose()
+
+    def _refuse_if_stopping(self) -> None:
+        """No session may start once shutdown began: end_all() has run (or is running), so it would never be
+        ended, and its online event would miss the log."""
+        if self.stopping:
+            raise ProtocolError(ErrorCode.SERVER_SHUTDOWN, "server is shutting down")
 
     def _reject(self, code: str) -> None:
         if self.metrics is not None:
@@ -645,8 +643,7 @@ class Server:
         uid = login.name
         conn = Connection()
         await self._room()
-        if self.stopping:  # checked again after the wait: see _handle
-            raise ProtocolError(ErrorCode.SERVER_SHUTDOWN, "server is shutting down")
+        self._refuse_if_stopping()  # again after the wait
         previous, event = presence.login(uid, conn, self.now(), time.time(), login.keepalive)
         self._take_over(uid, previous, conn)
         self._publish(event)
@@ -727,9 +724,7 @@ class Server:
         presence = self.presence
         assert presence is not None
         await self._room()
-        if self.stopping:
-            # end_all() has run: sessions started now would never be ended (nor their online events logged).
-            raise ProtocolError(ErrorCode.SERVER_SHUTDOWN, "server is shutting down")
+        self._refuse_if_stopping()
         now, wall = self.now(), time.time()
         for index, uid in enumerate(message.uids, 1):
             previous, event = presence.login(uid, gateway, now, wall, message.keepalive)
@@ -739,8 +734,7 @@ class Server:
             if index % ATTACH_CHUNK == 0:  # a 1 MiB attach is ~100k uids: don't hold the loop for all of them
                 self._wake_ticker()
                 await trio.sleep(0)
-                if self.stopping:
-                    raise ProtocolError(ErrorCode.SERVER_SHUTDOWN, "server is shutting down")
+                self._refuse_if_stopping()
                 now, wall = self.now(), time.time()
         self._wake_ticker()
 
@@ -865,8 +859,8 @@ class Server:
             records = iter_records(self.log.directory, start)
             while batch := await trio.to_thread.run_sync(_take, records, REPLAY_BATCH, window_start):
                 await stream.send_all(b"".join(event_frame(record) for record in batch))
-        for frame in frames:
-            await stream.send_all(frame)
+        for i in range(0, len(frames), REPLAY_BATCH):  # batched like the disk part: up to 100k frames
+            await stream.send_all(b"".join(frames[i : i + REPLAY_BATCH]))
 
 
 def _check_eof(decoder: FrameDecoder) -> None:

@@ -7,7 +7,6 @@ server uses (``make_detector``), so the tick arithmetic under test is the produc
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import pytest
@@ -15,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from idled.detector import make_detector
-from idled.presence import PresenceEvent, PresenceTable
+from idled.presence import PresenceEvent, PresenceTable, ticks_for
 
 WALL0 = 1_700_000_000.0  # wall clock at now == 0
 
@@ -23,9 +22,8 @@ WALL0 = 1_700_000_000.0  # wall clock at now == 0
 def table(
     *, tick: float = 0.1, timeout: float = 1.0, max_timeout: float = 60.0, kind: str = "ring-lazy", first_seq: int = 1
 ) -> PresenceTable:
-    ticks = max(1, math.ceil(timeout / tick - 1e-9))
     return PresenceTable(
-        make_detector(kind, timeout=ticks, slots=16),
+        make_detector(kind, timeout=ticks_for(timeout, tick), slots=16),
         tick=tick,
         timeout=timeout,
         max_timeout=max_timeout,

@@ -15,6 +15,7 @@ import time
 
 import trio
 
+from idled.loadstats import percentile
 from idled.protocol import NEED_DATA, Attach, Detach, Event, FrameDecoder, Login, Subscribe, encode, parse_server_message
 
 
@@ -68,17 +69,17 @@ async def measure(port: int, rate: float, seconds: float) -> list[float]:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     port, rate, seconds = int(args[0]), float(args[1]) if len(args) > 1 else 3000.0, float(args[2]) if len(args) > 2 else 20.0
-    latencies = sorted(trio.run(measure, port, rate, seconds))
+    latencies = trio.run(measure, port, rate, seconds)
     if not latencies:
         print("no events received")
         return 1
 
     def ms(q: float) -> float:
-        return 1000 * latencies[min(len(latencies) - 1, int(q * len(latencies)))]
+        return 1000 * percentile(latencies, q)
 
     print(
         f"events {len(latencies)} in {seconds:g} s = {len(latencies) / seconds:.0f}/s; event -> subscriber latency "
-        f"ms: p50 {ms(0.5):.2f} p90 {ms(0.9):.2f} p99 {ms(0.99):.2f} max {1000 * latencies[-1]:.2f}"
+        f"ms: p50 {ms(0.5):.2f} p90 {ms(0.9):.2f} p99 {ms(0.99):.2f} max {1000 * max(latencies):.2f}"
     )
     return 0
 

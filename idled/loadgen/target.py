@@ -149,7 +149,6 @@ class ProcessSampler:
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self._proc = psutil.Process(pid)
-        self._children: dict[int, psutil.Process] = {}
         self._last: tuple[float, float] | None = None
         self._dead_cpu = 0.0  # CPU time of children that have exited (so the total never goes back)
         self._child_cpu: dict[int, float] = {}

@@ -428,7 +428,7 @@ class Worker:
         self.conns += 1
         try:
             async with stream, trio.open_nursery() as nursery:
-                nursery.start_soon(self._gateway_reader, stream, decoder, nursery.cancel_scope, g)
+                nursery.start_soon(self._gateway_reader, stream, decoder, nursery.cancel_scope)
                 await self._gateway_wheel(g, stream, welcome.max_frame or DEFAULT_MAX_FRAME)
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             self.errors[f"gateway:{error_name(exc)}"] += 1
@@ -443,8 +443,7 @@ class Worker:
     def _fail_gateway(self, g: int) -> None:
         self.failed_records.extend(range(g, self.sessions, self.gateways))
 
-    async def _gateway_reader(self, stream: trio.SocketStream, decoder: FrameDecoder,
-                              scope: trio.CancelScope, g: int) -> None:
+    async def _gateway_reader(self, stream: trio.SocketStream, decoder: FrameDecoder, scope: trio.CancelScope) -> None:
         try:
             while True:
                 data = await stream.receive_some(65536)

@@ -99,7 +99,9 @@ def _check_inputs(dirs: Sequence[str]) -> str | None:
             return f"{directory}: no such directory"
         if not glob.glob(os.path.join(glob.escape(directory), "*.seg")):
             return f"{directory}: no *.seg files"
-    if len(set(os.path.abspath(d) if "://" not in d else d for d in dirs)) != len(dirs):
+    from idled.pipeline.job import daemon_names  # pyspark-free at import
+
+    if len(set(daemon_names(dirs))) != len(dirs):
         return "the same directory is given twice"
     return None
 

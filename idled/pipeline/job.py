@@ -42,10 +42,10 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from idled.pipeline.records import FileStats, Row, iter_rows, seq_ranges_overlap
+from idled.pipeline.records import UID_INT, UID_STR, FileStats, Row, iter_rows, seq_ranges_overlap
 from idled.pipeline.rules import BUCKETS, NOT_USER_ENDS, SUPERSEDED, FlapParams, bucket_label
 
 if TYPE_CHECKING:
@@ -99,7 +99,6 @@ class JobConfig:
 @dataclass
 class JobResult:
     summary: dict[str, Any]
-    concurrency: list[tuple[int, int]] = field(default_factory=list)  # (minute_start, users_online)
 
 
 # ---------------------------------------------------------------------------------------------- Spark
@@ -266,7 +265,7 @@ def _uid_columns() -> list[Column]:
 
     return [
         F.expr("substring(uid_key, 3)").alias("uid"),
-        F.when(F.col("uid_key").startswith("i:"), F.lit("int")).otherwise(F.lit("str")).alias("uid_type"),
+        F.when(F.col("uid_key").startswith("i:"), F.lit(UID_INT)).otherwise(F.lit(UID_STR)).alias("uid_type"),
     ]
 
 
@@ -674,4 +673,4 @@ def _run(config: JobConfig, spark: SparkSession, t0: float) -> JobResult:
     with open(os.path.join(out, "summary.json"), "w") as file:
         json.dump(summary, file, indent=2, default=str)
         file.write("\n")
-    return JobResult(summary, concurrency)
+    return JobResult(summary)

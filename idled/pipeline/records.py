@@ -37,7 +37,7 @@ from idled.eventlog import MAX_RECORD_BYTES, decode_buffer
 
 __all__ = [
     "CHUNK_BYTES", "Row", "FileStats", "uid_key", "split_uid_key", "to_row", "iter_rows", "seq_ranges_overlap",
-    "ROW_FIELDS", "UID_INT", "UID_STR",
+    "UID_INT", "UID_STR",
 ]
 
 # Several records per window, and always more than one whole record, so every window but the last consumes
@@ -46,7 +46,6 @@ CHUNK_BYTES: Final = 4 * 1024 * 1024
 assert CHUNK_BYTES > MAX_RECORD_BYTES + 8
 
 Row: TypeAlias = tuple[int, int, bool, str, float, "str | None", "float | None", "str | None"]
-ROW_FIELDS: Final = ("daemon", "seq", "online", "uid_key", "ts", "reason", "deadline", "detector")
 
 UID_INT: Final = "int"
 UID_STR: Final = "str"
