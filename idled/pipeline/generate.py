@@ -122,7 +122,6 @@ class _Daemon:
 
     def __init__(self, config: GenConfig, daemon: int) -> None:
         self.config = config
-        self.daemon = daemon
         self.directory = config.daemon_dir(daemon)
         self.detector = DETECTORS[daemon % len(DETECTORS)]
         self.rng = random.Random(config.seed * 1_000_003 + daemon)
@@ -287,8 +286,7 @@ class _Daemon:
         started = time.perf_counter()
         config = self.config
         rng = self.rng
-        os.makedirs(self.directory, exist_ok=True)
-        self._open()
+        self._open()  # recover() creates the directory
         # Start near steady state: the share of users a running daemon would have online reconnects within
         # a minute of the daemon starting (the usual reconnect storm); the rest log in after a residual gap.
         mean_gap = _BASE_GAP_S / _diurnal(config.start)
