@@ -1,7 +1,7 @@
 """Test-side peers of idled: a framed-msgpack client and an `idled serve` subprocess.
 
 Shared by the tests that talk to a server (in-process over memory streams or loopback TCP, or a real daemon).
-Imported as a plain module, `from peers import Client, Daemon`: tests/ has no __init__.py, so pytest's default
+Imported as a plain module, `from tests.peers import Client, Daemon`: tests/ has no __init__.py, so pytest's default
 ("prepend") import mode puts tests/ itself on sys.path when it loads tests/conftest.py and the test modules.
 
 Only what the files really share lives here; a file's own variant (its command line, its /metrics scrape, its
@@ -126,8 +126,8 @@ def free_port() -> int:
 
 
 def serve_command(data_dir: Path, *options: str) -> list[str]:
-    """`python -m idled.cli serve` on a port-0 listener; `options` come last, so they win over the defaults."""
-    return [sys.executable, "-m", "idled.cli", "serve", "--port", "0", "--data-dir", str(data_dir), *options]
+    """`python -m idled.cli.main serve` on a port-0 listener; `options` come last, so they win over the defaults."""
+    return [sys.executable, "-m", "idled.cli.main", "serve", "--port", "0", "--data-dir", str(data_dir), *options]
 
 
 class Daemon:

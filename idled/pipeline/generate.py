@@ -39,7 +39,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Final
 
-from idled.eventlog import DEFAULT_SEGMENT_BYTES, EventLog, Recovery, encode_record, list_segments
+from idled.log.eventlog import DEFAULT_SEGMENT_BYTES, EventLog, Recovery, encode_record, list_segments
 
 __all__ = ["GenConfig", "DaemonStats", "generate", "DETECTORS", "DEFAULT_START", "uid_for"]
 

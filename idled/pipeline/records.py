@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-A segment file is decoded by `idled.eventlog.decode_buffer` (the daemon's own decoder) in windows of
+A segment file is decoded by `idled.log.eventlog.decode_buffer` (the daemon's own decoder) in windows of
 `CHUNK_BYTES`, the way `eventlog` reads segments itself: each window yields its good records, the scan resumes
 at the first unconsumed byte (`len(window) - torn_bytes`), so memory stays bounded by one window's records
 whatever the segment size. Only in the last window are the unconsumed bytes a real torn tail; a window that
@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
 
-from idled.eventlog import MAX_RECORD_BYTES, decode_buffer
+from idled.log.eventlog import MAX_RECORD_BYTES, decode_buffer
 
 __all__ = [
     "CHUNK_BYTES", "Row", "FileStats", "uid_key", "split_uid_key", "to_row", "iter_rows", "seq_ranges_overlap",

@@ -1,0 +1,424 @@
+"""TimingWheel: a ring of one-tick buckets plus a hierarchical overflow wheel (Kafka's TimingWheel).
+
+Theory of operation
+-------------------
+Time is integer ticks. Every watched key has a *deadline* (last activity + timeout) and sits in exactly one
+bucket; ``_bucket_of`` maps key -> the bucket (a dict) holding it, so moving or removing a key is O(1).
+
+**The ring** (level 0) has ``slots + 1`` buckets; bucket ``d % (slots + 1)`` holds the keys whose deadline
+is ``d``, for every ``d`` in ``(now, now + slots + 1]``. One bucket more than ``slots`` because activity is
+rounded *up* to the next tick (see ``idled.core.detector``): a key touched during tick ``now`` with a timeout of
+``slots`` ticks is due at ``now + slots + 1``, and that must not share a bucket with the keys due at
+``now + 1``. Advancing the clock to ``t`` detaches bucket ``t % (slots + 1)``: everything in it is due.
+
+Worked example (``slots=3``, so 4 buckets; all timeouts 3; eager policy)::
+
+    now=0   add a@0 -> deadline 3 -> bucket 3      ring: [ -, -, -, {a} ]
+    now=0   add b@1 -> deadline 4 -> bucket 0      ring: [ {b}, -, -, {a} ]
+    advance(2): buckets 1, 2 empty -> []           now=2
+    touch a@2 -> deadline 5 -> bucket 1            ring: [ {b}, {a}, -, - ]
+    advance(4): bucket 3 (t=3) empty; bucket 0 (t=4) -> [b]
+    advance(5): bucket 1 (t=5) -> [a]
+
+**The overflow wheel.** A deadline beyond the ring goes to level 1, whose buckets are each as wide as the
+whole ring (``slots + 1`` ticks), then level 2 (as wide as all of level 1), and so on; levels are created on
+demand. A level-k bucket covers deadlines ``[v*w, (v+1)*w)`` (``w`` its width) and is detached when the clock
+reaches ``v*w``: its keys *cascade*, each re-filed by its deadline, which now fits a finer level (or is due).
+Example, ``slots=3`` (ring span 4, level-1 width 4): a key due at 10 waits in level-1 bucket ``v=2`` (covering
+8..11); at ``now=8`` that bucket is detached and the key moves to ring bucket ``10 % 4``; ``advance(10)``
+returns it.
+
+**Parking: one extra revolution in the ring.** A deadline up to one revolution beyond the ring
+(``n0 < deadline - now <= 2 * n0``, ``n0 = slots + 1``) is not sent to level 1: it goes in the *parking* bucket
+beside the ring bucket of its own deadline -- the slot that comes due at ``deadline - n0`` -- with the
+deadline as the value (Netty's HashedWheelTimer keeps such a "remaining rounds" count). When that slot comes
+due the key is re-filed by its deadline, which then fits the ring. A parked key cannot be due then (its
+deadline is a revolution later), so the slot's parking bucket is drained *after* its ring bucket: the tick's
+expiries are never queued behind re-filing. The work is the same as through level 1 (one extra
+filing) but spread tick by tick: a level-1 bucket is as wide as the ring, so it holds a whole revolution of
+such keys and cascades them *all at once* -- at 1M sessions with a 45 s timeout on 30 slots, ~300k keys in
+one tick, which delayed that tick's expiries by ~2 s (measured with ``idled loadtest``). Longer deadlines
+still use the overflow levels, where one cascade per revolution is the cheaper choice.
+
+**Two refile policies** decide what a keepalive costs:
+
+* ``eager``: ``touch`` moves the key to the bucket of its new deadline at once. Buckets are exact, so a due
+  ring bucket is pure expiry.
+* ``lazy`` (Netty's IdleStateHandler trick): ``touch`` only stores ``last_seen[key] = now`` (one dict store);
+  the key stays where it was filed, at a deadline that is now too early. When that bucket comes due, each key
+  is checked: still silent -> expired; seen since -> re-filed at its real deadline. A chatty client costs
+  one dict store per packet and one re-file per timeout.
+
+**Working ahead (lazy).** A due lazy bucket is mostly keys that were active since they were filed: at 1M
+sessions each tick re-files ~33k keys to find the ~0.1% that expire, and an expiry found late in that
+drain is reported late (~100 ms at the p99 with 1M gateway sessions). ``work_ahead(limit)``, called by
+the server while it waits for the next tick, re-files now the keys of the next due ring bucket whose
+deadline is already past that tick; the keys left are those that will expire unless they speak before the
+tick (they are checked then as usual). The work and the per-packet cost are unchanged, only moved off the
+deadline's path, so the tick itself is as short as an eager one. It walks a snapshot of the bucket's keys
+in chunks, skipping any key that left the bucket meanwhile.
+
+**Bounded work.** ``advance(now, limit)`` examines at most ``limit`` keys per call. Due buckets are first
+*detached* (replaced by a fresh empty dict, so new arrivals for the next revolution don't mix in) and queued in
+``_pending``; draining pops from them and can stop and resume at any key. A key touched or removed while its
+detached bucket waits is found there through ``_bucket_of`` as usual.
+
+Memory: one ``_bucket_of`` entry and one bucket entry per key, values shared (bucket references, ``None`` in
+the ring, tick ints shared by all keys touched in the same tick). Per-key timeouts are stored only for keys
+whose timeout differs from the wheel's default (``_timeouts`` is sparse).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Hashable
+from typing import Callable, Literal
+
+from idled.core.detector import DetectorStats, check_timeout
+
+Bucket = dict[Hashable, "int | None"]  # key -> deadline (overflow levels, parking) or None (ring)
+
+# A ring bucket whose table is over this size but which holds at most this many keys is rebuilt
+# (one per advance: ~0.3 ms of re-pointing at 1M keys, where every dict access is a cache miss).
+_COMPACT_MIN_BYTES = 64 * 1024
+_COMPACT_MAX_KEYS = 256
+
+# Kinds of detached bucket waiting in _pending.
+_RING = 0  # a due ring bucket (or the overdue bucket): eager expires all, lazy checks last_seen
+_CASCADE = 1  # a due overflow bucket: every key re-filed by its deadline (or expired if due)
+
+
+class _Level:
+    """One overflow level: ``n`` buckets each ``width`` ticks wide."""
+
+    __slots__ = ("width", "n", "buckets")
+
+    def __init__(self, width: int, n: int) -> None:
+        self.width = width
+        self.n = n
+        self.buckets: list[Bucket] = [{} for _ in range(n)]
+
+
+class TimingWheel:
+    """Idle detector built on a timing wheel; see the module docstring."""
+
+    __slots__ = (
+        "touch",
+        "policy",
+        "_timeout",
+        "_slots",
+        "_n0",
+        "_overflow_slots",
+        "_now",
+        "_ring",
+        "_parked",
+        "_levels",
+        "_bucket_of",
+        "_timeouts",
+        "_last_seen",
+        "_pending",
+        "_expired_total",
+        "_ahead",
+    )
+
+    touch: Callable[[Hashable, int], None]
+
+    def __init__(
+        self,
+        *,
+        timeout: int,
+        slots: int = 30,
+        overflow_slots: int | None = None,
+        policy: Literal["eager", "lazy"] = "lazy",
+        start: int = 0,
+    ) -> None:
+        if slots < 1:
+            raise ValueError("slots must be at least 1")
+        if policy not in ("eager", "lazy"):
+            raise ValueError(f"policy must be 'eager' or 'lazy', got {policy!r}")
+        self.policy = policy
+        self._timeout = check_timeout(timeout)
+        self._slots = slots
+        self._n0 = slots + 1
+        self._overflow_slots = max(2, overflow_slots or slots)
+        self._now = start
+        self._ring: list[Bucket] = [{} for _ in range(self._n0)]
+        self._parked: list[Bucket] = [{} for _ in range(self._n0)]
+        self._levels: list[_Level] = []
+        self._bucket_of: dict[Hashable, Bucket] = {}
+        self._timeouts: dict[Hashable, int] = {}
+        self._last_seen: dict[Hashable, int] = {}
+        self._pending: list[tuple[Bucket, int]] = []
+        self._expired_total = 0
+        self._ahead: tuple[int, Bucket, list[Hashable], int] | None = None  # (tick, bucket, snapshot, position)
+        # Chosen once here, not tested on every packet.
+        self.touch = self._touch_eager if policy == "eager" else self._touch_lazy
+
+    # -- the per-packet path ------------------------------------------------------------------------
+
+    def _touch_eager(self, key: Hashable, now: int) -> None:
+        old = self._bucket_of.get(key)
+        if old is None:
+            return
+        deadline = now + (self._timeouts.get(key, self._timeout) if self._timeouts else self._timeout)
+        if 0 < deadline - self._now <= self._n0:
+            new = self._ring[deadline % self._n0]
+            if new is not old:  # touched twice in one tick: already in place
+                del old[key]
+                new[key] = None
+                self._bucket_of[key] = new
+        else:
+            del old[key]
+            if deadline - now <= 2 * self._n0:  # catching up can only help a deadline the ring can hold
+                self._catch_up(now - 1)
+            self._file(key, deadline)
+
+    def _touch_lazy(self, key: Hashable, now: int) -> None:
+        last_seen = self._last_seen
+        if key in last_seen:
+            last_seen[key] = now
+
+    # -- membership ---------------------------------------------------------------------------------
+
+    def add(self, key: Hashable, now: int, timeout: int | None = None) -> None:
+        if key in self._bucket_of:
+            self.remove(key)
+        if timeout is not None and check_timeout(timeout) != self._timeout:
+            self._timeouts[key] = timeout
+        else:
+            timeout = self._timeout
+        if self.policy == "lazy":
+            self._last_seen[key] = now
+        if now + timeout - self._now > self._n0 and timeout < 2 * self._n0:  # (longer ones overflow anyway)
+            self._catch_up(now - 1)
+        self._file(key, now + timeout)
+
+    def remove(self, key: Hashable) -> bool:
+        bucket = self._bucket_of.pop(key, None)
+        if bucket is None:
+            return False
+        del bucket[key]
+        self._timeouts.pop(key, None)
+        self._last_seen.pop(key, None)
+        return True
+
+    def __len__(self) -> int:
+        return len(self._bucket_of)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._bucket_of
+
+    # -- filing ---------------------------------------------------------------------------------------
+
+    def _catch_up(self, target: int) -> None:
+        """Move the clock to ``target`` (no later than the caller's real time) across buckets that are all
+        empty, so a deadline measured from now fits the ring again.
+
+        A caller that advances only when ``next_due()`` says so leaves the clock behind real time: with
+        chatty clients every deadline sits near ``now + timeout`` and nothing is due for most of a
+        revolution. Filing relative to that stale clock would push every touch into the overflow wheel and
+        bring it back as a cascade. Only empty ticks are skipped: nothing due is passed over.
+        """
+        if target <= self._now or self._pending:
+            return
+        due = self._next_bucket_due()
+        if due is not None and due <= target:
+            target = due - 1
+        if target > self._now:
+            self._now = target
+
+    def _file(self, key: Hashable, deadline: int) -> None:
+        """Put ``key`` in the bucket for ``deadline``, relative to the current tick."""
+        delta = deadline - self._now
+        if 0 < delta <= self._n0:
+            bucket = self._ring[deadline % self._n0]
+            bucket[key] = None
+        elif delta <= 0:
+            # Already due (time was passed in from behind the wheel's clock): expire at the next advance.
+            bucket = self._overdue_bucket()
+            bucket[key] = None
+        elif delta <= 2 * self._n0:
+            # Parked (see the module doc): re-filed when this bucket comes due, one revolution early.
+            bucket = self._parked[deadline % self._n0]
+            bucket[key] = deadline
+        else:
+            bucket = self._overflow_bucket(deadline)
+            bucket[key] = deadline
+        self._bucket_of[key] = bucket
+
+    def _overdue_bucket(self) -> Bucket:
+        for bucket, kind in self._pending:
+            if kind == _RING:
+                return bucket
+        bucket = {}
+        self._pending.append((bucket, _RING))
+        return bucket
+
+    def _overflow_bucket(self, deadline: int) -> Bucket:
+        width = self._n0
+        for depth in range(64):
+            if depth == len(self._levels):
+                self._levels.append(_Level(width, self._overflow_slots))
+            level = self._levels[depth]
+            virtual = deadline // width
+            # Virtual buckets now//width + 1 .. now//width + n are distinct modulo n; the current one
+            # (now//width) never receives keys: a deadline inside it fits a finer level.
+            if virtual - self._now // width <= level.n:
+                return level.buckets[virtual % level.n]
+            width *= level.n
+        raise ValueError(f"deadline {deadline} is beyond every overflow level")
+
+    # -- the clock ------------------------------------------------------------------------------------
+
+    def next_due(self) -> int | None:
+        if self._pending:
+            return self._now
+        return self._next_bucket_due()
+
+    def _next_bucket_due(self) -> int | None:
+        now, n0, ring, parked = self._now, self._n0, self._ring, self._parked
+        best = None
+        for offset in range(1, n0 + 1):
+            index = (now + offset) % n0
+            if ring[index] or parked[index]:
+                best = now + offset
+                break
+        for level in self._levels:
+            base = now // level.width
+            limit = level.n if best is None else min(level.n, (best - 1) // level.width - base)
+            for offset in range(1, limit + 1):
+                if level.buckets[(base + offset) % level.n]:
+                    best = (base + offset) * level.width
+                    break
+        return best
+
+    def work_ahead(self, limit: int) -> int:
+        if self.policy != "lazy" or self._pending:
+            return 0
+        t = self._next_bucket_due()
+        if t is None or t - self._now > self._n0:
+            return 0  # the next due bucket is an overflow one: its cascade must happen at its tick
+        bucket = self._ring[t % self._n0]
+        ahead = self._ahead
+        if ahead is None or ahead[0] != t or ahead[1] is not bucket:
+            ahead = (t, bucket, list(bucket), 0)
+        _, _, keys, position = ahead
+        end = min(position + limit, len(keys))
+        now, n0, ring, default = self._now, self._n0, self._ring, self._timeout
+        bucket_of, timeouts, last_seen = self._bucket_of, self._timeouts, self._last_seen
+        for key in keys[position:end]:
+            if bucket_of.get(key) is not bucket:
+                continue  # removed, or re-added elsewhere, since the snapshot
+            deadline = last_seen[key] + (timeouts.get(key, default) if timeouts else default)
+            if deadline > t:
+                del bucket[key]
+                if deadline - now <= n0:
+                    target = ring[deadline % n0]
+                    target[key] = None
+                    bucket_of[key] = target
+                else:
+                    self._file(key, deadline)
+        # A finished pass keeps its marker (so the bucket is not walked again) but drops the snapshot.
+        self._ahead = (t, bucket, keys if end < len(keys) else [], end if end < len(keys) else 0)
+        return end - position
+
+    def advance(self, now: int, limit: int | None = None) -> list[Hashable]:
+        if now < self._now:
+            raise ValueError(f"time went backwards: {now} < {self._now}")
+        budget = -1 if limit is None else limit
+        if budget == 0:
+            raise ValueError("limit must be positive or None")
+        expired: list[Hashable] = []
+        while True:
+            while self._pending:
+                bucket, kind = self._pending[-1]
+                budget = self._drain(bucket, kind, expired, budget)
+                if budget == 0:
+                    return expired
+                self._pending.pop()
+            due = self._next_bucket_due()
+            if due is None or due > now:
+                self._now = now
+                self._compact_ring()
+                return expired
+            self._now = due
+            self._detach(due)
+
+    def _compact_ring(self) -> None:
+        """Give back the memory of a ring bucket that keys have moved out of.
+
+        A dict never shrinks when keys are deleted. Under the eager policy every keepalive moves its key out
+        of a bucket, so a bucket's table stays sized for every key that passed through it until the bucket
+        comes due. Once per advance, one bucket left holding few keys in a big table is rebuilt: the work is
+        bounded (``_COMPACT_MAX_KEYS`` re-pointed keys), so it never becomes a stall of its own.
+        """
+        ring, bucket_of = self._ring, self._bucket_of
+        for index, bucket in enumerate(ring):
+            if len(bucket) <= _COMPACT_MAX_KEYS and sys.getsizeof(bucket) > _COMPACT_MIN_BYTES:
+                fresh: Bucket = dict.fromkeys(bucket)
+                for key in fresh:
+                    bucket_of[key] = fresh
+                ring[index] = fresh
+                return
+
+    def _detach(self, t: int) -> None:
+        """Queue every bucket that comes due at tick ``t`` (the clock is already at ``t``)."""
+        index = t % self._n0
+        # _pending is a stack: the parking bucket goes under the ring bucket, so it is drained after it.
+        if self._parked[index]:
+            self._pending.append((self._parked[index], _CASCADE))
+            self._parked[index] = {}
+        if self._ring[index]:
+            self._pending.append((self._ring[index], _RING))
+            self._ring[index] = {}
+        for level in self._levels:
+            if t % level.width:
+                break  # widths nest: not a boundary here means not one at any coarser level
+            index = (t // level.width) % level.n
+            if level.buckets[index]:
+                self._pending.append((level.buckets[index], _CASCADE))
+                level.buckets[index] = {}
+
+    def _drain(self, bucket: Bucket, kind: int, expired: list[Hashable], budget: int) -> int:
+        """Process keys of one detached bucket until it is empty or ``budget`` keys were examined."""
+        now, bucket_of, timeouts, last_seen = self._now, self._bucket_of, self._timeouts, self._last_seen
+        default, n0, ring = self._timeout, self._n0, self._ring
+        lazy = self.policy == "lazy"
+        before = len(expired)
+        while bucket and budget:
+            budget -= 1
+            key, deadline = bucket.popitem()
+            if lazy:
+                deadline = last_seen[key] + (timeouts.get(key, default) if timeouts else default)
+            elif kind == _RING:
+                deadline = now  # eager ring buckets are exact: everything in a due one is due
+            if deadline <= now:
+                del bucket_of[key]
+                if timeouts:
+                    timeouts.pop(key, None)
+                if lazy:
+                    del last_seen[key]
+                expired.append(key)
+            elif deadline - now <= n0:  # inline ring filing: the common lazy re-file
+                target = ring[deadline % n0]
+                target[key] = None
+                bucket_of[key] = target
+            else:
+                self._file(key, deadline)
+        self._expired_total += len(expired) - before
+        return budget
+
+    # -- observation ------------------------------------------------------------------------------------
+
+    def stats(self) -> DetectorStats:
+        sizes = [len(bucket) for bucket in self._ring]
+        overflow = sum(len(bucket) for level in self._levels for bucket in level.buckets)
+        return DetectorStats(
+            keys=len(self._bucket_of),
+            slots=self._n0,
+            occupied_slots=sum(1 for size in sizes if size),
+            largest_slot=max(sizes),
+            overflow_keys=overflow,
+            overflow_levels=len(self._levels),
+            expired_total=self._expired_total,
+        )

@@ -1,0 +1,191 @@
+"""One frozen configuration object for `idled serve`: TOML file < environment < command line.
+
+Every setting is declared once, as a field of ``Config`` (type, default) with its line in ``HELP``; the
+argparse flags (``--max-timeout``), the TOML keys (``max_timeout``, flat, top level) and the environment variables
+(``IDLED_MAX_TIMEOUT``) are all derived from it, so the three can never drift apart. Flags default to
+``None`` so that only flags actually given override the file and the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from idled.core.detector import MAX_TIMEOUT_TICKS
+from idled.log.eventlog import FSYNC_POLICIES
+
+DETECTORS = ("ring", "scan", "heap")
+POLICIES = ("lazy", "eager")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class ConfigError(ValueError):
+    """A setting is missing, unknown or out of range: reported before anything starts."""
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    host: str = "127.0.0.1"
+    port: int = 7878
+    timeout: float = 30.0
+    tick: float = 1.0
+    slots: int = 30
+    max_timeout: float = 3600.0
+    detector: str = "ring"
+    policy: str = "lazy"
+    max_frame: int = 4096
+    max_gateway_frame: int = 1 << 20
+    login_timeout: float = 5.0
+    max_connections: int = 100_000
+    secret_file: str | None = None
+    insecure: bool = False
+    data_dir: str | None = None  # None: $STATE_DIRECTORY under systemd, else ./idled-data
+    fsync: str = "interval"
+    fsync_interval: float = 1.0
+    segment_bytes: int = 64 << 20
+    retention_bytes: int = 1 << 30
+    retention_seconds: float = 7 * 86400.0
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = 9878
+    log_level: str = "info"
+    # Stall guard: a loop that could not run for this many ticks was paused; see Server.now.
+    stall_ticks: float = 2.0
+
+    def validate(self) -> Config:
+        def need(ok: bool, message: str) -> None:
+            if not ok:
+                raise ConfigError(message)
+
+        need(0 <= self.port <= 65535 and 0 <= self.metrics_port <= 65535, "ports must be 0..65535")
+        need(0.001 <= self.tick <= 60, "tick must be between 0.001 and 60 seconds")
+        need(self.tick <= self.timeout <= self.max_timeout, "need tick <= timeout <= max_timeout")
+        need(self.max_timeout <= 10 * 86400, "max_timeout is at most ten days")
+        need(
+            self.max_timeout / self.tick <= MAX_TIMEOUT_TICKS,
+            f"max_timeout / tick must be at most {MAX_TIMEOUT_TICKS} ticks (the detectors' limit)",
+        )
+        need(1 <= self.slots <= 1_000_000, "slots must be 1..1000000")
+        need(self.detector in DETECTORS, f"detector must be one of {', '.join(DETECTORS)}")
+        need(self.policy in POLICIES, f"policy must be one of {', '.join(POLICIES)}")
+        need(self.fsync in FSYNC_POLICIES, f"fsync must be one of {', '.join(FSYNC_POLICIES)}")
+        need(self.log_level in LOG_LEVELS, f"log_level must be one of {', '.join(LOG_LEVELS)}")
+        need(16 <= self.max_frame <= self.max_gateway_frame <= 64 << 20, "need 16 <= max_frame <= max_gateway_frame <= 64 MiB")
+        need(0 < self.login_timeout <= 3600, "login_timeout must be in (0, 3600]")
+        need(1 <= self.max_connections <= 10_000_000, "max_connections must be 1..10000000")
+        need(self.fsync_interval > 0, "fsync_interval must be positive")
+        need(self.segment_bytes >= 4096, "segment_bytes must be at least 4096")
+        need(self.retention_bytes >= self.segment_bytes, "retention_bytes must be at least segment_bytes")
+        need(self.retention_seconds > 0, "retention_seconds must be positive")
+        need(self.stall_ticks >= 1, "stall_ticks must be at least 1")
+        return self
+
+    @property
+    def detector_kind(self) -> str:
+        """The name `idled.core.detector.make_detector` takes."""
+        return f"ring-{self.policy}" if self.detector == "ring" else self.detector
+
+    def resolved_data_dir(self, env: Mapping[str, str] = os.environ) -> Path:
+        if self.data_dir:
+            return Path(self.data_dir)
+        state = env.get("STATE_DIRECTORY", "").split(":")[0]  # systemd may list several
+        return Path(state) if state else Path("idled-data")
+
+
+HELP: dict[str, str] = {
+    "host": "address to listen on (non-loopback needs --secret-file or --insecure)",
+    "port": "TCP port for clients; 0 picks a free one (logged)",
+    "timeout": "seconds of silence before a user is offline, for clients that send no keepalive",
+    "tick": "detector resolution in seconds: offline fires at most one tick after the deadline",
+    "slots": "ring size of the timing wheel in ticks; longer timeouts go to the overflow wheel",
+    "max_timeout": "upper bound of any timeout; a client asking for keepalive k gets min(1.5k, this)",
+    "detector": "expiry detector: ring (timing wheel), scan or heap (baselines for comparison)",
+    "policy": "ring refile policy: lazy (keepalive = one dict store) or eager (move on every keepalive)",
+    "max_frame": "largest frame in bytes a user, observer or unauthenticated peer may send",
+    "max_gateway_frame": "largest frame in bytes a logged-in gateway may send",
+    "login_timeout": "seconds a new connection has to log in",
+    "max_connections": "connections beyond this are refused with a busy error",
+    "secret_file": "HMAC secret for login tokens; unset means auth is off (loopback only)",
+    "insecure": "allow listening on a non-loopback address without auth",
+    "data_dir": "event-log directory (default $STATE_DIRECTORY, else ./idled-data)",
+    "fsync": "event-log durability: always, interval or never",
+    "fsync_interval": "seconds between fsyncs with --fsync interval",
+    "segment_bytes": "event-log segment size before rotation",
+    "retention_bytes": "event-log total size kept",
+    "retention_seconds": "event-log age kept",
+    "metrics_host": "address of the Prometheus endpoint",
+    "metrics_port": "port of the Prometheus endpoint; 0 disables it",
+    "log_level": "debug, info, warning or error",
+    "stall_ticks": "a pause of the event loop this many ticks long moves every deadline by the pause",
+}
+
+_CHOICES = {"detector": DETECTORS, "policy": POLICIES, "fsync": FSYNC_POLICIES, "log_level": LOG_LEVELS}
+
+
+def _field_type(field: dataclasses.Field[Any]) -> type:
+    text = str(field.type)
+    return bool if text == "bool" else int if text == "int" else float if text == "float" else str
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", help="TOML file with flat keys named like the flags")
+    for field in dataclasses.fields(Config):
+        flag = "--" + field.name.replace("_", "-")
+        kind = _field_type(field)
+        if kind is bool:
+            parser.add_argument(flag, action="store_true", default=None, help=HELP[field.name])
+        else:
+            parser.add_argument(
+                flag, type=kind, default=None, choices=_CHOICES.get(field.name), help=f"{HELP[field.name]} (default {field.default})"
+            )
+
+
+def _coerce(name: str, value: Any, kind: type, source: str) -> Any:
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            return value.lower() in ("1", "true", "yes", "on")
+    elif kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    elif kind is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    elif kind is str and isinstance(value, str):
+        return value
+    if isinstance(value, str) and kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    raise ConfigError(f"{source}: {name} must be {kind.__name__}, got {value!r}")
+
+
+def load(args: argparse.Namespace | None = None, env: Mapping[str, str] = os.environ) -> Config:
+    """Merge the TOML file (``--config``), ``IDLED_*`` variables and given flags, then validate."""
+    fields = {field.name: field for field in dataclasses.fields(Config)}
+    values: dict[str, Any] = {}
+    path = getattr(args, "config", None) or env.get("IDLED_CONFIG")
+    if path:
+        try:
+            with open(path, "rb") as f:
+                table = tomllib.load(f)
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+        for name, value in table.items():
+            if name not in fields:
+                raise ConfigError(f"{path}: unknown setting {name!r}")
+            values[name] = _coerce(name, value, _field_type(fields[name]), path)
+    for name, field in fields.items():
+        variable = "IDLED_" + name.upper()
+        if variable in env:
+            values[name] = _coerce(name, env[variable], _field_type(field), variable)
+    for name in fields:
+        given = getattr(args, name, None) if args is not None else None
+        if given is not None:
+            values[name] = given
+    return Config(**values).validate()

@@ -1,0 +1,273 @@
+"""Presenting load-test results: targets, the text summary, the side-by-side comparison, the plot.
+
+Everything here reads the result documents `idled.tools.loadtest.run.run_scenario` returns (plain dicts, as written
+to ``--json``); nothing measures. matplotlib is imported inside `plot_results` only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["targets", "summary_text", "compare_ratios", "compare_text", "plot_results", "clean_json"]
+
+RSS_PER_CONNECTION_LIMIT = 8 * 1024  # bytes
+LATENESS_SLACK = 0.050  # seconds above one tick
+
+
+def clean_json(value: Any) -> Any:
+    """The same structure with non-finite floats as None and tuples as lists (strict JSON)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): clean_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clean_json(v) for v in value]
+    return value
+
+
+def _target(value: Any, limit: float, le: bool = True, applies: bool = True) -> dict[str, Any]:
+    ok = None if (value is None or not applies) else (value <= limit if le else value == limit)
+    return {"value": value, "limit": limit, "pass": ok}
+
+
+def targets(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The sizing targets of the issue, each {value, limit, pass}; pass is None when not measurable."""
+    v = result["verdict"]
+    tick = v["tick"]
+    users = result["scenario"]["mode"] == "users"
+    return {
+        "false_offlines == 0": _target(v["false_offlines"], 0, le=False),
+        "missed_offlines == 0": _target(v["missed_offlines"], 0, le=False),
+        "early_offlines == 0": _target(v["early_offlines"], 0, le=False),
+        "lateness p99 <= tick + 50 ms": _target(result["lateness"]["generator"]["p99"], tick + LATENESS_SLACK),
+        "server RSS per connection <= 8 KiB": _target(result["server"].get("rss_per_session_bytes"),
+                                                      RSS_PER_CONNECTION_LIMIT, applies=users),
+    }
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1e3:.1f} ms"
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}%"
+
+
+def _mib(x: float | None) -> str:
+    return "-" if x is None else f"{x / 2**20:.1f} MiB"
+
+
+def _lat(summary: dict[str, Any]) -> str:
+    if not summary.get("count"):
+        return "no samples"
+    return (f"p50 {_ms(summary['p50'])}  p90 {_ms(summary['p90'])}  p99 {_ms(summary['p99'])}  "
+            f"p99.9 {_ms(summary['p99_9'])}  max {_ms(summary['max'])}  (n={summary['count']}, "
+            f"min {_ms(summary['min'])})")
+
+
+def summary_text(result: dict[str, Any]) -> str:
+    sc = result["scenario"]
+    v = result["verdict"]
+    srv = result["server"]
+    pr = result["ping_rate"]
+    conns = result["connections"]
+    what = (f"{sc['sessions']} connections" if sc["mode"] == "users"
+            else f"{sc['sessions']} sessions on {sc['gateways']} gateways")
+    lines = [
+        f"idled loadtest: {what}, keepalive {sc['keepalive']:g} s (timeout {result['timeout']:g} s), "
+        f"tick {sc['tick']:g} s, detector {result['detector'] or '(default)'}, {sc['duration']:g} s"
+        + ("" if not result.get("aborted") else f"  ** ABORTED: {result['aborted']} **"),
+        f"  sessions      {conns['logged_in'] if sc['mode'] == 'users' else conns['attached']} up, "
+        f"{v['failed_logins']} failed; peak {conns['peak_sessions']}; connect {_lat_short(result['connect_latency'])}; "
+        f"login {_lat_short(result['login_latency'])}",
+        f"  ping rate     {_rate(pr['achieved_per_s'])}/s achieved vs {_rate(pr['target_per_s'])}/s target"
+        + (f" ({pr['ratio'] * 100:.1f}%)" if pr.get("ratio") else "")
+        + f"; client lag max {_ms(pr['client_lag_max_seconds'])}; client CPU {_pct(result['client']['cpu_percent_mean'])}",
+        f"  lateness gen  {_lat(result['lateness']['generator'])}",
+        f"  lateness srv  {_lat(result['lateness']['server'])}",
+        f"  deadline shift {_lat_short(result['lateness'].get('deadline_shift', {}))} "
+        "(server deadline - (last sent + timeout))",
+        f"  correctness   false offlines {v['false_offlines']}, missed offlines {v['missed_offlines']} "
+        f"(never {v['missed_never']}, late {v['missed_late']}), early {v['early_offlines']}, "
+        f"unjudged {v['unjudged_silent']}, silent {v['planned']['silent']}, "
+        f"logouts {v['logouts_seen']}/{v['planned']['bye']} (missed {v['missed_logouts']}), "
+        f"duplicate offlines {v['duplicate_offlines']}, online missing {v['online_missing']}",
+        f"  server        pid {srv.get('pid')}, CPU mean {_pct(srv.get('cpu_percent_mean'))} "
+        f"(steady {_pct(srv.get('cpu_percent_steady'))}, max {_pct(srv.get('cpu_percent_max'))}), "
+        f"RSS base {_mib(srv.get('rss_base_bytes'))} peak {_mib(srv.get('rss_peak_bytes'))}, "
+        f"RSS/{srv.get('per', 'session')} {_kib(srv.get('rss_per_session_bytes'))}, "
+        f"stall max {_ms(srv.get('stall_max_seconds'))} ({_ms(srv.get('stall_max_seconds_at_ramp_end'))} by ramp end)",
+        f"  observer      {result.get('observer', {}).get('events')} events "
+        f"({result.get('observer', {}).get('resubscribes', 0)} resubscribes), delivery delay "
+        f"{_lat_short(result.get('observer', {}).get('delivery_delay', {}))}; host CPU "
+        f"{_pct((result.get('host') or {}).get('cpu_percent_mean'))} mean of {(result.get('host') or {}).get('cpus')} CPUs",
+        f"  errors        {_counts(result['errors'])}",
+    ]
+    if v["false_offline_reasons"]:
+        lines.append(f"  false reasons {_counts(v['false_offline_reasons'])}")
+    if v["silent_wrong_reason"] or v["logout_wrong_reason"]:
+        lines.append(f"  odd reasons   silent {_counts(v['silent_wrong_reason'])}; "
+                     f"bye {_counts(v['logout_wrong_reason'])}")
+    for note in result.get("notes", []):
+        lines.append(f"  note          {note}")
+    ts = result.get("targets") or {}
+    if ts:
+        lines.append("  targets       " + "; ".join(
+            f"{name}: {'PASS' if t['pass'] else 'n/a' if t['pass'] is None else 'FAIL'}" for name, t in ts.items()))
+    lines.append(f"  verdict       {'OK' if result['ok'] else 'FAILED'}")
+    return "\n".join(lines)
+
+
+def _lat_short(s: dict[str, Any]) -> str:
+    if not s.get("count"):
+        return "-"
+    return f"p50 {_ms(s['p50'])} p99 {_ms(s['p99'])} max {_ms(s['max'])}"
+
+
+def _rate(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}"
+
+
+def _kib(x: float | None) -> str:
+    return "-" if x is None else f"{x / 1024:.2f} KiB"
+
+
+def _counts(c: dict[str, int]) -> str:
+    return ", ".join(f"{k} {n}" for k, n in sorted(c.items(), key=lambda kv: -kv[1])) or "none"
+
+
+# ------------------------------------------------------------------------------------------ comparison
+
+_COMPARED: tuple[tuple[str, str, str], ...] = (
+    # (label, path into the result, format)
+    ("largest event-loop stall", "server.stall_max_seconds", "ms"),
+    ("  of which by ramp end", "server.stall_max_seconds_at_ramp_end", "ms"),
+    ("  after the ramp (if larger)", "server.stall_max_seconds_steady", "ms"),
+    ("server CPU, mean", "server.cpu_percent_mean", "pct"),
+    ("server CPU, steady", "server.cpu_percent_steady", "pct"),
+    ("server CPU seconds", "server.cpu_seconds", "num"),
+    ("server RSS peak", "server.rss_peak_bytes", "mib"),
+    ("lateness p50 (gen)", "lateness.generator.p50", "ms"),
+    ("lateness p99 (gen)", "lateness.generator.p99", "ms"),
+    ("lateness max (gen)", "lateness.generator.max", "ms"),
+    ("lateness p99 (server)", "lateness.server.p99", "ms"),
+    ("false offlines", "verdict.false_offlines", "int"),
+    ("missed offlines", "verdict.missed_offlines", "int"),
+)
+_RATIO_KEYS = ("server.stall_max_seconds", "server.cpu_percent_mean", "server.cpu_percent_steady",
+               "server.cpu_seconds", "server.rss_peak_bytes", "lateness.generator.p99", "lateness.generator.max")
+
+
+def _get(result: dict[str, Any], path: str) -> Any:
+    node: Any = result
+    for part in path.split("."):
+        if not isinstance(node, dict):
+            return None
+        node = node.get(part)
+    return node
+
+
+def _subject(results: Sequence[dict[str, Any]]) -> int:
+    for k, r in enumerate(results):
+        if str(r.get("detector") or "").startswith("ring"):
+            return k
+    return 0
+
+
+def compare_ratios(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The subject's (the ring's) figures divided by each baseline's: {"subject", "vs": {name: {key: ratio}}}."""
+    k = _subject(results)
+    subject = results[k]
+    out: dict[str, Any] = {"subject": subject.get("detector"), "vs": {}}
+    for j, base in enumerate(results):
+        if j == k:
+            continue
+        ratios: dict[str, float | None] = {}
+        for key in _RATIO_KEYS:
+            a, b = _get(subject, key), _get(base, key)
+            ratios[key] = (a / b) if (isinstance(a, (int, float)) and isinstance(b, (int, float)) and b) else None
+        out["vs"][str(base.get("detector"))] = ratios
+    return out
+
+
+def _fmt(value: Any, kind: str) -> str:
+    if value is None:
+        return "-"
+    if kind == "ms":
+        return f"{value * 1e3:.1f} ms"
+    if kind == "pct":
+        return f"{value:.1f}%"
+    if kind == "mib":
+        return f"{value / 2**20:.1f} MiB"
+    if kind == "int":
+        return str(int(value))
+    return f"{value:.2f}"
+
+
+def compare_text(results: Sequence[dict[str, Any]], ratios: dict[str, Any]) -> str:
+    names = [str(r.get("detector")) for r in results]
+    bases = list(ratios["vs"])
+    subject = ratios["subject"]
+    head = ["metric"] + names + [f"{subject}/{b}" for b in bases]
+    rows = [head]
+    for label, path, kind in _COMPARED:
+        row = [label] + [_fmt(_get(r, path), kind) for r in results]
+        for b in bases:
+            ratio = ratios["vs"][b].get(path)
+            row.append("-" if ratio is None else f"{ratio:.2f}x")
+        rows.append(row)
+    rows.append(["verdict"] + ["OK" if r["ok"] else "FAILED" for r in results] + [""] * len(bases))
+    widths = [max(len(row[c]) for row in rows) for c in range(len(head))]
+    lines = ["  ".join(cell.rjust(w) if c else cell.ljust(w) for c, (cell, w) in enumerate(zip(row, widths)))
+             for row in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------- plot
+
+
+def plot_results(results: Sequence[dict[str, Any]], path: str) -> None:
+    """Lateness percentiles, sessions, server CPU and RSS over time; one line per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(13, 8.5))
+    ax_lat, ax_conn, ax_cpu, ax_rss = axes[0][0], axes[0][1], axes[1][0], axes[1][1]
+    for r in results:
+        name = str(r.get("detector") or "default detector")
+        for which, style in (("generator", "-"), ("server", "--")):
+            rows = r["lateness"][which]["hgrm"]
+            xs = [row["inverse"] for row in rows if row["inverse"] is not None and math.isfinite(row["inverse"])]
+            ys = [row["value"] * 1e3 for row in rows if row["inverse"] is not None and math.isfinite(row["inverse"])]
+            if xs:
+                ax_lat.plot(xs, ys, style, label=f"{name} ({which})")
+        ts = r["timeseries"]
+        t = ts["t"]
+        ax_conn.plot(t, ts["sessions"], label=name)
+        ax_cpu.plot(t, [c if c is not None else math.nan for c in ts["server_cpu_percent"]], label=name)
+        ax_rss.plot(t, [x / 2**20 if x is not None else math.nan for x in ts["server_rss_bytes"]], label=name)
+    ax_lat.set_xscale("log")
+    ax_lat.set_xlabel("percentile: 1/(1-p)  (10 = p90, 100 = p99, 1000 = p99.9)")
+    ax_lat.set_ylabel("lateness (ms)")
+    ax_lat.set_title("offline lateness of silent sessions")
+    ax_conn.set_title("sessions up")
+    ax_conn.set_xlabel("s")
+    ax_cpu.set_title("server CPU % (100 = one core)")
+    ax_cpu.set_xlabel("s")
+    ax_rss.set_title("server RSS (MiB)")
+    ax_rss.set_xlabel("s")
+    if not ax_lat.lines:
+        ax_lat.text(0.5, 0.5, "no silent session was reported offline", ha="center", va="center",
+                    transform=ax_lat.transAxes)
+    for ax in (ax_lat, ax_conn, ax_cpu, ax_rss):
+        ax.grid(True, alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,240 @@
+"""The server under test: spawn it (or find it), sample its CPU and RSS, scrape its stall metric.
+
+Theory of operation
+-------------------
+`spawn_server` runs ``python -m idled.cli.main serve --host 127.0.0.1 --port 0 ...`` with stdout and stderr on one
+pipe, and reads lines until ``IDLED_LISTENING host=H port=P`` (a plainer ``listening on H:P`` is accepted
+too). A task keeps draining the pipe for the whole run -- a server blocked on a full pipe would be a
+stall of our making -- into an optional log file and a bounded deque of the last lines, where the final
+log line (with its largest event-loop stall) is found after the server stops. `stop_server` sends SIGTERM
+and waits, then SIGKILL.
+
+`ProcessSampler` reads CPU time and RSS with psutil from a pid and all its descendants (`--spawn` through
+a wrapper measures the real server, its child). CPU % is the CPU time used between two samples over the
+wall time between them (100 % = one core). `find_listening_pid` maps a `--target` port to a pid when the
+pid is not given. `scrape_metrics` GETs ``/metrics`` from 127.0.0.1 and returns the ``idled_*`` samples.
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+import signal
+import subprocess
+import time
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+import psutil
+import trio
+
+__all__ = [
+    "LISTENING_RE", "ServerProcess", "spawn_server", "stop_server", "ProcessSampler", "Sample",
+    "find_listening_pid", "scrape_metrics", "parse_metrics", "parse_stall", "free_port", "describe",
+]
+
+LISTENING_RE = re.compile(r"IDLED_LISTENING\s+host=(\S+)\s+port=(\d+)")
+_PLAIN_LISTENING_RE = re.compile(r"listening on (\d+\.\d+\.\d+\.\d+):(\d+)")
+_METRICS_RE = re.compile(r"IDLED_METRICS\s+host=(\S+)\s+port=(\d+)|metrics\D{0,40}?(?:127\.0\.0\.1|localhost):(\d+)")
+STALL_METRIC = "idled_event_loop_stall_max_seconds"
+_STALL_RE = re.compile(r"stall[a-z_]*\s*[=:]?\s*([0-9]+(?:\.[0-9]+)?(?:e-?[0-9]+)?)\s*(ms|s)?\b", re.I)
+
+
+@dataclass(slots=True)
+class ServerProcess:
+    """A server we spawned (`process` set) or found (`process` None)."""
+
+    host: str
+    port: int
+    pid: int | None
+    argv: list[str] = field(default_factory=list)
+    process: trio.Process | None = None
+    metrics_port: int | None = None
+    tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=400))
+    returncode: int | None = None
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that was free a moment ago (for the spawned server's metrics endpoint)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+async def spawn_server(nursery: trio.Nursery, argv: Sequence[str], *, log: IO[str] | None = None,
+                       startup_timeout: float = 60.0) -> ServerProcess:
+    """Start the server; return once it reports its port. Raises RuntimeError (with its output) otherwise."""
+    process = await trio.lowlevel.open_process(
+        list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    server = ServerProcess("127.0.0.1", 0, process.pid, list(argv), process)
+    listening = trio.Event()
+
+    async def drain() -> None:
+        assert process.stdout is not None
+        pending = b""
+        while True:
+            chunk = await process.stdout.receive_some(65536)
+            if not chunk:
+                break
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for raw in lines:
+                line = raw.decode("utf-8", "replace")
+                server.tail.append(line)
+                if log is not None:
+                    log.write(line + "\n")
+                if not listening.is_set():
+                    m = LISTENING_RE.search(line) or _PLAIN_LISTENING_RE.search(line)
+                    if m:
+                        server.host, server.port = m.group(1), int(m.group(2))
+                        if server.port:
+                            listening.set()
+                if server.metrics_port is None:
+                    mm = _METRICS_RE.search(line)
+                    if mm:
+                        server.metrics_port = int(mm.group(2) or mm.group(3))
+            if len(pending) > 65536:  # a line without end: keep its tail only
+                pending = pending[-4096:]
+        if pending:
+            server.tail.append(pending.decode("utf-8", "replace"))
+        if log is not None:
+            log.flush()
+        listening.set()  # EOF: the server is gone; the waiter below finds out
+
+    nursery.start_soon(drain)
+    with trio.move_on_after(startup_timeout):
+        await listening.wait()
+    if not server.port or process.returncode is not None:
+        await stop_server(server, grace=2.0)
+        output = "\n".join(list(server.tail)[-30:])
+        raise RuntimeError(f"the server did not report its port (exit status {process.returncode}):\n{output}")
+    return server
+
+
+async def stop_server(server: ServerProcess, grace: float = 30.0) -> int | None:
+    """SIGTERM, wait up to `grace` seconds, then SIGKILL. Returns the exit status."""
+    process = server.process
+    if process is None:
+        return None
+    if process.returncode is None:
+        try:
+            process.send_signal(signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        with trio.move_on_after(grace):
+            await process.wait()
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    await trio.sleep(0.05)  # let the drain task read the last lines
+    server.returncode = process.returncode
+    return process.returncode
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    wall: float
+    cpu_seconds: float  # user + system, cumulative, over the process tree
+    rss: int  # bytes, summed over the process tree
+    cpu_percent: float  # since the previous sample (100 = one core)
+
+
+class ProcessSampler:
+    """CPU time and RSS of a process and its descendants, read with psutil."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._proc = psutil.Process(pid)
+        self._last: tuple[float, float] | None = None
+        self._dead_cpu = 0.0  # CPU time of children that have exited (so the total never goes back)
+        self._child_cpu: dict[int, float] = {}
+
+    def sample(self) -> Sample | None:
+        """None once the process is gone."""
+        wall = time.time()
+        try:
+            with self._proc.oneshot():
+                t = self._proc.cpu_times()
+                cpu = t.user + t.system
+                rss = self._proc.memory_info().rss
+            kids = self._proc.children(recursive=True)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            return None
+        alive: dict[int, float] = {}
+        for child in kids:
+            try:
+                ct = child.cpu_times()
+                alive[child.pid] = ct.user + ct.system
+                rss += child.memory_info().rss
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+        for pid, used in self._child_cpu.items():
+            if pid not in alive:
+                self._dead_cpu += used
+        self._child_cpu = alive
+        cpu += sum(alive.values()) + self._dead_cpu
+        percent = 0.0
+        if self._last is not None and wall > self._last[0]:
+            percent = max(0.0, (cpu - self._last[1]) / (wall - self._last[0]) * 100.0)
+        self._last = (wall, cpu)
+        return Sample(wall, cpu, rss, percent)
+
+
+def find_listening_pid(port: int, host: str = "127.0.0.1") -> int | None:
+    """The pid listening on host:port (TCP), if this user may see it."""
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except (psutil.AccessDenied, OSError):
+        return None
+    for c in conns:
+        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid:
+            if c.laddr.ip in (host, "0.0.0.0", "::", "::ffff:" + host):
+                return int(c.pid)
+    return None
+
+
+def parse_metrics(text: str, prefix: str = "idled_", limit: int = 2000) -> dict[str, float]:
+    """`name{labels}` -> value for the samples whose name starts with `prefix` (text exposition format)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith(prefix):
+            continue
+        key, _, value = line.rpartition(" ")
+        try:
+            out[key] = float(value)
+        except ValueError:
+            continue
+        if len(out) >= limit:
+            break
+    return out
+
+
+def scrape_metrics(port: int, host: str = "127.0.0.1", timeout: float = 5.0) -> dict[str, float]:
+    """GET http://host:port/metrics (blocking: run it in a thread). Raises OSError on failure."""
+    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=timeout) as response:  # noqa: S310
+        return parse_metrics(response.read(8 << 20).decode("utf-8", "replace"))
+
+
+def parse_stall(lines: Sequence[str]) -> float | None:
+    """The largest event-loop stall (seconds) named in the server's last log lines, if any."""
+    for line in reversed(lines):
+        if "stall" not in line.lower():
+            continue
+        if STALL_METRIC in line:
+            m = re.search(re.escape(STALL_METRIC) + r"\s*[=: ]\s*([0-9.e-]+)", line)
+            if m:
+                return float(m.group(1))
+        m = _STALL_RE.search(line)
+        if m:
+            value = float(m.group(1))
+            return value / 1000.0 if (m.group(2) or "").lower() == "ms" else value
+    return None
+
+
+def describe(server: ServerProcess) -> dict[str, Any]:
+    return {"host": server.host, "port": server.port, "pid": server.pid, "argv": server.argv,
+            "metrics_port": server.metrics_port, "returncode": server.returncode}

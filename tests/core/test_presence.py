@@ -1,0 +1,382 @@
+"""idled.core.presence: the session rules, driven by a fake clock (plain floats passed in; nothing sleeps).
+
+`now` is the server's monotonic clock, `wall` the unix time the caller read alongside it; the table turns
+one into the other in event records (``wall - (now - t)``). Every test here builds the real detector the
+server uses (``make_detector``), so the tick arithmetic under test is the production one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from idled.core.factory import make_detector
+from idled.core.presence import PresenceEvent, PresenceTable, ticks_for
+
+WALL0 = 1_700_000_000.0  # wall clock at now == 0
+
+
+def table(
+    *, tick: float = 0.1, timeout: float = 1.0, max_timeout: float = 60.0, kind: str = "ring-lazy", first_seq: int = 1
+) -> PresenceTable:
+    return PresenceTable(
+        make_detector(kind, timeout=ticks_for(timeout, tick), slots=16),
+        tick=tick,
+        timeout=timeout,
+        max_timeout=max_timeout,
+        detector_name=kind,
+        first_seq=first_seq,
+    )
+
+
+def wall(now: float) -> float:
+    return WALL0 + now
+
+
+class Owner:
+    """Stands in for a connection: presence only compares owners by identity."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"Owner({self.name})"
+
+
+def run_until_expired(p: PresenceTable, uid: Any, horizon: float) -> tuple[float, PresenceEvent]:
+    """Drive `p` the way the server's tick task does: sleep until next_due(), expire at exactly that time.
+
+    Returns (the time the offline fired, the event). Fails if a wake-up returns nothing without moving
+    next_due() later (the tick task would spin) or if nothing fires before `horizon`.
+    """
+    while True:
+        due = p.next_due()
+        assert due is not None, "nothing watched"
+        assert due <= horizon, f"{uid!r} not expired by {horizon}"
+        fired = p.expire(due, wall(due))
+        for event, _owner in fired:
+            if event.uid == uid:
+                return due, event
+        after = p.next_due()
+        assert after is None or after > due, f"expire({due!r}) returned nothing and next_due() stayed at {after!r}"
+
+
+# -- login / online events ---------------------------------------------------------------------------
+
+
+def test_login_emits_online_with_wall_clock_fields() -> None:
+    p = table(first_seq=7)
+    alice = Owner("alice")
+    previous, event = p.login("alice", alice, 3.0, wall(3.0))
+    assert previous is None
+    assert event == PresenceEvent(
+        seq=7, kind="online", uid="alice", ts=wall(3.0), reason="login", last_seen=wall(3.0),
+        deadline=wall(3.0) + 1.0, timeout=1.0, detector="ring-lazy",
+    )
+    assert p.is_online("alice") and p.owner_of("alice") is alice and len(p) == 1
+    assert p.next_seq == 8
+    assert event.record()["seq"] == 7 and event.record()["kind"] == "online"
+
+
+def test_seq_numbers_are_consecutive_across_every_kind_of_change() -> None:
+    p = table(first_seq=100)
+    a, b, gw = Owner("a"), Owner("b"), Owner("gw")
+    seqs = []
+    seqs.append(p.login("a", a, 0.0, wall(0.0))[1].seq)
+    seqs.append(p.login("b", b, 0.0, wall(0.0))[1].seq)
+    assert p.login("b", gw, 0.5, wall(0.5))[1] is None  # a takeover emits nothing and uses no seq
+    seqs.append(p.logout("a", a, 0.6, wall(0.6), "logout").seq)
+    _, event = run_until_expired(p, "b", 5.0)
+    seqs.append(event.seq)
+    seqs.append(p.restart_event({"uid": "c", "last_seen": wall(0.0), "timeout": 1.0}, wall(2.0)).seq)
+    p.login("d", Owner("d"), 2.0, wall(2.0))
+    seqs.extend(e.seq for e, _ in p.end_all(2.1, wall(2.1), "shutdown"))
+    assert seqs == [100, 101, 102, 103, 104, 106]
+    assert p.next_seq == 107
+
+
+# -- touch and expiry -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["ring-lazy", "ring-eager", "scan", "heap"])
+def test_expires_at_the_first_tick_at_or_after_the_deadline(kind: str) -> None:
+    p = table(tick=0.1, timeout=1.0, kind=kind)
+    owner = Owner("u")
+    p.login("u", owner, 0.03, wall(0.03))
+    p.touch("u", 0.42)  # deadline 1.42 -> first tick at or after it: 1.5
+    fired_at, event = run_until_expired(p, "u", 10.0)
+    assert fired_at == pytest.approx(1.5)
+    assert 1.42 <= fired_at < 1.42 + 0.1 + 1e-9
+    assert (event.kind, event.reason, event.uid, event.seq) == ("offline", "idle", "u", 2)
+    assert event.ts == wall(fired_at)
+    assert event.last_seen == pytest.approx(wall(0.42), abs=1e-6)
+    assert event.deadline == pytest.approx(wall(1.42), abs=1e-6)
+    assert event.timeout == 1.0 and event.detector == kind
+    assert not p.is_online("u") and len(p) == 0 and p.next_due() is None
+
+
+def test_never_early_when_polled_densely() -> None:
+    """Calling expire() at every millisecond (the order a real loop might) fires at the same tick."""
+    p = table(tick=0.1, timeout=1.0)
+    p.login("u", Owner("u"), 0.0, wall(0.0))
+    p.touch("u", 0.251)
+    fired = None
+    for ms in range(0, 3000):
+        now = ms / 1000
+        if p.expire(now, wall(now)):
+            fired = now
+            break
+    assert fired is not None and 1.251 <= fired <= 1.3 + 1e-9
+
+
+def test_touch_keeps_a_session_online() -> None:
+    p = table(tick=0.1, timeout=1.0)
+    p.login("u", Owner("u"), 0.0, wall(0.0))
+    for i in range(1, 40):  # a keepalive every 0.5 s for ~20 s
+        now = i * 0.5
+        assert p.expire(now, wall(now)) == []
+        p.touch("u", now)
+    assert p.is_online("u")
+    fired_at, event = run_until_expired(p, "u", 30.0)
+    assert 20.5 <= fired_at <= 20.6 + 1e-9
+    assert event.last_seen == pytest.approx(wall(19.5), abs=1e-6)
+
+
+def test_touch_of_an_unknown_uid_is_ignored() -> None:
+    p = table()
+    p.touch("ghost", 1.0)
+    assert not p.is_online("ghost") and p.next_due() is None and p.next_seq == 1
+
+
+def test_expire_returns_owners_and_respects_the_chunk_limit() -> None:
+    p = table(tick=0.1, timeout=1.0)
+    owners = {f"u{i}": Owner(f"u{i}") for i in range(10)}
+    for uid, owner in owners.items():
+        p.login(uid, owner, 0.0, wall(0.0))
+    got: list[tuple[PresenceEvent, Any]] = []
+    while len(got) < 10:
+        chunk = p.expire(1.0, wall(1.0), limit=3)
+        assert 0 < len(chunk) <= 3
+        got.extend(chunk)
+    assert {e.uid for e, _ in got} == set(owners)
+    assert all(owners[e.uid] is owner for e, owner in got)
+    assert sorted(e.seq for e, _ in got) == list(range(11, 21))
+    assert p.expire(1.0, wall(1.0)) == [] and len(p) == 0
+
+
+def test_next_due_is_a_time_at_which_expire_fires() -> None:
+    """The tick task sleeps until next_due() and calls expire() with exactly that time (a virtual clock
+    wakes it at exactly the deadline). For tick 0.1, 43 * 0.1 / 0.1 < 43 in floating point: a due time of
+    43 * 0.1 would make expire() see tick 42, return nothing, and the tick task spin at 4.3 forever."""
+    for tick in (0.1, 0.3, 0.01, 0.7):
+        p = table(tick=tick, timeout=tick * 5)
+        for i in range(200):
+            now = i * tick * 0.37
+            p.login(i, Owner(str(i)), now, wall(now))
+        remaining = set(range(200))
+        while remaining:
+            due = p.next_due()
+            assert due is not None
+            fired = p.expire(due, wall(due))
+            if not fired:
+                after = p.next_due()
+                assert after is None or after > due, f"tick {tick}: nothing due at {due!r}, next_due stays"
+            remaining -= {e.uid for e, _ in fired}
+
+
+# -- the MQTT timeout rule --------------------------------------------------------------------------------
+
+
+def test_timeout_rule_is_min_of_one_and_a_half_keepalive_and_max_timeout() -> None:
+    p = table(tick=0.1, timeout=1.0, max_timeout=60.0)
+    assert p.timeout_for(None) == 1.0
+    assert p.timeout_for(10) == 15.0
+    assert p.timeout_for(2.0) == 3.0
+    assert p.timeout_for(40) == 60.0  # 60 = max_timeout < 1.5 * 40
+    assert p.timeout_for(86400) == 60.0
+    assert p.timeout_for(0.01) == 0.1  # never below one tick
+
+
+def test_keepalive_session_expires_after_one_and_a_half_keepalives() -> None:
+    p = table(tick=0.1, timeout=1.0)
+    _, online = p.login("k", Owner("k"), 0.0, wall(0.0), keepalive=2.0)
+    assert p.timeout_of("k") == 3.0
+    assert online.timeout == 3.0 and online.deadline == wall(0.0) + 3.0
+    p.touch("k", 0.5)
+    fired_at, event = run_until_expired(p, "k", 10.0)
+    assert fired_at == pytest.approx(3.5)
+    assert event.timeout == 3.0 and event.deadline == pytest.approx(wall(3.5), abs=1e-6)
+    assert p.timeout_of("k") == 1.0  # forgotten with the session: back to the default
+
+
+@pytest.mark.parametrize("kind", ["ring-lazy", "ring-eager", "scan", "heap"])
+def test_timeout_that_is_not_a_whole_number_of_ticks_is_at_most_one_tick_late(kind: str) -> None:
+    """keepalive 1 s -> timeout 1.5 s with a 1 s tick: activity at 0.2 has its deadline at 1.7, so the
+    offline belongs to the tick at 2.0. Rounding the timeout up to 2 ticks *and* the activity up to tick 1
+    would put it at 3.0: 1.3 s late, more than one tick."""
+    p = table(tick=1.0, timeout=10.0, kind=kind)
+    p.login("k", Owner("k"), 0.2, wall(0.2), keepalive=1.0)
+    fired_at, event = run_until_expired(p, "k", 10.0)
+    assert fired_at == 2.0
+    assert event.deadline == pytest.approx(wall(1.7), abs=1e-6)
+    # and through a touch
+    p.login("k", Owner("k"), 5.6, wall(5.6), keepalive=1.0)
+    p.touch("k", 5.9)  # deadline 7.4 -> tick 8
+    fired_at, _ = run_until_expired(p, "k", 20.0)
+    assert fired_at == 8.0
+
+
+def test_default_timeout_that_is_not_a_whole_number_of_ticks() -> None:
+    p = table(tick=1.0, timeout=2.5)
+    p.login("u", Owner("u"), 0.7, wall(0.7))  # deadline 3.2 -> tick 4
+    assert run_until_expired(p, "u", 10.0)[0] == 4.0
+    p.login("v", Owner("v"), 10.2, wall(10.2))  # deadline 12.7 -> tick 13
+    assert run_until_expired(p, "v", 20.0)[0] == 13.0
+
+
+# -- newest wins, logout only by the owner ------------------------------------------------------------------
+
+
+def test_newest_login_wins_without_a_flap() -> None:
+    p = table()
+    old, new = Owner("old"), Owner("new")
+    _, first = p.login("u", old, 0.0, wall(0.0))
+    previous, event = p.login("u", new, 0.8, wall(0.8))
+    assert previous is old and event is None
+    assert p.owner_of("u") is new and len(p) == 1 and p.next_seq == first.seq + 1
+    # the takeover restarted the deadline: 0.8 + 1.0
+    fired_at, offline = run_until_expired(p, "u", 5.0)
+    assert fired_at == pytest.approx(1.8)
+    assert offline.last_seen == pytest.approx(wall(0.8), abs=1e-6)
+
+
+def test_logout_only_by_the_current_owner() -> None:
+    p = table()
+    old, new = Owner("old"), Owner("new")
+    p.login("u", old, 0.0, wall(0.0))
+    p.login("u", new, 0.1, wall(0.1))
+    assert p.logout("u", old, 0.2, wall(0.2), "closed") is None  # the kicked connection closing late
+    assert p.is_online("u") and p.owner_of("u") is new
+    event = p.logout("u", new, 0.3, wall(0.3), "logout")
+    assert event is not None and (event.kind, event.reason, event.seq) == ("offline", "logout", 2)
+    assert event.last_seen == pytest.approx(wall(0.1), abs=1e-6)
+    assert p.logout("u", new, 0.4, wall(0.4), "logout") is None  # already offline
+    assert p.next_due() is None
+
+
+def test_touch_owned_is_ignored_unless_the_owner_matches() -> None:
+    p = table(tick=0.1, timeout=1.0)
+    gw, other = Owner("gw"), Owner("other")
+    p.login("u", gw, 0.0, wall(0.0))
+    assert not p.touch_owned("u", other, 0.9)
+    assert not p.touch_owned("nobody", gw, 0.9)
+    assert run_until_expired(p, "u", 5.0)[0] == pytest.approx(1.0)
+    p.login("u", gw, 2.0, wall(2.0))
+    assert p.touch_owned("u", gw, 2.9)
+    assert run_until_expired(p, "u", 5.0)[0] == pytest.approx(3.9)
+
+
+def test_takeover_with_another_keepalive_changes_the_timeout() -> None:
+    p = table(tick=0.1, timeout=1.0)
+    p.login("u", Owner("a"), 0.0, wall(0.0), keepalive=4.0)
+    assert p.timeout_of("u") == 6.0
+    p.login("u", Owner("b"), 1.0, wall(1.0))
+    assert p.timeout_of("u") == 1.0
+    assert run_until_expired(p, "u", 10.0)[0] == pytest.approx(2.0)
+
+
+# -- restart and shutdown ----------------------------------------------------------------------------------------
+
+
+def test_restart_event_closes_a_session_left_online() -> None:
+    p = table(first_seq=51)
+    record = {"seq": 50, "kind": "online", "uid": "u", "ts": 10.0, "reason": "login", "last_seen": 10.0,
+              "deadline": 13.0, "timeout": 3.0, "detector": "ring-lazy"}
+    event = p.restart_event(record, 99.0)
+    assert event == PresenceEvent(51, "offline", "u", 99.0, "restart", 10.0, 13.0, 3.0, "ring-lazy")
+    # a record missing optional fields (older writer) still yields a complete event
+    sparse = p.restart_event({"seq": 7, "kind": "online", "uid": 42}, 99.0)
+    assert (sparse.seq, sparse.uid, sparse.last_seen, sparse.timeout, sparse.deadline) == (52, 42, 99.0, 1.0, 100.0)
+    assert len(p) == 0  # restart events do not touch the table
+
+
+def test_end_all_ends_every_session_with_its_owner() -> None:
+    p = table()
+    owners = {uid: Owner(str(uid)) for uid in ["a", "b", 3, 4]}
+    for uid, owner in owners.items():
+        p.login(uid, owner, 0.0, wall(0.0), keepalive=None if uid != 3 else 2.0)
+    p.touch("a", 0.5)
+    ended = list(p.end_all(0.7, wall(0.7), "shutdown"))
+    assert {e.uid for e, _ in ended} == set(owners)
+    assert all(owners[e.uid] is owner for e, owner in ended)
+    assert all((e.kind, e.reason, e.ts) == ("offline", "shutdown", wall(0.7)) for e, _ in ended)
+    assert [e.seq for e, _ in ended] == [5, 6, 7, 8]
+    by_uid = {e.uid: e for e, _ in ended}
+    assert by_uid["a"].last_seen == pytest.approx(wall(0.5), abs=1e-6)
+    assert by_uid[3].timeout == 3.0
+    assert len(p) == 0 and p.next_due() is None and p.expire(100.0, wall(100.0)) == []
+
+
+# -- a model test: random traffic against a plain dict of deadlines -----------------------------------------
+
+operations = st.lists(
+    st.tuples(
+        st.sampled_from(["login", "touch", "logout", "wait"]),
+        st.integers(0, 5),  # uid
+        st.floats(0.0, 0.8, allow_nan=False),  # time step before the operation
+        st.sampled_from([None, 0.3, 0.5, 1.0]),  # keepalive for logins
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=operations, kind=st.sampled_from(["ring-lazy", "ring-eager", "scan", "heap"]))
+def test_model_never_early_at_most_one_tick_late(ops: list[tuple[str, int, float, float | None]], kind: str) -> None:
+    tick = 0.1
+    p = table(tick=tick, timeout=0.7, max_timeout=1.2, kind=kind)
+    model: dict[int, tuple[Owner, float, float]] = {}  # uid -> (owner, last activity, timeout)
+    seq = p.next_seq
+    now = 0.0
+
+    def tick_until(target: float) -> None:
+        """The tick task between now and target: wake at each next_due() <= target."""
+        nonlocal seq
+        while (due := p.next_due()) is not None and due <= target:
+            for event, owner in p.expire(due, wall(due)):
+                own, last, timeout = model.pop(event.uid)
+                assert owner is own
+                assert due >= last + timeout - 1e-9, "offline before the deadline"
+                assert due <= last + timeout + tick + 1e-9, "offline more than one tick late"
+                assert event.seq == seq
+                seq += 1
+        for uid, (_, last, timeout) in model.items():
+            assert target < last + timeout + tick + 1e-9, f"{uid} missed: still online past deadline + tick"
+
+    for op, uid, step, keepalive in ops:
+        tick_until(now + step)
+        now += step
+        if op == "login":
+            owner = Owner(str(uid))
+            previous, event = p.login(uid, owner, now, wall(now), keepalive)
+            assert (previous is None) == (uid not in model)
+            assert (event is None) == (uid in model)
+            if event is not None:
+                assert event.seq == seq
+                seq += 1
+            model[uid] = (owner, now, p.timeout_for(keepalive))
+        elif op == "touch":
+            p.touch(uid, now)
+            if uid in model:
+                owner, _, timeout = model[uid]
+                model[uid] = (owner, now, timeout)
+        elif op == "logout" and uid in model:
+            event = p.logout(uid, model.pop(uid)[0], now, wall(now), "logout")
+            assert event is not None and event.seq == seq
+            seq += 1
+        assert {u for u in range(6) if p.is_online(u)} == set(model)
+    tick_until(now + 5.0)
+    assert not model and len(p) == 0

@@ -1,0 +1,436 @@
+"""Tests for idled.pipeline: decode, rules (reference), generator, and the Spark job against the reference.
+
+One session-scoped local[2] SparkSession; the data is small (a few thousand events) so the Spark tests run
+in seconds once the JVM is up. Every Spark output table is compared row by row with `reference.compute` on
+the same segments: two generated daemons (crashes with restart offlines, a graceful shutdown, flappers, a
+corrupt record and a torn tail each) plus a hand-written daemon holding the edge cases (duplicates,
+superseded, orphan, malformed, int/str uid twins, a broken segment, files named out of seq order).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from idled.log.eventlog import EventLog, decode_buffer, encode_record, list_segments
+from idled.pipeline import add_arguments, run
+from idled.pipeline import records as records_module
+from idled.pipeline.generate import DEFAULT_START, GenConfig, generate, uid_for
+from idled.pipeline.records import FileStats, iter_rows, to_row, uid_key
+from idled.pipeline.reference import Result, compute, load_dirs, run_reference
+from idled.pipeline.rules import FlapParams, bucket_index, bucket_label, minute_range, percentile
+
+# Key columns per table: they identify a row, everything else is compared as a value.
+KEYS = {
+    "sessions": ("daemon", "uid", "uid_type", "online_seq"),
+    "concurrency": ("minute_start",),
+    "lateness": ("detector", "hour_start"),
+    "flappers": ("date", "uid", "uid_type"),
+    "dau": ("date",),
+    "session_lengths": ("date", "bucket"),
+}
+
+T0 = DEFAULT_START + 86400 - 300  # five minutes before midnight of the first day
+
+
+# ---------------------------------------------------------------------------------------------- data
+
+
+def event(seq: int, kind: str, uid: Any, ts: float, reason: Any = None, **extra: Any) -> dict[str, Any]:
+    record: dict[str, Any] = {"seq": seq, "kind": kind, "uid": uid, "ts": ts}
+    record["reason"] = reason if reason is not None else ("login" if kind == "online" else "closed")
+    record.update({"last_seen": ts, "deadline": ts + 45.0, "timeout": 45.0, "detector": "ring-lazy"})
+    record.update(extra)
+    return {k: v for k, v in record.items() if v is not DROP}
+
+
+DROP = object()
+
+
+def crafted_events() -> list[dict[str, Any]]:
+    """Every edge case of the rules, in seq order (ts is not monotonic on purpose in one place)."""
+    evs: list[dict[str, Any]] = []
+
+    def add(kind: str, uid: Any, ts: float, reason: Any = None, **extra: Any) -> None:
+        evs.append(event(len(evs) + 1, kind, uid, ts, reason, **extra))
+
+    add("online", 42, T0)  # int 42 and str "42" are two users
+    add("online", "42", T0 + 10)
+    add("offline", 42, T0 + 100, "logout")
+    add("offline", "42", T0 + 700.0, "idle", deadline=T0 + 699.5)  # crosses midnight; lateness 0.5
+    add("online", "dup", T0 + 5)
+    add("online", "dup", T0 + 50)  # no offline before: the first session is superseded
+    add("offline", "dup", T0 + 60, "closed")
+    add("offline", "ghost", T0 + 20, "idle", deadline=T0 + 19.0)  # orphan, still a lateness sample
+    add("online", 3.5, T0 + 30)  # malformed: float uid
+    add("bounce", "x", T0 + 31)  # malformed: unknown kind
+    add("online", True, T0 + 32)  # malformed: bool uid
+    add("online", "nots", float("nan"))  # malformed: NaN ts
+    for i in range(6):  # a flapper: six 10 s sessions, 30 s apart
+        add("online", "flap", T0 + 1000 + 30 * i)
+        add("offline", "flap", T0 + 1010 + 30 * i, "closed")
+    for i in range(5):  # five short sessions, but spread over more than the 1 h window
+        add("online", "slow", T0 + 1000 + 1000 * i)
+        add("offline", "slow", T0 + 1005 + 1000 * i, "gateway_lost")
+    for i in range(6):  # short, but ended by the daemon: not flapping
+        add("online", "victim", T0 + 1100 + 20 * i)
+        add("offline", "victim", T0 + 1105 + 20 * i, "restart" if i % 2 else "shutdown")
+    add("online", "r1", T0 + 2000)
+    add("offline", "r1", T0 + 2100, "restart")
+    add("online", "z", T0 + 4000)
+    add("offline", "z", T0 + 4000, "closed")  # zero length
+    add("online", "neg", T0 + 5000)
+    add("offline", "neg", T0 + 4990, "closed")  # the wall clock stepped back: -10 s
+    add("online", "nr", T0 + 5100)
+    add("offline", "nr", T0 + 5200, DROP)  # no reason at all
+    add("online", "nd", T0 + 5300)
+    add("offline", "nd", T0 + 5400, "idle", deadline=DROP, detector=DROP)  # idle without deadline
+    add("online", "ndet", T0 + 5500)
+    add("offline", "ndet", T0 + 5600, "idle", deadline=T0 + 5599.0, detector=DROP)  # detector "unknown"
+    add("online", uid_for(0), DEFAULT_START + 600)  # the same uid as a user of generated daemon 0
+    add("offline", uid_for(0), DEFAULT_START + 4000, "logout")
+    add("online", "stay", T0 + 6000)  # still open at the end of the data
+    add("online", "late", T0 + 7000)
+    add("offline", "late", T0 + 7200.5, "idle", deadline=T0 + 7200.0)
+    return evs
+
+
+def write_crafted(directory: Path) -> dict[str, int]:
+    """The crafted daemon: written with EventLog, then damaged and shuffled. Returns what was done."""
+    staging = directory.parent / (directory.name + "-staging")
+    log = EventLog(staging, segment_bytes=600)
+    log.recover()
+    evs = crafted_events()
+    log.append(evs[:20])
+    log.append(evs[20:])
+    log.sync()
+    log.close()
+    segments = [path for _, path in list_segments(staging)]
+    assert len(segments) >= 5
+    directory.mkdir()
+    # Files named out of seq order: the segment holding the first records gets the last name, etc.
+    names = [os.path.basename(p) for p in segments]
+    for path, name in zip(segments, reversed(names)):
+        shutil.copyfile(path, directory / name)
+    # A second copy of the first segment: all of its records are duplicates.
+    shutil.copyfile(segments[0], directory / "copy-of-first.seg")
+    duplicates = len(decode_buffer(Path(segments[0]).read_bytes()).records)
+    # A CRC failure: flip a body byte of the "late" online record.
+    late_online = encode_record(next(e for e in evs if e["uid"] == "late" and e["kind"] == "online"))
+    for path in directory.iterdir():
+        data = path.read_bytes()
+        at = data.find(late_online)
+        if at >= 0:
+            path.write_bytes(data[: at + 20] + bytes([data[at + 20] ^ 0x55]) + data[at + 21 :])
+            break
+    else:
+        raise AssertionError("record to corrupt not found")
+    # A torn tail on the file holding the newest record, and a segment that is garbage from its first header.
+    newest = directory / names[0]
+    torn = encode_record(event(len(evs) + 1, "online", "torn", T0 + 8000))[:-7]
+    with open(newest, "ab") as file:
+        file.write(torn)
+    (directory / "broken.seg").write_bytes(b"\xff\xff\xff\xff\x00\x00\x00\x00" + b"garbage")
+    shutil.rmtree(staging)
+    return {"duplicates": duplicates, "torn_bytes": len(torn) + 15}
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("pipeline")
+    config = GenConfig(out=str(root / "gen"), users=300, hours=3, daemons=2, seed=7, segment_bytes=150_000, flappers=0.05)
+    stats = generate(config, processes=1)
+    crafted = root / "crafted"
+    damage = write_crafted(crafted)
+    dirs = [config.daemon_dir(0), config.daemon_dir(1), str(crafted)]
+    return {"root": root, "dirs": dirs, "stats": stats, "damage": damage}
+
+
+@pytest.fixture(scope="module")
+def reference(dataset: dict[str, Any]) -> tuple[Result, dict[str, FileStats]]:
+    return run_reference(dataset["dirs"])
+
+
+# The job over all three daemons takes the duplicate-dropping path (the crafted daemon has a copied
+# segment, so seq ranges overlap); over the generated daemons alone it takes the path without it.
+VARIANTS = {"all": slice(0, 3), "generated": slice(0, 2)}
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def variant(request: pytest.FixtureRequest, dataset: dict[str, Any]) -> dict[str, Any]:
+    dirs = dataset["dirs"][VARIANTS[request.param]]
+    return {"name": request.param, "dirs": dirs, "reference": run_reference(dirs)}
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    pytest.importorskip("pyspark")
+    from idled.pipeline.job import start_spark
+
+    session = start_spark("local[2]", driver_memory="2g", shuffle_partitions=2)
+    yield session
+    session.stop()
+
+
+# ---------------------------------------------------------------------------------------------- decode
+
+
+def test_uid_key_keeps_type() -> None:
+    assert uid_key(42) == "i:42"
+    assert uid_key("42") == "s:42"
+    assert uid_key(True) is None and uid_key(4.2) is None and uid_key(None) is None
+
+
+def test_to_row_keeps_deadline_only_for_idle_offlines() -> None:
+    online = to_row(event(1, "online", 7, 100.0), daemon=3)
+    assert online == (3, 1, True, "i:7", 100.0, "login", None, None)
+    idle = to_row(event(2, "offline", "u", 200.0, "idle", deadline=199.0), daemon=0)
+    assert idle == (0, 2, False, "s:u", 200.0, "idle", 199.0, "ring-lazy")
+    assert to_row(event(3, "offline", "u", 200.0, "logout"), daemon=0)[6:] == (None, None)
+    assert to_row(event(4, "online", "u", float("inf")), daemon=0) is None
+
+
+def test_chunked_decode_equals_whole_buffer_decode(monkeypatch: pytest.MonkeyPatch) -> None:
+    evs = [event(i, "online" if i % 2 else "offline", f"u{i % 5}", 1000.0 + i) for i in range(1, 400)]
+    frames = [encode_record(e) for e in evs]
+    frames[100] = frames[100][:-1] + bytes([frames[100][-1] ^ 1])  # CRC failure
+    data = b"".join(frames) + frames[0][:9]  # torn tail
+    whole = decode_buffer(data)
+    monkeypatch.setattr(records_module, "CHUNK_BYTES", 1000)  # windows cut records everywhere
+    stats = FileStats()
+    rows = list(iter_rows(data, 0, stats))
+    assert [r[1] for r in rows] == [r["seq"] for r in whole.records]
+    assert (stats.records, stats.corrupt, stats.torn_bytes, stats.bytes) == (len(whole.records), 1, 9, len(data))
+
+
+def test_broken_length_stops_the_file() -> None:
+    data = encode_record(event(1, "online", "a", 1.0)) + b"\x00\x00\x00\x00" + encode_record(event(2, "online", "b", 2.0))
+    stats = FileStats()
+    assert [r[1] for r in iter_rows(data, 0, stats)] == [1]
+    assert stats.broken and stats.corrupt == 1 and stats.torn_bytes == len(data) - len(encode_record(event(1, "online", "a", 1.0)))
+
+
+# ---------------------------------------------------------------------------------------------- rules
+
+
+def test_rule_helpers() -> None:
+    assert minute_range(60.0, 120.0) == (1, 1)  # [60, 120) is minute 1 only
+    assert minute_range(59.5, 120.5) == (0, 2)
+    assert minute_range(90.0, 90.0) == (1, 1)
+    assert [bucket_index(d) for d in (-5.0, 0.0, 9.99, 10.0, 59.0, 86400.0, 1e9)] == [0, 0, 0, 1, 2, 12, 12]
+    assert bucket_label(0) == "0s-10s" and bucket_label(3) == "1m-2m" and bucket_label(12) == "1d+"
+    assert percentile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.5
+    assert percentile([5.0], 0.99) == 5.0
+    assert percentile([0.0, 10.0], 0.99) == pytest.approx(9.9)
+
+
+def by_key(rows: list[dict[str, Any]], table: str) -> dict[tuple, dict[str, Any]]:
+    out = {tuple(row[k] for k in KEYS[table]): row for row in rows}
+    assert len(out) == len(rows), f"{table}: key columns do not identify rows"
+    return out
+
+
+def test_reference_applies_the_rules_to_the_crafted_daemon(tmp_path: Path) -> None:
+    evs = crafted_events()
+    rows = [r for r in (to_row(e, 0) for e in evs) if r is not None]
+    assert len(rows) == len(evs) - 4  # four malformed
+    result = compute(rows, ["d"], FlapParams())
+    sessions = {(s["uid"], s["uid_type"], s["online_seq"]): s for s in result.tables["sessions"]}
+    assert sessions[("42", "int", 1)]["end_reason"] == "logout" and sessions[("42", "int", 1)]["duration_s"] == 100
+    assert sessions[("42", "str", 2)]["end_reason"] == "idle"
+    dup = sorted((s for s in result.tables["sessions"] if s["uid"] == "dup"), key=lambda s: s["online_seq"])
+    assert [(s["end_reason"], s["duration_s"]) for s in dup] == [("superseded", 45.0), ("closed", 10.0)]
+    assert result.counts["orphans"] == 1 and result.counts["superseded"] == 1
+    stay = next(s for s in result.tables["sessions"] if s["uid"] == "stay")
+    assert stay["open"] and stay["offline_ts"] is None and stay["end_reason"] is None
+    assert next(s for s in result.tables["sessions"] if s["uid"] == "neg")["duration_s"] == -10.0
+    assert next(s for s in result.tables["sessions"] if s["uid"] == "nr")["end_reason"] is None
+    assert sessions[("42", "str", 2)]["date"] == dt.date(2026, 5, 1)
+
+    flappers = {(f["uid"], f["date"]): f for f in result.tables["flappers"]}
+    assert set(u for u, _ in flappers) == {"flap"}  # not "slow" (spread out), not "victim" (daemon-ended)
+    flap = flappers[("flap", dt.date(2026, 5, 2))]
+    assert flap["short_sessions"] == 6 and flap["max_in_window"] == 6
+    assert flap["first_flagged_ts"] == T0 + 1000 + 30 * 4  # the fifth start is the first with k=5 in the window
+
+    lateness = {(r["detector"], r["hour_start"]): r for r in result.tables["lateness"]}
+    # "ghost" (orphan), "42" and "late" idle offlines; "nd" has no deadline; "ndet" has no detector.
+    assert sorted((d, r["offlines"]) for (d, _), r in lateness.items()) == [("ring-lazy", 1), ("ring-lazy", 1), ("ring-lazy", 1), ("unknown", 1)]
+    assert lateness[("ring-lazy", int(T0 // 3600) * 3600)]["max_s"] == pytest.approx(1.0)  # ghost: 1 s late
+    assert result.counts["duplicates"] == 0
+
+    # concurrency: in the minute of T0 (23:55) users 42, "42", dup are online; "ghost" never was.
+    minutes = {r["minute_start"]: r["users_online"] for r in result.tables["concurrency"]}
+    assert minutes[int(T0 // 60) * 60] == 3
+    dau = {r["date"]: r for r in result.tables["dau"]}
+    # the uid_for(0) session is on 05-01; "42" (str) spans midnight and counts on both days.
+    assert dau[dt.date(2026, 5, 1)]["active_users"] == 4
+    assert dau[dt.date(2026, 5, 1)]["sessions_started"] == 5  # 42, "42", dup twice, uid_for(0)
+
+
+# ---------------------------------------------------------------------------------------------- generator
+
+
+def test_generated_logs_are_realistic(dataset: dict[str, Any], reference: tuple[Result, dict[str, FileStats]]) -> None:
+    result, files = reference
+    stats = dataset["stats"]
+    assert [s.detector for s in stats] == ["ring-lazy", "heap"]
+    for s in stats:
+        assert s.segments >= 2 and s.truncated_bytes > 0  # rotated, and crashes left torn records behind
+        assert s.restart_offlines > 0 and s.shutdown_offlines > 0 and s.corrupted_seq is not None
+    generated = [st for path, st in files.items() if not path.startswith(dataset["dirs"][2])]
+    assert sum(st.corrupt for st in generated) == 2  # one flipped record per daemon
+    assert sum(st.torn_bytes for st in generated) == sum(s.torn_tail_bytes for s in stats)
+    assert sum(st.records for st in generated) == sum(s.events for s in stats) - 2
+    sessions = result.tables["sessions"]
+    reasons = {s["end_reason"] for s in sessions}
+    assert {"idle", "closed", "logout", "restart", "shutdown", "gateway_lost", "detach"} <= reasons
+    uids = {(s["uid"], s["uid_type"]) for s in sessions}
+    assert ("1000100", "int") in uids and ("1000100", "str") in uids
+    assert any(f["uid"] != "flap" for f in result.tables["flappers"])  # generated flappers are found
+    heap = [r for r in result.tables["lateness"] if r["detector"] == "heap"]
+    assert heap and all(0.0 <= r["p50_s"] <= 1.2 and r["early"] == 0 for r in heap)
+
+
+def test_generator_is_deterministic(tmp_path: Path) -> None:
+    def digest(out: Path) -> list[bytes]:
+        generate(GenConfig(out=str(out), users=50, hours=1, seed=3))
+        return [Path(p).read_bytes() for _, p in list_segments(out)]
+
+    assert digest(tmp_path / "a") == digest(tmp_path / "b")
+
+
+# ---------------------------------------------------------------------------------------------- Spark
+
+
+def assert_tables_equal(spark_rows: list[dict[str, Any]], ref_rows: list[dict[str, Any]], table: str) -> None:
+    got, want = by_key(spark_rows, table), by_key(ref_rows, table)
+    assert set(got) == set(want), f"{table}: rows differ: extra {sorted(set(got) - set(want))[:5]}, missing {sorted(set(want) - set(got))[:5]}"
+    for key, row in want.items():
+        other = got[key]
+        assert set(other) == set(row), f"{table}: columns {sorted(other)} != {sorted(row)}"
+        for column, expected in row.items():
+            actual = other[column]
+            if isinstance(expected, float) and actual is not None:
+                assert math.isclose(actual, expected, rel_tol=1e-12, abs_tol=1e-9), (table, key, column, actual, expected)
+            else:
+                assert actual == expected, (table, key, column, actual, expected)
+
+
+@pytest.fixture(scope="module")
+def job_result(spark: Any, dataset: dict[str, Any], variant: dict[str, Any]) -> dict[str, Any]:
+    from idled.pipeline.job import JobConfig, run_job
+
+    out = dataset["root"] / f"out-{variant['name']}"
+    result = run_job(JobConfig(events=tuple(variant["dirs"]), out=str(out), min_partitions=5, chart=False), spark=spark)
+    return {"out": out, "summary": result.summary}
+
+
+@pytest.mark.parametrize("table", list(KEYS))
+def test_spark_table_equals_reference(spark: Any, job_result: dict[str, Any], variant: dict[str, Any], table: str) -> None:
+    rows = [row.asDict() for row in spark.read.parquet(str(job_result["out"] / table)).collect()]
+    assert rows, f"{table} is empty"
+    assert_tables_equal(rows, variant["reference"][0].tables[table], table)
+
+
+def test_spark_counts_equal_reference(job_result: dict[str, Any], variant: dict[str, Any], dataset: dict[str, Any]) -> None:
+    counts = job_result["summary"]["counts"]
+    result, files = variant["reference"]
+    crafted = variant["name"] == "all"
+    assert counts["events"] == result.counts["events"]
+    assert counts["duplicates"] == result.counts["duplicates"] == (dataset["damage"]["duplicates"] if crafted else 0)
+    assert counts["daemons_with_overlapping_files"] == int(crafted)
+    assert counts["sessions"] == result.counts["sessions"]
+    assert counts["open_sessions"] == result.counts["open_sessions"]
+    assert counts["orphan_offlines"] == result.counts["orphans"]
+    assert counts["superseded_sessions"] == result.counts["superseded"]
+    assert counts["files"] == len(files)
+    for name in ("corrupt", "malformed", "torn_bytes", "records", "bytes"):
+        assert counts[name] == sum(getattr(st, name) for st in files.values()), name
+    if crafted:  # 2 generated daemons x 1 flipped record, 1 in the crafted daemon, 1 broken.seg
+        assert counts["corrupt"] == 4 and counts["broken_files"] == 1 and counts["malformed"] == 4
+    else:
+        assert counts["corrupt"] == 2 and counts["broken_files"] == 0 and counts["malformed"] == 0
+    timings = job_result["summary"]["timings_s"]
+    assert {"spark_start", "decode", "aggregate", "total"} <= set(timings)
+
+
+def test_run_command_end_to_end(spark: Any, dataset: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser(prog="idled pipeline")
+    add_arguments(parser)
+    out = tmp_path / "cli-out"
+    argv = ["run", "--master", "local[2]", "--out", str(out), "--flap-k", "3"]
+    for directory in dataset["dirs"][:2]:
+        argv += ["--events", directory]
+    assert run(parser.parse_args(argv)) == 0
+    printed = capsys.readouterr().out
+    assert "events from 2 daemon(s)" in printed and "idle-offline lateness" in printed
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["counts"]["corrupt"] == 2 and summary["flap_params"]["k"] == 3
+    assert summary["counts"]["events"] == sum(s.events for s in dataset["stats"]) - 2
+    assert summary["events_per_s"]["end_to_end"] > 0
+    for table in KEYS:
+        partitions = sorted(p.name for p in (out / table).iterdir() if p.name.startswith("date="))
+        assert partitions and partitions[0] == "date=2026-05-01", table
+    assert (out / "concurrency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert spark.range(3).count() == 3  # the command left the caller's session running
+
+
+def test_run_over_nothing_but_garbage(spark: Any, tmp_path: Path) -> None:
+    from idled.pipeline.job import JobConfig, run_job
+
+    events = tmp_path / "events"
+    events.mkdir()
+    (events / "00000000000000000001.seg").write_bytes(b"\xff\xff\xff\xff\x00\x00\x00\x00garbage")
+    summary = run_job(JobConfig(events=(str(events),), out=str(tmp_path / "out")), spark=spark).summary
+    assert summary["counts"]["events"] == 0 and summary["counts"]["corrupt"] == 1 and summary["counts"]["torn_bytes"] == 15
+    assert summary["peak_concurrency"]["users_online"] == 0 and summary["dau"] == [] and "chart" in summary
+
+
+def test_conf_flag_parses_key_value_pairs() -> None:
+    parser = argparse.ArgumentParser(prog="idled pipeline")
+    add_arguments(parser)
+    args = parser.parse_args(["run", "--events", "d", "--out", "o", "--conf", "spark.a=1", "--conf", "spark.b=x=y"])
+    assert args.conf == [("spark.a", "1"), ("spark.b", "x=y")]
+    with pytest.raises(SystemExit):
+        parser.parse_args(["run", "--events", "d", "--out", "o", "--conf", "novalue"])
+
+
+def test_run_command_rejects_missing_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser(prog="idled pipeline")
+    add_arguments(parser)
+    (tmp_path / "empty").mkdir()
+    for events in (tmp_path / "nope", tmp_path / "empty"):
+        assert run(parser.parse_args(["run", "--events", str(events), "--out", str(tmp_path / "o")])) == 2
+    assert "no such directory" in capsys.readouterr().err
+
+
+def test_generate_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser(prog="idled pipeline")
+    add_arguments(parser)
+    args = parser.parse_args(["generate", "--out", str(tmp_path), "--users", "40", "--hours", "0.5", "--daemons", "2", "--crashes", "1"])
+    assert run(args) == 0
+    assert "events/s" in capsys.readouterr().out
+    rows, files = load_dirs([str(tmp_path / "daemon-0"), str(tmp_path / "daemon-1")])
+    assert rows and len(files) == 2 and sum(f.corrupt for f in files.values()) == 2
+
+
+def test_importing_the_package_does_not_import_pyspark_or_matplotlib() -> None:
+    code = (
+        "import sys, idled.pipeline, idled.pipeline.cli, idled.pipeline.job, idled.pipeline.reference, "
+        "idled.pipeline.generate, idled.pipeline.report, idled.pipeline.submit; "
+        "print(sorted(m for m in ('pyspark', 'matplotlib') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -1,0 +1,220 @@
+"""`idled bench` end to end at small sizes, plus its schedule and its expiry checks.
+
+No timing is asserted (shared, noisy machine): only that the command runs every detector through the same
+load, that every detector expires exactly (never early, at most one tick late, none missed), and that the
+JSON rows have exactly the documented keys.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from idled.tools.bench import detectors as bench
+
+from idled.cli import main as cli
+from idled.core.factory import DETECTOR_KINDS
+
+EXPECTED_KEYS = {
+    "detector",
+    "size",
+    "pings_per_timeout",
+    "touch_ns",
+    "tick_mean_ms",
+    "tick_max_ms",
+    "call_max_ms",
+    "cpu_ms_per_s",
+    "bytes_per_key",
+    "lateness_max_ticks",
+    "early",
+}
+
+
+def run_bench(argv: list[str]) -> int:
+    """`idled bench ARGV`, through the real command line entry point."""
+    return cli.main(["bench", *argv])
+
+
+def table_rows(out: str) -> dict[tuple[int, str], list[str]]:
+    """(size, detector) -> the table row's fields, parsed from stdout."""
+    rows: dict[tuple[int, str], list[str]] = {}
+    size = 0
+    for line in out.splitlines():
+        if line.startswith("size "):
+            size = int(line.split()[1].rstrip(":").replace(",", ""))
+        fields = line.split()
+        if fields and fields[0] in DETECTOR_KINDS and not line.startswith(" "):  # not the indented ratio lines
+            rows[(size, fields[0])] = fields
+    return rows
+
+
+def test_bench_is_registered_in_the_cli() -> None:
+    assert cli.COMMANDS["bench"][0] == "idled.tools.bench.detectors"
+
+
+def test_bench_runs_every_detector_exactly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out_json, out_png = tmp_path / "bench.json", tmp_path / "bench.png"
+    code = run_bench(
+        ["--sizes", "500,2000", "--seconds", "40", "--json", str(out_json), "--plot", str(out_png), "--quiet"]
+    )
+    out = capsys.readouterr().out
+    assert code == 0, out
+
+    rows = json.loads(out_json.read_text())
+    assert len(rows) == 2 * len(DETECTOR_KINDS)
+    for row in rows:
+        assert set(row) == EXPECTED_KEYS
+        assert row["detector"] in DETECTOR_KINDS
+        assert row["pings_per_timeout"] == 1
+        assert row["early"] == 0
+        assert 0 <= row["lateness_max_ticks"] <= 1
+        assert row["lateness_max_ticks"] > 0  # silent keys did expire, so lateness was measured
+        assert row["bytes_per_key"] > 0
+        for key in ("touch_ns", "tick_mean_ms", "tick_max_ms", "call_max_ms", "cpu_ms_per_s"):
+            assert row[key] >= 0 and math.isfinite(row[key])
+        assert row["tick_max_ms"] >= row["tick_mean_ms"]
+    assert {(row["size"], row["detector"]) for row in rows} == {
+        (size, kind) for size in (500, 2000) for kind in DETECTOR_KINDS
+    }
+
+    # The table: the dict floor, one row per detector, and missed == 0 (last column) for each.
+    assert "dict floor" in out
+    parsed = table_rows(out)
+    assert set(parsed) == {(size, kind) for size in (500, 2000) for kind in DETECTOR_KINDS}
+    assert all(fields[-1] == "0" and fields[-2] == "0" for fields in parsed.values())  # missed, early
+    assert "ring-lazy touch / dict floor" in out and "targets at 2,000 keys" in out
+
+    assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_chatty_clients_make_the_heap_prune(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Five pings per timeout leave ~5 stale heap entries per key: past 2 * live + 1000 the heap rebuilds.
+    out_json = tmp_path / "bench.json"
+    code = run_bench(
+        ["--sizes", "2000", "--seconds", "40", "--pings-per-timeout", "5", "--no-memory", "--json", str(out_json)]
+    )
+    out = capsys.readouterr().out
+    assert code == 0, out
+    rows = json.loads(out_json.read_text())
+    assert {row["pings_per_timeout"] for row in rows} == {5}
+    assert all(row["early"] == 0 and row["lateness_max_ticks"] <= 1 for row in rows)
+    prunes = int(out.split("heap prunes in the measured window:")[1].split()[0])
+    assert prunes > 0
+
+
+def test_unchunked_and_wake_on_due_are_exact_too(capsys: pytest.CaptureFixture[str]) -> None:
+    code = run_bench(
+        ["--sizes", "1500", "--seconds", "35", "--chunk", "0", "--wake", "due", "--no-memory", "--timeout", "20"]
+    )
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert all(fields[-2:] == ["0", "0"] for fields in table_rows(out).values())
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--pings-per-timeout", "0.5"],  # live keys would expire
+        ["--seconds", "20"],  # shorter than a timeout: silent keys could not expire inside the window
+        ["--silent-fraction", "1.5"],
+    ],
+)
+def test_bad_arguments_are_refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_bench(["--sizes", "100", *argv]) == 2
+    assert "idled bench:" in capsys.readouterr().err
+
+
+def test_bad_sizes_and_detectors_are_usage_errors() -> None:
+    with pytest.raises(SystemExit):
+        run_bench(["--sizes", "10,abc"])
+    with pytest.raises(SystemExit):
+        run_bench(["--detectors", "ring-eager,btree"])
+
+
+# -- the schedule ------------------------------------------------------------------------------------------
+
+
+def make_schedule(size: int = 3000, k: float = 2) -> bench.Schedule:
+    return bench.build_schedule(size, timeout=30, pings_per_timeout=k, seconds=50, silent_fraction=0.02, seed=7)
+
+
+@pytest.mark.parametrize(("login_spread", "last_login_tick"), [(None, 30), (6.0, 6), (45.0, 45)])
+def test_schedule_logs_everyone_in_once_spread_over_the_login_window(
+    login_spread: float | None, last_login_tick: int
+) -> None:
+    schedule = bench.build_schedule(
+        3000, timeout=30, pings_per_timeout=2, seconds=50, silent_fraction=0.02, seed=7, login_spread=login_spread
+    )
+    logged_in = [(s, key) for s, batch in enumerate(schedule.logins) for key in batch]
+    assert sorted(key for _, key in logged_in) == sorted(f"u{i}" for i in range(3000))
+    assert schedule.login_end == last_login_tick == max(s for s, _ in logged_in)
+    # Staggered, not one burst: every tick of the window has logins; the warm-up covers them all.
+    assert all(schedule.logins[s] for s in range(1, last_login_tick + 1))
+    assert schedule.warmup == max(30, last_login_tick)
+    assert schedule.end == schedule.warmup + 50
+
+
+def test_schedule_live_keys_ping_before_their_deadline_and_silent_ones_expire_in_the_window() -> None:
+    schedule = make_schedule()
+    ticks: dict[str, list[int]] = {}
+    for s, batch in enumerate(schedule.logins):
+        for key in batch:
+            ticks.setdefault(key, []).append(s)
+    for s, batch in enumerate(schedule.touches):
+        for key in batch:
+            ticks[key].append(s)
+    assert len(schedule.silent_last) == 60
+    for key, seen in ticks.items():
+        assert seen == sorted(seen)
+        assert all(b - a <= schedule.timeout for a, b in zip(seen, seen[1:]))  # never idle a full timeout
+        if key in schedule.silent_last:
+            last = schedule.silent_last[key]
+            assert seen[-1] == math.ceil(last)
+            assert schedule.warmup - schedule.timeout < last  # silent only once the warm-up is over
+            assert math.ceil(last) + schedule.timeout <= schedule.end  # due inside the measured window
+        else:
+            assert seen[-1] + schedule.timeout > schedule.end  # still live at the end
+
+
+def test_schedule_is_deterministic_per_seed() -> None:
+    assert make_schedule().touches == make_schedule().touches
+    other = bench.build_schedule(3000, timeout=30, pings_per_timeout=2, seconds=50, silent_fraction=0.02, seed=8)
+    assert other.touches != make_schedule().touches
+
+
+def test_pings_per_timeout_scales_the_touch_rate() -> None:
+    one, five = make_schedule(k=1), make_schedule(k=5)
+    ratio = five.measured_touches() / one.measured_touches()
+    assert 4.5 < ratio < 5.5
+
+
+# -- the expiry checks ----------------------------------------------------------------------------------------
+
+
+def test_check_expiries_counts_early_missed_and_lateness() -> None:
+    schedule = make_schedule(size=200)
+    silent = sorted(schedule.silent_last, key=schedule.silent_last.__getitem__)
+    first, second, third = silent[:3]
+    live = next(f"u{i}" for i in range(200) if f"u{i}" not in schedule.silent_last)
+    due = {key: math.ceil(schedule.silent_last[key]) + schedule.timeout for key in silent}
+
+    # Exactly on time: every silent key at its deadline tick.
+    on_time = [(due[key], [key]) for key in silent]
+    early, missed, lateness = bench.check_expiries(schedule, on_time)
+    assert (early, missed) == (0, 0)
+    assert 0 <= lateness < 1
+    assert lateness == pytest.approx(
+        max(due[key] - (schedule.silent_last[key] + schedule.timeout) for key in silent)
+    )
+
+    # A live key expired, a silent key one tick early, another expired twice, one never expired, one late.
+    bad = [(50, [live]), (due[first] - 1, [first]), (due[second], [second]), (due[second] + 1, [second])]
+    bad += [(due[key] + 2, [key]) for key in silent[3:]]
+    early, missed, lateness = bench.check_expiries(schedule, bad)
+    assert early == 3
+    assert missed == 1  # `third` never expired
+    assert third not in {key for _, keys in bad for key in keys}
+    assert lateness > 2
