@@ -9,10 +9,10 @@ from typing import Any
 
 import trio
 
-from idled.log.eventlog import EventLogError
 from idled.ops import config as config_module
 from idled.ops import systemd
 from idled.ops.config import ConfigError
+from idled.ops.fatal import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, describe
 from idled.ops.gcpolicy import GcPolicy
 from idled.ops.logs import setup_logging
 from idled.ops.metrics import Metrics
@@ -23,12 +23,12 @@ log = logging.getLogger("idled.server")
 
 add_arguments = config_module.add_arguments
 
+
 def run(args: argparse.Namespace) -> int:
     try:
         cfg = config_module.load(args)
     except ConfigError as exc:
-        print(f"idled serve: {exc}", file=sys.stderr)
-        return 2
+        return _fatal(f"configuration: {exc}", EXIT_USAGE)
     setup_logging(cfg.log_level)
     soft, hard = systemd.raise_nofile_limit()
     log.info("open-file limit %d (hard %d)", soft, hard)
@@ -37,20 +37,25 @@ def run(args: argparse.Namespace) -> int:
             cfg, metrics=Metrics(_registry(), tick=cfg.tick), reload_config=lambda: config_module.load(args), gc_policy=GcPolicy()
         )
     except (ConfigError, tokens.SecretError) as exc:
-        print(f"idled serve: {exc}", file=sys.stderr)
-        return 2
+        return _fatal(f"configuration: {exc}", EXIT_USAGE)
     try:
         trio.run(server.serve)
     except KeyboardInterrupt:
         log.error("interrupted during shutdown")
-        return 130
-    except (OSError, EventLogError) as exc:
-        # EventLogError includes FsyncFailed: fatal by design (never retried), so exit non-zero and let
-        # the supervisor restart us onto a recovered log.
-        log.error("fatal: %s", exc)
-        return 1
+        return EXIT_INTERRUPTED
+    except Exception as exc:
+        # Fatal by design, e.g. a failed fsync (never retried): exit non-zero with one line and let the
+        # supervisor restart us onto a recovered log. The traceback is for --log-level debug.
+        line, status = describe(exc)
+        log.debug("fatal error", exc_info=exc)
+        return _fatal(line, status)
     log.info("stopped; largest event-loop stall %.1f ms", 1000 * server.largest_stall)
-    return 0
+    return EXIT_OK
+
+
+def _fatal(line: str, status: int) -> int:
+    print(f"idled: fatal: {line}", file=sys.stderr, flush=True)
+    return status
 
 
 def _registry() -> Any:

@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+from idled.ops.fatal import EXIT_USAGE
 from idled.protocol import ROLES
 from idled.protocol.tokens import DEFAULT_TTL, SecretError, load_secret, mint
 
@@ -32,13 +33,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print one token to stdout. Exit status 1 with a message on stderr if the secret or name is unusable."""
+    """Print one token to stdout. Exit status 2 (usage or configuration, as for `idled serve`) with one line on
+    stderr if the secret file or the name is unusable."""
     role = next(r for r in ROLES if getattr(args, r) is not None)
     try:
         secret = load_secret(args.secret_file)
         token = mint(secret, role, getattr(args, role), time.time() + args.ttl)
     except (SecretError, ValueError) as exc:
         print(f"idled token: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_USAGE
     print(token)
     return 0

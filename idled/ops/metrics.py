@@ -56,6 +56,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from idled import __version__
+from idled.ops.fatal import EXIT_LISTEN, fatal_on_oserror
 
 __all__ = [
     "CONTENT_TYPE",
@@ -378,7 +379,8 @@ async def serve_metrics(
     is reported once listening (useful with port 0). ``host`` should be an IP literal; the default
     is loopback -- exposing metrics beyond the host is a decision for the config file.
     """
-    listeners = await trio.open_tcp_listeners(port, host=host)
+    with fatal_on_oserror("cannot listen for metrics", f"{host}:{port}", EXIT_LISTEN):
+        listeners = await trio.open_tcp_listeners(port, host=host)
     clients = trio.CapacityLimiter(max_clients)
     renderer = trio.CapacityLimiter(1)  # concurrent scrapes queue for one worker thread, not forty
     plain = "text/plain; charset=utf-8"

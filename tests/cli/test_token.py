@@ -44,15 +44,15 @@ def test_token_command_prints_a_token_that_verifies(tmp_path: Path, capsys: pyte
 
 def test_token_command_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     status, out, err = run_command(["--secret-file", str(tmp_path / "nope"), "--uid", "a"], capsys)
-    assert status == 1 and out == "" and "cannot read secret file" in err
+    assert status == 2 and out == "" and "cannot read secret file" in err
     short = tmp_path / "short"
     short.write_text("tiny\n")
     status, out, err = run_command(["--secret-file", str(short), "--uid", "a"], capsys)
-    assert status == 1 and out == "" and "at least 16" in err
+    assert status == 2 and out == "" and "at least 16" in err
     good = tmp_path / "good"
     good.write_text("a-real-secret-of-more-than-16-bytes")
     status, out, err = run_command(["--secret-file", str(good), "--uid", ""], capsys)
-    assert status == 1 and out == "" and "1..256" in err
+    assert status == 2 and out == "" and "1..256" in err
     for argv in (["--secret-file", str(good)],  # no identity
                  ["--secret-file", str(good), "--uid", "a", "--gateway", "g"],  # two identities
                  ["--secret-file", str(good), "--uid", "a", "--ttl", "0"],

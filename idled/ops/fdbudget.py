@@ -1,0 +1,41 @@
+"""The descriptor budget: how many client connections fit in the open-file limit.
+
+Theory of operation
+-------------------
+Every connection holds one descriptor, and so does everything else the daemon keeps open: stdin/stdout/stderr,
+its listening sockets, the event log (the current segment, the next one opened ahead of a roll, the lock file,
+the directory while it is fsync'ed, the seq-reservation file while it is rewritten, segments a replay or
+retention scan opens in a worker thread), the metrics endpoint (its listener and the scrapes in progress), and
+trio's own (the epoll descriptor, the wake-up socket pair), plus systemd's notify socket. If connections could
+take every descriptor, the first of those to need one at the wrong moment -- typically the log's roll to a
+new segment -- would fail with EMFILE and take the daemon down with every user on it.
+
+So the budget keeps ``RESERVE`` descriptors (plus one per listener) out of the connections' reach, and the
+server never lets more connections in than the budget: a connection past it is accepted and closed at once
+with a ``busy`` error frame (a client learns why and backs off; a connection left in the kernel's backlog
+would hang until its own timeout). ``--max-connections`` above the budget is capped to it, with a warning
+at start.
+"""
+
+from __future__ import annotations
+
+import resource
+from typing import Final
+
+__all__ = ["RESERVE", "connection_budget", "open_file_limit"]
+
+# stdio 3 + log ~6 (segment, next segment, lock, dir, reservation tmp, one reader) + the metrics listener and
+# its 16 concurrent scrapes + trio 3 + notify 1 = ~30; the rest is headroom for threads' transient opens.
+RESERVE: Final = 64
+
+
+def open_file_limit() -> int:
+    """The soft RLIMIT_NOFILE in force (raise it first: `idled.ops.systemd.raise_nofile_limit`)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
+def connection_budget(nofile: int, *, listeners: int) -> int:
+    """Connections that fit under an open-file limit of ``nofile`` beside ``listeners`` listening sockets and
+    the reserve; at least 1, so a tiny limit still serves (and refuses) someone."""
+    return max(1, nofile - RESERVE - listeners)
