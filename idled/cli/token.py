@@ -11,6 +11,7 @@ from idled.ops.fatal import EXIT_USAGE
 from idled.protocol import ROLES
 from idled.protocol.tokens import DEFAULT_TTL, SecretError, load_secret, mint
 
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
