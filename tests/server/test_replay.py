@@ -41,7 +41,7 @@ class Harness:
 
     async def connect(self) -> Peer:
         client, server_end = trio.testing.memory_stream_pair()
-        self.nursery.start_soon(self.server._handle, server_end)
+        self.nursery.start_soon(self.server.handle, server_end)
         return Peer(client, recv_timeout=20.0)
 
     async def observer(self, from_seq: int | None = None, name: str = "obs") -> Peer:
@@ -80,7 +80,7 @@ async def running(data_dir: Path, **settings: Any) -> AsyncIterator[Harness]:
             server.stop()
             # handlers live in this nursery, not the server's: wait for the shutdown, then end them
             with trio.move_on_after(20):
-                while not server._writer_done.is_set():
+                while not server.stopped.is_set():
                     await trio.sleep(0.01)
             nursery.cancel_scope.cancel()
 

@@ -66,7 +66,7 @@ class Harness:
         """A new connection; `lockstep`: the server's writes block until this end reads (a slow reader)."""
         pair = trio.testing.lockstep_stream_pair if lockstep else trio.testing.memory_stream_pair
         client, server_end = pair()
-        self.nursery.start_soon(self.server._handle, server_end)
+        self.nursery.start_soon(self.server.handle, server_end)
         await trio.testing.wait_all_tasks_blocked()  # the handler has run up to its first read
         return Client(client, recv_timeout=60.0)  # virtual seconds: a missing frame fails fast instead of hanging
 
@@ -651,7 +651,7 @@ async def test_stall_guard_a_paused_process_does_not_expire_everyone(
         events, status = await obs.events_until_status(["pinger", "silent"])
         assert status.online == {"pinger": True, "silent": True}
         assert [e.kind for e in events] == ["online", "online"]
-        assert h.server.paused >= 10.0
+        assert h.server.clock.paused >= 10.0
         # "silent" had 0.4 s left before the pause: it goes offline 0.4 s after the wake-up, not at once
         await silent.expect_error("idle_timeout")
         t_silent = trio.current_time()
@@ -667,7 +667,7 @@ async def test_no_stall_guard_while_the_loop_keeps_running(tmp_path: Path, autoj
     async with running(tmp_path, stall_ticks=2) as h:
         silent = await h.user("silent")
         await trio.sleep(10.0)
-        assert h.server.paused == 0.0
+        assert h.server.clock.paused == 0.0
         error = await silent.recv()
         assert isinstance(error, Error) and error.code == "idle_timeout"
         records = [r for r in h.records() if r["kind"] == "offline"]
