@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import ipaddress
 import logging
 import os
 import signal
@@ -47,10 +46,10 @@ from idled.ops import systemd
 from idled.ops.config import Config, ConfigError
 from idled.ops.gcpolicy import GcPolicy
 from idled.ops.metrics import Metrics, NullMetrics, serve_metrics
-from idled.protocol import ErrorCode, tokens
+from idled.protocol import ErrorCode
 from idled.server.bus import EventBus
 from idled.server.clock import Clock
-from idled.server.conn import Connection, Doorway
+from idled.server.conn import Connection, Doorway, auth_secret
 from idled.server.gateways import Gateways
 from idled.server.monitor import Monitor
 from idled.server.observers import Observers
@@ -87,11 +86,7 @@ class Server:
         self._reload_config = reload_config
         self.env = dict(os.environ) if env is None else env
         self.metrics = NullMetrics() if metrics is None else metrics
-        self.secret = tokens.load_secret(config.secret_file) if config.secret_file else None
-        if self.secret is None and not config.insecure and not _is_loopback(config.host):
-            raise ConfigError(
-                f"refusing to listen on {config.host} with auth off: give --secret-file, or --insecure to accept it"
-            )
+        self.secret = auth_secret(config)
         self.log = EventLog(
             config.resolved_data_dir(self.env),
             segment_bytes=config.segment_bytes,
@@ -378,12 +373,3 @@ def _count_batch(metrics: Metrics | NullMetrics) -> Callable[[int, int], None]:
         metrics.eventlog_bytes.inc(nbytes)
 
     return on_batch
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False

@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 ``Doorway.handle(stream)`` is the handler the accept loop runs for each connection (and tests hand memory
 streams to directly). It counts the connection as *pending*, refuses it while shutting down or beyond
-``max_connections``, reads the login within ``login_timeout`` (verifying its token when auth is on), then
+``max_connections``, reads the login within ``login_timeout`` (verifying its token when auth is on: ``auth_secret``), then
 counts it under its role and runs that role's handler -- a callable ``role(stream, decoder, login)`` from the
 ``roles`` table the server fills in (``users.run_user``, ``Gateways.run``, ``Observers.run``). A
 ``ProtocolError`` raised anywhere below is counted (``idled_frames_rejected_total``) and answered with one
@@ -18,19 +18,20 @@ the error frame itself and closes. Only the connection's own task ever writes to
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 
 import trio
 
-from idled.ops.config import Config
+from idled.ops.config import Config, ConfigError
 from idled.ops.metrics import Metrics, NullMetrics
 from idled.core.presence import Uid
 from idled.protocol import Error, ErrorCode, FrameDecoder, Login, ProtocolError, encode, receive_message, tokens
 from idled.server.sessions import Sessions
 
-__all__ = ["ROLE_LABELS", "SEND_ERROR_TIMEOUT", "Connection", "Doorway", "Role", "close_with"]
+__all__ = ["ROLE_LABELS", "SEND_ERROR_TIMEOUT", "Connection", "Doorway", "Role", "auth_secret", "close_with"]
 
 log = logging.getLogger("idled.server.conn")
 
@@ -68,6 +69,26 @@ async def close_with(stream: trio.abc.Stream, code: str, reason: str) -> None:
             await stream.send_all(encode(Error(str(code), reason)))
         except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError):
             pass
+
+
+def auth_secret(config: Config) -> bytes | None:
+    """The secret logins are verified with (None: auth off). Auth off is refused beyond loopback unless the
+    configuration says ``insecure``: anyone who can connect could then log in as anyone."""
+    secret = tokens.load_secret(config.secret_file) if config.secret_file else None
+    if secret is None and not config.insecure and not _is_loopback(config.host):
+        raise ConfigError(
+            f"refusing to listen on {config.host} with auth off: give --secret-file, or --insecure to accept it"
+        )
+    return secret
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class Doorway:
