@@ -1,8 +1,10 @@
-"""Test-side peers of idled: a framed-msgpack client and an `idled serve` subprocess.
+"""Test-side peers of idled: a framed-msgpack client, a running in-process server, an `idled serve` subprocess.
 
-Shared by the tests that talk to a server (in-process over memory streams or loopback TCP, or a real daemon).
-Imported as a plain module, `from tests.peers import Client, Daemon`: tests/ has no __init__.py, so pytest's default
-("prepend") import mode puts tests/ itself on sys.path when it loads tests/conftest.py and the test modules.
+Shared by the tests that talk to a server: `running()` starts a `Server` in the test's own trio loop (its
+connections over memory streams handed to `Server.handle`, or over a real loopback listener) and yields a
+`Harness`; `Daemon` is a real `idled serve` subprocess. Imported as a plain module,
+`from tests.peers import Client, Daemon, running`: tests/ has no __init__.py, so pytest's default ("prepend")
+import mode puts tests/ itself on sys.path when it loads tests/conftest.py and the test modules.
 
 Only what the files really share lives here; a file's own variant (its command line, its /metrics scrape, its
 receive timeout) stays in that file and reaches these helpers as a parameter.
@@ -10,23 +12,46 @@ receive timeout) stays in that file and reaches these helpers as a parameter.
 
 from __future__ import annotations
 
+import itertools
 import math
 import signal
 import socket
 import subprocess
 import struct
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Self
 
 import msgpack
 import trio
+import trio.testing
+from prometheus_client import CollectorRegistry
 
-from idled.protocol import NEED_DATA, Error, Event, FrameDecoder, Login, Query, Status, Welcome, encode, parse_server_message
+from idled.log.eventlog import iter_records
+from idled.ops.config import Config
+from idled.ops.metrics import Metrics
+from idled.protocol import (
+    BYE,
+    Error,
+    Event,
+    FrameDecoder,
+    Login,
+    ProtocolError,
+    Query,
+    Status,
+    Subscribe,
+    Welcome,
+    encode,
+    parse_server_message,
+    receive_message,
+)
+from idled.server.app import Server
 
 MAX_FRAME = 1 << 24  # the client accepts any frame the server may send
 NO_TIMEOUT = math.inf  # a `recv_timeout`: wait for as long as it takes
+RECEIVE_BYTES = 65536  # one read of a client
 
 
 def raw_frame(body: bytes) -> bytes:
@@ -52,6 +77,7 @@ class Client:
         self.decoder = FrameDecoder(MAX_FRAME, parse=parse_server_message)
         self.recv_timeout = recv_timeout
         self.reset_is_eof = reset_is_eof
+        self._eof = False
 
     @classmethod
     async def connect(cls, port: int, recv_timeout: float = 10.0, reset_is_eof: bool = False) -> Self:
@@ -75,24 +101,26 @@ class Client:
         await self.stream.send_all(data)
 
     async def recv(self, timeout: float | None = None) -> Any:
-        """The next message, or None once the server closed the connection."""
+        """The next message, or None once the server closed the connection (also in the middle of a frame:
+        a server killed mid-write)."""
         with trio.fail_after(self.recv_timeout if timeout is None else timeout):
-            while True:
-                message = self.decoder.next_event()
-                if message is not NEED_DATA:
-                    return message
-                data = await self._receive_some()
-                if not data:
+            try:
+                return await receive_message(self, self.decoder, RECEIVE_BYTES)
+            except ProtocolError:
+                if self._eof:
                     return None
-                self.decoder.receive_data(data)
+                raise
 
-    async def _receive_some(self) -> bytes:
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        """The byte source `receive_message` reads from: the stream, with a reset read as the end if asked."""
         try:
-            return await self.stream.receive_some(65536)
+            data = await self.stream.receive_some(max_bytes)
         except trio.BrokenResourceError:
-            if self.reset_is_eof:
-                return b""
-            raise
+            if not self.reset_is_eof:
+                raise
+            data = b""
+        self._eof = not data
+        return data
 
     async def expect(self, kind: type) -> Any:
         message = await self.recv()
@@ -106,6 +134,11 @@ class Client:
         assert await self.recv() is None, "connection not closed after the error frame"
         return message
 
+    async def drain(self) -> list[Event]:
+        """Every event queued for this observer so far (a query's reply comes after them)."""
+        events, _ = await self.events_until_status()
+        return events
+
     async def events_until_status(self, uids: Sequence[Any] = ()) -> tuple[list[Event], Status]:
         """Flush an observer: query, then collect every event queued before the reply."""
         await self.send(Query(tuple(uids)))
@@ -116,6 +149,114 @@ class Client:
                 return events, message
             assert isinstance(message, Event), message
             events.append(message)
+
+
+DEFAULTS: dict[str, Any] = dict(port=0, metrics_port=0, tick=0.1, fsync="never")  # settings running() starts from
+STOP_TIMEOUT = 60.0  # seconds (virtual on an autojump clock) a stopped server gets to return from serve()
+
+
+class Harness:
+    """A `Server` running in the test's trio loop (see `running`), and its test-side helpers.
+
+    Connections made with `connect` are memory streams whose server end is handed to `Server.handle` -- the
+    very handler the accept loop runs -- in the test's nursery; with `running(listen=True)` the server also
+    listens on `port` (loopback, port 0). `settle`: `connect` waits until every task is blocked, so the
+    handler has run up to its first read (what timing tests on an autojump clock need; not for tests with
+    traffic running concurrently, where not every task is ever blocked at once).
+    """
+
+    def __init__(self, server: Server, nursery: trio.Nursery, data_dir: Path, *, recv_timeout: float, settle: bool) -> None:
+        self.server = server
+        self.nursery = nursery
+        self.data_dir = data_dir
+        self.recv_timeout = recv_timeout
+        self.settle = settle
+        self.port = server.ports[0] if server.ports else 0
+        self._users = itertools.count(1)
+
+    @property
+    def done(self) -> trio.Event:
+        """Set once `serve()` has returned."""
+        return self.server.stopped
+
+    @property
+    def next_seq(self) -> int:
+        assert self.server.presence is not None
+        return self.server.presence.next_seq
+
+    async def connect(self, lockstep: bool = False) -> Client:
+        """A new connection; `lockstep`: the server's writes block until this end reads (a slow reader)."""
+        pair = trio.testing.lockstep_stream_pair if lockstep else trio.testing.memory_stream_pair
+        client, server_end = pair()
+        self.nursery.start_soon(self.server.handle, server_end)
+        if self.settle:
+            await trio.testing.wait_all_tasks_blocked()  # the handler has run up to its first read
+        return Client(client, recv_timeout=self.recv_timeout)
+
+    async def user(self, uid: Any, keepalive: float | None = None, token: str | None = None) -> Client:
+        peer = await self.connect()
+        await peer.send(Login("uid", uid, token, keepalive))
+        welcome = await peer.expect(Welcome)
+        assert welcome.role == "uid" and welcome.name == uid
+        return peer
+
+    async def observer(self, name: str = "obs", from_seq: int | None = None, lockstep: bool = False) -> Client:
+        peer = await self.connect(lockstep)
+        await peer.send(Login("observer", name))
+        await peer.expect(Welcome)
+        await peer.send(Subscribe(from_seq))
+        return peer
+
+    async def gateway(self, name: str = "gw") -> Client:
+        peer = await self.connect()
+        await peer.send(Login("gateway", name))
+        welcome = await peer.expect(Welcome)
+        assert welcome.role == "gateway" and welcome.max_frame == self.server.config.max_gateway_frame
+        return peer
+
+    async def traffic(self, pairs: int) -> None:
+        """`pairs` users log in and say bye: 2 * pairs events."""
+        for _ in range(pairs):
+            peer = await self.user(f"user-{next(self._users)}")
+            await peer.send(BYE)
+            assert await peer.recv() is None
+
+    def records(self) -> list[dict[str, Any]]:
+        return list(iter_records(self.data_dir))
+
+    def metric(self, name: str, **labels: str) -> float:
+        registry = self.server.metrics.registry
+        assert registry is not None, "started with running(metrics=False)"
+        value = registry.get_sample_value(name, labels)
+        return 0.0 if value is None else value
+
+
+@asynccontextmanager
+async def running(tmp_path: Path, *, listen: bool = False, metrics: bool = True, env: dict[str, str] | None = None,
+                  recv_timeout: float = 60.0, settle: bool = True, **settings: Any) -> AsyncIterator[Harness]:
+    """A `Server` on `tmp_path / "data"`, serving in this trio loop until the block ends (then stopped cleanly).
+
+    `settings` override `DEFAULTS` (Config fields). `listen`: also accept on a loopback port (`Harness.port`);
+    otherwise it listens on nothing and connections come from `Harness.connect`. `metrics`: a fresh registry
+    (`Harness.metric`), or none (the server's NullMetrics). `recv_timeout`: the default limit of one receive
+    of the harness's clients. `settle`: see `Harness`.
+    """
+    data_dir = tmp_path / "data"
+    cfg = Config(**{**DEFAULTS, "data_dir": str(data_dir), **settings}).validate()
+    registry = Metrics(CollectorRegistry(), tick=cfg.tick, process_collectors=False) if metrics else None
+    server = Server(cfg, metrics=registry, env=env or {})
+    async with trio.open_nursery() as nursery:
+        ports = await nursery.start(server.serve, None if listen else [])
+        assert bool(ports) == listen, ports
+        try:
+            yield Harness(server, nursery, data_dir, recv_timeout=recv_timeout, settle=settle)
+        finally:
+            server.stop()
+            # Connections from connect() live in this nursery, not the server's: wait for the shutdown,
+            # then end whatever is left of them.
+            with trio.move_on_after(STOP_TIMEOUT):
+                await server.stopped.wait()
+            nursery.cancel_scope.cancel()
 
 
 def free_port() -> int:

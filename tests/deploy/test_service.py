@@ -24,6 +24,8 @@ from idled.protocol import BYE, PING, PONG, Error
 
 from tests import peers
 
+pytestmark = pytest.mark.slow  # every test runs a real `idled serve` subprocess
+
 TICK = 0.1
 RECV_TIMEOUT = 30.0
 

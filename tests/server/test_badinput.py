@@ -2,29 +2,25 @@
 
 Every bad connection must get exactly one `error` frame with the right code and then be closed, while a
 well-behaved user connected throughout keeps getting pongs and never goes offline, and the server keeps
-accepting. The server runs in this test's trio loop (`Server.serve()` with its own port-0 listener), so the
-test can also read its counters; the clients are plain TCP connections.
+accepting. The server runs in this test's trio loop (`tests.peers.running(listen=True)`: its own port-0
+listener), so the test can also read its counters; the clients are plain TCP connections.
 """
 
 from __future__ import annotations
 
 import random
 import struct
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import functools
 from pathlib import Path
 
 import msgpack
 import pytest
 import trio
-from prometheus_client import CollectorRegistry
 
-from idled.ops.config import Config
 from idled.log.eventlog import iter_records
-from idled.ops.metrics import Metrics
 from idled.protocol import PING, PONG, Error, Event, Login, Subscribe, Welcome, encode
-from idled.server.app import Server
 
+from tests import peers
 from tests.peers import Client, frame, raw_frame
 
 TICK = 0.1
@@ -32,19 +28,10 @@ TIMEOUT = 1.0
 MAX_GATEWAY_FRAME = 65536
 
 
-@asynccontextmanager
-async def running(tmp_path: Path) -> AsyncIterator[tuple[Server, int]]:
-    cfg = Config(
-        port=0, metrics_port=0, tick=TICK, timeout=TIMEOUT, login_timeout=1.0, fsync="never",
-        max_gateway_frame=MAX_GATEWAY_FRAME, data_dir=str(tmp_path / "data"),
-    ).validate()
-    server = Server(cfg, metrics=Metrics(CollectorRegistry(), tick=TICK, process_collectors=False), env={})
-    async with trio.open_nursery() as nursery:
-        ports = await nursery.start(server.serve)
-        try:
-            yield server, ports[0]
-        finally:
-            server.stop()
+# A real loopback listener (port 0) and a real clock; the test reads the server's counters.
+running = functools.partial(
+    peers.running, listen=True, tick=TICK, timeout=TIMEOUT, login_timeout=1.0, max_gateway_frame=MAX_GATEWAY_FRAME
+)
 
 
 async def connect(port: int) -> Client:
@@ -167,8 +154,10 @@ async def watch_offlines(port: int, offline: list[Event], task_status: trio.Task
             offline.append(message)
 
 
+@pytest.mark.slow  # real clock: seconds of real time
 async def test_every_bad_input_gets_its_error_and_the_server_keeps_serving(tmp_path: Path) -> None:
-    async with running(tmp_path) as (server, port):
+    async with running(tmp_path) as h:
+        server, port = h.server, h.port
         good = GoodUser()
         offline: list[Event] = []
         async with trio.open_nursery() as background:
@@ -193,15 +182,17 @@ async def test_every_bad_input_gets_its_error_and_the_server_keeps_serving(tmp_p
             assert "good" not in {e.uid for e in offline}
             assert server.presence is not None and server.presence.is_online("good")
             background.cancel_scope.cancel()
-        assert server.metrics is not None
+        registry = server.metrics.registry
+        assert registry is not None
         rejected = {
-            code: server.metrics.registry.get_sample_value("idled_frames_rejected_total", {"reason": code})
+            code: registry.get_sample_value("idled_frames_rejected_total", {"reason": code})
             for code in {case[3] for case in CASES}
         }
         expected = {code: float(sum(1 for case in CASES if case[3] == code)) for code in rejected}
         assert rejected == expected
 
 
+@pytest.mark.slow  # real clock: seconds of real time
 async def test_random_bytes_from_many_connections(tmp_path: Path) -> None:
     rng = random.Random(20240601)
     payloads = []
@@ -212,7 +203,8 @@ async def test_random_bytes_from_many_connections(tmp_path: Path) -> None:
             data = struct.pack(">I", rng.randrange(1, 200)) + data
         payloads.append(data)
     codes: list[str] = []
-    async with running(tmp_path) as (server, port):
+    async with running(tmp_path) as h:
+        server, port = h.server, h.port
         good = GoodUser()
         offline: list[Event] = []
         async with trio.open_nursery() as background:
@@ -243,7 +235,8 @@ async def test_random_bytes_from_many_connections(tmp_path: Path) -> None:
 @pytest.mark.parametrize("role", ["uid", "gateway", "observer"])
 async def test_slow_drip_of_a_valid_frame_is_accepted(tmp_path: Path, role: str) -> None:
     """The opposite case: a valid frame split into single bytes is reassembled, not rejected."""
-    async with running(tmp_path) as (server, port):
+    async with running(tmp_path) as h:
+        port = h.port
         client = await connect(port)
         for byte in encode(Login(role, "drip")):  # type: ignore[arg-type]
             await client.stream.send_all(bytes([byte]))

@@ -26,6 +26,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -33,6 +34,8 @@ from idled.log.eventlog import iter_records, list_segments
 from idled.protocol import BYE, PING, Event, Subscribe
 
 from tests import peers
+
+pytestmark = pytest.mark.slow  # every test SIGKILLs and restarts real `idled serve` subprocesses
 
 TICK = 0.1
 RUNS = 4

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from idled.protocol import BYE, PING, PONG, Error, Event, Query, Status, Subscribe
@@ -58,6 +59,7 @@ def lateness_ok(event: Event) -> bool:
     return 0.0 <= event.ts - event.deadline <= TICK + SLACK
 
 
+@pytest.mark.slow  # a real `idled serve` subprocess, real time
 async def test_login_ping_expiry_seen_by_a_subscriber(tmp_path: Path) -> None:
     daemon = Daemon(tmp_path)
     try:
@@ -90,6 +92,7 @@ async def test_login_ping_expiry_seen_by_a_subscriber(tmp_path: Path) -> None:
     assert [(r["kind"], r["reason"]) for r in records] == [("online", "login"), ("offline", "idle")]
 
 
+@pytest.mark.slow  # a real `idled serve` subprocess, real time
 async def test_many_expiries_are_never_early_and_at_most_a_tick_late(tmp_path: Path) -> None:
     daemon = Daemon(tmp_path)
     try:
@@ -112,6 +115,7 @@ async def test_many_expiries_are_never_early_and_at_most_a_tick_late(tmp_path: P
         daemon.kill()
 
 
+@pytest.mark.slow  # a real `idled serve` subprocess, real time
 async def test_bye_is_logout_and_close_is_closed(tmp_path: Path) -> None:
     daemon = Daemon(tmp_path)
     try:
@@ -134,6 +138,7 @@ async def test_bye_is_logout_and_close_is_closed(tmp_path: Path) -> None:
         daemon.kill()
 
 
+@pytest.mark.slow  # a real `idled serve` subprocess, real time
 async def test_sigterm_exits_0_with_shutdown_events(tmp_path: Path) -> None:
     daemon = Daemon(tmp_path)
     try:
@@ -170,6 +175,7 @@ async def test_sigterm_exits_0_with_shutdown_events(tmp_path: Path) -> None:
     assert "Traceback" not in daemon.stderr() + again.stderr()
 
 
+@pytest.mark.slow  # a real `idled serve` subprocess, real time
 async def test_sigint_is_a_clean_shutdown_too(tmp_path: Path) -> None:
     daemon = Daemon(tmp_path)
     try:

@@ -9,80 +9,21 @@ memory window -> live). The disk path is forced by shrinking the in-memory windo
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import functools
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trio
-import trio.testing
 
 import idled.server.bus
-from idled.ops.config import Config
-from idled.protocol import BYE, Error, Event, Login, Subscribe, Welcome
-from idled.server.app import Server
+from idled.protocol import Error, Event
 
 from tests import peers
 
 
-class Peer(peers.Client):
-    async def drain(self) -> list[Event]:
-        """Every event queued for this observer so far (a query's reply comes after them)."""
-        events, _ = await self.events_until_status()
-        return events
-
-
-class Harness:
-    def __init__(self, server: Server, nursery: trio.Nursery) -> None:
-        self.server = server
-        self.nursery = nursery
-        self.users = 0
-
-    async def connect(self) -> Peer:
-        client, server_end = trio.testing.memory_stream_pair()
-        self.nursery.start_soon(self.server._handle, server_end)
-        return Peer(client, recv_timeout=20.0)
-
-    async def observer(self, from_seq: int | None = None, name: str = "obs") -> Peer:
-        peer = await self.connect()
-        await peer.send(Login("observer", name))
-        assert isinstance(await peer.recv(), Welcome)
-        await peer.send(Subscribe(from_seq))
-        return peer
-
-    async def traffic(self, pairs: int) -> None:
-        """`pairs` users log in and say bye: 2 * pairs events."""
-        for _ in range(pairs):
-            self.users += 1
-            peer = await self.connect()
-            await peer.send(Login("uid", f"user-{self.users}"))
-            assert isinstance(await peer.recv(), Welcome)
-            await peer.send(BYE)
-            assert await peer.recv() is None
-
-    @property
-    def next_seq(self) -> int:
-        assert self.server.presence is not None
-        return self.server.presence.next_seq
-
-
-@asynccontextmanager
-async def running(data_dir: Path, **settings: Any) -> AsyncIterator[Harness]:
-    cfg = Config(**{"port": 0, "metrics_port": 0, "tick": 0.1, "timeout": 30.0, "fsync": "never",
-                    "data_dir": str(data_dir), **settings}).validate()
-    server = Server(cfg, env={})
-    async with trio.open_nursery() as nursery:
-        await nursery.start(server.serve, [])
-        try:
-            yield Harness(server, nursery)
-        finally:
-            server.stop()
-            # handlers live in this nursery, not the server's: wait for the shutdown, then end them
-            with trio.move_on_after(20):
-                while not server._writer_done.is_set():
-                    await trio.sleep(0.01)
-            nursery.cancel_scope.cancel()
+# Real clock (replay reads the log in a worker thread), no metrics (the server's NullMetrics), and no settling
+# in connect(): one test keeps traffic going while it connects.
+running = functools.partial(peers.running, timeout=30.0, metrics=False, recv_timeout=20.0, settle=False)
 
 
 def seqs(events: list[Event]) -> list[int]:
@@ -90,7 +31,7 @@ def seqs(events: list[Event]) -> list[int]:
 
 
 async def test_resume_from_the_memory_window(tmp_path: Path) -> None:
-    async with running(tmp_path / "data") as h:
+    async with running(tmp_path) as h:
         reference = await h.observer(name="reference")
         first = await h.observer()
         await h.traffic(5)
@@ -108,7 +49,7 @@ async def test_resume_from_the_memory_window(tmp_path: Path) -> None:
 
 async def test_resume_from_disk_then_window_then_live(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(idled.server.bus, "RECENT_EVENTS", 8)
-    async with running(tmp_path / "data") as h:
+    async with running(tmp_path) as h:
         reference = await h.observer(name="reference")
         first = await h.observer()
         await h.traffic(3)
@@ -128,7 +69,7 @@ async def test_resume_from_disk_then_window_then_live(tmp_path: Path, monkeypatc
 async def test_resume_while_events_keep_coming(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The seams under concurrent traffic: events published while the replay is being read from disk."""
     monkeypatch.setattr(idled.server.bus, "RECENT_EVENTS", 16)
-    async with running(tmp_path / "data") as h:
+    async with running(tmp_path) as h:
         reference = await h.observer(name="reference")
         await h.traffic(40)  # 1..80
         stop = trio.Event()
@@ -153,11 +94,11 @@ async def test_resume_while_events_keep_coming(tmp_path: Path, monkeypatch: pyte
 
 async def test_resume_across_a_restart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(idled.server.bus, "RECENT_EVENTS", 4)
-    async with running(tmp_path / "data") as h:
+    async with running(tmp_path) as h:
         reference = await h.observer(name="reference")
         await h.traffic(6)  # 1..12
         before = await reference.drain()
-    async with running(tmp_path / "data") as h:
+    async with running(tmp_path) as h:
         assert h.next_seq == 13
         resumed = await h.observer(from_seq=10)
         await h.traffic(2)  # 13..16
@@ -169,7 +110,7 @@ async def test_resume_across_a_restart(tmp_path: Path, monkeypatch: pytest.Monke
 
 
 async def test_from_the_next_seq_is_live_only(tmp_path: Path) -> None:
-    async with running(tmp_path / "data") as h:
+    async with running(tmp_path) as h:
         await h.traffic(2)
         observer = await h.observer(from_seq=h.next_seq)
         await h.traffic(1)
@@ -178,7 +119,7 @@ async def test_from_the_next_seq_is_live_only(tmp_path: Path) -> None:
 
 async def test_from_older_than_retention_is_gone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(idled.server.bus, "RECENT_EVENTS", 8)
-    async with running(tmp_path / "data", segment_bytes=4096, retention_bytes=4096) as h:
+    async with running(tmp_path, segment_bytes=4096, retention_bytes=4096) as h:
         await h.traffic(60)  # ~18 KB of records in 4 KiB segments: the oldest are deleted
         with trio.fail_after(10):
             while h.server.log.last_seq < 120:

@@ -1,7 +1,7 @@
 """idled.server.app over trio.testing memory streams, on pytest-trio's autojump clock: no real sleeps.
 
-The server runs in-process with no listeners (``serve([])``); each test connection is one end of
-``trio.testing.memory_stream_pair()`` whose other end is handed to ``server._handle`` -- the very handler
+The server runs in-process with no listeners (``tests.peers.running``); each test connection is one end of
+``trio.testing.memory_stream_pair()`` whose other end is handed to ``server.handle`` -- the very handler
 the accept loop runs. Every time below is virtual: the autojump clock jumps to the next deadline whenever
 every task is blocked, so "silent for 1 s" costs nothing, and an offline can be placed at an exact instant.
 (While the log writer works in a thread, virtual time keeps jumping from deadline to deadline; every
@@ -10,23 +10,18 @@ task lives on that one clock, so nothing here depends on real time.)
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 import trio.testing
-from prometheus_client import CollectorRegistry
 
 from idled.protocol import tokens as auth
-from idled.ops.config import Config
-from idled.log.eventlog import iter_records
-from idled.ops.metrics import Metrics
 from idled.protocol import (
     BYE,
     PING,
@@ -45,83 +40,18 @@ from idled.protocol import (
     Welcome,
     encode,
 )
-from idled.server.app import Server
 
-from tests.peers import Client, frame
+from tests import peers
+from tests.peers import frame
 
 TICK = 0.1
 TIMEOUT = 1.0
-BASE: dict[str, Any] = dict(tick=TICK, timeout=TIMEOUT, max_timeout=60.0, login_timeout=2.0, fsync="never", metrics_port=0, port=0)
+BASE: dict[str, Any] = dict(tick=TICK, timeout=TIMEOUT, max_timeout=60.0, login_timeout=2.0)
 SLACK = 1e-6  # float noise on the virtual clock
 
 
-class Harness:
-    def __init__(self, server: Server, nursery: trio.Nursery, done: trio.Event, data_dir: Path) -> None:
-        self.server = server
-        self.nursery = nursery
-        self.done = done
-        self.data_dir = data_dir
-
-    async def connect(self, lockstep: bool = False) -> Client:
-        """A new connection; `lockstep`: the server's writes block until this end reads (a slow reader)."""
-        pair = trio.testing.lockstep_stream_pair if lockstep else trio.testing.memory_stream_pair
-        client, server_end = pair()
-        self.nursery.start_soon(self.server._handle, server_end)
-        await trio.testing.wait_all_tasks_blocked()  # the handler has run up to its first read
-        return Client(client, recv_timeout=60.0)  # virtual seconds: a missing frame fails fast instead of hanging
-
-    async def user(self, uid: Any, keepalive: float | None = None, token: str | None = None) -> Client:
-        peer = await self.connect()
-        await peer.send(Login("uid", uid, token, keepalive))
-        welcome = await peer.expect(Welcome)
-        assert welcome.role == "uid" and welcome.name == uid
-        return peer
-
-    async def observer(self, name: str = "obs", from_seq: int | None = None, lockstep: bool = False) -> Client:
-        peer = await self.connect(lockstep)
-        await peer.send(Login("observer", name))
-        await peer.expect(Welcome)
-        await peer.send(Subscribe(from_seq))
-        return peer
-
-    async def gateway(self, name: str = "gw") -> Client:
-        peer = await self.connect()
-        await peer.send(Login("gateway", name))
-        welcome = await peer.expect(Welcome)
-        assert welcome.role == "gateway" and welcome.max_frame == self.server.config.max_gateway_frame
-        return peer
-
-    def records(self) -> list[dict[str, Any]]:
-        return list(iter_records(self.data_dir))
-
-    def metric(self, name: str, **labels: str) -> float:
-        assert self.server.metrics is not None
-        value = self.server.metrics.registry.get_sample_value(name, labels)
-        return 0.0 if value is None else value
-
-
-@asynccontextmanager
-async def running(tmp_path: Path, env: dict[str, str] | None = None, **settings: Any) -> AsyncIterator[Harness]:
-    data_dir = tmp_path / "data"
-    cfg = Config(**{**BASE, "data_dir": str(data_dir), **settings}).validate()
-    server = Server(cfg, metrics=Metrics(CollectorRegistry(), tick=cfg.tick, process_collectors=False), env=env or {})
-    done = trio.Event()
-
-    async def serve(task_status: trio.TaskStatus[list[int]] = trio.TASK_STATUS_IGNORED) -> None:
-        try:
-            await server.serve([], task_status=task_status)
-        finally:
-            done.set()
-
-    async with trio.open_nursery() as nursery:
-        assert await nursery.start(serve) == []
-        try:
-            yield Harness(server, nursery, done, data_dir)
-        finally:
-            server.stop()
-            with trio.move_on_after(60):
-                await done.wait()
-            nursery.cancel_scope.cancel()
+# Every test's server: in-process, no listeners, a fresh metrics registry (tests.peers.running).
+running = functools.partial(peers.running, **BASE)
 
 
 # -- login, ping, logout ----------------------------------------------------------------------------------
@@ -651,7 +581,7 @@ async def test_stall_guard_a_paused_process_does_not_expire_everyone(
         events, status = await obs.events_until_status(["pinger", "silent"])
         assert status.online == {"pinger": True, "silent": True}
         assert [e.kind for e in events] == ["online", "online"]
-        assert h.server.paused >= 10.0
+        assert h.server.clock.paused >= 10.0
         # "silent" had 0.4 s left before the pause: it goes offline 0.4 s after the wake-up, not at once
         await silent.expect_error("idle_timeout")
         t_silent = trio.current_time()
@@ -667,7 +597,7 @@ async def test_no_stall_guard_while_the_loop_keeps_running(tmp_path: Path, autoj
     async with running(tmp_path, stall_ticks=2) as h:
         silent = await h.user("silent")
         await trio.sleep(10.0)
-        assert h.server.paused == 0.0
+        assert h.server.clock.paused == 0.0
         error = await silent.recv()
         assert isinstance(error, Error) and error.code == "idle_timeout"
         records = [r for r in h.records() if r["kind"] == "offline"]
@@ -702,3 +632,26 @@ async def test_sessions_left_online_get_restart_records(tmp_path: Path, autojump
         online = await obs.expect(Event)
         assert (online.seq, online.kind, online.uid) == (7, "online", "b")
         await user.send(BYE)
+
+
+# -- a server given no metrics ----------------------------------------------------------------------------------
+
+
+def test_null_metrics_has_everything_the_server_bumps() -> None:
+    """A server given no metrics gets a NullMetrics and bumps it unconditionally: it must have every public
+    attribute of Metrics, and each must take the calls the server makes. (test_replay.py runs whole servers on
+    it.)"""
+    from prometheus_client import CollectorRegistry
+
+    from idled.ops.metrics import Metrics, NullMetrics
+
+    real = Metrics(CollectorRegistry(), tick=TICK, process_collectors=False)
+    public = {name for name in [*vars(real), *dir(Metrics)] if not name.startswith("_")}
+    null = NullMetrics()
+    assert sorted(name for name in public if not hasattr(null, name)) == []
+    null.logins.labels(role="user", result="ok").inc()
+    null.offline_lateness.observe(0.01)
+    null.event_loop_stall_max.set(1.0)
+    null.observe_loop_lag(0.5)
+    null.register_snapshot(dict)
+    assert null.registry is None and null.render() == b""

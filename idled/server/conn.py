@@ -1,0 +1,173 @@
+"""Connections: what every peer role shares -- admission, the login step, the error frame, role dispatch.
+
+Theory of operation
+-------------------
+``Doorway.handle(stream)`` is the handler the accept loop runs for each connection (and tests hand memory
+streams to directly). It counts the connection as *pending*, refuses it while shutting down or beyond
+``max_connections``, reads the login within ``login_timeout`` (verifying its token when auth is on: ``auth_secret``), then
+counts it under its role and runs that role's handler -- a callable ``role(stream, decoder, login)`` from the
+``roles`` table the server fills in (``users.run_user``, ``Gateways.run``, ``Observers.run``). A
+``ProtocolError`` raised anywhere below is counted (``idled_frames_rejected_total``) and answered with one
+error frame before the connection closes; any other exception is a bug, logged, and never takes the server
+down.
+
+Closing a connection from another task (idle expiry, duplicate login, shutdown) is a cancellation: each
+``Connection`` owns a ``CancelScope``; the canceller records why (``close``), the connection's own task sends
+the error frame itself and closes. Only the connection's own task ever writes to a user's socket.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+
+import trio
+
+from idled.ops.config import Config, ConfigError
+from idled.ops.metrics import Metrics, NullMetrics
+from idled.core.presence import Uid
+from idled.protocol import Error, ErrorCode, FrameDecoder, Login, ProtocolError, encode, receive_message, tokens
+from idled.server.sessions import Sessions
+
+__all__ = ["ROLE_LABELS", "SEND_ERROR_TIMEOUT", "Connection", "Doorway", "Role", "auth_secret", "close_with"]
+
+log = logging.getLogger("idled.server.conn")
+
+SEND_ERROR_TIMEOUT = 1.0  # a peer that doesn't read can't hold a closing connection longer than this
+ROLE_LABELS: Mapping[str, str] = {"uid": "user", "gateway": "gateway", "observer": "observer"}  # login role -> label
+
+Role = Callable[[trio.abc.Stream, FrameDecoder, Login], Awaitable[None]]
+
+
+class Connection:
+    """A logged-in connection; for a user, also the owner object the presence table stores."""
+
+    __slots__ = ("scope", "end")
+
+    def __init__(self) -> None:
+        self.scope = trio.CancelScope()
+        self.end: tuple[str, str] | None = None  # (error code, reason) when closed by the server
+
+    def close(self, code: str, reason: str) -> None:
+        """Make the connection's own task send ``code`` and close (the first reason given wins)."""
+        if self.end is None:
+            self.end = (code, reason)
+        self.scope.cancel()
+
+    def release(self, uid: Uid, code: str, reason: str) -> None:
+        """The server ended this user's session (idle, kicked, shutdown): the connection goes with it."""
+        self.close(code, reason)
+
+
+async def close_with(stream: trio.abc.Stream, code: str, reason: str) -> None:
+    """Send an error frame (bounded in time, even while cancelled) before the caller closes."""
+    with trio.CancelScope(shield=True) as scope:
+        scope.deadline = trio.current_time() + SEND_ERROR_TIMEOUT
+        try:
+            await stream.send_all(encode(Error(str(code), reason)))
+        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError):
+            pass
+
+
+def auth_secret(config: Config) -> bytes | None:
+    """The secret logins are verified with (None: auth off). Auth off is refused beyond loopback unless the
+    configuration says ``insecure``: anyone who can connect could then log in as anyone."""
+    secret = tokens.load_secret(config.secret_file) if config.secret_file else None
+    if secret is None and not config.insecure and not _is_loopback(config.host):
+        raise ConfigError(
+            f"refusing to listen on {config.host} with auth off: give --secret-file, or --insecure to accept it"
+        )
+    return secret
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class Doorway:
+    """Admission, login and role dispatch for every accepted connection (see the module docstring).
+
+    ``config`` is read per connection (``max_connections``, ``max_frame``, ``login_timeout``), so a reload
+    replaces it here. ``connections`` counts open connections by role label, plus ``pending``.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        sessions: Sessions,
+        roles: Mapping[str, Role],
+        secret: bytes | None,
+        metrics: Metrics | NullMetrics,
+        connections: dict[str, int],
+    ) -> None:
+        self.config = config
+        self.sessions = sessions
+        self.roles = roles
+        self.secret = secret
+        self.metrics = metrics
+        self.connections = connections
+
+    async def handle(self, stream: trio.abc.Stream) -> None:
+        """Serve one connection until it ends; never raises (but for cancellation)."""
+        role = "pending"
+        self.connections[role] += 1
+        try:
+            if self.sessions.stopping:
+                await close_with(stream, ErrorCode.SERVER_SHUTDOWN, "shutting down")
+                return
+            if sum(self.connections.values()) > self.config.max_connections:
+                await close_with(stream, ErrorCode.BUSY, "too many connections")
+                return
+            decoder = FrameDecoder(self.config.max_frame)
+            try:
+                login = await self._login(stream, decoder)
+                if login is None:
+                    return
+                self.sessions.refuse_if_stopping()
+                self.connections[role] -= 1
+                role = ROLE_LABELS[login.role]
+                self.connections[role] += 1
+                await self.roles[login.role](stream, decoder, login)
+            except ProtocolError as exc:
+                self.reject(exc.code)
+                await close_with(stream, exc.code, exc.reason)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the peer went away: its session (if any) was ended where it was read
+        except Exception:
+            log.exception("connection handler failed (bug); connection closed, server unaffected")
+        finally:
+            self.connections[role] -= 1
+            await stream.aclose()
+
+    def reject(self, code: str) -> None:
+        self.metrics.frames_rejected.labels(reason=str(code)).inc()
+
+    async def _login(self, stream: trio.abc.Stream, decoder: FrameDecoder) -> Login | None:
+        """The connection's login, or None if it ended (or timed out, answered here) before logging in."""
+        timeout = self.config.login_timeout
+        with trio.move_on_after(timeout):
+            message = await receive_message(stream, decoder)
+            if message is None:
+                return None
+            if not isinstance(message, Login):
+                raise ProtocolError(ErrorCode.NOT_LOGGED_IN, f"log in first (got {type(message).__name__.lower()})")
+            logins = self.metrics.logins
+            if self.secret is not None:
+                try:
+                    tokens.verify(self.secret, message.token or "", message.role, message.name, time.time())
+                except tokens.AuthError as exc:
+                    logins.labels(role=ROLE_LABELS[message.role], result="auth_failed").inc()
+                    raise ProtocolError(ErrorCode.AUTH_FAILED, str(exc)) from None
+            logins.labels(role=ROLE_LABELS[message.role], result="ok").inc()
+            return message
+        self.reject(ErrorCode.LOGIN_TIMEOUT)
+        await close_with(stream, ErrorCode.LOGIN_TIMEOUT, f"no login within {timeout:g} s")
+        return None

@@ -1,0 +1,72 @@
+"""Seq blocks for a running server: reserve before issuing, extend ahead of need, lower the mark at a clean stop.
+
+Theory of operation
+-------------------
+The durable mark itself is ``idled.log.seqs.SeqReservation`` (why it exists: see there). This module is the
+server's side of it, on the event loop, every file operation in a worker thread:
+
+* ``start(next_seq)``: after recovery, the run's first seq is past every record on disk *and* past every seq
+  the previous run may have shown an observer (its mark); the first block is reserved before any is issued.
+* ``extend_ahead(presence, nursery)``: called by the monitor; once fewer than half a block is left, a task
+  records the next block. So producers almost never wait...
+* ``headroom(presence)``: ...but they do wait (in ``Sessions.room``) rather than issue a seq within
+  ``SEQ_HEADROOM`` of the mark.
+* ``finish(last_seq)``: a clean stop, once the log is synced, lowers the mark to the last seq: no gap next run.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+
+from idled.core.presence import PresenceTable
+from idled.log.seqs import SEQ_BLOCK, SEQ_HEADROOM, SeqReservation
+
+__all__ = ["SeqBlocks"]
+
+log = logging.getLogger("idled.server.seqs")
+
+HEADROOM_POLL = 0.005  # seconds between two looks at the mark while a producer waits for headroom
+
+
+class SeqBlocks:
+    def __init__(self, reservation: SeqReservation) -> None:
+        self.reservation = reservation
+        self.reserved = 0  # every seq issued is <= this, durably
+        self.first = 1  # the first seq of this run
+        self._extending = False
+
+    async def start(self, next_seq: int) -> int:
+        """The first seq of this run (``next_seq``: the log's, after recovery); reserves the first block."""
+        reserved = await trio.to_thread.run_sync(self.reservation.load)
+        first = max(next_seq, reserved + 1)
+        if first > next_seq:
+            log.info("seqs %d..%d may have been seen but not logged before the last stop: skipped", next_seq, first - 1)
+        await trio.to_thread.run_sync(self.reservation.record, first + SEQ_BLOCK)
+        self.reserved = first + SEQ_BLOCK
+        self.first = first
+        return first
+
+    def extend_ahead(self, presence: PresenceTable, nursery: trio.Nursery) -> None:
+        """Start recording the next block once less than half of this one is left (one extension at a time)."""
+        if not self._extending and presence.next_seq + SEQ_BLOCK // 2 > self.reserved:
+            self._extending = True
+            nursery.start_soon(self._extend, presence)
+
+    async def _extend(self, presence: PresenceTable) -> None:
+        try:
+            upto = presence.next_seq + SEQ_BLOCK
+            await trio.to_thread.run_sync(self.reservation.record, upto)
+            self.reserved = upto
+        finally:
+            self._extending = False
+
+    async def headroom(self, presence: PresenceTable) -> None:
+        """Wait until the next seqs are well below the durable mark."""
+        while presence.next_seq + SEQ_HEADROOM > self.reserved:
+            await trio.sleep(HEADROOM_POLL)
+
+    async def finish(self, last_seq: int) -> None:
+        """A clean stop: every seq up to ``last_seq`` is durably in the log, so the mark comes back down to it."""
+        await trio.to_thread.run_sync(self.reservation.record, last_seq)

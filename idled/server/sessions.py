@@ -1,0 +1,85 @@
+"""Sessions: the presence table as the connection roles (users, gateways) and the tick task change it.
+
+Theory of operation
+-------------------
+Every change of presence follows the same steps, and this is the one object that knows them:
+
+1. ``await room()`` before a burst of changes: the log writer is not too far behind (the bus's backpressure)
+   and the seq reservation has headroom; a producer waits here, never after it has changed state;
+2. ``refuse_if_stopping()`` (after the wait): once shutdown began no session may start -- ``end_all`` has run
+   or is running, so nothing would end it and its online event would miss the closed log;
+3. the change itself on ``presence``, at ``clock.now()`` (read once per burst; per packet for a user);
+4. ``publish`` the event it returned (in seq order: no checkpoint between the change and the publish), tell a
+   replaced owner (``take_over``: ``kicked``), and ``wake_ticker`` if a new deadline may come sooner.
+
+The roles get this object, not the server: an edge that terminates user connections and relays them to the
+core as a gateway would give its user role a ``Sessions`` of its own kind.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from idled.core.detector import DEFAULT_CHUNK
+from idled.core.presence import PresenceEvent, PresenceTable, Uid
+from idled.protocol import ErrorCode, ProtocolError
+from idled.server.bus import EventBus
+from idled.server.clock import Clock
+from idled.server.seqs import SeqBlocks
+
+__all__ = ["Sessions"]
+
+
+def _no_ticker() -> None:
+    pass
+
+
+class Sessions:
+    __slots__ = ("presence", "bus", "clock", "seqs", "stopping", "wake_ticker")
+
+    def __init__(self, presence: PresenceTable, bus: EventBus, clock: Clock, seqs: SeqBlocks) -> None:
+        self.presence = presence
+        self.bus = bus
+        self.clock = clock
+        self.seqs = seqs
+        self.stopping = False
+        # Set by whoever runs the tick task (Ticker.wake): a new session may be due before its wake-up.
+        self.wake_ticker: Callable[[], None] = _no_ticker
+
+    async def room(self) -> None:
+        """Wait until a burst of presence changes may be made: the log writer is not too far behind, and
+        the seq reservation has headroom (it is extended ahead of need, so this rarely waits)."""
+        await self.bus.room()
+        await self.seqs.headroom(self.presence)
+
+    def refuse_if_stopping(self) -> None:
+        """No session may start once shutdown began: end_all() has run (or is running), so it would never be
+        ended, and its online event would miss the log."""
+        if self.stopping:
+            raise ProtocolError(ErrorCode.SERVER_SHUTDOWN, "server is shutting down")
+
+    def publish(self, event: PresenceEvent | None) -> None:
+        if event is not None:
+            self.bus.publish(event)
+
+    @staticmethod
+    def take_over(uid: Uid, previous: Any, owner: Any) -> None:
+        """``owner`` logged ``uid`` in: a different previous owner is told (newest wins)."""
+        if previous is not None and previous is not owner:
+            previous.release(uid, ErrorCode.KICKED, "logged in elsewhere")
+
+    async def end_all(self, reason: str, code: str, message: str) -> int:
+        """Shutdown: end every session (``reason``), telling each owner ``code``; returns how many."""
+        bus = self.bus
+        ended = 0
+        for event, owner in self.presence.end_all(self.clock.now(), time.time(), reason):
+            bus.publish(event)
+            owner.release(event.uid, code, message)
+            ended += 1
+            if ended % DEFAULT_CHUNK == 0:
+                await trio.sleep(0)
+        return ended
