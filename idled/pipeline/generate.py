@@ -29,8 +29,8 @@ in time order, seqs strictly increase, and memory stays O(users) however many ev
 uids: mostly ints; every 10th user a name ("user-<i>"), and every 100th (i % 100 == 1) the *string* form of
 its neighbour's int uid -- ``"1000100"`` next to ``1000100`` -- so the pipeline has to keep 42 and "42" apart.
 
-Modules: `simulation` (the behaviour above), `synthlog` (writing, crashes and recovery through `EventLog`),
-`damage` (the corrupt record and torn tail); this one holds the settings and runs the daemons.
+Modules: `genconfig` (the settings), `simulation` (the behaviour above), `synthlog` (writing, crashes and
+recovery through `EventLog`), `damage` (the corrupt record and torn tail); this one runs the daemons.
 """
 
 from __future__ import annotations
@@ -40,40 +40,17 @@ import time
 from dataclasses import dataclass
 from typing import Final
 
-from idled.log.eventlog import DEFAULT_SEGMENT_BYTES, list_segments
+from idled.log.eventlog import list_segments
 from idled.pipeline.damage import corrupt_record, tear_tail
+from idled.pipeline.genconfig import DEFAULT_START, GenConfig
 from idled.pipeline.simulation import DETECTORS, DaemonSimulation, detector_for, uid_for
 from idled.pipeline.synthlog import SyntheticLog
 
+# GenConfig, DEFAULT_START, DETECTORS and uid_for live in genconfig and simulation; re-exported so this module
+# stays the one import for callers.
 __all__ = ["GenConfig", "DaemonStats", "generate", "run_daemon", "DETECTORS", "DEFAULT_START", "uid_for"]
 
-DEFAULT_START: Final = 1_777_593_600.0  # 2026-05-01T00:00:00Z
 _CORRUPT_AT: Final = 0.4  # damage: the first record written this far into the time span is corrupted
-
-
-@dataclass(frozen=True, slots=True)
-class GenConfig:
-    out: str
-    users: int
-    hours: float
-    seed: int = 1
-    daemons: int = 1
-    start: float = DEFAULT_START
-    segment_bytes: int = DEFAULT_SEGMENT_BYTES
-    flappers: float = 0.005  # fraction of users
-    crashes: int = 2  # per daemon
-    maintenance: int = 1  # graceful restarts per daemon
-    damage: bool = False  # one corrupt record and a torn tail per daemon (see module docstring)
-    batch: int = 2048  # events per EventLog.append
-
-    def __post_init__(self) -> None:
-        if self.users < 1 or not self.hours > 0 or self.daemons < 1:
-            raise ValueError("need users >= 1, hours > 0, daemons >= 1")
-        if not 0 <= self.flappers <= 1 or self.crashes < 0 or self.maintenance < 0:
-            raise ValueError("need 0 <= flappers <= 1, crashes >= 0, maintenance >= 0")
-
-    def daemon_dir(self, daemon: int) -> str:
-        return self.out if self.daemons == 1 else os.path.join(self.out, f"daemon-{daemon}")
 
 
 @dataclass(frozen=True, slots=True)

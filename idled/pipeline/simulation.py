@@ -13,12 +13,10 @@ from __future__ import annotations
 import heapq
 import math
 import random
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
+from idled.pipeline.genconfig import GenConfig
 from idled.pipeline.synthlog import SyntheticLog
-
-if TYPE_CHECKING:
-    from idled.pipeline.generate import GenConfig
 
 __all__ = ["DETECTORS", "uid_for", "detector_for", "DaemonSimulation"]
 
