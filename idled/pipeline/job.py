@@ -13,12 +13,12 @@ merge, DAU, flappers -- reuses this partitioning: the job shuffles the 10M-row d
 neighbours, which is all `rules` needs. The duplicate-dropping pass runs only when two files of a daemon have
 overlapping seq ranges (known from the per-file counters).
 
-**Tables** (`tables`): sessions, concurrency, lateness, flappers, dau, session_lengths, each written as
+**Tables** (`aggregate`): sessions, concurrency, lateness, flappers, dau, session_lengths, each written as
 Parquet partitioned by ``date`` (`output`); "aggregate" time covers all of that (per-step laps are in
 ``summary.json``). The driver then collects the small tables for ``summary.json``, the stdout report and
 the chart.
 
-Modules: `spark` (session and settings), `decode`, `pairing`, `tables`, `output` (Parquet and summary);
+Modules: `spark` (session and settings), `decode`, `pairing`, `aggregate`, `output` (Parquet and summary);
 this one runs them in order and times them.
 """
 
@@ -29,11 +29,11 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from idled.pipeline.aggregate import TABLES, Laps, build_tables
 from idled.pipeline.decode import EVENT_SCHEMA, daemon_names, file_totals, read_events
 from idled.pipeline.output import read_small_tables, summarize, write_summary, write_tables
 from idled.pipeline.rules import FlapParams
 from idled.pipeline.spark import materialize, spark_conf, start_spark
-from idled.pipeline.tables import TABLES, Laps, build_tables
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

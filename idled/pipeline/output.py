@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from idled.pipeline.aggregate import TABLES, Laps, Tables
 from idled.pipeline.rules import FlapParams
-from idled.pipeline.tables import TABLES, Laps, Tables
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
