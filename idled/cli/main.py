@@ -19,7 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("idled.tools.bench.detectors", "benchmark every detector under simulated keepalive load (no network)"),
     "loadtest": ("idled.tools.loadtest.run", "drive a server with real connections and measure what users see"),
     "events": ("idled.cli.events", "print event-log records as JSON lines"),
-    "pipeline": ("idled.pipeline", "presence analytics on Spark over the event log"),
+    "pipeline": ("idled.cli.pipeline", "presence analytics on Spark over the event log"),
 }
 
 

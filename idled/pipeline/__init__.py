@@ -1,11 +1,10 @@
-"""Presence analytics on Spark: `idled pipeline run | generate`.
+"""Presence analytics on Spark over the event log, and synthetic logs to run it on.
 
 Modules: `records` (segment bytes -> rows, via idled.log.eventlog.decode_buffer), `rules` (what every table
-means), `job` (the PySpark job), `reference` (the same rules in plain Python, for tests), `generate`
-(synthetic logs through the real EventLog writer), `report` (stdout table, PNG), `cli`, `submit`
-(spark-submit entry). pyspark and matplotlib are imported only inside functions.
+means), `job` (the PySpark job, run in stages by `spark`, `decode`, `pairing`, `aggregate`, `output`),
+`reference` (the same rules in plain Python, for tests), `generate` (synthetic logs through the real
+EventLog writer: `genconfig`, `simulation`, `synthlog`, `damage`), `report` (stdout table, PNG),
+`runflags` (the job's flags, shared by `idled pipeline run` and spark-submit), `submit` (the spark-submit
+entry). The `idled pipeline` command itself is `idled.cli.pipeline`. pyspark and matplotlib are imported
+only inside functions.
 """
-
-from idled.pipeline.cli import add_arguments, run
-
-__all__ = ["add_arguments", "run"]

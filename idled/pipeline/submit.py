@@ -8,7 +8,7 @@ Takes the flags of `idled pipeline run`; without --master it uses the master spa
 
 import sys
 
-from idled.pipeline.cli import main_submit
+from idled.pipeline.runflags import main_submit
 
 if __name__ == "__main__":
     sys.exit(main_submit())

@@ -23,13 +23,15 @@ from typing import Any
 
 import pytest
 
+from idled.cli.main import main
+from idled.cli.pipeline import add_arguments
 from idled.log.eventlog import EventLog, decode_buffer, encode_record, list_segments
-from idled.pipeline import add_arguments, run
 from idled.pipeline import records as records_module
 from idled.pipeline.generate import DEFAULT_START, GenConfig, generate, uid_for
 from idled.pipeline.records import FileStats, iter_rows, to_row, uid_key
 from idled.pipeline.reference import Result, compute, load_dirs, run_reference
 from idled.pipeline.rules import FlapParams, bucket_index, bucket_label, minute_range, percentile
+from idled.pipeline.runflags import main_submit
 
 # Key columns per table: they identify a row, everything else is compared as a value.
 KEYS = {
@@ -149,7 +151,8 @@ def write_crafted(directory: Path) -> dict[str, int]:
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("pipeline")
-    config = GenConfig(out=str(root / "gen"), users=300, hours=3, daemons=2, seed=7, segment_bytes=150_000, flappers=0.05)
+    config = GenConfig(out=str(root / "gen"), users=300, hours=3, daemons=2, seed=7, segment_bytes=150_000, flappers=0.05,
+                       damage=True)
     stats = generate(config, processes=1)
     crafted = root / "crafted"
     damage = write_crafted(crafted)
@@ -367,13 +370,11 @@ def test_spark_counts_equal_reference(job_result: dict[str, Any], variant: dict[
 
 
 def test_run_command_end_to_end(spark: Any, dataset: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    parser = argparse.ArgumentParser(prog="idled pipeline")
-    add_arguments(parser)
     out = tmp_path / "cli-out"
-    argv = ["run", "--master", "local[2]", "--out", str(out), "--flap-k", "3"]
+    argv = ["pipeline", "run", "--master", "local[2]", "--out", str(out), "--flap-k", "3"]
     for directory in dataset["dirs"][:2]:
         argv += ["--events", directory]
-    assert run(parser.parse_args(argv)) == 0
+    assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "events from 2 daemon(s)" in printed and "idle-offline lateness" in printed
     summary = json.loads((out / "summary.json").read_text())
@@ -408,29 +409,62 @@ def test_conf_flag_parses_key_value_pairs() -> None:
 
 
 def test_run_command_rejects_missing_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    parser = argparse.ArgumentParser(prog="idled pipeline")
-    add_arguments(parser)
     (tmp_path / "empty").mkdir()
     for events in (tmp_path / "nope", tmp_path / "empty"):
-        assert run(parser.parse_args(["run", "--events", str(events), "--out", str(tmp_path / "o")])) == 2
+        assert main(["pipeline", "run", "--events", str(events), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "nope: no such directory" in err and "empty: no *.seg files" in err
+    # The spark-submit entry takes the same flags and checks the same way (before starting Spark).
+    assert main_submit(["--events", str(tmp_path / "nope"), "--out", str(tmp_path / "o")]) == 2
     assert "no such directory" in capsys.readouterr().err
 
 
-def test_generate_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    parser = argparse.ArgumentParser(prog="idled pipeline")
-    add_arguments(parser)
-    args = parser.parse_args(["generate", "--out", str(tmp_path), "--users", "40", "--hours", "0.5", "--daemons", "2", "--crashes", "1"])
-    assert run(args) == 0
-    assert "events/s" in capsys.readouterr().out
+GENERATE = ["pipeline", "generate", "--users", "40", "--hours", "0.5", "--daemons", "2", "--crashes", "1"]
+
+
+def test_generate_command_writes_clean_logs_by_default(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for name, extra in (("default", []), ("no-damage", ["--no-damage"])):  # --no-damage: deprecated, the default
+        assert main([*GENERATE, "--out", str(tmp_path / name), *extra]) == 0
+        printed = capsys.readouterr().out
+        assert "events/s" in printed and "damaged" not in printed
+        rows, files = load_dirs([str(tmp_path / name / "daemon-0"), str(tmp_path / name / "daemon-1")])
+        assert rows and len(files) == 2
+        assert sum(f.corrupt for f in files.values()) == 0 and sum(f.torn_bytes for f in files.values()) == 0
+    segments = [[Path(p).read_bytes() for _, p in list_segments(tmp_path / name / "daemon-0")] for name in ("default", "no-damage")]
+    assert segments[0] == segments[1]
+
+
+def test_generate_command_damages_on_request(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*GENERATE, "--out", str(tmp_path), "--damage"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("damaged: corrupted seq ") == 2
     rows, files = load_dirs([str(tmp_path / "daemon-0"), str(tmp_path / "daemon-1")])
     assert rows and len(files) == 2 and sum(f.corrupt for f in files.values()) == 2
+    assert sum(f.torn_bytes for f in files.values()) > 0
 
 
-def test_importing_the_package_does_not_import_pyspark_or_matplotlib() -> None:
+def test_every_pipeline_flag_has_help() -> None:
+    parser = argparse.ArgumentParser(prog="idled pipeline")
+    add_arguments(parser)
+    actions = {name: sub for action in parser._actions if isinstance(action, argparse._SubParsersAction)
+               for name, sub in action.choices.items()}
+    assert set(actions) == {"run", "generate"}
+    for name, sub in actions.items():
+        for action in sub._actions:
+            assert action.help, f"pipeline {name} {action.option_strings}: no help"
+    help_text = {a.dest: a.help for a in actions["run"]._actions}
+    assert "32 MiB" in help_text["min_partitions"] and "each --events directory" in help_text["min_partitions"]
+
+
+def test_importing_the_package_imports_neither_pyspark_nor_the_cli() -> None:
+    pipeline = sorted(f"idled.pipeline.{p.stem}" for p in Path(records_module.__file__).parent.glob("*.py") if p.stem != "__init__")
+    assert "idled.pipeline.job" in pipeline and "idled.pipeline.submit" in pipeline
     code = (
-        "import sys, idled.pipeline, idled.pipeline.cli, idled.pipeline.job, idled.pipeline.reference, "
-        "idled.pipeline.generate, idled.pipeline.report, idled.pipeline.submit; "
+        f"import sys, importlib\nfor name in {pipeline!r}: importlib.import_module(name)\n"
+        "print(sorted(m for m in ('pyspark', 'matplotlib', 'idled.cli') if m in sys.modules))\n"
+        "import idled.cli.pipeline, idled.cli.main\n"
         "print(sorted(m for m in ('pyspark', 'matplotlib') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]"
+    # The package never imports the cli layer above it; neither layer imports pyspark or matplotlib.
+    assert out.split() == ["[]", "[]"]
