@@ -11,7 +11,7 @@ missed at the target size).
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import importlib
 import json
 import math
 import os
@@ -211,8 +211,10 @@ def _check(args: argparse.Namespace) -> None:
     if args.json is not None:
         _check_writable(args.json, "--json")
     if args.plot is not None:
-        if importlib.util.find_spec("matplotlib") is None:
-            raise UsageError("--plot needs matplotlib: pip install 'idled[plot]' (or drop --plot)")
+        try:
+            importlib.import_module("matplotlib")  # imported, not just found: a broken install fails here too
+        except ImportError as exc:
+            raise UsageError(f"--plot needs matplotlib ({exc}): pip install 'idled[plot]', or drop --plot") from None
         _check_writable(args.plot, "--plot")
 
 
@@ -231,7 +233,7 @@ def _writer(args: argparse.Namespace) -> int:
     """`idled bench --writer [--seconds S] [--dir DIR]`: run_writer's figures per fsync policy."""
     defaults = vars(_defaults())
     extra = sorted(f"--{k.replace('_', '-')}" for k, v in vars(args).items()
-                   if k not in ("writer", "seconds", "dir", "quiet") and v != defaults.get(k))
+                   if k not in ("command", "writer", "seconds", "dir", "quiet") and v != defaults.get(k))
     if extra:
         raise UsageError(f"--writer takes only --seconds and --dir; drop {', '.join(extra)}")
     seconds = DEFAULT_WRITER_SECONDS if args.seconds is None else args.seconds

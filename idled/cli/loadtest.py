@@ -16,7 +16,7 @@ epilog, `idled.tools.EXIT_STATUS_EPILOG`).
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import importlib
 import ipaddress
 import json
 import math
@@ -255,8 +255,10 @@ def check_outputs(args: argparse.Namespace) -> None:
     if args.json and args.json != "-":
         _check_writable(args.json, "--json")
     if args.plot:
-        if importlib.util.find_spec("matplotlib") is None:
-            raise UsageError("--plot needs matplotlib: pip install 'idled[plot]' (or drop --plot)")
+        try:
+            importlib.import_module("matplotlib")  # imported, not just found: a broken install fails here too
+        except ImportError as exc:
+            raise UsageError(f"--plot needs matplotlib ({exc}): pip install 'idled[plot]', or drop --plot") from None
         _check_writable(args.plot, "--plot")
     if args.server_log:
         _check_writable(args.server_log, "--server-log")
@@ -340,7 +342,7 @@ def _write(args: argparse.Namespace, results: list[dict[str, Any]], document: di
 
 # ---------------------------------------------------------------------------------------- event rate
 
-_EVENT_RATE_FLAGS = ("target", "event_rate", "duration", "secret_file", "quiet")
+_EVENT_RATE_FLAGS = ("command", "target", "event_rate", "duration", "secret_file", "quiet")
 
 
 def _event_rate(args: argparse.Namespace) -> int:

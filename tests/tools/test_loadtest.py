@@ -543,3 +543,27 @@ def test_real_run_against_a_running_target(tmp_path: Path) -> None:
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_a_failed_sizing_target_makes_the_verdict_failed_and_the_exit_status_3() -> None:
+    from idled.tools.loadtest.results import finish
+    from idled.tools.loadtest.target import ServerProcess
+
+    result = _fake_result("ring", 0.002, 5.0)
+    result["scenario"]["mode"] = "users"
+    result["connections"]["peak_sessions"] = 5000
+    result["server"]["rss_per_session_bytes"] = 20 * 1024.0  # every event right, but 20 KiB per connection
+    result["notes"] = []
+    finish(ServerProcess("127.0.0.1", 1, None), result)
+    assert result["correct"] is True and result["ok"] is False
+    assert result["targets_failed"] == ["server RSS per connection <= 8 KiB"]
+    text = summary_text(result)
+    assert "server RSS per connection <= 8 KiB: FAIL" in text and "verdict       FAILED" in text
+    assert "verdict       OK" not in text
+    assert loadtest.exit_status([result]) == 3
+    # below 1000 connections the RSS figure is allocator noise: shown, not judged
+    result["connections"]["peak_sessions"] = 300
+    finish(ServerProcess("127.0.0.1", 1, None), result)
+    assert result["targets"]["server RSS per connection <= 8 KiB"]["pass"] is None
+    assert loadtest.exit_status([result]) == 0
+    assert loadtest.exit_status([result, {**result, "aborted": "the server exited during the run"}]) == 1

@@ -9,6 +9,7 @@ protocol's one receive loop (`idled.protocol.receive_message`).
 from __future__ import annotations
 
 import errno
+import os
 import socket
 from typing import Final
 
@@ -16,7 +17,9 @@ import trio
 
 from idled.protocol import Error, FrameDecoder, ProtocolError, Welcome, receive_message
 
-__all__ = ["IP_BIND_ADDRESS_NO_PORT", "RECV_SIZE", "LoginFailed", "open_from", "welcome", "error_name"]
+__all__ = [
+    "IP_BIND_ADDRESS_NO_PORT", "RECV_SIZE", "LoginFailed", "open_from", "welcome", "error_name", "connect_reason",
+]
 
 # Linux: defer the ephemeral port choice from bind() to connect(), which then only needs the 4-tuple to be
 # unique: ports can be reused across destinations (e.g. a new server port per --compare run).
@@ -74,3 +77,18 @@ def error_name(exc: BaseException) -> str:
         if cause is None or cause is exc:
             return type(exc).__name__
         exc = cause
+
+
+def connect_reason(exc: OSError) -> str:
+    """`Connection refused`, not trio's `all attempts to connect to H:P failed`: the first attempt's strerror
+    (trio chains the attempts' errors as the cause, in an exception group)."""
+    pending: list[BaseException] = [exc]
+    while pending:
+        e = pending.pop(0)
+        if isinstance(e, OSError) and e.errno:
+            return os.strerror(e.errno)
+        if isinstance(e, BaseExceptionGroup):
+            pending.extend(e.exceptions)
+        elif e.__cause__ is not None:
+            pending.append(e.__cause__)
+    return str(exc)

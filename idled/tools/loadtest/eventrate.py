@@ -16,6 +16,7 @@ from idled.protocol import (
     Attach, Detach, Error, Event, FrameDecoder, Login, Subscribe, Welcome, encode, parse_server_message,
     receive_message,
 )
+from idled.tools.loadtest.connect import connect_reason
 from idled.tools.loadtest.histogram import percentile
 
 __all__ = ["EventRateError", "measure", "summary"]
@@ -41,8 +42,7 @@ async def _login(host: str, port: int, role: str, name: str, secret: bytes | Non
     try:
         stream = await trio.open_tcp_stream(host, port)
     except OSError as exc:
-        reason = exc.__cause__.strerror if isinstance(exc.__cause__, OSError) else None
-        raise EventRateError(f"cannot connect to {host}:{port}: {reason or exc}") from None
+        raise EventRateError(f"cannot connect to {host}:{port}: {connect_reason(exc)}") from None
     peer = _Peer(stream)
     token = None
     if secret is not None:

@@ -174,7 +174,7 @@ def finish(server: ServerProcess, result: dict[str, Any]) -> None:
     if result["server"].get("stall_max_seconds") is None:
         result["server"]["stall_max_seconds"] = result["server"].get("stall_max_seconds_final_log")
     result["targets"] = targets(result)
-    result["correct"] = result["ok"]  # events right and complete, before the sizing targets
+    correct = result.setdefault("correct", result["ok"])  # events right and complete, before the targets
     failed = [name for name, t in result["targets"].items() if t["pass"] is False]
     result["targets_failed"] = failed
-    result["ok"] = result["ok"] and not failed
+    result["ok"] = correct and not failed

@@ -37,6 +37,7 @@ from typing import IO, Any, TextIO
 
 import trio
 
+from idled.tools.loadtest.connect import connect_reason
 from idled.tools.loadtest.observer import Observer, ObserverLost
 from idled.tools.loadtest.results import Window, build_result, finish
 from idled.tools.loadtest.scenario import Scenario
@@ -91,13 +92,6 @@ def _leaves(exc: BaseException) -> Iterator[BaseException]:
         yield exc
 
 
-def _reason(exc: OSError) -> str:
-    """`Connection refused` rather than trio's `all attempts to connect to ... failed`."""
-    while exc.strerror is None and isinstance(exc.__cause__, OSError):
-        exc = exc.__cause__
-    return exc.strerror or str(exc)
-
-
 def _sampler(r: RunState, server: ServerProcess) -> ProcessSampler | None:
     if not server.pid:
         r.notes.append("server pid unknown (give --server-pid): no CPU/RSS figures")
@@ -133,7 +127,7 @@ async def _start_observer(r: RunState, nursery: trio.Nursery, server: ServerProc
     try:
         await observer.connect()
     except OSError as exc:
-        raise RunFailed(f"cannot connect to {server.host}:{server.port}: {_reason(exc)}") from None
+        raise RunFailed(f"cannot connect to {server.host}:{server.port}: {connect_reason(exc)}") from None
     scope = trio.CancelScope()
 
     async def observe() -> None:

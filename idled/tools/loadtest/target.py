@@ -116,8 +116,9 @@ async def spawn_server(nursery: trio.Nursery, argv: Sequence[str], *, log: IO[st
         await listening.wait()
     if not server.port or process.returncode is not None:
         await stop_server(server, grace=2.0)
-        output = "\n".join(list(server.tail)[-30:])
-        raise RuntimeError(f"the server did not report its port (exit status {process.returncode}):\n{output}")
+        # one line: the server's last words (usually why it refused to start); --server-log keeps them all
+        last = next((line.strip() for line in reversed(server.tail) if line.strip()), "no output")
+        raise RuntimeError(f"the server did not report its port (exit status {process.returncode}): {last}")
     return server
 
 
