@@ -16,8 +16,8 @@ from collections.abc import Sequence
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("idled.cli.serve", "run the daemon"),
     "token": ("idled.cli.token", "mint an HMAC login token for a uid, gateway or observer"),
-    "bench": ("idled.tools.bench.detectors", "benchmark every detector under simulated keepalive load (no network)"),
-    "loadtest": ("idled.tools.loadtest.run", "drive a server with real connections and measure what users see"),
+    "bench": ("idled.cli.bench", "benchmark every detector under simulated keepalive load (no network)"),
+    "loadtest": ("idled.cli.loadtest", "drive a server with real connections and measure what users see"),
     "events": ("idled.cli.events", "print event-log records as JSON lines"),
     "pipeline": ("idled.cli.pipeline", "presence analytics on Spark over the event log"),
 }

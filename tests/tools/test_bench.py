@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from idled.tools.bench import detectors as bench
+from idled.tools.bench import schedule as bench_schedule
 
 from idled.cli import main as cli
 from idled.core.factory import DETECTOR_KINDS
@@ -52,7 +53,7 @@ def table_rows(out: str) -> dict[tuple[int, str], list[str]]:
 
 
 def test_bench_is_registered_in_the_cli() -> None:
-    assert cli.COMMANDS["bench"][0] == "idled.tools.bench.detectors"
+    assert cli.COMMANDS["bench"][0] == "idled.cli.bench"
 
 
 def test_bench_runs_every_detector_exactly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -137,15 +138,15 @@ def test_bad_sizes_and_detectors_are_usage_errors() -> None:
 # -- the schedule ------------------------------------------------------------------------------------------
 
 
-def make_schedule(size: int = 3000, k: float = 2) -> bench.Schedule:
-    return bench.build_schedule(size, timeout=30, pings_per_timeout=k, seconds=50, silent_fraction=0.02, seed=7)
+def make_schedule(size: int = 3000, k: float = 2) -> bench_schedule.Schedule:
+    return bench_schedule.build_schedule(size, timeout=30, pings_per_timeout=k, seconds=50, silent_fraction=0.02, seed=7)
 
 
 @pytest.mark.parametrize(("login_spread", "last_login_tick"), [(None, 30), (6.0, 6), (45.0, 45)])
 def test_schedule_logs_everyone_in_once_spread_over_the_login_window(
     login_spread: float | None, last_login_tick: int
 ) -> None:
-    schedule = bench.build_schedule(
+    schedule = bench_schedule.build_schedule(
         3000, timeout=30, pings_per_timeout=2, seconds=50, silent_fraction=0.02, seed=7, login_spread=login_spread
     )
     logged_in = [(s, key) for s, batch in enumerate(schedule.logins) for key in batch]
@@ -181,7 +182,7 @@ def test_schedule_live_keys_ping_before_their_deadline_and_silent_ones_expire_in
 
 def test_schedule_is_deterministic_per_seed() -> None:
     assert make_schedule().touches == make_schedule().touches
-    other = bench.build_schedule(3000, timeout=30, pings_per_timeout=2, seconds=50, silent_fraction=0.02, seed=8)
+    other = bench_schedule.build_schedule(3000, timeout=30, pings_per_timeout=2, seconds=50, silent_fraction=0.02, seed=8)
     assert other.touches != make_schedule().touches
 
 

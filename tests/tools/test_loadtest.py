@@ -24,12 +24,14 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from idled.tools.loadtest import run as loadtest
+from idled.cli import loadtest
 from idled.tools.loadtest import ipc
 from idled.tools.loadtest.report import clean_json, compare_ratios, compare_text, summary_text, targets
 from idled.tools.loadtest.target import parse_metrics, parse_stall
-from idled.tools.loadtest.worker import TouchWheel, chunked, error_name, uid_bytes, uids_per_frame
-from idled.tools.loadtest.stats import BYE, SILENT, Histogram, Matcher, Plan, make_plan, silent_window
+from idled.tools.loadtest.connect import error_name
+from idled.tools.loadtest.gateways import TouchWheel, chunked, uid_bytes, uids_per_frame
+from idled.tools.loadtest.histogram import Histogram
+from idled.tools.loadtest.stats import BYE, SILENT, Matcher, Plan, make_plan, silent_window
 from idled.protocol import DEFAULT_MAX_FRAME, MAX_INT_UID, Attach, Detach, Touch, encode
 
 # ------------------------------------------------------------------------------------------- histogram
@@ -325,7 +327,8 @@ def test_error_name_uses_errno_names_through_causes() -> None:
 
 async def test_ipc_messages_survive_arbitrary_splitting() -> None:
     send, receive = trio.testing.memory_stream_pair()
-    messages = [{"t": "report", "silent": [[1, 2.5]], "n": k} for k in range(50)] + [{"plan": {7: [1, 0.5]}}]
+    # (the pipe shares the wire's decoder: string map keys only, arrays come back as tuples)
+    messages = [{"t": "report", "silent": ((1, 2.5),), "n": k} for k in range(50)] + [{"plan": ((7, 1, 0.5),)}]
     data = b"".join(ipc.pack(m) for m in messages)
     reader = ipc.Reader(receive)
     got: list[Any] = []
@@ -540,3 +543,27 @@ def test_real_run_against_a_running_target(tmp_path: Path) -> None:
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_a_failed_sizing_target_makes_the_verdict_failed_and_the_exit_status_3() -> None:
+    from idled.tools.loadtest.results import finish
+    from idled.tools.loadtest.target import ServerProcess
+
+    result = _fake_result("ring", 0.002, 5.0)
+    result["scenario"]["mode"] = "users"
+    result["connections"]["peak_sessions"] = 5000
+    result["server"]["rss_per_session_bytes"] = 20 * 1024.0  # every event right, but 20 KiB per connection
+    result["notes"] = []
+    finish(ServerProcess("127.0.0.1", 1, None), result)
+    assert result["correct"] is True and result["ok"] is False
+    assert result["targets_failed"] == ["server RSS per connection <= 8 KiB"]
+    text = summary_text(result)
+    assert "server RSS per connection <= 8 KiB: FAIL" in text and "verdict       FAILED" in text
+    assert "verdict       OK" not in text
+    assert loadtest.exit_status([result]) == 3
+    # below 1000 connections the RSS figure is allocator noise: shown, not judged
+    result["connections"]["peak_sessions"] = 300
+    finish(ServerProcess("127.0.0.1", 1, None), result)
+    assert result["targets"]["server RSS per connection <= 8 KiB"]["pass"] is None
+    assert loadtest.exit_status([result]) == 0
+    assert loadtest.exit_status([result, {**result, "aborted": "the server exited during the run"}]) == 1

@@ -1,18 +1,27 @@
-"""`idled bench --writer`: the event-log writer's throughput and latency under each fsync policy."""
+"""`idled bench --writer`: the event-log writer's throughput and latency under each fsync policy.
+
+Each run feeds `run_writer` fresh offline events for a fixed time on a real directory -- per event (a
+schedule point each, like events from many connection tasks) or in bursts (a tick expiring many sessions)
+-- and reports durable events/s, batch sizes, fsync latency, and how fast `recover()` reads the log back.
+A "no disk" run per producer measures the producer against a consumer that only drains: the ceiling of the
+measurement itself.
+"""
 
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import trio
 
 from idled.log.eventlog import EventLog
 from idled.log.writer import FSYNC_POLICIES, run_writer
+
+__all__ = ["bench_writer", "report_lines"]
+
 
 def _event(seq: int, now: float) -> dict[str, Any]:
     """A realistic offline event (137 bytes framed)."""
@@ -129,36 +138,32 @@ def bench_writer(
     policies: Sequence[str] = FSYNC_POLICIES,
 ) -> list[tuple[str, dict[str, float]]]:
     """Measure run_writer's sustained events/s per (producer, fsync policy) on a real directory, one run each."""
-    results = []
+    return list(_each_run(seconds, directory, channel_size, policies))
+
+
+def _each_run(
+    seconds: float, directory: str | None, channel_size: int = 8192, policies: Sequence[str] = FSYNC_POLICIES
+) -> Iterator[tuple[str, dict[str, float]]]:
     for burst in (False, True):
         producer = "burst" if burst else "per-event"
-        results.append((f"{producer} no disk", trio.run(_bench_no_disk, seconds, channel_size, burst)))
+        yield f"{producer} no disk", trio.run(_bench_no_disk, seconds, channel_size, burst)
         for policy in policies:
             with tempfile.TemporaryDirectory(prefix="idled-bench-", dir=directory) as tmp:
                 result = trio.run(_bench_one, tmp, policy, burst, seconds, channel_size)
-            results.append((f"{producer} {policy}", result))
-    return results
+            yield f"{producer} {policy}", result
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m idled.log.writer [SECONDS] [DIR]`: print bench_writer's figures."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    seconds = float(args[0]) if args else 3.0
-    directory = args[1] if len(args) > 1 else None
-    print(f"run_writer: {seconds:g} s per run, channel 8192, dir {directory or tempfile.gettempdir()}, "
-          f"{os.cpu_count()} CPUs")
-    for name, r in bench_writer(seconds, directory=directory):
+def report_lines(seconds: float = 3.0, directory: str | None = None) -> Iterator[str]:
+    """bench_writer's figures as text lines, each yielded as soon as its run is done."""
+    yield (f"run_writer: {seconds:g} s per run, channel 8192, dir {directory or tempfile.gettempdir()}, "
+           f"{os.cpu_count()} CPUs")
+    for name, r in _each_run(seconds, directory):
         if name.endswith("no disk"):
-            print(f"{name:>18}: {r['events_per_s']:>9,.0f} events/s (no writer: a consumer that only drains)")
+            yield f"{name:>18}: {r['events_per_s']:>9,.0f} events/s (no writer: a consumer that only drains)"
             continue
-        print(
+        yield (
             f"{name:>18}: {r['events_per_s']:>9,.0f} events/s durable, {r['mib_per_s']:5.1f} MiB/s, "
             f"mean batch {r['mean_batch']:6,.0f}, {r['fsyncs']:5,.0f} fsyncs (p50 {r['fsync_p50_ms']:5.2f} ms, "
             f"p99 {r['fsync_p99_ms']:6.2f} ms); recover() {r['recover_records_per_s']:,.0f} records/s"
             f" = {r['recover_mib_per_s']:.1f} MiB/s"
         )
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

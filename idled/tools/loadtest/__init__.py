@@ -1,11 +1,18 @@
-"""The machinery behind `idled loadtest` (the command itself, its coordinator, lives in `idled.tools.loadtest.run`).
+"""The machinery behind `idled loadtest` (the command itself is `idled.cli.loadtest`).
 
-- `ipc`      length-prefixed msgpack over the pipes between the coordinator and its worker processes.
-- `worker`   a worker process: thousands of user connections, or gateway connections carrying many
-             sessions, on its own trio loop (`python -m idled.tools.loadtest.worker`).
+- `scenario` what one run is (a frozen `Scenario`), and helpers for the server's own flags.
+- `run`      the coordinator: one scenario against one server, in phases (observer, workers, measure, wind down).
+- `state`    what the coordinator's tasks share: plan, matcher, samples, the time series.
+- `results`  the result document, the targets and the verdict.
+- `pool`     the worker processes, seen from the coordinator.
+- `ipc`      length-prefixed msgpack over the pipes between the coordinator and its workers.
+- `worker`   a worker process (`python -m idled.tools.loadtest.worker`): counters, reports, the process;
+             `users` drives one connection per session, `gateways` a wheel of sessions per gateway
+             connection; `connect` opens a connection and waits for the welcome.
 - `observer` the observer connection that streams presence events, and the fence probe.
 - `target`   the server under test: spawning it, finding its pid, sampling CPU / RSS, scraping metrics.
-- `report`   the JSON document, the text summary, the side-by-side comparison and the plot.
+- `report`   the text summary, the side-by-side comparison, the sizing targets, the plot.
+- `eventrate` event-to-subscriber latency at a steady event rate (`idled loadtest --event-rate`).
 
-The pure parts (histogram, plan, matching) are in `idled.tools.loadtest.stats`.
+The pure parts are `histogram` (log-linear histogram) and `stats` (plan, matching, verdict).
 """

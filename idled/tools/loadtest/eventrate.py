@@ -1,22 +1,31 @@
-"""Event-to-subscriber latency at a steady presence-event rate (issue: event log, "added latency").
-
-    python -m idled.tools.loadtest.eventrate PORT [RATE [SECONDS]]      # against `idled serve` on 127.0.0.1:PORT
+"""Event-to-subscriber latency at a steady presence-event rate (`idled loadtest --event-rate RATE --target H:P`).
 
 A gateway attaches and detaches fresh uids at RATE/2 per second each (every attach and every detach is one
 presence event, logged and streamed); an observer subscribed beforehand records, per event, its receive wall
-time minus the event's ``ts``. Prints count, achieved rate and latency percentiles. Loopback only, bounded
-by SECONDS.
+time minus the event's ``ts``. `summary` gives count, achieved rate and latency percentiles. Loopback only
+(the command checks the target), bounded by SECONDS.
 """
 
 from __future__ import annotations
 
-import sys
 import time
 
 import trio
 
-from idled.tools.loadtest.stats import percentile
-from idled.protocol import NEED_DATA, Attach, Detach, Event, FrameDecoder, Login, Subscribe, encode, parse_server_message
+from idled.protocol import (
+    Attach, Detach, Error, Event, FrameDecoder, Login, Subscribe, Welcome, encode, parse_server_message,
+    receive_message,
+)
+from idled.tools.loadtest.connect import connect_reason
+from idled.tools.loadtest.histogram import percentile
+
+__all__ = ["EventRateError", "measure", "summary"]
+
+_RECEIVE_BYTES = 65536
+
+
+class EventRateError(Exception):
+    """The server refused a login or closed a connection."""
 
 
 class _Peer:
@@ -25,25 +34,35 @@ class _Peer:
         self.decoder = FrameDecoder(1 << 24, parse=parse_server_message)
 
     async def recv(self) -> object:
-        while (message := self.decoder.next_event()) is NEED_DATA:
-            data = await self.stream.receive_some(65536)
-            if not data:
-                return None
-            self.decoder.receive_data(data)
-        return message
+        """The next message; None at the end of the stream."""
+        return await receive_message(self.stream, self.decoder, _RECEIVE_BYTES)
 
 
-async def _login(port: int, role: str, name: str) -> _Peer:
-    peer = _Peer(await trio.open_tcp_stream("127.0.0.1", port))
-    await peer.stream.send_all(encode(Login(role, name)))  # type: ignore[arg-type]
-    await peer.recv()
+async def _login(host: str, port: int, role: str, name: str, secret: bytes | None) -> _Peer:
+    try:
+        stream = await trio.open_tcp_stream(host, port)
+    except OSError as exc:
+        raise EventRateError(f"cannot connect to {host}:{port}: {connect_reason(exc)}") from None
+    peer = _Peer(stream)
+    token = None
+    if secret is not None:
+        from idled.protocol.tokens import mint
+
+        token = mint(secret, role, name, time.time() + 86400)
+    await peer.stream.send_all(encode(Login(role, name, token)))  # type: ignore[arg-type]
+    reply = await peer.recv()
+    if type(reply) is not Welcome:
+        why = f"{reply.code}: {reply.reason}" if type(reply) is Error else "connection closed"
+        await peer.stream.aclose()
+        raise EventRateError(f"{role} login refused ({why})")
     return peer
 
 
-async def measure(port: int, rate: float, seconds: float) -> list[float]:
-    observer = await _login(port, "observer", "eventrate")
+async def measure(host: str, port: int, rate: float, seconds: float, secret: bytes | None = None) -> list[float]:
+    """Drive `rate` events/s for `seconds`; every event's delivery latency (seconds), in arrival order."""
+    observer = await _login(host, port, "observer", "eventrate", secret)
     await observer.stream.send_all(encode(Subscribe()))
-    gateway = await _login(port, "gateway", "eventrate")
+    gateway = await _login(host, port, "gateway", "eventrate", secret)
     latencies: list[float] = []
 
     async def observe() -> None:
@@ -66,23 +85,11 @@ async def measure(port: int, rate: float, seconds: float) -> list[float]:
     return latencies
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    port, rate, seconds = int(args[0]), float(args[1]) if len(args) > 1 else 3000.0, float(args[2]) if len(args) > 2 else 20.0
-    latencies = trio.run(measure, port, rate, seconds)
-    if not latencies:
-        print("no events received")
-        return 1
-
+def summary(latencies: list[float], seconds: float) -> str:
     def ms(q: float) -> float:
         return 1000 * percentile(latencies, q)
 
-    print(
+    return (
         f"events {len(latencies)} in {seconds:g} s = {len(latencies) / seconds:.0f}/s; event -> subscriber latency "
         f"ms: p50 {ms(0.5):.2f} p90 {ms(0.9):.2f} p99 {ms(0.99):.2f} max {1000 * max(latencies):.2f}"
     )
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,12 @@
 """Messages between the load-test coordinator and its workers: 4-byte big-endian length + one msgpack value.
 
-The same framing as the wire protocol, on a pipe (worker stdin / stdout). Messages are small maps except the
-worker's configuration, which carries the worker's part of the plan; `MAX_MESSAGE` bounds any one of them.
+The same framing as the wire protocol, on a pipe (worker stdin / stdout), and read by the same code: the
+protocol's `FrameDecoder` (with a parse function that keeps the decoded value as it is) under the one
+receive loop, `idled.protocol.receive_message`. So the limit is checked on the header before anything is
+buffered, and a message cut off by EOF is an error, exactly as on the wire. Two consequences of sharing
+the wire's decoder: map keys must be strings (the plan travels as ``[index, kind, moment]`` triples, a
+histogram's buckets as pairs) and arrays decode as tuples. `MAX_MESSAGE` bounds any one message (the
+worker's configuration, carrying its part of the plan, is the largest).
 """
 
 from __future__ import annotations
@@ -12,10 +17,13 @@ from typing import Any, Final
 import msgpack
 import trio
 
+from idled.protocol import FrameDecoder, ProtocolError, receive_message
+
 __all__ = ["MAX_MESSAGE", "IpcError", "pack", "send", "Reader"]
 
 MAX_MESSAGE: Final = 256 * 1024 * 1024
 _HEADER: Final = struct.Struct(">I")
+_RECEIVE_BYTES: Final = 1 << 20
 
 
 class IpcError(Exception):
@@ -33,38 +41,21 @@ async def send(stream: trio.abc.SendStream, obj: Any) -> None:
     await stream.send_all(pack(obj))
 
 
+def _as_is(obj: Any) -> Any:
+    return obj
+
+
 class Reader:
     """Reassembles messages from a receive stream. `recv()` returns None at EOF (between messages)."""
 
-    __slots__ = ("_stream", "_buf")
+    __slots__ = ("_stream", "_decoder")
 
     def __init__(self, stream: trio.abc.ReceiveStream) -> None:
         self._stream = stream
-        self._buf = bytearray()
-
-    def _take(self) -> Any:
-        if len(self._buf) < 4:
-            return _NONE
-        (n,) = _HEADER.unpack_from(self._buf, 0)
-        if n > MAX_MESSAGE:
-            raise IpcError(f"message of {n} bytes exceeds {MAX_MESSAGE}")
-        if len(self._buf) < 4 + n:
-            return _NONE
-        body = bytes(self._buf[4 : 4 + n])
-        del self._buf[: 4 + n]
-        return msgpack.unpackb(body, raw=False, strict_map_key=False)
+        self._decoder = FrameDecoder(MAX_MESSAGE, parse=_as_is)
 
     async def recv(self) -> Any:
-        while True:
-            obj = self._take()
-            if obj is not _NONE:
-                return obj
-            chunk = await self._stream.receive_some(1 << 20)
-            if not chunk:
-                if self._buf:
-                    raise IpcError(f"EOF inside a message ({len(self._buf)} bytes pending)")
-                return None
-            self._buf += chunk
-
-
-_NONE: Final = object()
+        try:
+            return await receive_message(self._stream, self._decoder, _RECEIVE_BYTES)
+        except ProtocolError as exc:
+            raise IpcError(str(exc)) from None

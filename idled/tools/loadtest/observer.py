@@ -27,24 +27,35 @@ from collections.abc import Callable
 
 import trio
 
-from idled.tools.loadtest.stats import Histogram
-
 from idled.protocol import (
-    BYE_FRAME, NEED_DATA, PING_FRAME, Error, Event, FrameDecoder, Login, ProtocolError, Subscribe, Welcome,
-    encode, parse_server_message,
+    BYE_FRAME, PING_FRAME, Error, Event, FrameDecoder, Login, ProtocolError, Subscribe, Welcome, encode,
+    parse_server_message, receive_message,
 )
+from idled.tools.loadtest.histogram import Histogram
 
 __all__ = ["Observer", "ObserverLost"]
 
 _probe_numbers = itertools.count(1)
+_WELCOME_BYTES = 65536
+_READ_BYTES = 1 << 18
 
 
 class ObserverLost(Exception):
     pass
 
 
-class _Ended(Exception):
-    """The server sent an error frame: this connection is over."""
+class _CountingStream:
+    """Counts reads (the ``reads`` figure: events per read shows how far behind the observer ran)."""
+
+    __slots__ = ("_stream", "reads")
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self._stream = stream
+        self.reads = 0
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        self.reads += 1
+        return await self._stream.receive_some(max_bytes)
 
 
 class Observer:
@@ -83,15 +94,12 @@ class Observer:
             await stream.send_all(encode(Login("observer", self.name, self._token("observer", self.name))))
             with trio.fail_after(10):
                 while True:
-                    msg = decoder.next_event()
-                    if msg is NEED_DATA:
-                        data = await stream.receive_some(65536)
-                        if not data:
-                            raise ObserverLost("server closed the observer connection before welcome")
-                        decoder.receive_data(data)
-                    elif type(msg) is Welcome:
+                    msg = await receive_message(stream, decoder, _WELCOME_BYTES)
+                    if msg is None:
+                        raise ObserverLost("server closed the observer connection before welcome")
+                    if type(msg) is Welcome:
                         break
-                    elif type(msg) is Error:
+                    if type(msg) is Error:
                         raise ObserverLost(f"observer login refused: {msg.code}: {msg.reason}")
             await stream.send_all(encode(Subscribe(from_seq)))
         except BaseException:
@@ -134,39 +142,32 @@ class Observer:
         record_delivery = self.delivery.record
         wall = time.time
         waiting = self._waiting
+        counted = _CountingStream(stream)
         reason = "eof"
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._pinger, stream)
             try:
-                while True:
-                    data = await stream.receive_some(1 << 18)
-                    if not data:
+                while (msg := await receive_message(counted, decoder, _READ_BYTES)) is not None:
+                    if type(msg) is Event:
+                        last = self.last_seq
+                        if last is not None and msg.seq <= last:
+                            self.seq_duplicates += 1
+                            continue
+                        if last is not None and msg.seq != last + 1:
+                            self.seq_gaps += msg.seq - last - 1
+                        self.last_seq = msg.seq
+                        self.events += 1
+                        self.last_delay = wall() - msg.ts
+                        record_delivery(self.last_delay)
+                        if type(msg.uid) is str and msg.uid in waiting:
+                            waiting[msg.uid].set()
+                        on_event(msg)
+                    elif type(msg) is Error:
+                        reason = f"server:{msg.code}: {msg.reason}"
                         break
-                    self.reads += 1
-                    decoder.receive_data(data)
-                    now = wall()
-                    while (msg := decoder.next_event()) is not NEED_DATA:
-                        if type(msg) is Event:
-                            last = self.last_seq
-                            if last is not None and msg.seq <= last:
-                                self.seq_duplicates += 1
-                                continue
-                            if last is not None and msg.seq != last + 1:
-                                self.seq_gaps += msg.seq - last - 1
-                            self.last_seq = msg.seq
-                            self.events += 1
-                            self.last_delay = now - msg.ts
-                            record_delivery(self.last_delay)
-                            if type(msg.uid) is str and msg.uid in waiting:
-                                waiting[msg.uid].set()
-                            on_event(msg)
-                        elif type(msg) is Error:
-                            reason = f"server:{msg.code}: {msg.reason}"
-                            raise _Ended
-            except _Ended:
-                pass
             except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, ProtocolError) as exc:
                 reason = f"{type(exc).__name__}: {exc}"
+            self.reads += counted.reads
             nursery.cancel_scope.cancel()
         return reason
 

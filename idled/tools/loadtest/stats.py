@@ -1,19 +1,9 @@
-"""Pure statistics for `idled loadtest`: a log-linear histogram, the session plan, and event matching.
+"""Pure statistics for `idled loadtest`: the session plan and event matching (the histogram: `histogram`).
 
 Theory of operation
 -------------------
 No sockets, no clocks: every time is passed in as wall-clock unix seconds, so all of this is tested with
 plain numbers.
-
-**Histogram.** HDR-style log-linear buckets over non-negative integers (microseconds by default). With
-``sub_bits = 11`` the first 2048 buckets hold the values 0..2047 exactly; above that every power of two is
-split into 1024 equal buckets, so a recorded value is off by at most 1/1024 (~0.1 %, three significant
-digits) whatever its size. Worked through: 3000 µs has bit length 12, shift = 1, bucket = 2048 + 0 * 1024 +
-(3000 >> 1) - 1024 = 2524, which holds 3000..3001. Buckets live in a dict, so an idle histogram costs a few
-hundred bytes and merging two (from worker processes) adds counts. `value_at_percentile(p)` walks buckets in
-order to the first cumulative count >= ceil(p% of total) and returns that bucket's highest equivalent value
-(clamped to the exact min / max), as HdrHistogram does; `hgrm()` gives the familiar percentile table with
-five rows per halving of the remaining distance to 100 %.
 
 **Plan.** Which sessions go silent and which log out is fixed before the run from a seed: exactly
 ``round(n * fraction)`` sessions of each kind, chosen without replacement, each with a moment drawn
@@ -40,188 +30,18 @@ it. For a silent session with last frame sent at ``L``, timeout ``T`` and tick `
 
 from __future__ import annotations
 
-import math
 import random
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from idled.tools.loadtest.histogram import Histogram
+
 __all__ = [
     "PINGER", "SILENT", "BYE", "IDLE_REASONS", "LOGOUT_REASONS",
-    "percentile", "Histogram", "Plan", "silent_window", "make_plan", "Matcher", "Verdict",
+    "Plan", "silent_window", "make_plan", "Matcher", "Verdict",
 ]
-
-# ------------------------------------------------------------------------------------------- histogram
-
-
-def percentile(values: list[float] | list[int], fraction: float) -> float:
-    """The exact order statistic at ``fraction`` (nearest rank, no interpolation); 0.0 for no values."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return float(ordered[min(len(ordered) - 1, int(fraction * len(ordered)))])
-
-
-class Histogram:
-    """Log-linear histogram of non-negative values; `unit` is the value of one integer step (1e-6 = µs)."""
-
-    __slots__ = ("_counts", "_sub_bits", "unit", "count", "total", "min", "max")
-
-    def __init__(self, unit: float = 1e-6, sub_bits: int = 11) -> None:
-        if not unit > 0:
-            raise ValueError(f"unit must be positive, got {unit!r}")
-        if not 2 <= sub_bits <= 20:
-            raise ValueError(f"sub_bits must be in 2..20, got {sub_bits!r}")
-        self._counts: dict[int, int] = {}
-        self._sub_bits = sub_bits
-        self.unit = unit
-        self.count = 0
-        self.total = 0.0  # exact sum of recorded values
-        self.min = math.inf  # exact (may be negative: such values were clamped to bucket 0)
-        self.max = -math.inf
-
-    # -- bucket arithmetic (integers) --
-
-    def _index(self, v: int) -> int:
-        sub = 1 << self._sub_bits
-        if v < sub:
-            return v
-        shift = v.bit_length() - self._sub_bits
-        return sub + (shift - 1) * (sub >> 1) + ((v >> shift) - (sub >> 1))
-
-    def _bounds(self, index: int) -> tuple[int, int]:
-        """(lowest, highest) integer value of a bucket."""
-        sub = 1 << self._sub_bits
-        if index < sub:
-            return index, index
-        half = sub >> 1
-        shift = (index - sub) // half + 1
-        mantissa = (index - sub) % half + half
-        low = mantissa << shift
-        return low, low + (1 << shift) - 1
-
-    # -- recording --
-
-    def record(self, value: float, n: int = 1) -> None:
-        """Record `value` (seconds, for the default unit) `n` times; negative values land in bucket 0."""
-        if n <= 0:
-            return
-        if not math.isfinite(value):
-            raise ValueError(f"cannot record {value!r}")
-        steps = max(0, round(value / self.unit))
-        index = self._index(steps)
-        self._counts[index] = self._counts.get(index, 0) + n
-        self.count += n
-        self.total += value * n
-        if value < self.min:
-            self.min = value
-        if value > self.max:
-            self.max = value
-
-    def merge(self, other: Histogram) -> None:
-        if other.unit != self.unit or other._sub_bits != self._sub_bits:
-            raise ValueError("cannot merge histograms of different unit or precision")
-        for index, n in other._counts.items():
-            self._counts[index] = self._counts.get(index, 0) + n
-        self.count += other.count
-        self.total += other.total
-        self.min = min(self.min, other.min)
-        self.max = max(self.max, other.max)
-
-    # -- reading --
-
-    def value_at_percentile(self, percentile: float) -> float:
-        """The value at or below which `percentile` % of recorded values fall (highest equivalent value)."""
-        if not self.count:
-            return math.nan
-        p = min(100.0, max(0.0, percentile))
-        wanted = max(1, math.ceil(p / 100.0 * self.count - 1e-9))
-        seen = 0
-        for index in sorted(self._counts):
-            seen += self._counts[index]
-            if seen >= wanted:
-                high = self._bounds(index)[1] * self.unit
-                return min(self.max, max(self.min, high))
-        return self.max  # pragma: no cover - counts always add up to self.count
-
-    def _cumulative(self) -> Iterator[tuple[float, int]]:
-        seen = 0
-        for index in sorted(self._counts):
-            seen += self._counts[index]
-            yield min(self.max, self._bounds(index)[1] * self.unit), seen
-
-    def summary(self) -> dict[str, float | int | None]:
-        """count, min, mean, p50, p90, p99, p99.9, max (seconds); None for an empty histogram."""
-        if not self.count:
-            return {"count": 0, "min": None, "mean": None, "p50": None, "p90": None, "p99": None,
-                    "p99_9": None, "max": None}
-        return {
-            "count": self.count,
-            "min": self.min,
-            "mean": self.total / self.count,
-            "p50": self.value_at_percentile(50.0),
-            "p90": self.value_at_percentile(90.0),
-            "p99": self.value_at_percentile(99.0),
-            "p99_9": self.value_at_percentile(99.9),
-            "max": self.max,
-        }
-
-    def hgrm(self, ticks_per_half_distance: int = 5, max_rows: int = 400) -> list[dict[str, float | int]]:
-        """Rows of an HdrHistogram `.hgrm` percentile table: value, percentile (0..1), total count, 1/(1-p)."""
-        rows: list[dict[str, float | int]] = []
-        if not self.count:
-            return rows
-        cumulative = list(self._cumulative())
-        pos = 0
-        percentile = 0.0
-        while len(rows) < max_rows:
-            wanted = max(1, math.ceil(percentile / 100.0 * self.count - 1e-9))
-            while cumulative[pos][1] < wanted:
-                pos += 1
-            value, seen = cumulative[pos]
-            if percentile == 0.0:
-                value = self.min  # the table starts at the exact minimum
-            rows.append({"value": value, "percentile": percentile / 100.0, "total_count": seen,
-                         "inverse": (1.0 / (1.0 - percentile / 100.0)) if percentile < 100.0 else math.inf})
-            if wanted >= self.count:
-                break
-            halvings = int(math.log2(100.0 / (100.0 - percentile))) + 1
-            percentile += 100.0 / (ticks_per_half_distance * 2**halvings)
-        if rows[-1]["percentile"] < 1.0:
-            rows.append({"value": self.max, "percentile": 1.0, "total_count": self.count, "inverse": math.inf})
-        return rows
-
-    def hgrm_text(self, scale: float = 1e3, unit_name: str = "ms") -> str:
-        """The table as text, values multiplied by `scale` (default: seconds shown as milliseconds)."""
-        lines = [f"{'Value(' + unit_name + ')':>14} {'Percentile':>14} {'TotalCount':>10} {'1/(1-Percentile)':>17}", ""]
-        for row in self.hgrm():
-            inverse = row["inverse"]
-            inv = f"{inverse:17.2f}" if math.isfinite(inverse) else f"{'inf':>17}"
-            lines.append(f"{row['value'] * scale:14.3f} {row['percentile']:14.12f} {row['total_count']:10d} {inv}")
-        if self.count:
-            lines.append(f"#[Mean    = {self.total / self.count * scale:12.3f}, Max     = {self.max * scale:12.3f}]")
-            lines.append(f"#[Count   = {self.count:12d}, Min     = {self.min * scale:12.3f}]")
-        return "\n".join(lines) + "\n"
-
-    # -- transport between processes --
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"unit": self.unit, "sub_bits": self._sub_bits, "counts": dict(self._counts), "count": self.count,
-                "total": self.total, "min": self.min if self.count else None, "max": self.max if self.count else None}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Histogram:
-        h = cls(unit=float(data["unit"]), sub_bits=int(data["sub_bits"]))
-        for index, n in data["counts"].items():
-            h._counts[int(index)] = int(n)
-        h.count = int(data["count"])
-        h.total = float(data["total"])
-        if h.count:
-            h.min = float(data["min"])
-            h.max = float(data["max"])
-        return h
-
 
 # ------------------------------------------------------------------------------------------------ plan
 
@@ -450,80 +270,15 @@ class Matcher:
               early_tolerance: float = 0.005) -> Verdict:
         """Settle every session. `cutoff`: wall time up to which events were collected."""
         bound = timeout + bound_ticks * tick
-        gen = Histogram()
-        srv = Histogram()
-        shift = Histogram()
-        early = missed_never = missed_late = unjudged = unreported = 0
-        false_special = 0
-        silent_wrong: Counter[str] = Counter()
-        logout_wrong: Counter[str] = Counter()
-        logouts = missed_logouts = 0
-        false_reasons = Counter(self._false_reasons)
-        examples = list(self._examples)
+        tally = _Tally(timeout=timeout, tick=tick, bound=bound, cutoff=cutoff, tolerance=early_tolerance,
+                       false_reasons=Counter(self._false_reasons), examples=list(self._examples))
         for index, (kind, moment) in self.plan.special.items():
             if index in self._failed:
                 continue
-            off = self._special_offline.get(index)
-            uid = self.uid_base + index
             if kind == SILENT:
-                last_sent = self._silent_sent.get(index)
-                if last_sent is None:
-                    if off is not None and off[0] < self.t0_wall + moment:
-                        false_special += 1  # offline while it was still pinging
-                        false_reasons[off[1]] += 1
-                        if len(examples) < self.MAX_EXAMPLES:
-                            examples.append({"uid": uid, "kind": "silent", "ts": off[0], "reason": off[1],
-                                             "planned_silent_at": self.t0_wall + moment})
-                    else:
-                        unreported += 1
-                    continue
-                limit = last_sent + bound
-                if off is None:
-                    if limit > cutoff:
-                        unjudged += 1
-                    else:
-                        missed_never += 1
-                    continue
-                ts, reason, deadline = off
-                if ts < last_sent - early_tolerance:
-                    false_special += 1  # reported offline before it even stopped pinging
-                    false_reasons[reason] += 1
-                    if len(examples) < self.MAX_EXAMPLES:
-                        examples.append({"uid": uid, "kind": "silent", "ts": ts, "reason": reason,
-                                         "last_sent": last_sent})
-                    continue
-                if reason not in IDLE_REASONS:
-                    silent_wrong[reason] += 1
-                lateness = ts - (last_sent + timeout)
-                server_lateness = ts - deadline
-                gen.record(lateness)
-                srv.record(server_lateness)
-                shift.record(deadline - (last_sent + timeout))
-                if lateness < -early_tolerance or server_lateness < -0.001:
-                    early += 1
-                elif ts > limit:
-                    missed_late += 1
-            else:  # BYE
-                sent = self._bye_sent.get(index)
-                if sent is None:
-                    if off is not None and off[0] < self.t0_wall + moment:
-                        false_special += 1
-                        false_reasons[off[1]] += 1
-                    else:
-                        unreported += 1
-                    continue
-                if off is None:
-                    if sent + 1.0 + 2 * tick <= cutoff:
-                        missed_logouts += 1
-                    continue
-                ts, reason, _ = off
-                if ts < sent - early_tolerance:
-                    false_special += 1
-                    false_reasons[reason] += 1
-                    continue
-                logouts += 1
-                if reason not in LOGOUT_REASONS:
-                    logout_wrong[reason] += 1
+                self._judge_silent(tally, index, moment)
+            else:
+                self._judge_bye(tally, index, moment)
         online = self._online
         failed = self._failed
         zeros = online.count(0)
@@ -534,17 +289,108 @@ class Matcher:
         seen = self._pinger_offline_seen
         failed_pingers = [i for i in failed if seen[i]]
         pinger_false = self._pinger_offlines - len(failed_pingers)
+        examples = tally.examples
         for i in failed_pingers:
             examples = [e for e in examples if e["uid"] != self.uid_base + i]
         return Verdict(
             sessions=self.plan.sessions, planned=self.plan.counts(), failed_logins=len(failed),
             online_events=self.online_events, online_missing=online_missing, online_duplicates=online_duplicates,
-            offline_events=self.offline_events, false_offlines=pinger_false + false_special,
-            false_offline_reasons=dict(false_reasons), false_offline_examples=tuple(examples),
-            early_offlines=early, missed_offlines=missed_never + missed_late, missed_never=missed_never,
-            missed_late=missed_late, unjudged_silent=unjudged, unreported=unreported,
-            silent_wrong_reason=dict(silent_wrong), logouts_seen=logouts, missed_logouts=missed_logouts,
-            logout_wrong_reason=dict(logout_wrong), duplicate_offlines=self.duplicate_offlines,
+            offline_events=self.offline_events, false_offlines=pinger_false + tally.false_special,
+            false_offline_reasons=dict(tally.false_reasons), false_offline_examples=tuple(examples),
+            early_offlines=tally.early, missed_offlines=tally.missed_never + tally.missed_late,
+            missed_never=tally.missed_never, missed_late=tally.missed_late, unjudged_silent=tally.unjudged,
+            unreported=tally.unreported, silent_wrong_reason=dict(tally.silent_wrong),
+            logouts_seen=tally.logouts, missed_logouts=tally.missed_logouts,
+            logout_wrong_reason=dict(tally.logout_wrong), duplicate_offlines=self.duplicate_offlines,
             foreign_events=self.foreign_events, timeout=timeout, tick=tick, bound=bound,
-            lateness_generator=gen, lateness_server=srv, deadline_shift=shift,
+            lateness_generator=tally.gen, lateness_server=tally.srv, deadline_shift=tally.shift,
         )
+
+    def _false_special(self, t: _Tally, reason: str, example: dict[str, Any] | None) -> None:
+        """A planned silent / bye session reported offline before it stopped: a false offline."""
+        t.false_special += 1
+        t.false_reasons[reason] += 1
+        if example is not None and len(t.examples) < self.MAX_EXAMPLES:
+            t.examples.append(example)
+
+    def _judge_silent(self, t: _Tally, index: int, moment: float) -> None:
+        off = self._special_offline.get(index)
+        uid = self.uid_base + index
+        last_sent = self._silent_sent.get(index)
+        if last_sent is None:  # the worker never said it stopped
+            if off is not None and off[0] < self.t0_wall + moment:  # offline while it was still pinging
+                self._false_special(t, off[1], {"uid": uid, "kind": "silent", "ts": off[0], "reason": off[1],
+                                                "planned_silent_at": self.t0_wall + moment})
+            else:
+                t.unreported += 1
+            return
+        limit = last_sent + t.bound
+        if off is None:
+            if limit > t.cutoff:
+                t.unjudged += 1
+            else:
+                t.missed_never += 1
+            return
+        ts, reason, deadline = off
+        if ts < last_sent - t.tolerance:  # reported offline before it even stopped pinging
+            self._false_special(t, reason, {"uid": uid, "kind": "silent", "ts": ts, "reason": reason,
+                                            "last_sent": last_sent})
+            return
+        if reason not in IDLE_REASONS:
+            t.silent_wrong[reason] += 1
+        lateness = ts - (last_sent + t.timeout)
+        server_lateness = ts - deadline
+        t.gen.record(lateness)
+        t.srv.record(server_lateness)
+        t.shift.record(deadline - (last_sent + t.timeout))
+        if lateness < -t.tolerance or server_lateness < -0.001:
+            t.early += 1
+        elif ts > limit:
+            t.missed_late += 1
+
+    def _judge_bye(self, t: _Tally, index: int, moment: float) -> None:
+        off = self._special_offline.get(index)
+        sent = self._bye_sent.get(index)
+        if sent is None:
+            if off is not None and off[0] < self.t0_wall + moment:
+                self._false_special(t, off[1], None)
+            else:
+                t.unreported += 1
+            return
+        if off is None:
+            if sent + 1.0 + 2 * t.tick <= t.cutoff:
+                t.missed_logouts += 1
+            return
+        ts, reason, _ = off
+        if ts < sent - t.tolerance:
+            self._false_special(t, reason, None)
+            return
+        t.logouts += 1
+        if reason not in LOGOUT_REASONS:
+            t.logout_wrong[reason] += 1
+
+
+@dataclass(slots=True)
+class _Tally:
+    """What `Matcher.judge` accumulates while it settles the planned sessions one by one."""
+
+    timeout: float
+    tick: float
+    bound: float
+    cutoff: float
+    tolerance: float
+    false_reasons: Counter[str]
+    examples: list[dict[str, Any]]
+    gen: Histogram = field(default_factory=Histogram)
+    srv: Histogram = field(default_factory=Histogram)
+    shift: Histogram = field(default_factory=Histogram)
+    early: int = 0
+    missed_never: int = 0
+    missed_late: int = 0
+    unjudged: int = 0
+    unreported: int = 0
+    false_special: int = 0
+    logouts: int = 0
+    missed_logouts: int = 0
+    silent_wrong: Counter[str] = field(default_factory=Counter)
+    logout_wrong: Counter[str] = field(default_factory=Counter)

@@ -18,9 +18,13 @@ pid is not given. `scrape_metrics` GETs ``/metrics`` from 127.0.0.1 and returns 
 from __future__ import annotations
 
 import collections
+import ipaddress
 import re
+import shutil
 import signal
 import subprocess
+import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Sequence
@@ -30,9 +34,11 @@ from typing import IO, Any
 import psutil
 import trio
 
+from idled.tools.loadtest.scenario import Scenario, flag_value, without_flag
+
 __all__ = [
     "LISTENING_RE", "ServerProcess", "spawn_server", "stop_server", "ProcessSampler", "Sample",
-    "find_listening_pid", "scrape_metrics", "parse_metrics", "parse_stall", "free_port", "describe",
+    "find_listening_pid", "scrape_metrics", "parse_metrics", "parse_stall", "free_port", "describe", "get_server",
 ]
 
 LISTENING_RE = re.compile(r"IDLED_LISTENING\s+host=(\S+)\s+port=(\d+)")
@@ -110,8 +116,9 @@ async def spawn_server(nursery: trio.Nursery, argv: Sequence[str], *, log: IO[st
         await listening.wait()
     if not server.port or process.returncode is not None:
         await stop_server(server, grace=2.0)
-        output = "\n".join(list(server.tail)[-30:])
-        raise RuntimeError(f"the server did not report its port (exit status {process.returncode}):\n{output}")
+        # one line: the server's last words (usually why it refused to start); --server-log keeps them all
+        last = next((line.strip() for line in reversed(server.tail) if line.strip()), "no output")
+        raise RuntimeError(f"the server did not report its port (exit status {process.returncode}): {last}")
     return server
 
 
@@ -233,6 +240,50 @@ def parse_stall(lines: Sequence[str]) -> float | None:
             value = float(m.group(1))
             return value / 1000.0 if (m.group(2) or "").lower() == "ms" else value
     return None
+
+
+async def get_server(nursery: trio.Nursery, sc: Scenario, log: IO[str] | None) -> ServerProcess:
+    """The server of the scenario: the running ``--target``, or a freshly spawned one (its flags adjusted:
+    our tick, detector, a free metrics port, the secret we mint tokens with, a throw-away data dir)."""
+    if sc.target is not None:
+        host, port = sc.target
+        pid = sc.server_pid or find_listening_pid(port, host)
+        return ServerProcess(host, port, pid, [], None, sc.metrics_port)
+    argv = [sys.executable, "-m", "idled.cli.main", "serve", "--host", "127.0.0.1", "--port", "0"]
+    user = list(sc.server_args)
+    if flag_value(user, "--tick") is None:
+        argv += ["--tick", f"{sc.tick:g}"]
+    if sc.detector:
+        user = without_flag(user, "--detector")
+        argv += ["--detector", sc.detector]
+    metrics_port = None
+    if flag_value(user, "--metrics-port") is None:
+        metrics_port = free_port()
+        argv += ["--metrics-port", str(metrics_port)]
+    elif flag_value(user, "--metrics-port") != "0":
+        metrics_port = int(flag_value(user, "--metrics-port") or 0) or None
+    if sc.secret_file and flag_value(user, "--secret-file") is None:
+        argv += ["--secret-file", sc.secret_file]  # the tokens we mint are for this secret
+    if flag_value(user, "--data-dir") is None:
+        # the event log of a throw-away server: a fresh directory, removed when the run ends
+        data_dir = tempfile.mkdtemp(prefix="idled-loadtest-")
+        nursery.start_soon(_remove_at_exit, data_dir)
+        argv += ["--data-dir", data_dir]
+    argv += user
+    server = await spawn_server(nursery, argv, log=log)
+    if server.metrics_port is None:
+        server.metrics_port = metrics_port
+    if not ipaddress.ip_address(server.host).is_loopback:
+        await stop_server(server, grace=5)
+        raise RuntimeError(f"the spawned server listens on {server.host}, not loopback: refusing to drive it")
+    return server
+
+
+async def _remove_at_exit(path: str) -> None:
+    try:
+        await trio.sleep_forever()
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def describe(server: ServerProcess) -> dict[str, Any]:

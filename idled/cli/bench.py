@@ -1,0 +1,261 @@
+"""`idled bench`: every idle detector under the same simulated keepalive load (no network), or, with
+``--writer``, the event-log writer's throughput and latency under each fsync policy.
+
+The machinery is in `idled.tools.bench` (`schedule`, `detectors`, `table`; `writer`); this module reads
+the flags, checks them -- and the output files, and matplotlib for ``--plot`` -- before minutes of
+benchmarking, runs, prints, and returns the exit status of the epilog (`idled.tools.EXIT_STATUS_EPILOG`):
+3 when a target FAILED (a detector expired a key early, late or never at any size; a performance target
+missed at the target size).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+from idled.core.detector import DEFAULT_CHUNK
+from idled.core.factory import DETECTOR_KINDS
+from idled.tools import EXIT_ERROR, EXIT_FAILED, EXIT_OK, EXIT_STATUS_EPILOG, EXIT_USAGE
+from idled.tools.bench.detectors import (
+    CLOCKS, DEFAULT_SECONDS, DEFAULT_SILENT_FRACTION, DEFAULT_SIZES, DEFAULT_SLOTS, DEFAULT_TIMEOUT, SizeReport,
+    bench_size,
+)
+from idled.tools.bench.table import failed, format_table, json_rows, number, plot, target_checks
+
+__all__ = ["add_arguments", "run"]
+
+DEFAULT_WRITER_SECONDS = 3.0
+
+
+class UsageError(Exception):
+    pass
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(part.replace("_", "")) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"sizes must be comma-separated integers, got {text!r}") from None
+    if not sizes or any(size < 1 for size in sizes):
+        raise argparse.ArgumentTypeError("sizes must be positive")
+    return sizes
+
+
+def _kinds(text: str) -> list[str]:
+    kinds = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [kind for kind in kinds if kind not in DETECTOR_KINDS]
+    if unknown or not kinds:
+        raise argparse.ArgumentTypeError(f"detectors must be among {', '.join(DETECTOR_KINDS)}")
+    return kinds
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = EXIT_STATUS_EPILOG
+    parser.add_argument(
+        "--sizes", type=_sizes, default=list(DEFAULT_SIZES), help="comma-separated key counts (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--pings-per-timeout",
+        type=float,
+        default=1.0,
+        metavar="K",
+        help="keepalives each live key sends per timeout, >= 1 (default: 1)",
+    )
+    parser.add_argument("--timeout", type=int, default=DEFAULT_TIMEOUT, help="timeout in ticks (default: %(default)s)")
+    parser.add_argument("--slots", type=int, default=DEFAULT_SLOTS, help="ring slots (default: %(default)s)")
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        metavar="N",
+        help=f"measured simulated seconds, a whole number, after a warm-up of one timeout (default: {DEFAULT_SECONDS}); "
+        f"with --writer: seconds per writer run (default: {DEFAULT_WRITER_SECONDS:g})",
+    )
+    parser.add_argument(
+        "--login-spread",
+        type=float,
+        metavar="TICKS",
+        help="keys log in over this many ticks (default: one timeout, the steady state; "
+        "one keepalive period or less simulates a reconnect storm)",
+    )
+    parser.add_argument(
+        "--silent-fraction",
+        type=float,
+        default=DEFAULT_SILENT_FRACTION,
+        help="fraction of keys that go silent and must expire (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--chunk",
+        type=int,
+        default=DEFAULT_CHUNK,
+        help="advance() limit, as the server uses it; 0 = unchunked (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--detectors",
+        type=_kinds,
+        default=list(DETECTOR_KINDS),
+        help=f"comma-separated subset of {','.join(DETECTOR_KINDS)} (default: all)",
+    )
+    parser.add_argument(
+        "--clock",
+        choices=sorted(CLOCKS),
+        default="cpu",
+        help="cpu: thread CPU time, immune to preemption on a shared machine; wall: perf_counter (default: cpu)",
+    )
+    parser.add_argument(
+        "--wake",
+        choices=("tick", "due"),
+        default="tick",
+        help="tick: advance at every tick boundary, then while next_due() <= now; "
+        "due: only while next_due() <= now (default: tick)",
+    )
+    parser.add_argument("--seed", type=int, default=1, help="schedule random seed (default: %(default)s)")
+    parser.add_argument("--no-memory", action="store_true", help="skip the tracemalloc pass (bytes_per_key = 0)")
+    parser.add_argument("--json", type=Path, metavar="FILE", help="write the result rows as JSON")
+    parser.add_argument("--plot", type=Path, metavar="FILE.png", help="plot tick_max and CPU against size")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    writer = parser.add_argument_group("event-log writer (instead of the detectors)")
+    writer.add_argument(
+        "--writer",
+        action="store_true",
+        help="measure run_writer's durable events/s, batch sizes and fsync latency under each fsync policy, "
+        "on a real directory (--seconds per run; takes only --seconds and --dir)",
+    )
+    writer.add_argument("--dir", metavar="DIR", help="with --writer: where the temporary logs go (default: $TMPDIR)")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        if args.writer:
+            return _writer(args)
+        _check(args)
+    except UsageError as exc:
+        print(f"idled bench: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    k = args.pings_per_timeout
+    seconds = DEFAULT_SECONDS if args.seconds is None else int(args.seconds)
+    chunk = args.chunk or None
+    spread = args.timeout if args.login_spread is None else args.login_spread
+    warmup = max(args.timeout, math.ceil(spread))
+    header = (
+        f"idled bench: timeout {args.timeout} ticks, {args.slots} slots, {number(k)} ping(s) per timeout, "
+        f"{args.silent_fraction:.1%} silent, logins over {number(spread)} ticks, "
+        f"warm-up {warmup} + {seconds} measured ticks, chunk {chunk or 'none'}, {args.clock} clock, "
+        f"advance {'every tick' if args.wake == 'tick' else 'only when due'}, seed {args.seed}"
+    )
+    try:
+        reports = [_bench_one_size(args, size, seconds, chunk) for size in args.sizes]
+        print(format_table(reports, header))
+        if args.json is not None:
+            args.json.write_text(json.dumps(json_rows(reports), indent=2) + "\n")
+        if args.plot is not None:
+            plot(reports, args.plot, header.removeprefix("idled bench: "))
+    except KeyboardInterrupt:
+        print("idled bench: interrupted", file=sys.stderr)
+        return 130
+    except (OSError, RuntimeError, MemoryError) as exc:  # RuntimeError: a detector that never stops being due
+        print(f"idled bench: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    bad = failed(target_checks(reports))
+    if bad:
+        print(f"idled bench: FAILED: {'; '.join(c.label for c in bad)}", file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def _bench_one_size(args: argparse.Namespace, size: int, seconds: int, chunk: int | None) -> SizeReport:
+    return bench_size(
+        size,
+        kinds=args.detectors,
+        timeout=args.timeout,
+        slots=args.slots,
+        pings_per_timeout=args.pings_per_timeout,
+        seconds=seconds,
+        silent_fraction=args.silent_fraction,
+        chunk=chunk,
+        seed=args.seed,
+        login_spread=args.login_spread,
+        memory=not args.no_memory,
+        clock=CLOCKS[args.clock],
+        wake=args.wake,
+        progress=None if args.quiet else sys.stderr,
+    )
+
+
+def _check(args: argparse.Namespace) -> None:
+    """Every flag, and the output files, before the first schedule is built."""
+    k = args.pings_per_timeout
+    if not (k >= 1 and math.isfinite(k)):
+        raise UsageError("--pings-per-timeout must be >= 1 (else live keys would expire)")
+    if not 1 <= args.timeout <= 100_000 or args.slots < 1 or args.chunk < 0:
+        raise UsageError("--timeout, --slots must be positive and --chunk >= 0")
+    if args.dir is not None:
+        raise UsageError("--dir is for --writer")
+    if args.seconds is not None and not float(args.seconds).is_integer():
+        raise UsageError(f"--seconds must be a whole number of ticks here, got {args.seconds:g}")
+    seconds = DEFAULT_SECONDS if args.seconds is None else int(args.seconds)
+    if seconds < args.timeout + 2:
+        raise UsageError(
+            f"--seconds must be at least timeout + 2 = {args.timeout + 2} "
+            "(silent keys must go silent and expire inside the measured window)"
+        )
+    if args.login_spread is not None and not 0 < args.login_spread <= 100_000:
+        raise UsageError("--login-spread must be positive")
+    if not 0 <= args.silent_fraction < 1:
+        raise UsageError("--silent-fraction must be in [0, 1)")
+    if args.json is not None:
+        _check_writable(args.json, "--json")
+    if args.plot is not None:
+        try:
+            importlib.import_module("matplotlib")  # imported, not just found: a broken install fails here too
+        except ImportError as exc:
+            raise UsageError(f"--plot needs matplotlib ({exc}): pip install 'idled[plot]', or drop --plot") from None
+        _check_writable(args.plot, "--plot")
+
+
+def _check_writable(path: Path, flag: str) -> None:
+    if path.is_dir():
+        raise UsageError(f"{flag} {path}: is a directory")
+    ok = os.access(path, os.W_OK) if path.exists() else os.access(path.absolute().parent, os.W_OK | os.X_OK)
+    if not ok:
+        raise UsageError(f"{flag} {path}: cannot write there")
+
+
+# ------------------------------------------------------------------------------------------ --writer
+
+
+def _writer(args: argparse.Namespace) -> int:
+    """`idled bench --writer [--seconds S] [--dir DIR]`: run_writer's figures per fsync policy."""
+    defaults = vars(_defaults())
+    extra = sorted(f"--{k.replace('_', '-')}" for k, v in vars(args).items()
+                   if k not in ("command", "writer", "seconds", "dir", "quiet") and v != defaults.get(k))
+    if extra:
+        raise UsageError(f"--writer takes only --seconds and --dir; drop {', '.join(extra)}")
+    seconds = DEFAULT_WRITER_SECONDS if args.seconds is None else args.seconds
+    if not (0 < seconds <= 3600):
+        raise UsageError("--seconds must be in (0, 3600] with --writer")
+    if args.dir is not None and not (os.path.isdir(args.dir) and os.access(args.dir, os.W_OK | os.X_OK)):
+        raise UsageError(f"--dir {args.dir}: not a writable directory")
+    from idled.tools.bench import writer  # trio and the event log: only for this mode
+
+    try:
+        for line in writer.report_lines(seconds, args.dir):
+            print(line, flush=True)
+    except KeyboardInterrupt:
+        print("idled bench: interrupted", file=sys.stderr)
+        return 130
+    except OSError as exc:
+        print(f"idled bench: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    return EXIT_OK
+
+
+def _defaults() -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args([])

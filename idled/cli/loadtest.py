@@ -1,0 +1,387 @@
+"""`idled loadtest`: drive a server with real connections and check every presence event it emits.
+
+The flags become a `Scenario` here (every check that can fail is made before anything starts: the
+scenario's arithmetic, the output files, matplotlib for ``--plot``, the secret); the run itself is
+`idled.tools.loadtest.run.run_scenario`, once, or once per detector for ``--compare ring,scan,heap`` (each
+against a freshly spawned server, side by side with the ring's ratios to each baseline).
+``--event-rate RATE --target HOST:PORT`` measures something else: event-to-subscriber latency at a steady
+presence-event rate (`idled.tools.loadtest.eventrate`).
+
+The JSON document (``--json``) holds the configuration, the verdict, the targets, the percentile summaries
+and an ``.hgrm``-style table of both lateness measures, and the time series. The verdict is OK only when
+the run completed, every event was right, and no target FAILED; the exit status says the same (see the
+epilog, `idled.tools.EXIT_STATUS_EPILOG`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import ipaddress
+import json
+import math
+import os
+import resource
+import shlex
+import sys
+import time
+from dataclasses import replace
+from typing import Any
+
+import trio
+
+from idled.tools import EXIT_ERROR, EXIT_FAILED, EXIT_OK, EXIT_STATUS_EPILOG, EXIT_USAGE
+from idled.tools.loadtest.ipc import IpcError
+from idled.tools.loadtest.observer import ObserverLost
+from idled.tools.loadtest.report import clean_json, compare_ratios, compare_text, plot_results, summary_text
+from idled.tools.loadtest.run import run_scenario
+from idled.tools.loadtest.scenario import (
+    DEFAULT_RAMP_GATEWAY_SESSIONS, DEFAULT_RAMP_USERS, MAX_PER_WORKER, SOURCES_PER, Scenario, flag_value,
+)
+
+__all__ = ["UsageError", "add_arguments", "run", "parse_target", "scenario_from_args", "exit_status"]
+
+DEFAULT_DURATION = 120.0
+DEFAULT_EVENT_RATE_SECONDS = 20.0
+
+
+class UsageError(Exception):
+    pass
+
+
+# -------------------------------------------------------------------------------------------- flags
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = EXIT_STATUS_EPILOG
+    _server_flags(parser.add_argument_group("server under test (one of)"))
+    _load_flags(parser.add_argument_group("load"))
+    out = parser.add_argument_group("output")
+    out.add_argument("--json", metavar="FILE", help="write the full result (with .hgrm tables) as JSON ('-': stdout)")
+    out.add_argument("--plot", metavar="FILE.png", help="plot lateness, connections, CPU and RSS (matplotlib)")
+    out.add_argument("--quiet", action="store_true", help="no live progress")
+    out.add_argument("--check-targets", action="store_true",
+                     help="accepted for old scripts: the sizing targets (RSS/connection, lateness p99) now "
+                          "always decide the verdict and the exit status")
+    other = parser.add_argument_group("event-rate mode")
+    other.add_argument("--event-rate", type=float, metavar="PER_S",
+                       help="instead of sessions: with --target, a gateway attaches and detaches fresh uids so the "
+                            "server emits PER_S presence events per second for --duration seconds (default "
+                            f"{DEFAULT_EVENT_RATE_SECONDS:g} here); prints event -> subscriber latency percentiles")
+    parser.add_argument("server_argv", nargs="*", metavar="-- SERVER_ARGS",
+                        help="flags passed to `idled serve` (with --spawn / --compare)")
+
+
+def _server_flags(where: argparse._ArgumentGroup) -> None:
+    where.add_argument("--target", metavar="HOST:PORT", help="drive a running server (loopback addresses only)")
+    where.add_argument("--spawn", action="store_true",
+                       help="start `idled serve` on 127.0.0.1 (port 0) for the run; server flags go after `--`")
+    where.add_argument("--server-args", default="", metavar="ARGS",
+                       help='extra server flags as one shell-quoted string, e.g. "--max-connections 200000"')
+    where.add_argument("--server-pid", type=int, metavar="PID",
+                       help="with --target: the server's pid for CPU/RSS (default: found from the port)")
+    where.add_argument("--metrics-port", type=int, metavar="PORT",
+                       help="with --target: the server's Prometheus port, to read "
+                            "idled_event_loop_stall_max_seconds (with --spawn a free port is passed to the server)")
+    where.add_argument("--server-log", metavar="FILE", help="with --spawn: write the server's output here")
+    where.add_argument("--detector", metavar="NAME", help="with --spawn: passed to the server as --detector")
+    where.add_argument("--compare", metavar="D1,D2,...",
+                       help="run the scenario once per detector (spawning a server each), e.g. ring,scan,heap")
+
+
+def _load_flags(load: argparse._ArgumentGroup) -> None:
+    load.add_argument("--connections", type=int, default=1000, metavar="N",
+                      help="user connections, one uid each (default 1000)")
+    load.add_argument("--gateways", type=int, default=0, metavar="G",
+                      help="instead of user connections: G gateway connections carrying --sessions in total")
+    load.add_argument("--sessions", type=int, default=0, metavar="S", help="sessions carried by the gateways")
+    load.add_argument("--ramp", type=float, metavar="PER_S",
+                      help=f"new sessions per second (default {DEFAULT_RAMP_USERS:g} connections/s, "
+                           f"{DEFAULT_RAMP_GATEWAY_SESSIONS:g} gateway sessions/s)")
+    load.add_argument("--keepalive", type=float, default=30.0, metavar="S",
+                      help="seconds between keepalives of a session (default 30; server timeout = 1.5x)")
+    load.add_argument("--jitter", type=float, default=0.1, metavar="F",
+                      help="each interval is keepalive x U(1-F, 1+F) (default 0.1)")
+    load.add_argument("--silent-fraction", type=float, default=0.05, metavar="F",
+                      help="fraction of sessions that stop pinging at a recorded moment (default 0.05)")
+    load.add_argument("--bye-fraction", type=float, default=0.01, metavar="F",
+                      help="fraction of sessions that log out with bye / detach (default 0.01)")
+    load.add_argument("--duration", type=float, metavar="S",
+                      help=f"length of the measurement from the first connection (default {DEFAULT_DURATION:g})")
+    load.add_argument("--tick", type=float, default=1.0, metavar="S",
+                      help="the server's tick: bounds missed offlines (timeout + 2 ticks) and the lateness "
+                           "target; passed to a spawned server unless its flags set --tick (default 1.0)")
+    load.add_argument("--workers", type=int, metavar="W",
+                      help=f"worker processes (default: connections / {MAX_PER_WORKER}, rounded up)")
+    load.add_argument("--sources", type=int, metavar="K",
+                      help="loopback source addresses 127.0.0.2.. (default: one per 20,000 connections, at least 2)")
+    load.add_argument("--seed", type=int, default=1, help="seed of the plan (default 1)")
+    load.add_argument("--uid-base", type=int, metavar="N",
+                      help="session i has uid N+i (default 0 with --spawn, a time-derived base with --target)")
+    load.add_argument("--secret-file", metavar="FILE",
+                      help="mint login tokens with this secret (server auth on; passed to a spawned server)")
+    load.add_argument("--connect-timeout", type=float, default=10.0, metavar="S")
+    load.add_argument("--max-inflight", type=int, default=500, metavar="N",
+                      help="connections being opened at once per worker (default 500)")
+    load.add_argument("--gateway-tick", type=float, default=0.05, metavar="S",
+                      help="a gateway batches its touches into slots of this many seconds (default 0.05)")
+    load.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
+                      help="at the end, how long the observer may take to catch up with the server's events "
+                           "(sessions keep pinging meanwhile; default 30)")
+
+
+# --------------------------------------------------------------------------------------- validation
+
+
+def parse_target(text: str) -> tuple[str, int]:
+    """HOST:PORT with HOST a 127.0.0.0/8 address or `localhost`; UsageError otherwise."""
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not host or not port_text.isdigit():
+        raise UsageError(f"--target must be HOST:PORT, got {text!r}")
+    if host == "localhost":
+        host = "127.0.0.1"
+    try:
+        addr = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        raise UsageError(f"--target host must be a loopback IPv4 address, got {host!r}") from None
+    if addr.version != 4 or not addr.is_loopback:
+        raise UsageError(f"only loopback targets are accepted (127.0.0.0/8), got {host}")
+    port = int(port_text)
+    if not 0 < port < 65536:
+        raise UsageError(f"bad port {port}")
+    return str(addr), port
+
+
+def _where(args: argparse.Namespace) -> tuple[bool, tuple[str, int] | None, list[str]]:
+    """(spawn, target, server argv), checked against each other."""
+    server_argv = shlex.split(args.server_args or "") + list(args.server_argv or [])
+    spawn = bool(args.spawn or args.compare)
+    if args.target and spawn:
+        raise UsageError("give either --target or --spawn/--compare, not both")
+    if not args.target and not spawn:
+        raise UsageError("give --target HOST:PORT or --spawn")
+    if server_argv and not spawn:
+        raise UsageError("server flags are only used with --spawn / --compare")
+    return spawn, (parse_target(args.target) if args.target else None), server_argv
+
+
+def _sizing(args: argparse.Namespace) -> tuple[str, int, int, tuple[str, ...]]:
+    """(mode, sessions, workers, source addresses), within this process's open-file limit."""
+    if args.gateways < 0 or args.sessions < 0 or args.connections < 0:
+        raise UsageError("counts must be >= 0")
+    if args.gateways:
+        mode, sessions = "gateways", args.sessions
+        if sessions < 1:
+            raise UsageError("--gateways needs --sessions S >= 1")
+    else:
+        if args.sessions:
+            raise UsageError("--sessions needs --gateways G")
+        mode, sessions = "users", args.connections
+        if sessions < 1:
+            raise UsageError("--connections must be >= 1")
+    conns = sessions if mode == "users" else args.gateways
+    nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    per_worker_limit = max(1, min(nofile - 200, 18000))
+    workers = args.workers or max(1, math.ceil(conns / MAX_PER_WORKER))
+    if mode == "gateways":
+        workers = min(workers if args.workers else min(2, args.gateways), args.gateways)
+    if workers < 1 or math.ceil(conns / workers) > per_worker_limit:
+        raise UsageError(f"{conns} connections over {workers} workers exceeds {per_worker_limit} per process "
+                         f"(open-file limit {nofile}): use more --workers")
+    n_sources = args.sources or max(2, math.ceil(conns / SOURCES_PER) + 1)
+    if not 1 <= n_sources <= 250:
+        raise UsageError("--sources must be 1..250")
+    return mode, sessions, workers, tuple(f"127.0.0.{2 + k}" for k in range(n_sources))
+
+
+def scenario_from_args(args: argparse.Namespace) -> Scenario:
+    spawn, target, server_argv = _where(args)
+    mode, sessions, workers, sources = _sizing(args)
+    duration = DEFAULT_DURATION if args.duration is None else args.duration
+    tick = args.tick
+    spawned_tick = flag_value(server_argv, "--tick")
+    if spawn and spawned_tick is not None:
+        tick = float(spawned_tick)
+    if not tick > 0 or not args.keepalive > 0 or not duration > 0:
+        raise UsageError("--tick, --keepalive and --duration must be > 0")
+    if not 0 <= args.jitter < 0.5:
+        raise UsageError("--jitter must be in [0, 0.5): a keepalive later than 1.5x would be a real timeout")
+    ramp = args.ramp or (DEFAULT_RAMP_USERS if mode == "users" else DEFAULT_RAMP_GATEWAY_SESSIONS)
+    if not ramp > 0:
+        raise UsageError("--ramp must be > 0")
+    uid_base = args.uid_base
+    if uid_base is None:
+        # a fresh base per run against a long-lived server: a uid still online from an earlier run would be a
+        # duplicate login (no online event) and wreck the matching
+        uid_base = 0 if spawn else (int(time.time()) % 1_000_000) * 10_000_000
+    if not (0 <= uid_base and uid_base + sessions < 2**63):
+        raise UsageError("--uid-base out of range")
+    sc = Scenario(
+        mode=mode, sessions=sessions, gateways=args.gateways, workers=workers, sources=sources, ramp=ramp,
+        keepalive=args.keepalive, jitter=args.jitter, silent_fraction=args.silent_fraction,
+        bye_fraction=args.bye_fraction, duration=duration, tick=tick, seed=args.seed, uid_base=uid_base,
+        target=target, spawn=spawn, server_args=tuple(server_argv), detector=args.detector,
+        server_pid=args.server_pid, metrics_port=args.metrics_port, connect_timeout=args.connect_timeout,
+        max_inflight=args.max_inflight, gateway_tick=args.gateway_tick, secret_file=args.secret_file,
+        server_log=args.server_log, quiet=args.quiet, drain_timeout=args.drain_timeout,
+    )
+    if not (0 <= sc.silent_fraction <= 1 and 0 <= sc.bye_fraction <= 1 and sc.silent_fraction + sc.bye_fraction <= 1):
+        raise UsageError("--silent-fraction and --bye-fraction must be in [0, 1] and sum to at most 1")
+    try:
+        sc.window()
+    except ValueError:
+        raise UsageError(_too_short(sc)) from None
+    return sc
+
+
+def _too_short(sc: Scenario) -> str:
+    """Why the run leaves no room for silent sessions, and the flags that would make room."""
+    margin = 0.5 + sc.tick  # stats.silent_window's default
+    fixed = sc.ramp_end + sc.bound_ticks * sc.tick + margin
+    need = fixed + sc.expected_timeout
+    text = (f"the run is too short for silent sessions: --duration must exceed {need:.1f} s "
+            f"(ramp {sc.ramp_end:.1f} s + timeout {sc.expected_timeout:g} s = 1.5 x --keepalive {sc.keepalive:g} "
+            f"+ {sc.bound_ticks:g} ticks + {margin:.1f} s margin). Give --duration {math.ceil(need) + 1}")
+    room = (sc.duration - fixed) / 1.5  # the longest keepalive that fits, exclusive
+    if room > 0.1:
+        keepalive = math.floor(room * 0.9) if room >= 2 else math.floor(room * 9) / 10
+        text += f", or a shorter keepalive: --keepalive {keepalive:g}"
+    return text + ", or no silent / bye sessions: --silent-fraction 0 --bye-fraction 0"
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Before minutes of load, make sure the results can be written and plotted."""
+    if args.json and args.json != "-":
+        _check_writable(args.json, "--json")
+    if args.plot:
+        try:
+            importlib.import_module("matplotlib")  # imported, not just found: a broken install fails here too
+        except ImportError as exc:
+            raise UsageError(f"--plot needs matplotlib ({exc}): pip install 'idled[plot]', or drop --plot") from None
+        _check_writable(args.plot, "--plot")
+    if args.server_log:
+        _check_writable(args.server_log, "--server-log")
+    if args.secret_file:
+        from idled.protocol.tokens import SecretError, load_secret
+
+        try:
+            load_secret(args.secret_file)
+        except (OSError, SecretError) as exc:
+            raise UsageError(f"--secret-file: {exc}") from None
+
+
+def _check_writable(path: str, flag: str) -> None:
+    if os.path.isdir(path):
+        raise UsageError(f"{flag} {path}: is a directory")
+    if os.path.exists(path):
+        ok = os.access(path, os.W_OK)
+    else:
+        ok = os.access(os.path.dirname(os.path.abspath(path)), os.W_OK | os.X_OK)
+    if not ok:
+        raise UsageError(f"{flag} {path}: cannot write there")
+
+
+# -------------------------------------------------------------------------------------------- the run
+
+
+def exit_status(results: list[dict[str, Any]]) -> int:
+    """1 if a run broke off, else 3 if a run FAILED (an event wrong, a login failed, a target missed), else 0."""
+    if any(r.get("aborted") for r in results):
+        return EXIT_ERROR
+    return EXIT_OK if all(r["ok"] for r in results) else EXIT_FAILED
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        if args.event_rate is not None:
+            return _event_rate(args)
+        scenario = scenario_from_args(args)
+        detectors = [d.strip() for d in args.compare.split(",") if d.strip()] if args.compare else [args.detector]
+        if args.compare and len(detectors) < 2:
+            raise UsageError("--compare needs at least two detectors, e.g. ring,scan,heap")
+        check_outputs(args)
+    except UsageError as exc:
+        print(f"idled loadtest: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    text_out = sys.stderr if args.json == "-" else sys.stdout
+    results: list[dict[str, Any]] = []
+    try:
+        for k, detector in enumerate(detectors):
+            if k:
+                time.sleep(2.0)  # let the previous server's sockets settle
+            results.append(trio.run(run_scenario, replace(scenario, detector=detector)))
+            print(summary_text(results[-1]), file=text_out)
+        if len(results) > 1:
+            ratios = compare_ratios(results)
+            print(compare_text(results, ratios), file=text_out)
+            _write(args, results, {"compare": detectors, "runs": results, "ratios": ratios})
+        else:
+            _write(args, results, results[0])
+    except KeyboardInterrupt:
+        print("idled loadtest: interrupted", file=sys.stderr)
+        return 130
+    except (RuntimeError, OSError, ObserverLost, IpcError) as exc:  # RunFailed is a RuntimeError
+        # one line, no traceback (a spawned server that failed to start adds its last output lines)
+        print(f"idled loadtest: {exc or type(exc).__name__}", file=sys.stderr)
+        return EXIT_ERROR
+    return exit_status(results)
+
+
+def _write(args: argparse.Namespace, results: list[dict[str, Any]], document: dict[str, Any]) -> None:
+    if args.json:
+        text = json.dumps(clean_json(document), indent=1, default=str, allow_nan=False)
+        if args.json == "-":
+            print(text)
+        else:
+            with open(args.json, "w", encoding="utf-8") as f:
+                f.write(text + "\n")
+    if args.plot:
+        plot_results(results, args.plot)
+
+
+# ---------------------------------------------------------------------------------------- event rate
+
+_EVENT_RATE_FLAGS = ("command", "target", "event_rate", "duration", "secret_file", "quiet")
+
+
+def _event_rate(args: argparse.Namespace) -> int:
+    """`--event-rate RATE --target HOST:PORT [--duration S]`: event -> subscriber latency at a steady rate."""
+    from idled.tools.loadtest import eventrate
+
+    defaults = vars(_defaults())
+    extra = sorted(f"--{k.replace('_', '-')}" for k, v in vars(args).items()
+                   if k not in _EVENT_RATE_FLAGS and v != defaults.get(k))
+    if extra:
+        raise UsageError(f"--event-rate takes only --target, --duration and --secret-file; drop {', '.join(extra)}")
+    if not args.target:
+        raise UsageError("--event-rate drives a running server: give --target HOST:PORT")
+    host, port = parse_target(args.target)
+    seconds = DEFAULT_EVENT_RATE_SECONDS if args.duration is None else args.duration
+    if not (args.event_rate > 0 and math.isfinite(args.event_rate)) or not seconds > 0:
+        raise UsageError("--event-rate and --duration must be > 0")
+    secret = None
+    if args.secret_file:
+        check_outputs(args)
+        from idled.protocol.tokens import load_secret
+
+        secret = load_secret(args.secret_file)
+    try:
+        latencies = trio.run(eventrate.measure, host, port, args.event_rate, seconds, secret)
+    except KeyboardInterrupt:
+        print("idled loadtest: interrupted", file=sys.stderr)
+        return 130
+    except (OSError, eventrate.EventRateError) as exc:
+        print(f"idled loadtest: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    if not latencies:
+        print("idled loadtest: no events received", file=sys.stderr)
+        return EXIT_ERROR
+    print(eventrate.summary(latencies, seconds))
+    return EXIT_OK
+
+
+def _defaults() -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args([])

@@ -1,0 +1,107 @@
+"""One load-test scenario: what to run (sessions, rates, plan window, server), fixed before anything starts.
+
+`Scenario` is a frozen value built by the command line (`idled.cli.loadtest`) and read by every part of
+the run: the coordinator, the worker configuration, the result document. The helpers below read and edit
+the server's own flags (``--tick``, ``--detector``, ...) as a list of strings, because the spawned server
+parses them, not us.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Final
+
+from idled.tools.loadtest.stats import silent_window
+
+__all__ = [
+    "MAX_PER_WORKER", "SOURCES_PER", "DEFAULT_RAMP_USERS", "DEFAULT_RAMP_GATEWAY_SESSIONS", "Scenario",
+    "flag_value", "without_flag",
+]
+
+MAX_PER_WORKER: Final = 8000  # connections per worker process (open-file limit here: 20,000)
+SOURCES_PER: Final = 20000  # connections per loopback source address (ephemeral ports: ~28k per 4-tuple space)
+DEFAULT_RAMP_USERS: Final = 1000.0
+DEFAULT_RAMP_GATEWAY_SESSIONS: Final = 10000.0
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    mode: str  # "users" | "gateways"
+    sessions: int
+    gateways: int
+    workers: int
+    sources: tuple[str, ...]
+    ramp: float
+    keepalive: float
+    jitter: float
+    silent_fraction: float
+    bye_fraction: float
+    duration: float
+    tick: float
+    seed: int
+    uid_base: int
+    target: tuple[str, int] | None
+    spawn: bool
+    server_args: tuple[str, ...] = ()
+    detector: str | None = None
+    server_pid: int | None = None
+    metrics_port: int | None = None
+    connect_timeout: float = 10.0
+    max_inflight: int = 500
+    gateway_tick: float = 0.05
+    secret_file: str | None = None
+    server_log: str | None = None
+    sample_interval: float = 1.0
+    metrics_interval: float = 5.0
+    progress_interval: float = 1.0
+    quiet: bool = False
+    bound_ticks: float = 2.0
+    drain_timeout: float = 30.0
+
+    @property
+    def expected_timeout(self) -> float:
+        return 1.5 * self.keepalive  # the MQTT rule the server applies (capped by its max_timeout)
+
+    @property
+    def ramp_end(self) -> float:
+        return self.sessions / self.ramp
+
+    def window(self) -> tuple[float, float]:
+        """Where silent and bye moments fall; (0, 0) when no session goes silent or says bye."""
+        if not (self.silent_fraction or self.bye_fraction):
+            return (0.0, 0.0)
+        return silent_window(duration=self.duration, ramp_end=self.ramp_end, timeout=self.expected_timeout,
+                             tick=self.tick, bound_ticks=self.bound_ticks)
+
+    def describe(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["expected_timeout"] = self.expected_timeout
+        d["ramp_end"] = self.ramp_end
+        return d
+
+
+def flag_value(argv: list[str], flag: str) -> str | None:
+    """The value of ``flag`` in a server argv (``--flag V`` or ``--flag=V``), None if absent."""
+    for k, a in enumerate(argv):
+        if a == flag and k + 1 < len(argv):
+            return argv[k + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def without_flag(argv: list[str], flag: str) -> list[str]:
+    """``argv`` with every occurrence of ``flag`` and its value removed."""
+    out: list[str] = []
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a == flag:
+            skip = True
+            continue
+        if a.startswith(flag + "="):
+            continue
+        out.append(a)
+    return out

@@ -1,0 +1,102 @@
+"""What a load-test worker's sessions share: configuration, counters, records, and the report they make.
+
+`Worker` runs on one trio loop, so the counters are plain ints touched by every session task without locks.
+Records (silent, bye, failed) accumulate between reports and are handed over, and reset, by `report()`.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections import Counter
+from typing import Any
+
+import trio
+
+from idled.tools.loadtest.histogram import Histogram
+
+__all__ = ["Worker"]
+
+
+class Worker:
+    """State and counters of one worker process. Everything here runs on one trio loop."""
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        self.cfg = cfg
+        self.index: int = cfg["worker"]
+        self.workers: int = cfg["workers"]
+        self.mode: str = cfg["mode"]
+        self.host: str = cfg["host"]
+        self.port: int = cfg["port"]
+        self.sources: list[str] = cfg["sources"]
+        self.uid_base: int = cfg["uid_base"]
+        self.sessions: int = cfg["sessions"]
+        self.keepalive: float = cfg["keepalive"]
+        self.jitter: float = cfg["jitter"]
+        self.ramp: float = cfg["ramp"]
+        self.connect_timeout: float = cfg["connect_timeout"]
+        # the plan arrives as (index, kind, moment) triples
+        self.plan: dict[int, tuple[int, float]] = {int(i): (int(kind), float(at)) for i, kind, at in cfg["plan"]}
+        self.gateways: int = cfg.get("gateways", 0)
+        self.gateway_tick: float = cfg.get("gateway_tick", 0.05)
+        self.secret: bytes | None = bytes.fromhex(cfg["secret"]) if cfg.get("secret") else None
+        self.rng = random.Random(cfg.get("seed", 0) * 1000 + self.index)
+        self.inflight = trio.CapacityLimiter(cfg.get("max_inflight", 500))
+        self.name = cfg.get("name", f"loadtest-{os.getpid()}")
+        self.t0 = 0.0  # trio time of the plan's moment 0
+        # counters (cumulative)
+        self.conns = 0  # connections logged in and open now
+        self.logged_in = 0
+        self.attached = 0  # gateway sessions attached
+        self.pinging = 0  # sessions currently kept alive
+        self.pings = 0  # session keepalives sent (pings, or uids touched)
+        self.frames = 0
+        self.pongs = 0
+        self.lag_max = 0.0  # how late a ping / slot ran behind its schedule (client overload)
+        self.errors: Counter[str] = Counter()
+        self.closes: Counter[str] = Counter()  # how silent / bye connections ended (expected)
+        self.timeout: float | None = None
+        self.timeouts_differ = 0
+        self.ramp_done = False
+        self._gateways_ramped = 0
+        self.connect_hist = Histogram()
+        self.login_hist = Histogram()
+        # records since the last report
+        self.silent_records: list[tuple[int, float]] = []
+        self.bye_records: list[tuple[int, float]] = []
+        self.failed_records: list[int] = []
+
+    # -- helpers --
+
+    def token(self, role: str, name: str | int) -> str | None:
+        if self.secret is None:
+            return None
+        from idled.protocol.tokens import mint  # only when auth is on
+
+        return mint(self.secret, role, name, time.time() + 7 * 86400)
+
+    def lag(self, late: float) -> None:
+        """How late a ping or a slot ran behind its schedule (client overload): keep the largest."""
+        if late > self.lag_max:
+            self.lag_max = late
+
+    def gateway_ramped(self) -> None:
+        """One more gateway of this worker has attached all its sessions."""
+        self._gateways_ramped += 1
+        self.ramp_done = self._gateways_ramped == len(range(self.index, self.gateways, self.workers))
+
+    def report(self, final: bool = False) -> dict[str, Any]:
+        msg: dict[str, Any] = {
+            "t": "final" if final else "report", "worker": self.index, "wall": time.time(), "conns": self.conns,
+            "logged_in": self.logged_in, "attached": self.attached, "pinging": self.pinging, "pings": self.pings,
+            "frames": self.frames, "pongs": self.pongs, "lag_max": self.lag_max, "errors": dict(self.errors),
+            "closes": dict(self.closes), "timeout": self.timeout, "timeouts_differ": self.timeouts_differ,
+            "ramp_done": self.ramp_done, "silent": self.silent_records, "bye": self.bye_records,
+            "failed": self.failed_records,
+        }
+        self.silent_records, self.bye_records, self.failed_records = [], [], []
+        if final:
+            msg["connect_hist"] = self.connect_hist.to_dict()
+            msg["login_hist"] = self.login_hist.to_dict()
+        return msg
