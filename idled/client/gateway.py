@@ -68,7 +68,11 @@ class Gateway(Link):
         await self._queued()
 
     async def _queued(self) -> None:
-        if self.batch.full:
+        batch = self.batch
+        # Flushing inline when the batch is full or overdue bounds memory and latency even when the caller
+        # reports in a tight loop that never lets the background flusher run.
+        if batch.full or (batch.first_pending is not None
+                          and self.runtime.now() >= batch.first_pending + self.flush_interval):
             await self.flush()
         elif not self._wake.is_set():
             self._wake.set()

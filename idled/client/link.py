@@ -80,36 +80,37 @@ class Mailbox(Generic[T]):
         self.maxsize = maxsize
         self.closed = False
         self._runtime = runtime
-        self._readable: Flag | None = None
-        self._writable: Flag | None = None
+        # Set while the consumer (producer) waits: whoever changes `items` must wake it.
+        self.waiting_reader: Flag | None = None
+        self.waiting_writer: Flag | None = None
 
     async def put(self, item: T) -> None:
         while len(self.items) >= self.maxsize:
-            self._writable = flag = self._runtime.event()
+            self.waiting_writer = flag = self._runtime.event()
             await flag.wait()
         self.items.append(item)
-        if self._readable is not None:
-            self._readable.set()
-            self._readable = None
+        if self.waiting_reader is not None:
+            self.waiting_reader.set()
+            self.waiting_reader = None
 
     async def get(self) -> T | None:
         items = self.items
         while not items:
             if self.closed:
                 return None
-            self._readable = flag = self._runtime.event()
+            self.waiting_reader = flag = self._runtime.event()
             await flag.wait()
         item = items.popleft()
-        if self._writable is not None:
-            self._writable.set()
-            self._writable = None
+        if self.waiting_writer is not None:
+            self.waiting_writer.set()
+            self.waiting_writer = None
         return item
 
     def close(self) -> None:
         self.closed = True
-        if self._readable is not None:
-            self._readable.set()
-            self._readable = None
+        if self.waiting_reader is not None:
+            self.waiting_reader.set()
+            self.waiting_reader = None
 
 
 class Link:
@@ -239,7 +240,9 @@ class Link:
         try:
             message = await receive_message(conn, decoder)
         except ProtocolError as exc:
-            raise ProtocolMismatch(str(exc.code), f"bad frame from the server: {exc.reason}") from None
+            # Retryable on purpose: today's server can cut an event frame short when it drops a slow
+            # observer (the `busy` frame follows a partial write), and a fresh connection resumes by seq.
+            raise ConnectionLost(f"undecodable frame from the server ({exc.code}: {exc.reason})") from None
         if message is None:
             raise ConnectionLost("the server closed the connection")
         if type(message) is Error:

@@ -72,7 +72,10 @@ class Observer(Link):
         return self
 
     async def __anext__(self) -> Event:
-        event = await self._events.get()
+        mailbox = self._events
+        if mailbox.items and mailbox.waiting_writer is None:  # the per-event fast path: no await
+            return mailbox.items.popleft()
+        event = await mailbox.get()
         if event is None:
             if self.error is not None:
                 raise self.error
@@ -101,7 +104,11 @@ class Observer(Link):
     async def _on_message(self, message: Any) -> None:
         if type(message) is Event:
             if self.cursor.accept(message):
-                await self._events.put(message)
+                mailbox = self._events
+                if len(mailbox.items) < mailbox.maxsize and mailbox.waiting_reader is None:
+                    mailbox.items.append(message)  # the per-event fast path: no await, nobody to wake
+                else:
+                    await mailbox.put(message)
             else:
                 self.duplicates += 1
         elif type(message) is Status:

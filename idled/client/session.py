@@ -5,7 +5,7 @@ Theory of operation
 After `welcome` the session knows its timeout T and pings whenever it has sent nothing for
 `ping_interval(T, keepalive)` (see `idled.client.core`): the timer sleeps until `last_sent + interval`,
 re-checks (a `send` in between moved `last_sent`), and pings. A ping that gets no `pong` (nor any other
-frame) within one more interval means the path to the server is dead even if TCP has not noticed yet: the
+frame) within one timeout (at least 1 s) means the path to the server is dead even if TCP has not noticed yet: the
 connection is dropped and, with `reconnect=True`, logged in again after a backoff (the user comes back
 online with reason `login`; if the server never noticed the gap, no event at all).
 """
@@ -76,14 +76,16 @@ class Session(Link):
         timer, runtime = self._timer, self.runtime
         if timer.interval is None:
             await runtime.event().wait()
-        interval: float = timer.interval  # type: ignore[assignment]
+        # How long a ping may go unanswered: one whole timeout (by then the server would have expired a
+        # silent user anyway), at least a second, so a loaded machine's slow pong is not a dead connection.
+        patience = max(self.timeout or 0.0, 1.0)
         while True:
             now = runtime.now()
-            if self._ping_sent is not None and now - self._ping_sent >= interval:
-                raise ConnectionLost(f"no reply to a ping within {interval:.3g} s")
+            if self._ping_sent is not None and now - self._ping_sent >= patience:
+                raise ConnectionLost(f"no reply to a ping within {patience:.3g} s")
             deadline: float = timer.deadline  # type: ignore[assignment]
             if now >= deadline:
                 await self.send_frame(PING_FRAME)
                 continue
-            wake = deadline if self._ping_sent is None else min(deadline, self._ping_sent + interval)
+            wake = deadline if self._ping_sent is None else min(deadline, self._ping_sent + patience)
             await runtime.sleep(wake - now)

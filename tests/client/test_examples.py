@@ -111,6 +111,8 @@ async def test_sqlite_observer_survives_its_own_and_the_daemons_restart(idled: I
                 await gateway.flush()
                 await collect(counter, lambda e: e.seq >= 850)
                 await wait_checkpoint(db_path, 850)
+                observer.kill()  # before the gateway leaves: its bye sends every live uid offline
+                observer.wait(10)
     finally:
         observer.kill()
         observer.wait(10)
