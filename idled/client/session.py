@@ -34,7 +34,7 @@ class Session(Link):
         self.keepalive = keepalive
         self.pings = 0
         self.pongs = 0
-        self._timer = KeepaliveTimer(None, runtime.now())
+        self._timer = KeepaliveTimer(None, 0.0)  # replaced at each welcome; no clock read outside a loop
         self._ping_sent: float | None = None  # when the unanswered ping went out
 
     @property
