@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from idled.client import AuthFailed, Busy, Kicked, Observer
+from idled.client import AuthFailed, Busy, Gone, Kicked, Observer
 from idled.client.core import Backoff
 from idled.protocol import Event
 from idled.protocol.tokens import mint
@@ -168,3 +168,25 @@ async def second_login_kicks_the_first(lib: ModuleType, sleep: Sleep, idled: Idl
                 raise AssertionError("send on a kicked session")
             except Kicked:
                 pass
+
+
+async def gone_says_the_oldest_seq(lib: ModuleType, sleep: Sleep, idled: Idled) -> None:
+    """Events pruned from the log (tiny segments and retention) and the memory window emptied by a restart."""
+    async with lib.open_gateway(HOST, idled.port, "edge") as gateway:
+        for _ in range(5):
+            await gateway.attach(range(200), keepalive=60)
+            await gateway.detach(range(200))
+        await gateway.flush()
+        await sleep(0.5)
+    idled.restart()
+    async with lib.open_observer(HOST, idled.port, "late", after=0, backoff=FAST) as observer:
+        try:
+            await collect(observer, lambda e: True)
+            raise AssertionError("no gone")
+        except Gone as exc:
+            assert exc.code == "gone" and not exc.retryable
+            assert exc.oldest_seq is not None and exc.oldest_seq > 1
+            oldest = exc.oldest_seq
+    async with lib.open_observer(HOST, idled.port, "late", after=oldest - 1) as observer:
+        [event] = await collect(observer, lambda e: True)
+        assert event.seq == oldest

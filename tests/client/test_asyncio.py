@@ -56,3 +56,11 @@ def test_auth_failed_is_final(tmp_path: Path) -> None:
         asyncio.run(scenarios.auth_failed_is_final(lib, asyncio.sleep, daemon, secret))
     finally:
         daemon.kill()
+
+
+def test_gone_says_the_oldest_seq(tmp_path: Path) -> None:
+    daemon = Idled(tmp_path, "--segment-bytes", "4096", "--retention-bytes", "8192").start()
+    try:
+        asyncio.run(scenarios.gone_says_the_oldest_seq(lib, asyncio.sleep, daemon))
+    finally:
+        daemon.kill()

@@ -52,3 +52,11 @@ async def test_auth_failed_is_final(tmp_path: Path) -> None:
         await scenarios.auth_failed_is_final(lib, trio.sleep, daemon, secret)
     finally:
         daemon.kill()
+
+
+async def test_gone_says_the_oldest_seq(tmp_path: Path) -> None:
+    daemon = Idled(tmp_path, "--segment-bytes", "4096", "--retention-bytes", "8192").start()
+    try:
+        await scenarios.gone_says_the_oldest_seq(lib, trio.sleep, daemon)
+    finally:
+        daemon.kill()
