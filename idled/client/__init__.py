@@ -1,0 +1,22 @@
+"""The public idled client: user sessions, gateways and observers, for trio and asyncio.
+
+* `idled.client.trio` / `idled.client.asyncio`: ``open_session``, ``open_gateway``, ``open_observer`` --
+  async context managers that log in, keep the connection alive, reconnect with full-jitter backoff after
+  retryable failures, and log out on exit.
+* `idled.client.errors`: one exception hierarchy (`ClientError`, with the server's error `code`).
+* `idled.client.core`: the sans-IO rules (keepalive schedule, backoff, gateway batching, observer position),
+  usable by clients on other I/O stacks.
+"""
+
+from idled.client.errors import (
+    AuthFailed, Busy, ClientError, ConnectionLost, Gone, IdleTimeout, Kicked, ProtocolMismatch, ServerError,
+    ServerShutdown,
+)
+from idled.client.gateway import Gateway
+from idled.client.observer import Observer
+from idled.client.session import Session
+
+__all__ = [
+    "ClientError", "ConnectionLost", "ServerError", "AuthFailed", "Kicked", "Busy", "ServerShutdown",
+    "IdleTimeout", "Gone", "ProtocolMismatch", "Session", "Gateway", "Observer",
+]

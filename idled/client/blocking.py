@@ -1,0 +1,103 @@
+"""A thin blocking (non-async) wrapper for scripts: a trio loop in a daemon thread runs the async client.
+
+    with connect_session("127.0.0.1", 7878, "alice", keepalive=30) as session:
+        session.send({"hello": 1})          # pings continue in the background thread
+    for event in watch("127.0.0.1", 7878, "script", after=0):
+        print(event.seq, event.uid, event.kind)
+
+Each call crosses threads once (`trio.from_thread.run`, tens of microseconds): fine for scripts and CLI
+commands, not for a hot path -- use `idled.client.trio` or `idled.client.asyncio` there. Errors are the
+same `ClientError` types as in the async API.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, Self
+
+import trio
+
+from idled.client.link import Link
+from idled.client.observer import Observer
+from idled.client.session import Session
+from idled.client.trio import TRIO, running
+from idled.protocol import Event, Uid
+
+__all__ = ["connect_session", "watch", "BlockingSession"]
+
+
+class _Portal:
+    """A trio event loop in a daemon thread, holding one link for its lifetime."""
+
+    def __init__(self, link: Link) -> None:
+        self.link = link
+        self._ready = threading.Event()
+        self._stop: trio.Event | None = None
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=trio.run, args=(self._main,), name="idled-client", daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+
+    async def _main(self) -> None:
+        self._token = trio.lowlevel.current_trio_token()
+        self._stop = trio.Event()
+        try:
+            async with running(self.link):
+                self._ready.set()
+                await self._stop.wait()
+        except Exception as exc:  # the login failed: handed to the constructor's caller
+            self._error = exc
+        finally:
+            self._ready.set()
+
+    def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return trio.from_thread.run(fn, *args, trio_token=self._token)
+
+    def close(self) -> None:
+        if self._thread.is_alive() and self._stop is not None:
+            trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
+        self._thread.join()
+
+
+class BlockingSession:
+    """A user session driven from blocking code; `close()` (or leaving the `with` block) says bye."""
+
+    def __init__(self, portal: _Portal) -> None:
+        self._portal = portal
+        self.session: Session = portal.link  # type: ignore[assignment]
+
+    def send(self, data: Any = None) -> None:
+        self._portal.run(self.session.send, data)
+
+    def close(self) -> None:
+        self._portal.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def connect_session(host: str, port: int, uid: Uid, **options: Any) -> BlockingSession:
+    """Log in as `uid` (options as for `idled.client.trio.open_session`); raises ClientError on failure."""
+    return BlockingSession(_Portal(Session(TRIO, host, port, uid, **options)))
+
+
+def watch(host: str, port: int, name: str, **options: Any) -> Iterator[Event]:
+    """Presence events as a blocking iterator (options as for `open_observer`: after, reconnect...).
+    Closing the generator (break, or garbage collection) logs the observer out."""
+    portal = _Portal(Observer(TRIO, host, port, name, **options))
+    observer: Observer = portal.link  # type: ignore[assignment]
+    try:
+        while True:
+            try:
+                yield portal.run(observer.__anext__)
+            except StopAsyncIteration:
+                return
+    finally:
+        portal.close()

@@ -1,0 +1,219 @@
+"""Sans-IO client state: keepalive schedule, reconnect backoff, gateway batching, observer position.
+
+Theory of operation
+-------------------
+Nothing here reads a clock, a socket or a random source of its own: times are arguments and randomness is
+injected, so every rule is tested with plain numbers. The I/O drivers (`idled.client.session`, `.gateway`,
+`.observer`) call these objects and do what they return.
+
+*Keepalive.* A user asking for keepalive k gets a timeout T = min(1.5 k, max_timeout) in `welcome`. The
+client pings when it has sent nothing for `ping_interval(T, k)` = min(k, T / 1.5) seconds, so the ping is due
+a third of the timeout before the deadline even when the server capped T (one lost scheduling slice or a slow
+link does not take the user offline). Any frame sent (`msg`) counts as activity and postpones the ping.
+
+*Backoff.* Attempt n (0-based) waits uniform(0, min(cap, base * 2**n)) seconds: "full jitter", so that 100k
+clients cut off by one restart spread their return over the whole window instead of arriving in lockstep.
+
+*Gateway batching.* `attach` / `touch` / `detach` calls append to a list of groups; consecutive calls of the
+same kind (and keepalive) share a group, an insertion-ordered dict used as a set, so repeated touches of one
+uid cost nothing until the flush, and the order of an attach then a detach of one uid is kept. A touch of a
+uid whose attach is still pending in the last group is dropped (the attach is activity already). `take()`
+encodes the groups into frames no larger than the connection's frame limit. The batcher also remembers the
+live uids (attached, not detached) with their keepalive: after a reconnect `reattach()` replaces whatever was
+pending with attach frames for all of them (the server forgot them: `gateway_lost`).
+
+*Observer position.* `ObserverCursor.last` is the last seq handed to the application (or its stored
+checkpoint at start); `subscribe()` asks for ``from = last + 1``; `accept(event)` drops any event whose seq is
+not beyond `last`, so a replay overlap never reaches the application twice within one process. Across a
+restart of the application, delivery is at-least-once: events after the stored checkpoint are delivered
+again, and their seq shows they were seen.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Final
+
+from idled.protocol import (
+    DEFAULT_MAX_FRAME, MAX_UID_BYTES, Attach, Detach, Event, Subscribe, Touch, Uid, encode,
+)
+
+__all__ = [
+    "ping_interval", "Backoff", "KeepaliveTimer", "GatewayBatcher", "ObserverCursor",
+    "DEFAULT_FLUSH_INTERVAL", "DEFAULT_MAX_PENDING",
+]
+
+DEFAULT_FLUSH_INTERVAL: Final = 0.05  # seconds a touch may wait for company before it is sent
+DEFAULT_MAX_PENDING: Final = 100_000  # uids buffered before a touch waits for the flush it triggers
+_FRAME_OVERHEAD: Final = 64  # op, keys, keepalive, array header: generous, so a frame never exceeds the limit
+
+
+def ping_interval(timeout: float | None, keepalive: float | None) -> float | None:
+    """Seconds of silence after which to ping, or None when the connection needs no keepalive."""
+    if timeout is None:
+        return None
+    interval = timeout / 1.5
+    return interval if keepalive is None else min(keepalive, interval)
+
+
+@dataclass(slots=True)
+class Backoff:
+    """Exponential backoff with full jitter: attempt n waits uniform(0, min(cap, base * 2**n))."""
+
+    base: float = 0.1
+    cap: float = 30.0
+    random: Callable[[], float] = random.random
+
+    def delay(self, attempt: int) -> float:
+        return self.random() * min(self.cap, self.base * 2 ** min(attempt, 62))
+
+
+class KeepaliveTimer:
+    """When to ping: `sent(now)` after every frame; `due(now)` says whether a ping is due; `deadline`."""
+
+    __slots__ = ("interval", "last_sent")
+
+    def __init__(self, interval: float | None, now: float) -> None:
+        self.interval = interval
+        self.last_sent = now
+
+    def sent(self, now: float) -> None:
+        self.last_sent = now
+
+    @property
+    def deadline(self) -> float | None:
+        return None if self.interval is None else self.last_sent + self.interval
+
+    def due(self, now: float) -> bool:
+        deadline = self.deadline
+        return deadline is not None and now >= deadline
+
+
+def _uid_size(uid: Uid) -> int:
+    """Upper bound of a uid's msgpack size."""
+    return 9 if type(uid) is int else len(uid.encode()) + 3  # type: ignore[union-attr]
+
+
+class GatewayBatcher:
+    """Pending gateway operations and the live uids; see the module docstring.
+
+    `max_pending` bounds the uids buffered (the driver flushes when `full`); `first_pending` is the time of
+    the oldest pending operation, so the driver flushes at `first_pending + flush_interval`.
+    """
+
+    def __init__(self, max_pending: int = DEFAULT_MAX_PENDING) -> None:
+        if max_pending < 1:
+            raise ValueError("max_pending must be at least 1")
+        self.max_pending = max_pending
+        self.live: dict[Uid, float | None] = {}
+        # (op, keepalive, uids): op is "attach", "touch" or "detach"; uids an ordered set.
+        self._groups: list[tuple[str, float | None, dict[Uid, None]]] = []
+        self.pending = 0
+        self.first_pending: float | None = None
+
+    @property
+    def full(self) -> bool:
+        return self.pending >= self.max_pending
+
+    def _group(self, op: str, keepalive: float | None, now: float) -> dict[Uid, None]:
+        groups = self._groups
+        if groups:
+            last_op, last_keepalive, uids = groups[-1]
+            if last_op == op and last_keepalive == keepalive:
+                return uids
+        uids = {}
+        groups.append((op, keepalive, uids))
+        if self.first_pending is None:
+            self.first_pending = now
+        return uids
+
+    def _add(self, group: dict[Uid, None], uids: Iterable[Uid]) -> None:
+        before = len(group)
+        group.update(dict.fromkeys(uids))
+        self.pending += len(group) - before
+
+    def attach(self, uids: Iterable[Uid], keepalive: float | None, now: float) -> None:
+        uids = tuple(uids)
+        for uid in uids:
+            self.live[uid] = keepalive
+        self._add(self._group("attach", keepalive, now), uids)
+
+    def touch(self, uids: Iterable[Uid], now: float) -> None:
+        groups = self._groups
+        if groups and groups[-1][0] == "attach":
+            attached = groups[-1][2]
+            uids = [uid for uid in uids if uid not in attached]
+            if not uids:
+                return
+        self._add(self._group("touch", None, now), uids)
+
+    def detach(self, uids: Iterable[Uid], now: float) -> None:
+        uids = tuple(uids)
+        for uid in uids:
+            self.live.pop(uid, None)
+        self._add(self._group("detach", None, now), uids)
+
+    def take(self, max_frame: int = DEFAULT_MAX_FRAME) -> list[bytes]:
+        """Every pending operation as frames of at most `max_frame` body bytes, in order; clears them."""
+        frames: list[bytes] = []
+        budget = max_frame - _FRAME_OVERHEAD
+        if budget < MAX_UID_BYTES + 3:
+            raise ValueError(f"max_frame {max_frame} is too small for a gateway frame")
+        for op, keepalive, group in self._groups:
+            chunk: list[Uid] = []
+            size = 0
+            for uid in group:
+                n = _uid_size(uid)
+                if size + n > budget:
+                    frames.append(self._encode(op, keepalive, chunk))
+                    chunk, size = [], 0
+                chunk.append(uid)
+                size += n
+            if chunk:
+                frames.append(self._encode(op, keepalive, chunk))
+        self._groups = []
+        self.pending = 0
+        self.first_pending = None
+        return frames
+
+    @staticmethod
+    def _encode(op: str, keepalive: float | None, uids: list[Uid]) -> bytes:
+        if op == "attach":
+            return encode(Attach(tuple(uids), keepalive))
+        return encode(Touch(tuple(uids)) if op == "touch" else Detach(tuple(uids)))
+
+    def reattach(self, now: float) -> None:
+        """After a reconnect: drop what was pending; attach every live uid again (grouped by keepalive)."""
+        self._groups = []
+        self.pending = 0
+        self.first_pending = None
+        by_keepalive: dict[float | None, list[Uid]] = {}
+        for uid, keepalive in self.live.items():
+            by_keepalive.setdefault(keepalive, []).append(uid)
+        for keepalive, uids in by_keepalive.items():
+            self._add(self._group("attach", keepalive, now), uids)
+
+
+class ObserverCursor:
+    """The observer's position: `last` is the last seq delivered (None: none yet and subscribed from now)."""
+
+    __slots__ = ("last",)
+
+    def __init__(self, after: int | None = None) -> None:
+        if after is not None and after < 0:
+            raise ValueError("after must be a seq (>= 0; 0 = from the first event ever)")
+        self.last = after
+
+    def subscribe(self) -> Subscribe:
+        """What to send after (re)connecting: from last + 1, or from now if nothing was seen yet."""
+        return Subscribe(None if self.last is None else self.last + 1)
+
+    def accept(self, event: Event) -> bool:
+        """True if `event` is new (and advance); False for a duplicate of something already delivered."""
+        last = self.last
+        if last is not None and event.seq <= last:
+            return False
+        self.last = event.seq
+        return True

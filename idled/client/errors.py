@@ -1,0 +1,106 @@
+"""The client library's one exception hierarchy.
+
+Every failure a client reports is a `ClientError`. `code` is the server's error code (an `ErrorCode` value
+such as ``"auth_failed"``) when the server said so in an `error` frame, or a client-side code
+(``"connection_lost"``, ``"timeout"``) otherwise. `retryable` says whether reconnecting can help: a server
+at capacity or restarting (`busy`, `server_shutdown`) or a dropped connection are worth a retry with
+backoff; a rejected token, a newer login (`kicked`) or a malformed message will fail the same way again.
+Unknown codes are final, as the wire contract asks of clients.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+from idled.protocol import ErrorCode
+
+__all__ = [
+    "ClientError", "ConnectionLost", "ServerError", "AuthFailed", "Kicked", "Busy", "ServerShutdown",
+    "IdleTimeout", "Gone", "ProtocolMismatch", "CONNECTION_LOST", "RETRYABLE_CODES", "error_from",
+]
+
+CONNECTION_LOST: Final = "connection_lost"
+# Codes after which the same login may succeed later: capacity, restarts, and our own lost keepalives.
+RETRYABLE_CODES: Final = frozenset({
+    ErrorCode.BUSY, ErrorCode.SERVER_SHUTDOWN, ErrorCode.IDLE_TIMEOUT, ErrorCode.LOGIN_TIMEOUT, CONNECTION_LOST,
+})
+
+
+class ClientError(Exception):
+    """Base of every client error. `code`: the server's error code or a client-side one; `reason`: text."""
+
+    def __init__(self, code: str, reason: str) -> None:
+        super().__init__(code, reason)
+        self.code = code
+        self.reason = reason
+
+    @property
+    def retryable(self) -> bool:
+        """True when reconnecting (after a backoff) may succeed."""
+        return self.code in RETRYABLE_CODES
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.reason}"
+
+
+class ConnectionLost(ClientError):
+    """The connection failed or closed without an error frame (refused, reset, server killed...)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(CONNECTION_LOST, reason)
+
+
+class ServerError(ClientError):
+    """The server sent an `error` frame (and closed the connection)."""
+
+
+class AuthFailed(ServerError):
+    """`auth_failed`: the token is missing, forged, expired, or for another identity. Final."""
+
+
+class Kicked(ServerError):
+    """`kicked`: a newer login for the same identity replaced this connection. Final (reconnecting would
+    kick the newer one in turn)."""
+
+
+class Busy(ServerError):
+    """`busy`: the server is at capacity, or an observer fell behind. Retryable."""
+
+
+class ServerShutdown(ServerError):
+    """`server_shutdown`: the server is stopping. Retryable (it is probably restarting)."""
+
+
+class IdleTimeout(ServerError):
+    """`idle_timeout`: our keepalives did not arrive in time (e.g. the process was paused). Retryable."""
+
+
+class Gone(ServerError):
+    """`gone`: an observer asked for events older than the server retains. `oldest_seq` is the oldest seq
+    still available (None if the reason did not say): resume from there and resynchronise with `query`."""
+
+    def __init__(self, code: str, reason: str) -> None:
+        super().__init__(code, reason)
+        match = re.search(r"oldest available is (\d+)", reason)
+        self.oldest_seq: int | None = int(match.group(1)) if match else None
+
+
+class ProtocolMismatch(ServerError):
+    """The server rejected our frame (`bad_frame`, `bad_message`, `not_allowed`, ...) or sent one we cannot
+    parse: a bug or a version mismatch on one side. Final."""
+
+
+_CLASSES: Final[dict[str, type[ServerError]]] = {
+    ErrorCode.AUTH_FAILED: AuthFailed,
+    ErrorCode.KICKED: Kicked,
+    ErrorCode.BUSY: Busy,
+    ErrorCode.SERVER_SHUTDOWN: ServerShutdown,
+    ErrorCode.IDLE_TIMEOUT: IdleTimeout,
+    ErrorCode.GONE: Gone,
+}
+
+
+def error_from(code: str, reason: str) -> ServerError:
+    """The typed exception for an `error` frame's code (unknown codes: ProtocolMismatch, final)."""
+    return _CLASSES.get(code, ProtocolMismatch)(code, reason)

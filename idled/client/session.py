@@ -1,0 +1,91 @@
+"""A user session: login with a keepalive, automatic pings, `send(data)`, `bye` on close, reconnects.
+
+Theory of operation
+-------------------
+After `welcome` the session knows its timeout T and pings whenever it has sent nothing for
+`ping_interval(T, keepalive)` (see `idled.client.core`): the timer sleeps until `last_sent + interval`,
+re-checks (a `send` in between moved `last_sent`), and pings. A ping that gets no `pong` (nor any other
+frame) within one timeout (at least 1 s) means the path to the server is dead even if TCP has not noticed yet: the
+connection is dropped and, with `reconnect=True`, logged in again after a backoff (the user comes back
+online with reason `login`; if the server never noticed the gap, no event at all).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from idled.client.core import Backoff, KeepaliveTimer, ping_interval
+from idled.client.errors import ConnectionLost
+from idled.client.link import Conn, Link, Runtime
+from idled.protocol import PING_FRAME, Login, Msg, Pong, Uid, Welcome, encode
+
+__all__ = ["Session"]
+
+
+class Session(Link):
+    """A user's connection. Create it through `idled.client.trio.open_session` or
+    `idled.client.asyncio.open_session`, which run it in the background for the duration of a block."""
+
+    def __init__(self, runtime: Runtime, host: str, port: int, uid: Uid, *, token: str | None = None,
+                 keepalive: float | None = None, reconnect: bool = True, backoff: Backoff | None = None,
+                 connect_timeout: float = 10.0) -> None:
+        super().__init__(runtime, host, port, Login("uid", uid, token, keepalive), reconnect=reconnect,
+                         backoff=backoff, connect_timeout=connect_timeout)
+        self.keepalive = keepalive
+        self.pings = 0
+        self.pongs = 0
+        self._timer = KeepaliveTimer(None, 0.0)  # replaced at each welcome; no clock read outside a loop
+        self._ping_sent: float | None = None  # when the unanswered ping went out
+
+    @property
+    def uid(self) -> Uid:
+        return self.login.name
+
+    @property
+    def timeout(self) -> float | None:
+        """Seconds of silence after which the server marks this user offline (from `welcome`)."""
+        return None if self.welcome is None else self.welcome.timeout
+
+    async def send(self, data: Any = None) -> None:
+        """An application `msg` (also activity: it postpones the next ping). Waits while reconnecting."""
+        await self.send_frame(encode(Msg(data)))
+
+    async def ping(self) -> None:
+        """A keepalive now (the session pings by itself; this is for applications that want one more)."""
+        await self.send_frame(PING_FRAME)
+
+    def _sent(self, frame: bytes) -> None:
+        now = self.runtime.now()
+        self._timer.sent(now)
+        if frame is PING_FRAME:
+            self.pings += 1
+            if self._ping_sent is None:
+                self._ping_sent = now
+
+    async def _on_welcome(self, conn: Conn, welcome: Welcome) -> None:
+        self._timer = KeepaliveTimer(ping_interval(welcome.timeout, self.keepalive), self.runtime.now())
+        self._ping_sent = None
+
+    async def _on_message(self, message: Any) -> None:
+        # Any frame proves the path is alive; users get only pongs today.
+        self._ping_sent = None
+        if type(message) is Pong:
+            self.pongs += 1
+
+    async def _background(self, conn: Conn) -> None:
+        timer, runtime = self._timer, self.runtime
+        if timer.interval is None:
+            await runtime.event().wait()
+        # How long a ping may go unanswered: one whole timeout (by then the server would have expired a
+        # silent user anyway), at least a second, so a loaded machine's slow pong is not a dead connection.
+        patience = max(self.timeout or 0.0, 1.0)
+        while True:
+            now = runtime.now()
+            if self._ping_sent is not None and now - self._ping_sent >= patience:
+                raise ConnectionLost(f"no reply to a ping within {patience:.3g} s")
+            deadline: float = timer.deadline  # type: ignore[assignment]
+            if now >= deadline:
+                await self.send_frame(PING_FRAME)
+                continue
+            wake = deadline if self._ping_sent is None else min(deadline, self._ping_sent + patience)
+            await runtime.sleep(wake - now)

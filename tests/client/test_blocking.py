@@ -1,0 +1,43 @@
+"""The blocking wrapper (a trio loop in a thread) against a real `idled serve`."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from idled.client import AuthFailed
+from idled.client.blocking import connect_session, watch
+from tests.client.support import HOST, Idled
+
+
+@pytest.fixture
+def idled(tmp_path: Path) -> Iterator[Idled]:
+    daemon = Idled(tmp_path).start()
+    yield daemon
+    daemon.kill()
+
+
+def test_blocking_session_and_watch(idled: Idled) -> None:
+    with connect_session(HOST, idled.port, "dave", keepalive=0.3) as session:
+        session.send({"from": "a script"})
+        time.sleep(1.0)  # the background thread pings: dave stays online past his 0.45 s timeout
+        assert session.session.pings >= 2
+    events = []
+    for event in watch(HOST, idled.port, "script", after=0):
+        events.append((event.seq, event.uid, event.kind, event.reason))
+        if event.kind == "offline":
+            break
+    assert events == [(1, "dave", "online", "login"), (2, "dave", "offline", "logout")]
+
+
+def test_blocking_login_failure_is_raised(tmp_path: Path) -> None:
+    (tmp_path / "secret").write_bytes(b"a test secret of at least 16 bytes")
+    daemon = Idled(tmp_path, "--secret-file", str(tmp_path / "secret")).start()
+    try:
+        with pytest.raises(AuthFailed):
+            connect_session(HOST, daemon.port, "dave", token="not-a-token")
+    finally:
+        daemon.kill()

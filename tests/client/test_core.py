@@ -1,0 +1,102 @@
+"""The sans-IO client rules with plain numbers: keepalive schedule, backoff, gateway batching, observer cursor."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+
+from idled.client.core import Backoff, GatewayBatcher, KeepaliveTimer, ObserverCursor, ping_interval
+from idled.client.errors import AuthFailed, Busy, ConnectionLost, Gone, Kicked, ProtocolMismatch, error_from
+from idled.protocol import Event, Subscribe
+
+
+def bodies(frames: list[bytes]) -> list[dict]:
+    return [msgpack.unpackb(frame[4:], strict_map_key=False) for frame in frames]
+
+
+def test_ping_interval_leaves_a_third_of_the_timeout() -> None:
+    assert ping_interval(None, 10) is None
+    assert ping_interval(15.0, 10.0) == 10.0  # T = 1.5 k: ping every k
+    assert ping_interval(30.0, None) == 20.0  # server default timeout
+    assert ping_interval(6.0, 10.0) == 4.0  # capped by max_timeout: ping earlier than k
+
+
+def test_keepalive_timer_is_postponed_by_any_frame() -> None:
+    timer = KeepaliveTimer(2.0, now=100.0)
+    assert not timer.due(101.9) and timer.due(102.0)
+    timer.sent(101.5)
+    assert timer.deadline == 103.5 and not timer.due(102.0)
+
+
+def test_backoff_full_jitter_is_capped() -> None:
+    assert Backoff(0.1, 30.0, random=lambda: 1.0).delay(0) == pytest.approx(0.1)
+    assert Backoff(0.1, 30.0, random=lambda: 1.0).delay(3) == pytest.approx(0.8)
+    assert Backoff(0.1, 30.0, random=lambda: 1.0).delay(1000) == 30.0
+    assert Backoff(0.1, 30.0, random=lambda: 0.0).delay(5) == 0.0
+
+
+def test_batcher_coalesces_touches_and_keeps_order() -> None:
+    batch = GatewayBatcher()
+    batch.attach(["a", "b"], 10.0, now=1.0)
+    batch.touch(["a"], now=1.1)  # the pending attach is activity already
+    assert batch.pending == 2 and batch.first_pending == 1.0
+    for _ in range(1000):
+        batch.touch(["c", "d"], now=1.2)
+    batch.detach(["a"], now=1.3)
+    batch.touch(["b"], now=1.4)
+    assert bodies(batch.take()) == [
+        {"op": "attach", "uids": ["a", "b"], "keepalive": 10.0},
+        {"op": "touch", "uids": ["c", "d"]},
+        {"op": "detach", "uids": ["a"]},
+        {"op": "touch", "uids": ["b"]},
+    ]
+    assert batch.pending == 0 and batch.first_pending is None and batch.take() == []
+    assert batch.live == {"b": 10.0}
+
+
+def test_batcher_splits_frames_under_the_limit_and_bounds_pending() -> None:
+    batch = GatewayBatcher(max_pending=5000)
+    batch.touch(range(5000), now=0.0)
+    assert batch.full
+    frames = batch.take(max_frame=4096)
+    assert all(len(frame) - 4 <= 4096 for frame in frames) and len(frames) > 1
+    assert [uid for body in bodies(frames) for uid in body["uids"]] == list(range(5000))
+    batch.touch(["x" * 256] * 3, now=0.0)
+    assert len(batch.take(max_frame=4096)) == 1
+
+
+def test_batcher_reattaches_live_uids_by_keepalive() -> None:
+    batch = GatewayBatcher()
+    batch.attach([1, 2], 5.0, now=0.0)
+    batch.attach([3], None, now=0.0)
+    batch.detach([2], now=0.0)
+    batch.take()
+    batch.touch([1], now=1.0)
+    batch.reattach(now=2.0)
+    assert bodies(batch.take()) == [{"op": "attach", "uids": [1], "keepalive": 5.0}, {"op": "attach", "uids": [3]}]
+
+
+def event(seq: int) -> Event:
+    return Event(seq, "online", "u", 0.0, "login", 0.0, 1.0)
+
+
+def test_cursor_resumes_after_the_last_event_and_drops_duplicates() -> None:
+    assert ObserverCursor().subscribe() == Subscribe(None)
+    cursor = ObserverCursor(after=0)
+    assert cursor.subscribe() == Subscribe(1)
+    assert cursor.accept(event(1)) and cursor.accept(event(2))
+    assert not cursor.accept(event(2)) and not cursor.accept(event(1))
+    assert cursor.subscribe() == Subscribe(3)
+    with pytest.raises(ValueError):
+        ObserverCursor(after=-1)
+
+
+def test_errors_are_typed_and_know_whether_to_retry() -> None:
+    assert isinstance(error_from("auth_failed", "x"), AuthFailed) and not error_from("auth_failed", "x").retryable
+    assert isinstance(error_from("kicked", "x"), Kicked) and not error_from("kicked", "x").retryable
+    assert isinstance(error_from("busy", "x"), Busy) and error_from("busy", "x").retryable
+    assert error_from("server_shutdown", "x").retryable and ConnectionLost("reset").retryable
+    unknown = error_from("new_code_from_the_future", "x")
+    assert isinstance(unknown, ProtocolMismatch) and not unknown.retryable
+    gone = error_from("gone", "seq 3 is no longer retained; oldest available is 1234")
+    assert isinstance(gone, Gone) and gone.oldest_seq == 1234 and gone.code == "gone"
