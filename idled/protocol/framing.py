@@ -78,7 +78,7 @@ class FrameDecoder:
         self._buf: bytes | bytearray = b""
         self._pos = 0
         self.max_frame = max_frame
-        # One shared tuple instead of five slots: 8 bytes per connection, one attribute load per frame.
+        # One shared tuple instead of four slots: 8 bytes per connection, one attribute load per frame.
         self._profile = _PROFILES.get(parse) or _profile_for(parse)
         self._failed: tuple[ErrorCode, str] | None = None
 

@@ -252,3 +252,16 @@ def test_parse_functions_reject_the_same_numbers() -> None:
         parse_client_message({"op": "login", "uid": 1, "keepalive": 1e-300})
     with pytest.raises(ProtocolError, match="deadline must be a finite number"):
         parse_server_message({**EVENT, "deadline": math.inf})
+
+
+def test_a_custom_parse_function_gets_the_same_frame_rules() -> None:
+    def raw(obj: Any) -> Any:  # accepts any value, maps or not
+        return obj
+
+    assert outcome(frame(pack([{"a": 1}, {"a": 2}])), raw, 1) == [({"a": 1}, {"a": 2})]
+    for body, words in ((raw_array(raw_map(("a", 1), ("a", 2))), "duplicate map key 'a'"),
+                        (raw_map(("k", raw_map(("a", 1), ("a", 2)))), "duplicate map key 'a'"),
+                        (pack([TS4]), "ext type -1")):
+        for chunk in (None, 1):
+            err = outcome(frame(body), raw, chunk)
+            assert isinstance(err, ProtocolError) and err.code == ErrorCode.BAD_FRAME and words in err.reason
