@@ -1,11 +1,29 @@
-"""The wire protocol, sans-IO: message types, limits, error codes, the frame codec and the receive loop.
+"""The wire protocol, sans-IO: message types, limits, error codes, the codec, framing and the receive loop.
 
-The public names of `idled.protocol.codec` and `idled.protocol.stream` are re-exported here: import them
-from `idled.protocol`. Tokens (`idled.protocol.tokens`) are imported from their own module.
+Modules, lowest first: `messages` (limits, ErrorCode, ProtocolError, the frozen message types), `parse`
+(decoded object -> validated message), `codec` (encode; frame body -> message, with the frame-level rules),
+`framing` (FrameDecoder: byte stream -> messages), `stream` (the one receive loop). Their public names are
+re-exported here: import them from `idled.protocol`. Tokens (`idled.protocol.tokens`) are imported from
+their own module.
 """
 
-from idled.protocol.codec import *  # noqa: F403
-from idled.protocol.codec import __all__ as _codec_all
+from idled.protocol.messages import (
+    DEFAULT_MAX_FRAME, MAX_FRAME_LIMIT, MAX_UID_BYTES, MAX_NAME_BYTES, MAX_TOKEN_CHARS, MIN_KEEPALIVE,
+    MAX_KEEPALIVE, MAX_INT_UID, MAX_SEQ, MAX_DATA_DEPTH, ROLES, ErrorCode, ProtocolError, NEED_DATA,
+    NeedData, Uid, Role, Login, Ping, Msg, Bye, Attach, Touch, Detach, Subscribe, Query, Welcome, Pong,
+    Event, Status, Error, PING, BYE, PONG, ClientMessage, ServerMessage, Message,
+)
+from idled.protocol.parse import check_uid, parse_client_message, parse_server_message
+from idled.protocol.codec import BYE_FRAME, PING_FRAME, PONG_FRAME, decode_client_body, decode_server_body, encode
+from idled.protocol.framing import FrameDecoder
 from idled.protocol.stream import RECEIVE_BYTES, ByteStream, messages, receive_message
 
-__all__ = [*_codec_all, "RECEIVE_BYTES", "ByteStream", "messages", "receive_message"]
+__all__ = [
+    "DEFAULT_MAX_FRAME", "MAX_FRAME_LIMIT", "MAX_UID_BYTES", "MAX_NAME_BYTES", "MAX_TOKEN_CHARS",
+    "MIN_KEEPALIVE", "MAX_KEEPALIVE", "MAX_INT_UID", "MAX_SEQ", "MAX_DATA_DEPTH", "ROLES", "ErrorCode",
+    "ProtocolError", "NEED_DATA", "NeedData", "Uid", "Role", "Login", "Ping", "Msg", "Bye", "Attach",
+    "Touch", "Detach", "Subscribe", "Query", "Welcome", "Pong", "Event", "Status", "Error", "PING", "BYE",
+    "PONG", "ClientMessage", "ServerMessage", "Message", "parse_client_message", "parse_server_message",
+    "check_uid", "PING_FRAME", "BYE_FRAME", "PONG_FRAME", "encode", "decode_client_body",
+    "decode_server_body", "FrameDecoder", "RECEIVE_BYTES", "ByteStream", "messages", "receive_message",
+]

@@ -20,7 +20,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any, Final, Protocol
 
-from idled.protocol.codec import NEED_DATA, ErrorCode, FrameDecoder, ProtocolError
+from idled.protocol.framing import FrameDecoder
+from idled.protocol.messages import NEED_DATA, ErrorCode, ProtocolError
 
 __all__ = ["RECEIVE_BYTES", "ByteStream", "receive_message", "messages"]
 

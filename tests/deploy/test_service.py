@@ -84,7 +84,7 @@ async def test_metrics_move_as_sessions_log_in_and_expire(tmp_path: Path) -> Non
         assert value(samples, "idled_sessions_online") == 3
         assert value(samples, "idled_connections", role="user") == 3
         assert value(samples, "idled_detector_keys") == 3
-        brief = await login(port, "brief", keepalive=0.2)  # timeout 0.3, never pings
+        brief = await login(port, "brief", keepalive=1.0)  # timeout 1.5, never pings
         error = await brief.recv()
         assert isinstance(error, Error) and error.code == "idle_timeout"
         samples = await daemon.scrape()

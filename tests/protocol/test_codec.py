@@ -21,7 +21,9 @@ from idled.protocol import (
 CLIENT_MESSAGES = [
     Login("uid", 42, "tok", 30.0),
     Login("uid", "alice"),
-    Login("uid", "42", None, 0.5),
+    Login("uid", "42", None, 1.5),
+    Login("uid", 7, None, 1),
+    Login("uid", 8, None, 86400.0),
     Login("gateway", "gw-1", "t"),
     Login("observer", "obs"),
     PING,
@@ -486,7 +488,7 @@ def test_random_maps_parse_to_a_message_or_a_protocol_error(obj: dict[str, Any])
 
 uids = st.integers(0, 2**63 - 1) | st.text(min_size=1, max_size=64)
 names = st.text(min_size=1, max_size=32)
-keepalives = st.none() | st.floats(min_value=0.001, max_value=86400.0)
+keepalives = st.none() | st.floats(min_value=1.0, max_value=86400.0)
 client_messages = st.one_of(
     st.builds(Login, st.just("uid"), uids, st.none() | st.text(max_size=50), keepalives),
     st.builds(Login, st.sampled_from(["gateway", "observer"]), names, st.none() | st.text(max_size=50)),

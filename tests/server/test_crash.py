@@ -78,7 +78,7 @@ async def worker(port: int, index: int, rng: random.Random) -> None:
             n += 1
             uid = f"w{index}-{n % 3}"  # uids recur: takeovers, and re-logins after restarts
             action = rng.choice(["bye", "close", "expire", "stay", "stay"])
-            client = await login(port, "uid", uid, keepalive=0.2 if action == "expire" else None)
+            client = await login(port, "uid", uid)
             for _ in range(rng.randrange(3)):
                 await trio.sleep(0.02)
                 await client.send(PING)
@@ -87,7 +87,7 @@ async def worker(port: int, index: int, rng: random.Random) -> None:
             elif action == "close":
                 await client.stream.aclose()
             elif action == "expire":
-                await trio.sleep(0.45)  # timeout 0.3: expired by the server
+                await trio.sleep(1.2)  # the daemon's --timeout 1 (keepalives are >= 1 s): expired by the server
             else:
                 await trio.sleep(0.2)  # "stay": often still online when the kill comes
     except CONNECTION_GONE:
@@ -152,7 +152,7 @@ async def test_sigkill_mid_stream_loses_nothing_durable(tmp_path: Path) -> None:
                 await nursery.start(observe, port, first_seq, seen)
                 for index in range(12):
                     nursery.start_soon(worker, port, index, rng)
-                await trio.sleep(0.8 + 0.2 * run)
+                await trio.sleep(1.3 + 0.2 * run)
                 durable = await trio.to_thread.run_sync(daemon.records_written)
                 daemon.kill()  # mid-stream: the workers are still logging in and out
         finally:

@@ -66,9 +66,9 @@ async def test_login_ping_expiry_seen_by_a_subscriber(tmp_path: Path) -> None:
         port = await daemon.started()
         observer = await Client.login(port, "observer", "watch")
         await observer.send(Subscribe(None))
-        user = await Client.login(port, "uid", "alice", keepalive=0.5)  # timeout 0.75
+        user = await Client.login(port, "uid", "alice", keepalive=1.0)  # timeout 1.5 (the smallest keepalive)
         online = await observer.next_event()
-        assert (online.kind, online.uid, online.reason, online.extra["timeout"]) == ("online", "alice", "login", 0.75)
+        assert (online.kind, online.uid, online.reason, online.extra["timeout"]) == ("online", "alice", "login", 1.5)
         for _ in range(4):
             await trio.sleep(0.25)
             ping_sent = time.time()  # the server's last activity is after this...
@@ -76,13 +76,13 @@ async def test_login_ping_expiry_seen_by_a_subscriber(tmp_path: Path) -> None:
             assert await user.recv() is PONG
             pong_received = time.time()  # ...and before this
         error = await user.recv()
-        assert time.time() - ping_sent >= 0.75  # never before the deadline
+        assert time.time() - ping_sent >= 1.5  # never before the deadline
         assert isinstance(error, Error) and error.code == "idle_timeout"
         assert await user.recv() is None
         offline = await observer.next_event()
         assert (offline.kind, offline.uid, offline.reason) == ("offline", "alice", "idle")
         assert offline.seq == online.seq + 1
-        assert abs(offline.deadline - offline.last_seen - 0.75) < 1e-6
+        assert abs(offline.deadline - offline.last_seen - 1.5) < 1e-6
         assert lateness_ok(offline), offline.ts - offline.deadline
         assert ping_sent - 0.005 <= offline.last_seen <= pong_received + 0.005
         assert await daemon.stop() == 0

@@ -143,20 +143,20 @@ async def test_idle_expiry_at_the_first_tick_after_the_deadline(tmp_path: Path, 
 async def test_keepalive_login_expires_after_one_and_a_half_keepalives(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    """tick 0.2 and keepalive 0.5: timeout 0.75 is not a whole number of ticks."""
+    """tick 0.2 and keepalive 1.5: timeout 2.25 is not a whole number of ticks."""
     async with running(tmp_path, tick=0.2) as h:
         obs = await h.observer()
-        await trio.sleep(0.22)  # deadline 0.97 -> tick 1.0; ceil(0.22 / 0.2) + ceil(0.75 / 0.2) ticks would say 1.2
+        await trio.sleep(0.22)  # deadline 2.47 -> tick 2.6; ceil(0.22 / 0.2) + ceil(2.25 / 0.2) ticks would say 2.8
         t_login = trio.current_time()
-        user = await h.user("k", keepalive=0.5)
+        user = await h.user("k", keepalive=1.5)
         error = await user.recv()
         t_off = trio.current_time()
         assert isinstance(error, Error) and error.code == "idle_timeout"
-        deadline = t_login + 0.75
+        deadline = t_login + 2.25
         assert deadline - SLACK <= t_off <= deadline + 0.2 + SLACK
         assert t_off == pytest.approx(math.ceil(deadline / 0.2 - 1e-9) * 0.2, abs=SLACK)
         events, _ = await obs.events_until_status()
-        assert [(e.kind, e.reason, e.extra["timeout"]) for e in events] == [("online", "login", 0.75), ("offline", "idle", 0.75)]
+        assert [(e.kind, e.reason, e.extra["timeout"]) for e in events] == [("online", "login", 2.25), ("offline", "idle", 2.25)]
 
 
 async def test_many_users_each_expire_on_time(tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:

@@ -1,0 +1,208 @@
+"""The wire protocol's vocabulary: limits, error codes, `ProtocolError`, and the frozen message types.
+
+Everything here is plain data: no msgpack, no I/O. `codec` turns these messages into bytes and back,
+`parse` validates decoded maps into them, `framing` cuts a byte stream into frames.
+
+Every message is a frozen slots dataclass (immutable, ~56 bytes, hashable when its fields are). The
+parameterless ones (`Ping`, `Bye`, `Pong`) are parsed as the shared `PING`, `BYE`, `PONG` instances, so
+`message is PING` is a valid test.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Literal, TypeAlias
+
+__all__ = [
+    "DEFAULT_MAX_FRAME", "MAX_FRAME_LIMIT", "MAX_UID_BYTES", "MAX_NAME_BYTES", "MAX_TOKEN_CHARS",
+    "MIN_KEEPALIVE", "MAX_KEEPALIVE", "MAX_INT_UID", "MAX_SEQ", "MAX_DATA_DEPTH", "ROLES",
+    "ErrorCode", "ProtocolError", "NEED_DATA", "NeedData", "Uid", "Role",
+    "Login", "Ping", "Msg", "Bye", "Attach", "Touch", "Detach", "Subscribe", "Query",
+    "Welcome", "Pong", "Event", "Status", "Error",
+    "PING", "BYE", "PONG", "ClientMessage", "ServerMessage", "Message",
+]
+
+# ---------------------------------------------------------------------------------------------- limits
+
+DEFAULT_MAX_FRAME: Final = 4096  # bytes of msgpack body (the 4-byte prefix is not counted)
+MAX_FRAME_LIMIT: Final = 0xFFFF_FFFF  # what a 4-byte prefix can express
+MAX_UID_BYTES: Final = 256  # string uids: 1..256 bytes of UTF-8
+MAX_NAME_BYTES: Final = 128  # gateway / observer names: 1..128 bytes of UTF-8
+MAX_TOKEN_CHARS: Final = 1024
+# keepalive k is accepted for 1 <= k <= 86400 seconds. The server ticks every second by default: a keepalive
+# below that cannot be honoured, and a tiny one (1e-300) would mean a timeout of ~0.
+MIN_KEEPALIVE: Final = 1.0  # seconds
+MAX_KEEPALIVE: Final = 86400.0  # seconds
+MAX_INT_UID: Final = 2**63 - 1  # int uids: 0..2**63-1 (fits a signed 64-bit column everywhere)
+MAX_SEQ: Final = 2**63 - 1
+# `msg` data may nest at most this deep (a scalar is depth 0). msgpack alone would allow 1024 levels, which
+# then breaks repr(), == and json in Python (recursion limit ~1000) wherever the data travels next.
+MAX_DATA_DEPTH: Final = 32
+
+Uid: TypeAlias = str | int
+Role: TypeAlias = Literal["uid", "gateway", "observer"]
+ROLES: Final[tuple[Role, ...]] = ("uid", "gateway", "observer")
+
+
+class ErrorCode(enum.StrEnum):
+    """Machine-readable codes carried by `ProtocolError.code` and by `error` frames (plain strings on the wire)."""
+
+    BAD_FRAME = "bad_frame"  # body is not one well-formed msgpack value of the accepted subset
+    TOO_LARGE = "too_large"  # length prefix exceeds the connection's max_frame
+    BAD_MESSAGE = "bad_message"  # valid msgpack, but not a valid message (shape, op, field type or range)
+    AUTH_FAILED = "auth_failed"  # token missing, malformed, forged, expired, or for another role/name
+    LOGIN_TIMEOUT = "login_timeout"  # no login within the server's login deadline
+    NOT_LOGGED_IN = "not_logged_in"  # a message other than login before login
+    NOT_ALLOWED = "not_allowed"  # op not valid for this connection's role or state (e.g. attach from a user)
+    IDLE_TIMEOUT = "idle_timeout"  # the connection was silent past its timeout
+    KICKED = "kicked"  # a newer login for the same identity replaced this connection
+    BUSY = "busy"  # the server refuses the connection or request for lack of capacity
+    SERVER_SHUTDOWN = "server_shutdown"  # the server is stopping
+    GONE = "gone"  # the requested thing no longer exists (server-defined, e.g. events pruned before `from`)
+
+
+class ProtocolError(Exception):
+    """The peer broke the protocol. `code` is an ErrorCode, `reason` a short human-readable explanation."""
+
+    def __init__(self, code: ErrorCode, reason: str) -> None:
+        super().__init__(code, reason)
+        self.code = code
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.reason}"
+
+
+class NeedData:
+    """Type of the `NEED_DATA` sentinel: no complete frame is buffered yet."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "NEED_DATA"
+
+
+NEED_DATA: Final = NeedData()
+
+# ------------------------------------------------------------------------------------ client -> server
+
+
+@dataclass(frozen=True, slots=True)
+class Login:
+    """`{"op":"login", <role>: name, "token"?: str, "keepalive"?: seconds}`; keepalive only for role "uid"."""
+
+    role: Role
+    name: Uid  # a uid (str or int) for role "uid", else a str name
+    token: str | None = None
+    keepalive: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    """`{"op":"ping"}`: keepalive. Parsed as the shared `PING` instance."""
+
+
+@dataclass(frozen=True, slots=True)
+class Msg:
+    """`{"op":"msg","data":ANY}`: application payload (counts as activity). Arrays arrive as tuples."""
+
+    data: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class Bye:
+    """`{"op":"bye"}`: orderly logout. Parsed as the shared `BYE` instance."""
+
+
+@dataclass(frozen=True, slots=True)
+class Attach:
+    """Gateway: these uids are now connected through me. `keepalive` applies to all of them."""
+
+    uids: tuple[Uid, ...]
+    keepalive: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Touch:
+    """Gateway: activity from these uids."""
+
+    uids: tuple[Uid, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Detach:
+    """Gateway: these uids disconnected (orderly)."""
+
+    uids: tuple[Uid, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Subscribe:
+    """Observer: stream events, from sequence number `from_seq` (wire key "from") or from now when None."""
+
+    from_seq: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    """Observer: which of these uids are online? Answered by `Status`."""
+
+    uids: tuple[Uid, ...]
+
+
+# ------------------------------------------------------------------------------------ server -> client
+
+
+@dataclass(frozen=True, slots=True)
+class Welcome:
+    """Login accepted. `timeout` (seconds) for role "uid"; `max_frame` optionally tells a peer its new limit."""
+
+    role: Role
+    name: Uid
+    timeout: float | None = None
+    max_frame: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Pong:
+    """`{"op":"pong"}`. Encodes to the precomputed `PONG_FRAME`."""
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """A presence change. `extra` carries optional additional fields (e.g. "timeout", "detector")."""
+
+    seq: int
+    kind: Literal["online", "offline"]
+    uid: Uid
+    ts: float  # wall-clock unix seconds of the event
+    reason: str
+    last_seen: float
+    deadline: float
+    extra: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    """Answer to `Query`: uid -> online?"""
+
+    online: Mapping[Uid, bool]
+
+
+@dataclass(frozen=True, slots=True)
+class Error:
+    """`{"op":"error","code":C,"reason":TEXT}`, sent before the server closes a connection."""
+
+    code: str
+    reason: str
+
+
+ClientMessage: TypeAlias = Login | Ping | Msg | Bye | Attach | Touch | Detach | Subscribe | Query
+ServerMessage: TypeAlias = Welcome | Pong | Event | Status | Error
+Message: TypeAlias = ClientMessage | ServerMessage
+
+PING: Final = Ping()
+BYE: Final = Bye()
+PONG: Final = Pong()
