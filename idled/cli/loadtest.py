@@ -30,6 +30,7 @@ from typing import Any
 
 import trio
 
+from idled.protocol import MAX_KEEPALIVE, MIN_KEEPALIVE
 from idled.tools import EXIT_ERROR, EXIT_FAILED, EXIT_OK, EXIT_STATUS_EPILOG, EXIT_USAGE
 from idled.tools.loadtest.ipc import IpcError
 from idled.tools.loadtest.observer import ObserverLost
@@ -203,8 +204,10 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
     spawned_tick = flag_value(server_argv, "--tick")
     if spawn and spawned_tick is not None:
         tick = float(spawned_tick)
-    if not tick > 0 or not args.keepalive > 0 or not duration > 0:
-        raise UsageError("--tick, --keepalive and --duration must be > 0")
+    if not tick > 0 or not duration > 0:
+        raise UsageError("--tick and --duration must be > 0")
+    if not MIN_KEEPALIVE <= args.keepalive <= MAX_KEEPALIVE:
+        raise UsageError(f"--keepalive must be {MIN_KEEPALIVE:g}..{MAX_KEEPALIVE:g} s (the wire contract's range)")
     if not 0 <= args.jitter < 0.5:
         raise UsageError("--jitter must be in [0, 0.5): a keepalive later than 1.5x would be a real timeout")
     ramp = args.ramp or (DEFAULT_RAMP_USERS if mode == "users" else DEFAULT_RAMP_GATEWAY_SESSIONS)
@@ -244,8 +247,8 @@ def _too_short(sc: Scenario) -> str:
             f"(ramp {sc.ramp_end:.1f} s + timeout {sc.expected_timeout:g} s = 1.5 x --keepalive {sc.keepalive:g} "
             f"+ {sc.bound_ticks:g} ticks + {margin:.1f} s margin). Give --duration {math.ceil(need) + 1}")
     room = (sc.duration - fixed) / 1.5  # the longest keepalive that fits, exclusive
-    if room > 0.1:
-        keepalive = math.floor(room * 0.9) if room >= 2 else math.floor(room * 9) / 10
+    if room > MIN_KEEPALIVE:
+        keepalive = max(MIN_KEEPALIVE, math.floor(room * 0.9))
         text += f", or a shorter keepalive: --keepalive {keepalive:g}"
     return text + ", or no silent / bye sessions: --silent-fraction 0 --bye-fraction 0"
 

@@ -1,18 +1,18 @@
 """Benchmarks and the load generator (`idled bench`, `idled loadtest`); their commands live in `idled.cli`.
 
-The exit statuses both commands share are defined here, next to the machinery whose verdicts they report.
+The exit statuses are the daemon's table (`idled.ops.fatal`); both commands use these four of them.
 """
 
 from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "EXIT_FAILED", "EXIT_STATUS_EPILOG"]
+from idled.ops.fatal import EXIT_FAILURE as EXIT_ERROR  # could not run, or the run broke off
+from idled.ops.fatal import EXIT_OK  # ran, and every target passed
+from idled.ops.fatal import EXIT_TARGET_FAILED as EXIT_FAILED  # ran to the end, but a target FAILED
+from idled.ops.fatal import EXIT_USAGE  # bad flags or configuration; nothing was run
 
-EXIT_OK: Final = 0  # ran, and every target passed
-EXIT_ERROR: Final = 1  # could not run, or the run broke off (target unreachable, server died, ...)
-EXIT_USAGE: Final = 2  # bad flags or configuration; nothing was run
-EXIT_FAILED: Final = 3  # ran to the end, but a target FAILED
+__all__ = ["EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "EXIT_FAILED", "EXIT_STATUS_EPILOG"]
 
 EXIT_STATUS_EPILOG: Final = """exit status:
   0  ran, and every target passed (verdict OK)

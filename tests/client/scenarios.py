@@ -47,10 +47,10 @@ def contiguous(events: list[Event], first: int = 1) -> bool:
 
 async def session_keepalive_and_bye(lib: ModuleType, sleep: Sleep, idled: Idled) -> None:
     async with lib.open_observer(HOST, idled.port, "watch", after=0) as observer:
-        async with lib.open_session(HOST, idled.port, "alice", keepalive=0.3) as session:
-            assert session.timeout == pytest.approx(0.45)
+        async with lib.open_session(HOST, idled.port, "alice", keepalive=1) as session:
+            assert session.timeout == pytest.approx(1.5)
             await session.send({"hello": [1, 2]})
-            await sleep(1.5)  # more than three timeouts: only the automatic pings keep alice online
+            await sleep(4.0)  # more than two timeouts: only the automatic pings keep alice online
             assert session.pings >= 3 and session.pongs >= 1
             assert (await observer.query(["alice"])) == {"alice": True}
         events = await collect(observer, lambda e: e.kind == "offline")
@@ -59,7 +59,7 @@ async def session_keepalive_and_bye(lib: ModuleType, sleep: Sleep, idled: Idled)
 
 async def sessions_come_back_after_a_restart(lib: ModuleType, sleep: Sleep, idled: Idled) -> None:
     async with lib.open_observer(HOST, idled.port, "watch", after=0, backoff=FAST) as observer, \
-            lib.open_session(HOST, idled.port, "alice", keepalive=0.5, backoff=FAST) as session, \
+            lib.open_session(HOST, idled.port, "alice", keepalive=1, backoff=FAST) as session, \
             lib.open_gateway(HOST, idled.port, "edge", backoff=FAST) as gateway:
         await gateway.attach([1, 2, 3], keepalive=5)
         await gateway.flush()

@@ -21,9 +21,9 @@ def idled(tmp_path: Path) -> Iterator[Idled]:
 
 
 def test_blocking_session_and_watch(idled: Idled) -> None:
-    with connect_session(HOST, idled.port, "dave", keepalive=0.3) as session:
+    with connect_session(HOST, idled.port, "dave", keepalive=1) as session:
         session.send({"from": "a script"})
-        time.sleep(1.0)  # the background thread pings: dave stays online past his 0.45 s timeout
+        time.sleep(2.6)  # the background thread pings (every 1 s): dave stays online past his 1.5 s timeout
         assert session.session.pings >= 2
     events = []
     for event in watch(HOST, idled.port, "script", after=0):

@@ -42,7 +42,7 @@ async def wait_output(path: Path, text: str, timeout: float = 20.0) -> str:
 async def test_trio_user_stays_online_by_itself_and_says_bye(idled: Idled, tmp_path: Path) -> None:
     async with open_observer(HOST, idled.port, "watch", after=0) as observer:
         out = tmp_path / "user.out"
-        proc = example("trio_user.py", "--idled-port", str(idled.port), "--uid", "carol", "--keepalive", "0.3",
+        proc = example("trio_user.py", "--idled-port", str(idled.port), "--uid", "carol", "--keepalive", "1",
                        "--every", "10", "--duration", "1.5", out=out)
         assert await trio.to_thread.run_sync(proc.wait, 30) == 0, out.read_text()
         events = await collect(observer, lambda e: e.kind == "offline")
