@@ -57,7 +57,7 @@ __all__ = [
     "MAX_KEEPALIVE", "MAX_INT_UID", "MAX_SEQ", "MAX_DATA_DEPTH", "ROLES",
     "ErrorCode", "ProtocolError", "NEED_DATA", "NeedData", "Uid", "Role",
     "Login", "Ping", "Msg", "Bye", "Attach", "Touch", "Detach", "Subscribe", "Query",
-    "Welcome", "Pong", "Event", "Status", "Error", "Ended", "ENDED_REASONS",
+    "Welcome", "Pong", "Event", "Status", "Error", "Ended", "ENDED_REASONS", "DETACH_REASONS",
     "PING", "BYE", "PONG", "PING_FRAME", "BYE_FRAME", "PONG_FRAME",
     "ClientMessage", "ServerMessage", "Message",
     "FrameDecoder", "encode", "parse_client_message", "parse_server_message", "check_uid",
@@ -172,9 +172,11 @@ class Touch:
 
 @dataclass(frozen=True, slots=True)
 class Detach:
-    """Gateway: these uids disconnected (orderly)."""
+    """Gateway: these uids disconnected. `reason` (optional, one of `DETACH_REASONS`) is the offline reason
+    to record, so an edge's users leave the same record as direct ones; absent: "detach"."""
 
     uids: tuple[Uid, ...]
+    reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,6 +243,8 @@ class Error:
     code: str
     reason: str
 
+
+DETACH_REASONS: Final = ("logout", "closed", "shutdown")
 
 # Why the server ended sessions a gateway carried (`Ended.reason`).
 ENDED_REASONS: Final = ("idle", "kicked", "shutdown")
@@ -343,7 +347,8 @@ _ENCODERS: Final[dict[type, Callable[[Any], bytes]]] = {
     Msg: lambda m: _frame({"op": "msg", "data": m.data}),
     Attach: _encode_attach,
     Touch: lambda m: _frame({"op": "touch", "uids": m.uids}),
-    Detach: lambda m: _frame({"op": "detach", "uids": m.uids}),
+    Detach: lambda m: _frame({"op": "detach", "uids": m.uids} if m.reason is None
+                             else {"op": "detach", "uids": m.uids, "reason": m.reason}),
     Subscribe: _encode_subscribe,
     Query: lambda m: _frame({"op": "query", "uids": m.uids}),
     Welcome: _encode_welcome,
@@ -510,6 +515,7 @@ _LOGIN_KEYS: Final = frozenset({"op", "uid", "gateway", "observer", "token", "ke
 _MSG_KEYS: Final = frozenset({"op", "data"})
 _ATTACH_KEYS: Final = frozenset({"op", "uids", "keepalive"})
 _UIDS_KEYS: Final = frozenset({"op", "uids"})
+_DETACH_KEYS: Final = frozenset({"op", "uids", "reason"})
 _SUBSCRIBE_KEYS: Final = frozenset({"op", "from"})
 
 
@@ -582,6 +588,18 @@ def _uids_of(obj: dict[str, Any], op: str) -> tuple[Uid, ...]:
     return _uid_list(obj["uids"])
 
 
+def _parse_detach(obj: dict[str, Any]) -> Detach:
+    reason = obj.get("reason")
+    if reason is None:
+        return Detach(_uids_of(obj, "detach"))
+    if type(reason) is not str or reason not in DETACH_REASONS:
+        raise _bad(f"detach reason must be one of {', '.join(DETACH_REASONS)}")
+    _only(obj, _DETACH_KEYS, "detach")
+    if "uids" not in obj:
+        raise _bad("detach needs uids")
+    return Detach(_uid_list(obj["uids"]), reason)
+
+
 def _parse_subscribe(obj: dict[str, Any]) -> Subscribe:
     _only(obj, _SUBSCRIBE_KEYS, "subscribe")
     start = obj.get("from")
@@ -595,7 +613,7 @@ _CLIENT_PARSERS: Final[dict[str, Callable[[dict[str, Any]], ClientMessage]]] = {
     "bye": _parse_bye,
     "attach": _parse_attach,
     "touch": lambda obj: Touch(_uids_of(obj, "touch")),
-    "detach": lambda obj: Detach(_uids_of(obj, "detach")),
+    "detach": _parse_detach,
     "subscribe": _parse_subscribe,
     "query": lambda obj: Query(_uids_of(obj, "query")),
 }

@@ -152,8 +152,9 @@ class Gateways:
         sessions = self.sessions
         await sessions.room()
         now, wall = sessions.clock.now(), time.time()
+        reason = message.reason or "detach"  # an edge says what its user did (logout, closed)
         for uid in message.uids:
-            sessions.publish(sessions.presence.logout(uid, gateway, now, wall, "detach"))
+            sessions.publish(sessions.presence.logout(uid, gateway, now, wall, reason))
             gateway.uids.pop(uid, None)
 
     async def lost(self, gateway: Gateway) -> None:
