@@ -202,10 +202,8 @@ class CoreLink:
                 await self._connection()
                 attempt = 0
                 reason = "the core closed the connection"
-            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError) as exc:
+            except LINK_ERRORS as exc:
                 reason = f"{type(exc).__name__}: {exc}"
-            except (_CoreSaid, ProtocolError) as exc:
-                reason = str(exc)
             if self._closing:
                 return
             if self.connections and attempt == 0:
@@ -241,10 +239,13 @@ class CoreLink:
                 if frames:
                     self.frames_sent += len(frames)
                     await stream.send_all(b"".join(frames))
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._flusher, stream)
-                    await self._reader(stream, decoder)
-                    nursery.cancel_scope.cancel()
+                try:
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(self._flusher, stream)
+                        await self._reader(stream, decoder)
+                        nursery.cancel_scope.cancel()
+                except BaseExceptionGroup as group:
+                    raise _unwrap(group) from None
         finally:
             self.connected = False
             self._scope = None
@@ -305,6 +306,26 @@ class CoreLink:
 
 class _CoreSaid(Exception):
     """The core refused or ended the link (an error frame, or an unexpected message)."""
+
+
+LINK_ERRORS: Final = (OSError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, _CoreSaid,
+                      ProtocolError)
+
+
+def _unwrap(group: BaseExceptionGroup) -> BaseException:
+    """The reader's or flusher's own failure out of the nursery's group (anything else stays a group)."""
+    leaves = list(_leaves(group))
+    if leaves and all(isinstance(exc, LINK_ERRORS) for exc in leaves):
+        return leaves[0]
+    return group
+
+
+def _leaves(group: BaseExceptionGroup) -> Any:
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            yield from _leaves(exc)
+        else:
+            yield exc
 
 
 async def _next(stream: trio.abc.Stream, decoder: FrameDecoder) -> Any:
