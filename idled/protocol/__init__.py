@@ -11,7 +11,8 @@ from idled.protocol.messages import (
     DEFAULT_MAX_FRAME, MAX_FRAME_LIMIT, MAX_UID_BYTES, MAX_NAME_BYTES, MAX_TOKEN_CHARS, MIN_KEEPALIVE,
     MAX_KEEPALIVE, MAX_INT_UID, MAX_SEQ, MAX_DATA_DEPTH, ROLES, ErrorCode, ProtocolError, NEED_DATA,
     NeedData, Uid, Role, Login, Ping, Msg, Bye, Attach, Touch, Detach, Subscribe, Query, Welcome, Pong,
-    Event, Status, Error, PING, BYE, PONG, ClientMessage, ServerMessage, Message,
+    Event, Status, Error, Ended, ENDED_REASONS, DETACH_REASONS, PING, BYE, PONG, ClientMessage, ServerMessage,
+    Message,
 )
 from idled.protocol.parse import check_uid, parse_client_message, parse_server_message
 from idled.protocol.codec import BYE_FRAME, PING_FRAME, PONG_FRAME, decode_client_body, decode_server_body, encode
@@ -22,7 +23,8 @@ __all__ = [
     "DEFAULT_MAX_FRAME", "MAX_FRAME_LIMIT", "MAX_UID_BYTES", "MAX_NAME_BYTES", "MAX_TOKEN_CHARS",
     "MIN_KEEPALIVE", "MAX_KEEPALIVE", "MAX_INT_UID", "MAX_SEQ", "MAX_DATA_DEPTH", "ROLES", "ErrorCode",
     "ProtocolError", "NEED_DATA", "NeedData", "Uid", "Role", "Login", "Ping", "Msg", "Bye", "Attach",
-    "Touch", "Detach", "Subscribe", "Query", "Welcome", "Pong", "Event", "Status", "Error", "PING", "BYE",
+    "Touch", "Detach", "Subscribe", "Query", "Welcome", "Pong", "Event", "Status", "Error", "Ended",
+    "ENDED_REASONS", "DETACH_REASONS", "PING", "BYE",
     "PONG", "ClientMessage", "ServerMessage", "Message", "parse_client_message", "parse_server_message",
     "check_uid", "PING_FRAME", "BYE_FRAME", "PONG_FRAME", "encode", "decode_client_body",
     "decode_server_body", "FrameDecoder", "RECEIVE_BYTES", "ByteStream", "messages", "receive_message",

@@ -39,7 +39,7 @@ from typing import Any, Final
 import msgpack
 
 from idled.protocol.messages import (
-    Attach, Bye, ClientMessage, Detach, Error, ErrorCode, Event, Login, Message, Msg, Ping, Pong,
+    Attach, Bye, ClientMessage, Detach, Ended, Error, ErrorCode, Event, Login, Message, Msg, Ping, Pong,
     ProtocolError, Query, ServerMessage, Status, Subscribe, Touch, Welcome,
 )
 from idled.protocol.parse import EVENT_KEYS, _short, parse_client_message, parse_server_message
@@ -72,6 +72,8 @@ def _encode_login(m: Login) -> bytes:
         d["token"] = m.token
     if m.keepalive is not None:
         d["keepalive"] = m.keepalive
+    if m.ended:
+        d["ended"] = True
     return _frame(d)
 
 
@@ -94,6 +96,10 @@ def _encode_welcome(m: Welcome) -> bytes:
         d["timeout"] = m.timeout
     if m.max_frame is not None:
         d["max_frame"] = m.max_frame
+    if m.tick is not None:
+        d["tick"] = m.tick
+    if m.max_timeout is not None:
+        d["max_timeout"] = m.max_timeout
     return _frame(d)
 
 
@@ -120,13 +126,15 @@ _ENCODERS: Final[dict[type, Callable[[Any], bytes]]] = {
     Msg: lambda m: _frame({"op": "msg", "data": m.data}),
     Attach: _encode_attach,
     Touch: lambda m: _frame({"op": "touch", "uids": m.uids}),
-    Detach: lambda m: _frame({"op": "detach", "uids": m.uids}),
+    Detach: lambda m: _frame({"op": "detach", "uids": m.uids} if m.reason is None
+                             else {"op": "detach", "uids": m.uids, "reason": m.reason}),
     Subscribe: _encode_subscribe,
     Query: lambda m: _frame({"op": "query", "uids": m.uids}),
     Welcome: _encode_welcome,
     Event: _encode_event,
     Status: lambda m: _frame({"op": "status", "online": dict(m.online)}),
     Error: lambda m: _frame({"op": "error", "code": str(m.code), "reason": m.reason}),
+    Ended: lambda m: _frame({"op": "ended", "uids": m.uids, "reason": m.reason}),
 }
 
 

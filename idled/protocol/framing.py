@@ -102,6 +102,10 @@ class FrameDecoder:
         """Bytes received but not yet consumed."""
         return len(self._buf) - self._pos
 
+    def unconsumed(self) -> bytes:
+        """A copy of the bytes received but not yet consumed (a relay forwards them after the login frame)."""
+        return bytes(memoryview(self._buf)[self._pos:])
+
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         """Buffer bytes from the peer. Never raises; after a failure the bytes are dropped."""
         if self._failed is not None or not data:

@@ -20,7 +20,7 @@ __all__ = [
     "MIN_KEEPALIVE", "MAX_KEEPALIVE", "MAX_INT_UID", "MAX_SEQ", "MAX_DATA_DEPTH", "ROLES",
     "ErrorCode", "ProtocolError", "NEED_DATA", "NeedData", "Uid", "Role",
     "Login", "Ping", "Msg", "Bye", "Attach", "Touch", "Detach", "Subscribe", "Query",
-    "Welcome", "Pong", "Event", "Status", "Error",
+    "Welcome", "Pong", "Event", "Status", "Error", "Ended", "ENDED_REASONS", "DETACH_REASONS",
     "PING", "BYE", "PONG", "ClientMessage", "ServerMessage", "Message",
 ]
 
@@ -91,12 +91,15 @@ NEED_DATA: Final = NeedData()
 
 @dataclass(frozen=True, slots=True)
 class Login:
-    """`{"op":"login", <role>: name, "token"?: str, "keepalive"?: seconds}`; keepalive only for role "uid"."""
+    """`{"op":"login", <role>: name, "token"?: str, "keepalive"?: seconds, "ended"?: bool}`; keepalive only for
+    role "uid"; `ended` only for role "gateway": it asks the server for `Ended` notices (opt-in, so gateways
+    that do not know the message never receive it)."""
 
     role: Role
     name: Uid  # a uid (str or int) for role "uid", else a str name
     token: str | None = None
     keepalive: float | None = None
+    ended: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,9 +136,11 @@ class Touch:
 
 @dataclass(frozen=True, slots=True)
 class Detach:
-    """Gateway: these uids disconnected (orderly)."""
+    """Gateway: these uids disconnected. `reason` (optional, one of `DETACH_REASONS`) is the offline reason
+    to record, so an edge's users leave the same record as direct ones; absent: "detach"."""
 
     uids: tuple[Uid, ...]
+    reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,12 +162,16 @@ class Query:
 
 @dataclass(frozen=True, slots=True)
 class Welcome:
-    """Login accepted. `timeout` (seconds) for role "uid"; `max_frame` optionally tells a peer its new limit."""
+    """Login accepted. `timeout` (seconds): a user's own timeout, or for a gateway the server's default;
+    `max_frame` optionally tells a peer its new limit. A gateway's welcome also carries the server's `tick`
+    and `max_timeout`, so an edge can answer its users' logins exactly as the server would."""
 
     role: Role
     name: Uid
     timeout: float | None = None
     max_frame: int | None = None
+    tick: float | None = None
+    max_timeout: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,8 +208,23 @@ class Error:
     reason: str
 
 
+DETACH_REASONS: Final = ("logout", "closed", "shutdown")
+
+# Why the server ended sessions a gateway carried (`Ended.reason`).
+ENDED_REASONS: Final = ("idle", "kicked", "shutdown")
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """`{"op":"ended","uids":[...],"reason":R}`: the server ended these sessions of the gateway (R in
+    `ENDED_REASONS`). Sent only to gateways that logged in with `"ended": true`."""
+
+    uids: tuple[Uid, ...]
+    reason: str
+
+
 ClientMessage: TypeAlias = Login | Ping | Msg | Bye | Attach | Touch | Detach | Subscribe | Query
-ServerMessage: TypeAlias = Welcome | Pong | Event | Status | Error
+ServerMessage: TypeAlias = Welcome | Pong | Event | Status | Error | Ended
 Message: TypeAlias = ClientMessage | ServerMessage
 
 PING: Final = Ping()

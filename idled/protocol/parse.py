@@ -26,9 +26,9 @@ from typing import Any, Final
 import msgpack
 
 from idled.protocol.messages import (
-    BYE, MAX_DATA_DEPTH, MAX_FRAME_LIMIT, MAX_INT_UID, MAX_KEEPALIVE, MAX_NAME_BYTES, MAX_SEQ, MAX_TOKEN_CHARS,
+    BYE, DETACH_REASONS, MAX_DATA_DEPTH, MAX_FRAME_LIMIT, MAX_INT_UID, MAX_KEEPALIVE, MAX_NAME_BYTES, MAX_SEQ, MAX_TOKEN_CHARS,
     MAX_UID_BYTES, MIN_KEEPALIVE, PING, PONG, Attach, Bye, ClientMessage, Detach, Error, ErrorCode, Event,
-    Login, Msg, Ping, ProtocolError, Query, Role, ServerMessage, Status, Subscribe, Touch, Uid, Welcome,
+    Ended, Login, Msg, Ping, ProtocolError, Query, Role, ServerMessage, Status, Subscribe, Touch, Uid, Welcome,
 )
 
 __all__ = ["parse_client_message", "parse_server_message", "check_uid"]
@@ -146,7 +146,8 @@ def _only(obj: dict[Any, Any], allowed: frozenset[str], op: str) -> None:
 
 
 _IDENTITY_KEYS: Final = ("uid", "gateway", "observer")
-_LOGIN_KEYS: Final = frozenset({"op", "uid", "gateway", "observer", "token", "keepalive"})
+_LOGIN_KEYS: Final = frozenset({"op", "uid", "gateway", "observer", "token", "keepalive", "ended"})
+_DETACH_KEYS: Final = frozenset({"op", "uids", "reason"})
 _MSG_KEYS: Final = frozenset({"op", "data"})
 _ATTACH_KEYS: Final = frozenset({"op", "uids", "keepalive"})
 _UIDS_KEYS: Final = frozenset({"op", "uids"})
@@ -174,7 +175,13 @@ def _parse_login(obj: dict[str, Any]) -> Login:
         if role != "uid":
             raise _bad("keepalive applies only to uid logins (gateways give it per attach)")
         keepalive = _keepalive(keepalive)
-    return Login(role, name, token, keepalive)
+    ended = obj.get("ended")
+    if ended is not None:
+        if type(ended) is not bool:
+            raise _bad("ended must be a bool")
+        if role != "gateway":
+            raise _bad("ended applies only to gateway logins")
+    return Login(role, name, token, keepalive, bool(ended))
 
 
 def _parse_ping(obj: dict[str, Any]) -> Ping:
@@ -216,6 +223,18 @@ def _uids_of(obj: dict[str, Any], op: str) -> tuple[Uid, ...]:
     return _uid_list(obj["uids"])
 
 
+def _parse_detach(obj: dict[str, Any]) -> Detach:
+    reason = obj.get("reason")
+    if reason is None:
+        return Detach(_uids_of(obj, "detach"))
+    if type(reason) is not str or reason not in DETACH_REASONS:
+        raise _bad(f"detach reason must be one of {', '.join(DETACH_REASONS)}")
+    _only(obj, _DETACH_KEYS, "detach")
+    if "uids" not in obj:
+        raise _bad("detach needs uids")
+    return Detach(_uid_list(obj["uids"]), reason)
+
+
 def _parse_subscribe(obj: dict[str, Any]) -> Subscribe:
     _only(obj, _SUBSCRIBE_KEYS, "subscribe")
     start = obj.get("from")
@@ -229,7 +248,7 @@ _CLIENT_PARSERS: Final[dict[str, Callable[[dict[str, Any]], ClientMessage]]] = {
     "bye": _parse_bye,
     "attach": _parse_attach,
     "touch": lambda obj: Touch(_uids_of(obj, "touch")),
-    "detach": lambda obj: Detach(_uids_of(obj, "detach")),
+    "detach": _parse_detach,
     "subscribe": _parse_subscribe,
     "query": lambda obj: Query(_uids_of(obj, "query")),
 }
@@ -262,7 +281,19 @@ def _parse_welcome(obj: dict[Any, Any]) -> Welcome:
     max_frame = obj.get("max_frame")
     if max_frame is not None and not (type(max_frame) is int and 0 < max_frame <= MAX_FRAME_LIMIT):
         raise _bad("max_frame must be an int in 1..2**32-1")
-    return Welcome(role, name, None if timeout is None else _positive(timeout, "timeout"), max_frame)
+    tick, max_timeout = obj.get("tick"), obj.get("max_timeout")
+    return Welcome(
+        role, name, None if timeout is None else _positive(timeout, "timeout"), max_frame,
+        None if tick is None else _positive(tick, "tick"),
+        None if max_timeout is None else _positive(max_timeout, "max_timeout"))
+
+
+def _parse_ended(obj: dict[Any, Any]) -> Ended:
+    reason = obj.get("reason")
+    if type(reason) is not str:
+        raise _bad("ended needs a str reason")
+    # An unknown reason is kept as given (lenient): a gateway treats it like the session simply ending.
+    return Ended(_uid_list(obj.get("uids"), "ended uids"), reason)
 
 
 def _parse_event(obj: dict[Any, Any]) -> Event:
@@ -309,6 +340,7 @@ _SERVER_PARSERS: Final[dict[str, Callable[[dict[Any, Any]], ServerMessage]]] = {
     "welcome": _parse_welcome,
     "status": _parse_status,
     "error": _parse_error,
+    "ended": _parse_ended,
 }
 
 

@@ -1,0 +1,195 @@
+"""`idled edge` end to end: real `idled serve` and `idled edge` subprocesses on loopback.
+
+A user through an edge must see exactly what a direct user sees (welcome timeout, pong, idle_timeout,
+kicked, auth_failed, server_shutdown), observers must see the same record, and a core restart must not drop
+the edge's users.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from idled.protocol import BYE, PING, PONG, Attach, Error, Event, Login, Msg, Pong, Subscribe, Welcome, tokens
+from tests.peers import Client, Daemon, free_port, serve_command
+
+pytestmark = pytest.mark.slow
+
+TICK = 0.1
+
+
+def edge_command(core_port: int, *options: str) -> list[str]:
+    return [sys.executable, "-m", "idled.cli.main", "edge", "--core", f"127.0.0.1:{core_port}", "--port", "0", *options]
+
+
+@asynccontextmanager
+async def daemons(*specs: tuple[list[str], Path]) -> AsyncIterator[list[Daemon]]:
+    started: list[Daemon] = []
+    try:
+        for command, path in specs:
+            daemon = Daemon(command, path)
+            started.append(daemon)
+            await daemon.started()
+        yield started
+    finally:
+        for daemon in started:
+            daemon.kill()
+
+
+def core(tmp_path: Path, *options: str, port: int = 0) -> tuple[list[str], Path]:
+    command = serve_command(tmp_path / "data", "--tick", str(TICK), "--fsync", "never", "--metrics-port", "0", *options)
+    if port:
+        command += ["--port", str(port)]
+    return command, tmp_path / "core.err"
+
+
+async def observer(port: int, from_seq: int | None = None) -> Client:
+    peer = await Client.login(port, "observer", "obs")
+    await peer.send(Subscribe(from_seq))
+    return peer
+
+
+async def next_event(peer: Client, timeout: float = 10.0) -> Event:
+    message = await peer.recv(timeout)
+    assert isinstance(message, Event), message
+    return message
+
+
+async def test_a_user_through_an_edge_sees_what_a_direct_user_sees(tmp_path: Path) -> None:
+    async with daemons(core(tmp_path, "--timeout", "7")) as (c,):
+        async with daemons((edge_command(c.port), tmp_path / "edge.err")) as (e,):
+            obs = await observer(e.port)  # through the edge's relay
+            for keepalive in (None, 4.0, 0.01, 10_000.0):
+                direct = await Client.connect(c.port)
+                await direct.send(Login("uid", "direct", None, keepalive))
+                via = await Client.connect(e.port)
+                await via.send(Login("uid", "via", None, keepalive))
+                assert (await via.expect(Welcome)).timeout == (await direct.expect(Welcome)).timeout
+                await direct.send(BYE)
+                await via.send(BYE)
+                assert await via.recv() is None
+            user = await Client.login(e.port, "uid", "alice", keepalive=30)
+            await user.send(PING)
+            assert await user.recv() is PONG
+            await user.send(Msg({"hello": [1, 2]}))
+            await user.send(PING)
+            assert await user.recv() is PONG
+            await user.send(BYE)
+            assert await user.recv() is None
+            events = [(ev.uid, ev.kind, ev.reason) for ev in [await next_event(obs) for _ in range(4 * 4 + 2)]]
+            assert events[-2:] == [("alice", "online", "login"), ("alice", "offline", "logout")]
+            assert ("via", "offline", "logout") in events
+
+
+async def test_idle_user_gets_idle_timeout_and_the_offline_is_never_early(tmp_path: Path) -> None:
+    async with daemons(core(tmp_path, "--timeout", "1")) as (c,):
+        async with daemons((edge_command(c.port), tmp_path / "edge.err")) as (e,):
+            obs = await observer(c.port)
+            user = await Client.login(e.port, "uid", "idler")
+            await trio.sleep(0.5)
+            await user.send(PING)  # activity at the edge moves the deadline (relayed within 10 ms)
+            assert await user.recv() is PONG
+            sent = trio.current_time()
+            error = await user.recv(5)
+            waited = trio.current_time() - sent
+            assert isinstance(error, Error) and error.code == "idle_timeout"
+            assert 1.0 - 0.01 <= waited <= 1.0 + TICK + 0.010 + 0.25, waited  # + batch, + scheduling slack
+            online, offline = await next_event(obs), await next_event(obs)
+            assert (online.kind, offline.kind, offline.reason) == ("online", "offline", "idle")
+            assert offline.ts >= offline.deadline
+
+
+async def test_newest_login_wins_across_two_edges_without_a_flap(tmp_path: Path) -> None:
+    async with daemons(core(tmp_path)) as (c,):
+        async with daemons((edge_command(c.port, "--host", "127.0.0.1"), tmp_path / "e1.err"),
+                           (edge_command(c.port, "--host", "127.0.0.2"), tmp_path / "e2.err")) as (e1, e2):
+            obs = await observer(c.port)
+            old = await Client.login(e1.port, "uid", "bob")
+            assert (await next_event(obs)).kind == "online"
+            new = Client(await trio.open_tcp_stream("127.0.0.2", e2.port))
+            await new.send(Login("uid", "bob"))
+            await new.expect(Welcome)
+            await old.expect_error("kicked")
+            await new.send(PING)
+            assert await new.recv() is PONG
+            # Locally too: a second login on the same edge kicks the first, with no event either.
+            again = Client(await trio.open_tcp_stream("127.0.0.2", e2.port))
+            await again.send(Login("uid", "bob"))
+            await again.expect(Welcome)
+            await new.expect_error("kicked")
+            await again.send(PING)
+            assert await again.recv() is PONG
+            await trio.sleep(0.2)
+            events, status = await obs.events_until_status(["bob"])
+            assert events == [] and status.online == {"bob": True}
+
+
+async def test_auth_on_the_edge(tmp_path: Path) -> None:
+    secret_file = tmp_path / "secret"
+    secret_file.write_text("s" * 32)
+    secret = tokens.load_secret(secret_file)
+    async with daemons(core(tmp_path, "--secret-file", str(secret_file))) as (c,):
+        async with daemons((edge_command(c.port, "--secret-file", str(secret_file)), tmp_path / "edge.err")) as (e,):
+            bad = await Client.connect(e.port)
+            await bad.send(Login("uid", "mallory", tokens.mint(secret, "uid", "alice", 2e9)))
+            await bad.expect_error("auth_failed")
+            good = await Client.login(e.port, "uid", "alice", token=tokens.mint(secret, "uid", "alice", 2e9))
+            await good.send(PING)
+            assert await good.recv() is PONG
+            obs = Client(await trio.open_tcp_stream("127.0.0.1", e.port))  # relayed: the core checks it
+            await obs.send(Login("observer", "obs", "forged"))
+            await obs.expect_error("auth_failed")
+
+
+async def test_core_restart_keeps_the_edge_users(tmp_path: Path) -> None:
+    port = free_port()
+    async with daemons(core(tmp_path, "--timeout", "5", port=port)) as (c,):
+        async with daemons((edge_command(port), tmp_path / "edge.err")) as (e,):
+            users = [await Client.login(e.port, "uid", f"u{i}") for i in range(3)]
+            await trio.sleep(0.5)  # the online records reach the log (the writer's group commit)
+            c.kill()
+            for user in users:  # the edge answers pings while the core is gone
+                await user.send(PING)
+                assert await user.recv() is PONG
+            restarted = Daemon(core(tmp_path, "--timeout", "5", port=port)[0], tmp_path / "core2.err")
+            try:
+                await restarted.started()
+                obs = await observer(port, from_seq=1)  # the whole record: before the kill, restart, re-attach
+                seen: dict[Any, list[str]] = {}
+                with trio.fail_after(15):
+                    while any(len(seen.get(f"u{i}", [])) < 3 for i in range(3)):
+                        ev = await next_event(obs)
+                        seen.setdefault(ev.uid, []).append(ev.kind if ev.reason != "restart" else "restart")
+                assert all(kinds == ["online", "restart", "online"] for kinds in seen.values()), seen
+                for user in users:
+                    await user.send(PING)
+                    assert await user.recv() is PONG
+                _, status = await obs.events_until_status(["u0", "u1", "u2"])
+                assert all(status.online.values())
+            finally:
+                restarted.kill()
+
+
+async def test_gateway_through_the_edge_and_edge_drain(tmp_path: Path) -> None:
+    async with daemons(core(tmp_path)) as (c,):
+        async with daemons((edge_command(c.port), tmp_path / "edge.err")) as (e,):
+            obs = await observer(c.port)
+            gw = await Client.login(e.port, "gateway", "app")
+            await gw.send(Attach(("g1",)))
+            assert (await next_event(obs)).uid == "g1"
+            await gw.send(PING)
+            assert isinstance(await gw.recv(), Pong)
+            user = await Client.login(e.port, "uid", "leaving")
+            assert (await next_event(obs)).uid == "leaving"
+            e.proc.send_signal(signal.SIGTERM)
+            await user.expect_error("server_shutdown")
+            assert await e.wait() == 0
+            ev = await next_event(obs)
+            assert (ev.uid, ev.kind, ev.reason) == ("leaving", "offline", "shutdown")
