@@ -121,16 +121,17 @@ def precheck_host(host: str, port: int, env: Mapping[str, str], *, secret: bytes
 
 
 class Shortage:
-    """Accepts that failed for lack of descriptors (or memory): the first of an episode is one warning with
-    ``explain()`` (the descriptor arithmetic), the rest are counted and reported at most once per ``every``
-    seconds. A window with no failure ends the episode: the next failure warns in full again."""
+    """Connections that could not be served for lack of descriptors (or memory): the first of an episode is
+    one warning with ``explain()`` (the descriptor arithmetic), the rest are counted -- refused with busy, or
+    retried when not even that was possible -- and reported at most once per ``every`` seconds. A window with
+    no failure ends the episode: the next failure warns in full again."""
 
     def __init__(self, explain: Callable[[], str], *, every: float = REPORT_EVERY) -> None:
         self.explain = explain
         self.every = every
         self.total = 0  # failures since start (every episode)
         self.refused = 0  # of those, connections accepted with the spare and refused with busy
-        self._failed = self._refused = 0  # in the current window
+        self._refused = self._retried = 0  # in the current window
         self._window: float | None = None  # start of the current window; None: no episode going on
 
     def note(self, exc: OSError, *, refused: bool, now: float) -> None:
@@ -146,23 +147,23 @@ class Shortage:
                 exc.strerror or exc, name, self.explain(), self.every,
             )
             return
-        self._failed += 1
         self._refused += refused
+        self._retried += not refused
         self.report(now)
 
     def report(self, now: float) -> None:
         """Log the window's count if it is over (called on every accept, so it is cheap)."""
         if self._window is None or now - self._window < self.every:
             return
-        if not self._failed:
+        if not (self._refused or self._retried):
             self._window = None  # a quiet window: the episode is over
             return
         log.warning(
-            "accept: %d connections could not be accepted for lack of descriptors in the last %.0f s "
-            "(%d refused with busy, the rest retried)",
-            self._failed, now - self._window, self._refused,
+            "accept: out of descriptors in the last %.0f s: %d connections refused with busy, %d accepts "
+            "retried %g s later (no descriptor even to refuse with)",
+            now - self._window, self._refused, self._retried, SHORTAGE_PAUSE,
         )
-        self._failed = self._refused = 0
+        self._refused = self._retried = 0
         self._window = now
 
 
@@ -179,6 +180,7 @@ async def accept_loop(
     """Accept on ``listener`` until cancelled (then close it), each connection served by ``handler`` in
     ``handlers``; out of descriptors, refuse with ``refuse`` (see the module docstring). Other errors raise."""
     spare = _open_spare()
+    waited = False  # the last accept failed, and a connection has been waiting since
     try:
         async with listener:
             while True:
@@ -187,6 +189,14 @@ async def accept_loop(
                 except OSError as exc:
                     if exc.errno not in CAPACITY_ERRNOS:
                         raise
+                    if not waited:
+                        # The kernel takes the new descriptor before it looks at the queue: EMFILE says
+                        # nothing about a connection waiting. Wait for one (or the spare would be spent on
+                        # nobody), then try a plain accept again: a descriptor may have been freed meanwhile.
+                        await trio.lowlevel.wait_readable(listener.socket)
+                        waited = True
+                        continue
+                    waited = False
                     refused = False
                     if spare is None:
                         spare = _open_spare()
@@ -199,6 +209,7 @@ async def accept_loop(
                     if not refused:
                         await trio.sleep(SHORTAGE_PAUSE)
                     continue
+                waited = False
                 shortage.report(trio.current_time())
                 handlers.start_soon(handler, stream)
     finally:
