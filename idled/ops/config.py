@@ -98,7 +98,7 @@ class Config:
 
 
 HELP: dict[str, str] = {
-    "host": "address to listen on (non-loopback needs --secret-file or --insecure)",
+    "host": "address to listen on; any non-loopback listener (systemd's too) needs --secret-file or --insecure",
     "port": "TCP port for clients; 0 picks a free one (logged)",
     "timeout": "seconds of silence before a user is offline, for clients that send no keepalive",
     "tick": "detector resolution in seconds: offline fires at most one tick after the deadline",
@@ -109,7 +109,7 @@ HELP: dict[str, str] = {
     "max_frame": "largest frame in bytes a user, observer or unauthenticated peer may send",
     "max_gateway_frame": "largest frame in bytes a logged-in gateway may send",
     "login_timeout": "seconds a new connection has to log in",
-    "max_connections": "connections beyond this are refused with a busy error",
+    "max_connections": "connections beyond this are refused with a busy error; capped to what the open-file limit allows",
     "secret_file": "HMAC secret for login tokens; unset means auth is off (loopback only)",
     "insecure": "allow listening on a non-loopback address without auth",
     "data_dir": "event-log directory (default $STATE_DIRECTORY, else ./idled-data)",

@@ -32,7 +32,7 @@ from idled.log.eventlog import EventLogError
 
 __all__ = [
     "EXIT_OK", "EXIT_FAILURE", "EXIT_USAGE", "EXIT_TARGET_FAILED", "EXIT_LISTEN", "EXIT_LOG", "EXIT_RESOURCES",
-    "EXIT_INTERRUPTED", "Fatal", "fatal_on_oserror", "describe",
+    "EXIT_INTERRUPTED", "Fatal", "fatal_on_oserror", "fatal_on_log_error", "describe",
 ]
 
 EXIT_OK: Final = 0
@@ -45,6 +45,8 @@ EXIT_RESOURCES: Final = 6
 EXIT_INTERRUPTED: Final = 130
 
 _RESOURCE_ERRNOS: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+# Errors that can only mean the disk: an OSError with one of these, wherever it was raised, is the log's.
+_DISK_ERRNOS: Final = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
 
 
 class Fatal(Exception):
@@ -64,6 +66,31 @@ def fatal_on_oserror(what: str, where: str, status: int) -> Iterator[None]:
     except OSError as exc:
         reason = exc.strerror or str(exc)
         raise Fatal(what, where, reason, EXIT_RESOURCES if exc.errno in _RESOURCE_ERRNOS else status) from exc
+
+
+@contextmanager
+def fatal_on_log_error(where: str) -> Iterator[None]:
+    """Turn the event log's failures inside the block -- an `EventLogError`, or an OSError on its files --
+    into a `Fatal` naming the log's directory ``where``, with the operating system's words for the reason
+    (``event log (/var/lib/idled): No space left on device``)."""
+    try:
+        yield
+    except (EventLogError, OSError) as exc:
+        raise Fatal("event log", where, *_log_reason(exc)) from exc
+
+
+def _log_reason(exc: EventLogError | OSError) -> tuple[str, int]:
+    cause = exc if isinstance(exc, OSError) else exc.__cause__
+    if not isinstance(cause, OSError):
+        assert isinstance(exc, EventLogError)
+        return exc.reason, EXIT_LOG
+    if cause.errno == errno.EEXIST and isinstance(exc, FileExistsError):
+        reason = "exists and is not a directory"  # os.makedirs on a file
+    else:
+        reason = cause.strerror or str(cause)
+    if isinstance(exc, EventLogError) and exc.code not in ("eventlog", "write_failed"):
+        reason = f"{exc.code.replace('_', ' ')}: {reason}"  # e.g. "fsync failed: Input/output error"
+    return reason, EXIT_RESOURCES if cause.errno in _RESOURCE_ERRNOS else EXIT_LOG
 
 
 def _leaves(exc: BaseException) -> Iterator[BaseException]:
@@ -91,7 +118,8 @@ def describe(exc: BaseException) -> tuple[str, int]:
     for leaf in leaves:
         if isinstance(leaf, OSError):
             where = f" ({leaf.filename})" if leaf.filename else ""
-            status = EXIT_RESOURCES if leaf.errno in _RESOURCE_ERRNOS else EXIT_FAILURE
+            status = (EXIT_RESOURCES if leaf.errno in _RESOURCE_ERRNOS
+                      else EXIT_LOG if leaf.errno in _DISK_ERRNOS else EXIT_FAILURE)
             return f"{leaf.strerror or leaf}{where}", status
     first = leaves[0] if leaves else exc
     return f"{type(first).__name__}: {first}", EXIT_FAILURE

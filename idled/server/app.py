@@ -14,10 +14,17 @@ touches sockets and handles signals, and this module wires its pieces together r
 * ``ticker.Ticker``: expiry; ``monitor.Monitor``: loop lag, the watchdog, periodic hooks;
 * the log writer (``idled.log.writer.run_writer``), which group-commits the records the bus queues.
 
-``serve()`` recovers the log (which fixes the first seq), builds the presence table and the pieces above,
-then runs one nursery: the writer, the /metrics endpoint, the tick task, the accept loop (handlers run in
-this nursery, under the accept loop's own scope so stopping to accept leaves them running), the monitor.
-Then it waits for SIGTERM/SIGINT or ``stop()``. Shutdown is a cancel-scope deadline, not a polling loop:
+``serve()`` opens the listeners first (``listen.open_listeners``: bound, or adopted from systemd; auth off
+is refused on any that is not local), so a failed bind or a refused address ends the start before the log is
+touched. It fixes the connection limit: ``max_connections``, capped to the descriptor budget
+(``idled.ops.fdbudget``: the open-file limit less a reserve for the log, metrics and the rest) with a warning,
+so descriptors never run out under the log's feet. Then it recovers the log (which fixes the first seq),
+builds the presence table and the pieces above, and runs one nursery: the writer, the /metrics endpoint, the
+tick task, one accept loop per listener (``listen.accept_loop``; handlers run in this nursery, under the
+accept loops' own scope so stopping to accept leaves them running), the monitor.
+Then it waits for SIGTERM/SIGINT or ``stop()``. An expected failure of the log (disk full, fsync failed)
+ends the daemon as one ``Fatal`` naming the log's directory (``idled.ops.fatal``): systemd restarts it onto
+a recovered log. Shutdown is a cancel-scope deadline, not a polling loop:
 stop accepting, end every session (reason ``shutdown``), let the writer drain and sync, tell the gateways
 and observers (after every event has reached them), wait for the connections to close -- all within a
 grace period -- then cancel the rest.
@@ -44,13 +51,16 @@ from idled.log.seqs import SeqReservation
 from idled.log.writer import run_writer
 from idled.ops import systemd
 from idled.ops.config import Config, ConfigError
+from idled.ops.fatal import fatal_on_log_error
+from idled.ops.fdbudget import Budget, open_file_limit
 from idled.ops.gcpolicy import GcPolicy
 from idled.ops.metrics import Metrics, NullMetrics, serve_metrics
 from idled.protocol import ErrorCode
 from idled.server.bus import EventBus
 from idled.server.clock import Clock
-from idled.server.conn import Connection, Doorway, auth_secret
+from idled.server.conn import Connection, Doorway, auth_secret, refuse
 from idled.server.gateways import Gateways
+from idled.server.listen import Shortage, accept_loop, bound_address, display, open_listeners, precheck_host, require_auth
 from idled.server.monitor import Monitor
 from idled.server.observers import Observers
 from idled.server.seqs import SeqBlocks
@@ -109,6 +119,9 @@ class Server:
         self.stopped = trio.Event()  # set once serve() has returned (or failed)
         self._peers: set[Connection] = set()  # gateways and observers, told when the server stops
         self.ports: list[int] = []
+        self.addresses: list[tuple[str, int | None]] = []  # what each listener is bound to (getsockname)
+        self.budget: Budget | None = None  # set by serve() once the listeners are known
+        self.shortage = Shortage(lambda: str(self.budget))
 
     @property
     def stopping(self) -> bool:
@@ -133,11 +146,20 @@ class Server:
         ``listeners``: None opens the configured ones (or adopts systemd's); ``[]`` accepts nothing (every
         connection then comes through ``handle``)."""
         try:
-            recovery = await self._recover()
-            self.clock.start()
             if listeners is None:
                 listeners = await self._open_listeners()
-            self.ports = [listener.socket.getsockname()[1] for listener in listeners]
+            try:
+                self.addresses = [bound_address(listener) for listener in listeners]
+                require_auth(self.addresses, secret=self.secret, insecure=self.config.insecure)
+                self.ports = [port for _, port in self.addresses if port is not None]
+                self.budget = Budget.of(open_file_limit(), listeners=len(listeners))
+                with fatal_on_log_error(str(self.log.directory)):
+                    recovery = await self._recover()
+            except BaseException:
+                for listener in listeners:
+                    listener.socket.close()  # not served: the accept loops would have closed them
+                raise
+            self.clock.start()
             async with trio.open_nursery() as nursery:
                 await self._start(nursery, recovery, listeners)
                 task_status.started(self.ports)
@@ -174,7 +196,18 @@ class Server:
         self._door = Doorway(
             cfg, sessions=sessions, roles=roles, secret=self.secret, metrics=self.metrics, connections=self.connections
         )
+        self._door.limit = self._connection_limit(cfg.max_connections)
         return recovery
+
+    def _connection_limit(self, max_connections: int) -> int:
+        """``max_connections``, capped to the descriptor budget (with a warning giving the arithmetic)."""
+        budget = self.budget
+        if budget is None or max_connections <= budget.connections:
+            log.info("connections limited to %d (descriptor budget: %s)", max_connections, budget)
+            return max_connections
+        log.warning("max_connections %d is more than the descriptors allow (%s): capped to %d",
+                    max_connections, budget, budget.connections)
+        return budget.connections
 
     async def _start(
         self, nursery: trio.Nursery, recovery: Recovery, listeners: Sequence[trio.SocketListener]
@@ -197,9 +230,10 @@ class Server:
         sessions.wake_ticker = ticker.wake
         nursery.start_soon(ticker.run)
         await nursery.start(self._accept, listeners, nursery)
-        for port in self.ports:
-            log.info("listening on %s:%d", cfg.host, port)
-            print(f"IDLED_LISTENING host={cfg.host} port={port}", file=sys.stderr, flush=True)
+        for host, port in self.addresses:
+            log.info("listening on %s", display(host, port))
+            if port is not None:
+                print(f"IDLED_LISTENING host={host} port={port}", file=sys.stderr, flush=True)
         systemd.notify(systemd.READY, env=self.env)
         hooks = [functools.partial(self.seqs.extend_ahead, presence, nursery)]
         if self.gc_policy is not None:
@@ -217,21 +251,20 @@ class Server:
         self, listeners: Sequence[trio.SocketListener], handlers: trio.Nursery, task_status: trio.TaskStatus[None]
     ) -> None:
         # Accept loops under their own scope, handlers in the main nursery: stopping to accept
-        # (shutdown) closes the listeners and leaves the connections to end cleanly.
+        # (shutdown) closes the listeners and leaves the connections to end cleanly. With no listener
+        # (connections are handed to handle() directly) the scope is just held.
+        refuse_busy = functools.partial(refuse, code=ErrorCode.BUSY, reason="out of file descriptors")
         with self._accept_scope:
-            if not listeners:
-                # trio.serve_listeners([]) returns at once and then raises AssertionError: with nothing to
-                # accept on (connections are handed to handle() directly), just hold the scope.
+            async with trio.open_nursery() as loops:
+                for listener in listeners:
+                    loops.start_soon(accept_loop, listener, self.handle, handlers, refuse_busy, self.shortage)
                 task_status.started()
                 await trio.sleep_forever()
-            await trio.serve_listeners(self.handle, listeners, handler_nursery=handlers, task_status=task_status)
 
     async def _open_listeners(self) -> list[trio.SocketListener]:
-        inherited = systemd.listen_fds(self.env)
-        if inherited:
-            log.info("socket activation: adopting %d listening socket(s)", len(inherited))
-            return [trio.SocketListener(trio.socket.from_stdlib_socket(sock)) for sock in inherited]
-        return await trio.open_tcp_listeners(self.config.port, host=self.config.host)
+        cfg = self.config
+        precheck_host(cfg.host, cfg.port, self.env, secret=self.secret, insecure=cfg.insecure)
+        return await open_listeners(cfg.host, cfg.port, self.env)
 
     async def _until_stopped(self) -> None:
         """Wait for SIGTERM/SIGINT (or ``stop()``). Once shutdown begins the default handlers are back, so a
@@ -286,10 +319,12 @@ class Server:
 
     def _apply(self, config: Config) -> None:
         """Hand a reloaded configuration to every piece that reads a RELOADABLE setting."""
-        self.config = config
+        previous, self.config = self.config, config
         self.clock.stall_limit = config.stall_ticks * config.tick
         if self._door is not None:
             self._door.config = config
+            if config.max_connections != previous.max_connections:
+                self._door.limit = self._connection_limit(config.max_connections)
         if self._gateways is not None:
             self._gateways.max_frame = config.max_gateway_frame
 
@@ -320,6 +355,12 @@ class Server:
         nursery.cancel_scope.cancel()
 
     async def _run_writer(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        # A failure of the log (disk full, fsync failed) ends the daemon, by design: one Fatal line naming the
+        # directory, and systemd restarts it onto a recovered log.
+        with fatal_on_log_error(str(self.log.directory)):
+            await self._write_log(task_status)
+
+    async def _write_log(self, task_status: trio.TaskStatus[None]) -> None:
         metrics = self.metrics
         try:
             await run_writer(

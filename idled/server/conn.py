@@ -18,20 +18,19 @@ the error frame itself and closes. Only the connection's own task ever writes to
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 
 import trio
 
-from idled.ops.config import Config, ConfigError
+from idled.ops.config import Config
 from idled.ops.metrics import Metrics, NullMetrics
 from idled.core.presence import Uid
 from idled.protocol import Error, ErrorCode, FrameDecoder, Login, ProtocolError, encode, receive_message, tokens
 from idled.server.sessions import Sessions
 
-__all__ = ["ROLE_LABELS", "SEND_ERROR_TIMEOUT", "Connection", "Doorway", "Role", "auth_secret", "close_with"]
+__all__ = ["ROLE_LABELS", "SEND_ERROR_TIMEOUT", "Connection", "Doorway", "Role", "auth_secret", "close_with", "refuse"]
 
 log = logging.getLogger("idled.server.conn")
 
@@ -72,30 +71,26 @@ async def close_with(stream: trio.abc.Stream, code: str, reason: str) -> None:
 
 
 def auth_secret(config: Config) -> bytes | None:
-    """The secret logins are verified with (None: auth off). Auth off is refused beyond loopback unless the
-    configuration says ``insecure``: anyone who can connect could then log in as anyone."""
-    secret = tokens.load_secret(config.secret_file) if config.secret_file else None
-    if secret is None and not config.insecure and not _is_loopback(config.host):
-        raise ConfigError(
-            f"refusing to listen on {config.host} with auth off: give --secret-file, or --insecure to accept it"
-        )
-    return secret
+    """The secret logins are verified with (None: auth off). Auth off is refused on any listener that is not
+    local unless the configuration says ``insecure``; that rule is checked on the bound addresses, in
+    ``idled.server.listen``."""
+    return tokens.load_secret(config.secret_file) if config.secret_file else None
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
+async def refuse(stream: trio.abc.Stream, code: str = ErrorCode.BUSY, reason: str = "too many connections") -> None:
+    """Send one error frame and close: a connection refused before it was served."""
     try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+        await close_with(stream, code, reason)
+    finally:
+        await stream.aclose()
 
 
 class Doorway:
     """Admission, login and role dispatch for every accepted connection (see the module docstring).
 
-    ``config`` is read per connection (``max_connections``, ``max_frame``, ``login_timeout``), so a reload
-    replaces it here. ``connections`` counts open connections by role label, plus ``pending``.
+    ``config`` is read per connection (``max_frame``, ``login_timeout``), so a reload replaces it here;
+    ``limit`` is the connection limit in force (``max_connections`` capped to the descriptor budget: the
+    server sets it). ``connections`` counts open connections by role label, plus ``pending``.
     """
 
     def __init__(
@@ -114,6 +109,7 @@ class Doorway:
         self.secret = secret
         self.metrics = metrics
         self.connections = connections
+        self.limit = config.max_connections
 
     async def handle(self, stream: trio.abc.Stream) -> None:
         """Serve one connection until it ends; never raises (but for cancellation)."""
@@ -123,7 +119,7 @@ class Doorway:
             if self.sessions.stopping:
                 await close_with(stream, ErrorCode.SERVER_SHUTDOWN, "shutting down")
                 return
-            if sum(self.connections.values()) > self.config.max_connections:
+            if sum(self.connections.values()) > self.limit:
                 await close_with(stream, ErrorCode.BUSY, "too many connections")
                 return
             decoder = FrameDecoder(self.config.max_frame)

@@ -1,0 +1,232 @@
+"""Listening sockets: where they come from, the one rule they all obey, and the accept loop.
+
+Theory of operation
+-------------------
+**Where from.** ``open_listeners`` adopts the sockets systemd passed (``LISTEN_FDS``), or binds
+``--host``/``--port``. A failed bind ends the daemon with one line naming the address (``Fatal``, exit 4).
+
+**One rule.** Auth off (no secret) is refused on any listening socket that is not local, however it was
+obtained: a socket systemd bound to 0.0.0.0 serves the world exactly like ``--host 0.0.0.0``. So the rule is
+checked on the address each socket is really bound to (``getsockname()``), after binding or adopting; an IP
+literal given as ``--host`` is also checked before binding, so a refused start never listens at all. Local
+means a loopback address (127.0.0.0/8, ::1, ::ffff:127.x) or a unix socket. ``--insecure`` accepts the risk.
+The addresses logged and printed (``IDLED_LISTENING host=... port=...``) are the bound ones, too.
+
+**The accept loop.** trio's ``serve_listeners`` meets EMFILE/ENFILE/ENOMEM/ENOBUFS by logging a traceback
+and retrying every 0.1 s, while the connection waits in the kernel's backlog until its own timeout. Here the
+descriptor budget (``idled.ops.fdbudget``) normally keeps accept from ever running out: connections past it
+are accepted and refused with ``busy`` by the doorway. If descriptors run out anyway (something else used the
+reserve, or the machine's file table is full), each loop holds one *spare* descriptor (/dev/null): it closes
+the spare, accepts the waiting connection, refuses it with ``busy``, closes it and reopens the spare -- so the
+client learns at once, rather than hanging. Without a spare (or for ENOMEM/ENOBUFS) it pauses briefly and
+retries; other connections are served meanwhile. ``Shortage`` logs the first failure of an episode as one
+warning with the descriptor arithmetic, then at most one line per ``REPORT_EVERY`` seconds with the count.
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import logging
+import os
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
+from typing import Final
+
+import trio
+
+from idled.ops import systemd
+from idled.ops.fatal import EXIT_LISTEN, EXIT_USAGE, Fatal, fatal_on_oserror
+
+__all__ = [
+    "CAPACITY_ERRNOS", "REPORT_EVERY", "SHORTAGE_PAUSE", "Shortage", "accept_loop", "bound_address", "display",
+    "is_local", "open_listeners", "precheck_host", "require_auth",
+]
+
+log = logging.getLogger("idled.server.listen")
+
+CAPACITY_ERRNOS: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+SHORTAGE_PAUSE: Final = 0.1  # seconds before accepting again when a connection could not even be refused
+REPORT_EVERY: Final = 10.0  # seconds between two lines counting accepts that failed for lack of descriptors
+SPARE_ACCEPT_WAIT: Final = 0.05  # the connection is already queued; if it is gone meanwhile, don't wait for another
+
+Handler = Callable[[trio.SocketStream], Awaitable[None]]
+
+
+# -- where listeners come from, and the rule -------------------------------------------------------------------
+
+
+async def open_listeners(host: str, port: int, env: MutableMapping[str, str]) -> list[trio.SocketListener]:
+    """systemd's sockets if it passed any, else new ones bound to ``host:port`` (Fatal naming it on failure)."""
+    inherited = systemd.listen_fds(env)
+    if inherited:
+        log.info("socket activation: adopting %d listening socket(s)", len(inherited))
+        return [trio.SocketListener(trio.socket.from_stdlib_socket(sock)) for sock in inherited]
+    with fatal_on_oserror("cannot listen", display(host, port), EXIT_LISTEN):
+        return await trio.open_tcp_listeners(port, host=host)
+
+
+def bound_address(listener: trio.SocketListener) -> tuple[str, int | None]:
+    """(host, port) the socket is really bound to; a unix socket gives (its path, None)."""
+    name = listener.socket.getsockname()
+    if isinstance(name, tuple):
+        return str(name[0]), int(name[1])
+    return (name.decode(errors="replace") if isinstance(name, bytes) else str(name)), None
+
+
+def display(host: str, port: int | None) -> str:
+    """``host:port`` as an operator would type it (``[::1]:7878``); a unix socket's path as it is."""
+    if port is None:
+        return host or "(unnamed unix socket)"
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def is_local(host: str, port: int | None = 0) -> bool:
+    """True for loopback addresses, ``localhost`` and unix sockets (``port`` None): nobody off this machine
+    can connect. Anything else -- a wildcard, a public or private address, a name -- is not."""
+    if port is None or host == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(host.split("%", 1)[0])  # an IPv6 scope (fe80::1%eth0) is not an address
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped  # ::ffff:127.0.0.1 is loopback, whatever the Python version says
+    return address.is_loopback
+
+
+def require_auth(addresses: Sequence[tuple[str, int | None]], *, secret: bytes | None, insecure: bool) -> None:
+    """Refuse (``Fatal``, exit 2) to serve with auth off on any address that is not local, unless ``insecure``:
+    anyone who can connect could log in as anyone."""
+    if secret is not None or insecure:
+        return
+    for host, port in addresses:
+        if not is_local(host, port):
+            raise Fatal("refusing to listen with auth off", display(host, port),
+                        "give --secret-file, or --insecure to accept logins from anyone", EXIT_USAGE)
+
+
+def precheck_host(host: str, port: int, env: Mapping[str, str], *, secret: bytes | None, insecure: bool) -> None:
+    """The rule applied to ``--host`` before binding, when it is an IP literal and systemd passed no socket:
+    a refused start then never listens, even for a moment. (Names are checked once bound.)"""
+    if env.get("LISTEN_FDS"):
+        return  # the sockets systemd passed are what will be served, not --host
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return
+    require_auth([(host, port)], secret=secret, insecure=insecure)
+
+
+# -- the accept loop --------------------------------------------------------------------------------------------
+
+
+class Shortage:
+    """Connections that could not be served for lack of descriptors (or memory): the first of an episode is
+    one warning with ``explain()`` (the descriptor arithmetic), the rest are counted -- refused with busy, or
+    retried when not even that was possible -- and reported at most once per ``every`` seconds. A window with
+    no failure ends the episode: the next failure warns in full again."""
+
+    def __init__(self, explain: Callable[[], str], *, every: float = REPORT_EVERY) -> None:
+        self.explain = explain
+        self.every = every
+        self.total = 0  # failures since start (every episode)
+        self.refused = 0  # of those, connections accepted with the spare and refused with busy
+        self._refused = self._retried = 0  # in the current window
+        self._window: float | None = None  # start of the current window; None: no episode going on
+
+    def note(self, exc: OSError, *, refused: bool, now: float) -> None:
+        self.total += 1
+        self.refused += refused
+        if self._window is None:
+            self._window = now
+            name = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+            log.warning(
+                "accept: %s (%s) although connections are limited to the descriptor budget (%s); "
+                "new connections are refused with busy (or wait, when not even that is possible) until "
+                "descriptors are free again; counted below at most once every %g s",
+                exc.strerror or exc, name, self.explain(), self.every,
+            )
+            return
+        self._refused += refused
+        self._retried += not refused
+        self.report(now)
+
+    def report(self, now: float) -> None:
+        """Log the window's count if it is over (called on every accept, so it is cheap)."""
+        if self._window is None or now - self._window < self.every:
+            return
+        if not (self._refused or self._retried):
+            self._window = None  # a quiet window: the episode is over
+            return
+        log.warning(
+            "accept: out of descriptors in the last %.0f s: %d connections refused with busy, %d accepts "
+            "retried %g s later (no descriptor even to refuse with)",
+            now - self._window, self._refused, self._retried, SHORTAGE_PAUSE,
+        )
+        self._refused = self._retried = 0
+        self._window = now
+
+
+def _open_spare() -> int | None:
+    try:
+        return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+
+
+async def accept_loop(
+    listener: trio.SocketListener, handler: Handler, handlers: trio.Nursery, refuse: Handler, shortage: Shortage
+) -> None:
+    """Accept on ``listener`` until cancelled (then close it), each connection served by ``handler`` in
+    ``handlers``; out of descriptors, refuse with ``refuse`` (see the module docstring). Other errors raise."""
+    spare = _open_spare()
+    waited = False  # the last accept failed, and a connection has been waiting since
+    try:
+        async with listener:
+            while True:
+                try:
+                    stream = await listener.accept()
+                except OSError as exc:
+                    if exc.errno not in CAPACITY_ERRNOS:
+                        raise
+                    if not waited:
+                        # The kernel takes the new descriptor before it looks at the queue: EMFILE says
+                        # nothing about a connection waiting. Wait for one (or the spare would be spent on
+                        # nobody), then try a plain accept again: a descriptor may have been freed meanwhile.
+                        await trio.lowlevel.wait_readable(listener.socket)
+                        waited = True
+                        continue
+                    waited = False
+                    refused = False
+                    if spare is None:
+                        spare = _open_spare()
+                    if spare is not None and exc.errno in (errno.EMFILE, errno.ENFILE):
+                        os.close(spare)
+                        spare = None
+                        refused = await _refuse_one(listener, refuse)
+                        spare = _open_spare()
+                    shortage.note(exc, refused=refused, now=trio.current_time())
+                    if not refused:
+                        await trio.sleep(SHORTAGE_PAUSE)
+                    continue
+                waited = False
+                shortage.report(trio.current_time())
+                handlers.start_soon(handler, stream)
+    finally:
+        if spare is not None:
+            os.close(spare)
+
+
+async def _refuse_one(listener: trio.SocketListener, refuse: Handler) -> bool:
+    """With the spare's descriptor free: accept the waiting connection and refuse it. True if one was."""
+    stream: trio.SocketStream | None = None
+    with trio.move_on_after(SPARE_ACCEPT_WAIT):
+        try:
+            stream = await listener.accept()
+        except OSError:
+            return False  # someone else took the descriptor first
+    if stream is None:
+        return False
+    await refuse(stream)  # bounded: an error frame fits a fresh socket's send buffer, then it is closed
+    return True
+
