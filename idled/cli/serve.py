@@ -14,7 +14,7 @@ from idled.ops import systemd
 from idled.ops.config import ConfigError
 from idled.ops.fatal import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, describe
 from idled.ops.gcpolicy import GcPolicy
-from idled.ops.logs import setup_logging
+from idled.ops.logs import config_summary, setup_logging
 from idled.ops.metrics import Metrics
 from idled.protocol import tokens
 from idled.server.app import Server
@@ -30,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         return _fatal(f"configuration: {exc}", EXIT_USAGE)
     setup_logging(cfg.log_level)
+    log.info("%s", config_summary(cfg))
     soft, hard = systemd.raise_nofile_limit()
     log.info("open-file limit %d (hard %d)", soft, hard)
     try:
