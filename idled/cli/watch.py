@@ -15,15 +15,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from datetime import datetime
 from typing import Any
 
+from idled.cli.events import human_line
 from idled.cli.clientflags import add_client_arguments, run_command, token_for
 from idled.client.trio import open_observer
 from idled.ops.fatal import EXIT_FAILURE, EXIT_OK
 from idled.protocol import Event
 
-__all__ = ["add_arguments", "run", "event_record", "human_line"]
+__all__ = ["add_arguments", "run", "event_record"]
 
 PROG = "idled watch"
 
@@ -46,31 +46,6 @@ def event_record(event: Event) -> dict[str, Any]:
     }
     record.update(event.extra or {})
     return record
-
-
-def local_time(ts: Any) -> str:
-    """Unix seconds as local time with milliseconds (``2026-11-03 14:02:07.215``); other values as given."""
-    if not isinstance(ts, (int, float)) or isinstance(ts, bool):
-        return str(ts)
-    try:
-        return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
-    except (OverflowError, OSError, ValueError):
-        return str(ts)
-
-
-def human_line(record: dict[str, Any]) -> str:
-    """One readable line for an event record (from the wire or from the log)."""
-    kind, reason = record.get("kind"), record.get("reason")
-    line = f"{local_time(record.get('ts'))}  #{record.get('seq')}  {record.get('uid')!s}  {kind}  {reason}"
-    ts, deadline = record.get("ts"), record.get("deadline")
-    if kind == "offline" and reason == "idle" and isinstance(ts, (int, float)) and isinstance(deadline, (int, float)):
-        line += f"  ({ts - deadline:.3f} s after the deadline"
-        if isinstance(record.get("timeout"), (int, float)):
-            line += f"; timeout {record['timeout']:g} s"
-        line += ")"
-    elif kind == "online" and isinstance(record.get("timeout"), (int, float)):
-        line += f"  (timeout {record['timeout']:g} s)"
-    return line
 
 
 def run(args: argparse.Namespace) -> int:
