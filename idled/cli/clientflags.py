@@ -5,9 +5,10 @@ Every one of them takes ``--host/--port`` (default 127.0.0.1:7878) and either ``
 line on stderr; and maps the outcome onto the exit-status table of `idled.cli.main`: 0 ok (Ctrl-C included),
 1 runtime failure (daemon unreachable, refused login, connection lost), 2 usage (an unusable secret file).
 
-Ctrl-C is a signal receiver that cancels the command's scope, not a KeyboardInterrupt raised at an arbitrary
-checkpoint: the client's context manager then says ``bye`` on its way out, so the daemon records a logout
-rather than a dropped connection.
+Ctrl-C is a signal receiver, not a KeyboardInterrupt raised at an arbitrary checkpoint: the first one cancels
+only what the command waits in (`Interrupt.wait`), so the client's context manager still runs its exit and
+says ``bye`` on a live connection -- the daemon records a logout, not a dropped connection. Cancelling the
+whole command instead would close the connection under the ``bye``. A second Ctrl-C cancels everything.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import trio
 
@@ -24,8 +26,9 @@ from idled.client import ClientError
 from idled.ops.fatal import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from idled.protocol.tokens import SecretError, load_secret, mint
 
-__all__ = ["add_client_arguments", "UsageError", "token_for", "run_command", "TOKEN_TTL"]
+__all__ = ["add_client_arguments", "UsageError", "Interrupt", "token_for", "run_command", "TOKEN_TTL"]
 
+T = TypeVar("T")
 TOKEN_TTL = 3600.0  # seconds a token minted from --secret-file is valid
 
 
@@ -57,21 +60,50 @@ def token_for(args: argparse.Namespace, role: str, name: str) -> str | None:
     return None
 
 
-def run_command(prog: str, body: Callable[[], Awaitable[int]]) -> int:
-    """Run ``body`` under trio until it returns or Ctrl-C/SIGTERM (status 0); a ClientError is one line and 1."""
+class Interrupt:
+    """Ctrl-C as seen by a command's body: ``await interrupt.wait(fn)`` returns fn's result, or None once
+    interrupted (fn is cancelled; the code around it, e.g. a client's logout, still runs)."""
+
+    def __init__(self) -> None:
+        self.fired = False
+        self._scopes: set[trio.CancelScope] = set()
+
+    async def wait(self, fn: Callable[[], Awaitable[T]]) -> T | None:
+        if self.fired:
+            return None
+        with trio.CancelScope() as scope:
+            self._scopes.add(scope)
+            try:
+                return await fn()
+            finally:
+                self._scopes.discard(scope)
+        return None
+
+    def fire(self) -> None:
+        self.fired = True
+        for scope in self._scopes:
+            scope.cancel()
+
+
+def run_command(prog: str, body: Callable[[Interrupt], Awaitable[int]]) -> int:
+    """Run ``body`` under trio until it returns, Ctrl-C/SIGTERM ending it with status 0 (see the module
+    docstring); a ClientError is one line on stderr and status 1, a UsageError status 2."""
 
     async def main() -> int:
         status = EXIT_OK
+        interrupt = Interrupt()
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with trio.open_nursery() as nursery:
                 async def until_signal() -> None:
                     async for _ in signals:
-                        nursery.cancel_scope.cancel()
-                        return
+                        if interrupt.fired:  # the second one: stop everything now
+                            nursery.cancel_scope.cancel()
+                            return
+                        interrupt.fire()
 
                 async def run_body() -> None:
                     nonlocal status
-                    status = await body()
+                    status = await body(interrupt)
                     nursery.cancel_scope.cancel()
 
                 nursery.start_soon(until_signal)

@@ -44,7 +44,7 @@ exit status (the same table for every idled command):
   4    idled serve: cannot listen (address in use, permission denied)
   5    idled serve: event log unusable (disk full, permission denied, locked, fsync failed)
   6    idled serve: out of resources (open-file limit, memory)
-  130  idled serve: interrupted by a second Ctrl-C during shutdown"""
+  130  interrupted: a second Ctrl-C during idled serve's shutdown; Ctrl-C during idled bench or loadtest"""
 
 
 class Parser(argparse.ArgumentParser):
@@ -67,11 +67,18 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     _add_version(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module_name, help_text) in COMMANDS.items():
-        command_parser = sub.add_parser(name, help=help_text, description=help_text, epilog=EXIT_STATUS_HELP,
+        command_parser = sub.add_parser(name, help=help_text, description=help_text,
                                         formatter_class=argparse.RawDescriptionHelpFormatter)
         _add_version(command_parser)
         if name == command:
             importlib.import_module(module_name).add_arguments(command_parser)
+        # The command's own epilog (serve: where settings come from) stays; an exit-status table of its own
+        # gives way to the one table, so every --help says the same thing.
+        own = command_parser.epilog
+        if own and own.lstrip().startswith("exit status"):
+            own = None
+        command_parser.epilog = (own + "\n\n" if own else "") + EXIT_STATUS_HELP
+        command_parser.formatter_class = argparse.RawDescriptionHelpFormatter
     return parser
 
 

@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 
-from idled.cli.clientflags import add_client_arguments, run_command, token_for
+from idled.cli.clientflags import Interrupt, add_client_arguments, run_command, token_for
 from idled.client.trio import open_observer
 from idled.ops.fatal import EXIT_OK, EXIT_USAGE
 
@@ -48,11 +48,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return EXIT_USAGE
 
-    async def body() -> int:
+    async def body(interrupt: Interrupt) -> int:
         token = token_for(args, "observer", args.name)
         async with open_observer(args.host, args.port, args.name, token=token, subscribe=False, reconnect=False,
                                  connect_timeout=args.connect_timeout) as observer:
-            online = await observer.query(uids)
+            online = await interrupt.wait(lambda: observer.query(uids))
+        if online is None:
+            return EXIT_OK  # Ctrl-C before the answer
         if args.json:
             print(json.dumps({str(uid): bool(online.get(uid)) for uid in uids}))
         else:

@@ -18,7 +18,7 @@ from typing import Any
 
 import trio
 
-from idled.cli.clientflags import add_client_arguments, run_command, token_for
+from idled.cli.clientflags import Interrupt, add_client_arguments, run_command, token_for
 from idled.client import IdleTimeout
 from idled.client.link import Conn
 from idled.client.session import Session
@@ -74,7 +74,7 @@ class TerminalSession(Session):
 
 
 def run(args: argparse.Namespace) -> int:
-    async def body() -> int:
+    async def body(interrupt: Interrupt) -> int:
         token = token_for(args, "uid", args.uid)
         session = TerminalSession(TRIO, args.host, args.port, args.uid, token=token, keepalive=args.keepalive,
                                   reconnect=False, connect_timeout=args.connect_timeout,
@@ -84,13 +84,13 @@ def run(args: argparse.Namespace) -> int:
                 timeout = session.timeout
                 say(f"logged in as {args.uid!r} on {args.host}:{args.port}; offline after {timeout:g} s of silence"
                     + (" (sending nothing: expect idle_timeout)" if args.silent else " (Ctrl-C logs out)"))
-                await session.wait_done()
+                await interrupt.wait(session.wait_done)
         except IdleTimeout as exc:
             say(f"idle_timeout: {exc.reason}")
             if args.silent:
                 return EXIT_OK
             raise
-        return EXIT_OK  # the daemon ended the session without an error (not seen today)
+        return EXIT_OK  # Ctrl-C: leaving the block said bye
 
     status = run_command(PROG, body)
     if status == EXIT_OK and not args.silent:

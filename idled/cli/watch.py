@@ -18,7 +18,7 @@ import sys
 from typing import Any
 
 from idled.cli.events import human_line
-from idled.cli.clientflags import add_client_arguments, run_command, token_for
+from idled.cli.clientflags import Interrupt, add_client_arguments, run_command, token_for
 from idled.client.trio import open_observer
 from idled.ops.fatal import EXIT_FAILURE, EXIT_OK
 from idled.protocol import Event
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{PROG}: --count must be at least 1", file=sys.stderr)
         return 2
 
-    async def body() -> int:
+    async def body(interrupt: Interrupt) -> int:
         token = token_for(args, "observer", args.name)
         after = None if args.from_seq is None else args.from_seq - 1
         seen = 0
@@ -64,13 +64,20 @@ def run(args: argparse.Namespace) -> int:
                                  connect_timeout=args.connect_timeout) as observer:
             where = "from now" if after is None else f"from seq {args.from_seq}"
             print(f"{PROG}: watching {args.host}:{args.port} {where} (Ctrl-C to stop)", file=sys.stderr, flush=True)
-            async for event in observer:
-                record = event_record(event)
-                line = json.dumps(record, ensure_ascii=False, default=repr) if args.json else human_line(record)
-                print(line, flush=True)
-                seen += 1
-                if args.count is not None and seen >= args.count:
-                    return EXIT_OK
+
+            async def follow() -> bool:
+                nonlocal seen
+                async for event in observer:
+                    record = event_record(event)
+                    line = json.dumps(record, ensure_ascii=False, default=repr) if args.json else human_line(record)
+                    print(line, flush=True)
+                    seen += 1
+                    if args.count is not None and seen >= args.count:
+                        return True
+                return False
+
+            if await interrupt.wait(follow) is not False:  # --count reached, or Ctrl-C
+                return EXIT_OK
         if observer.error is not None:
             raise observer.error
         print(f"{PROG}: the daemon closed the event stream", file=sys.stderr)

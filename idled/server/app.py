@@ -44,6 +44,7 @@ from idled.log.seqs import SeqReservation
 from idled.log.writer import run_writer
 from idled.ops import systemd
 from idled.ops.config import Config, ConfigError
+from idled.ops.fatal import EXIT_LISTEN, EXIT_LOG, fatal_on_oserror
 from idled.ops.gcpolicy import GcPolicy
 from idled.ops.logs import PeerLog, plural
 from idled.ops.metrics import Health, Metrics, NullMetrics, serve_metrics
@@ -151,7 +152,8 @@ class Server:
     async def _recover(self) -> Recovery:
         """Recover the log, then build the presence table and the pieces that work on it."""
         cfg = self.config
-        recovery = await trio.to_thread.run_sync(self.log.recover)
+        with fatal_on_oserror("event log unusable", str(self.log.directory), EXIT_LOG):
+            recovery = await trio.to_thread.run_sync(self.log.recover)
         if recovery.truncated_bytes or recovery.corrupt_records:
             log.warning(
                 "event log: truncated a torn tail of %d bytes, skipped %d corrupt records",
@@ -236,7 +238,8 @@ class Server:
         if inherited:
             log.info("socket activation: adopting %d listening socket(s)", len(inherited))
             return [trio.SocketListener(trio.socket.from_stdlib_socket(sock)) for sock in inherited]
-        return await trio.open_tcp_listeners(self.config.port, host=self.config.host)
+        with fatal_on_oserror("cannot listen", f"{self.config.host}:{self.config.port}", EXIT_LISTEN):
+            return await trio.open_tcp_listeners(self.config.port, host=self.config.host)
 
     async def _until_stopped(self) -> None:
         """Wait for SIGTERM/SIGINT (or ``stop()``). Once shutdown begins the default handlers are back, so a
