@@ -39,8 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for name in EDGE_SETTINGS:
         flag = "--" + name.replace("_", "-")
         kind = config_module._field_type(fields[name])
-        default = fields[name].default if name != "metrics_port" else 0
-        help_text = config_module.HELP[name] + ("" if kind is bool else f" (default {default})")
+        help_text = config_module.flag_help(fields[name])
         if name == "metrics_port":
             help_text = "port of the Prometheus endpoint; 0 (the default) disables it"
         if kind is bool:

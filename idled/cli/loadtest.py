@@ -122,7 +122,8 @@ def _load_flags(load: argparse._ArgumentGroup) -> None:
                       help="session i has uid N+i (default 0 with --spawn, a time-derived base with --target)")
     load.add_argument("--secret-file", metavar="FILE",
                       help="mint login tokens with this secret (server auth on; passed to a spawned server)")
-    load.add_argument("--connect-timeout", type=float, default=10.0, metavar="S")
+    load.add_argument("--connect-timeout", type=float, default=10.0, metavar="S",
+                      help="seconds each connection may take to connect and log in (default 10)")
     load.add_argument("--max-inflight", type=int, default=500, metavar="N",
                       help="connections being opened at once per worker (default 500)")
     load.add_argument("--gateway-tick", type=float, default=0.05, metavar="S",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from typing import Any
 
@@ -14,7 +15,7 @@ from idled.ops import systemd
 from idled.ops.config import ConfigError
 from idled.ops.fatal import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, describe
 from idled.ops.gcpolicy import GcPolicy
-from idled.ops.logs import setup_logging
+from idled.ops.logs import config_summary, setup_logging
 from idled.ops.metrics import Metrics
 from idled.protocol import tokens
 from idled.server.app import Server
@@ -30,6 +31,8 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         return _fatal(f"configuration: {exc}", EXIT_USAGE)
     setup_logging(cfg.log_level)
+    inherited = "inherited sockets (LISTEN_FDS)" if "LISTEN_FDS" in os.environ else None
+    log.info("%s", config_summary(cfg, listen=inherited))
     soft, hard = systemd.raise_nofile_limit()
     log.info("open-file limit %d (hard %d)", soft, hard)
     try:

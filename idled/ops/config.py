@@ -110,9 +110,9 @@ HELP: dict[str, str] = {
     "max_gateway_frame": "largest frame in bytes a logged-in gateway may send",
     "login_timeout": "seconds a new connection has to log in",
     "max_connections": "connections beyond this are refused with a busy error; capped to what the open-file limit allows",
-    "secret_file": "HMAC secret for login tokens; unset means auth is off (loopback only)",
-    "insecure": "allow listening on a non-loopback address without auth",
-    "data_dir": "event-log directory (default $STATE_DIRECTORY, else ./idled-data)",
+    "secret_file": "HMAC secret for login tokens (default unset: auth is off, loopback only)",
+    "insecure": "allow listening on a non-loopback address without auth (default off)",
+    "data_dir": "event-log directory (default $STATE_DIRECTORY under systemd, else ./idled-data)",
     "fsync": "event-log durability: always, interval or never",
     "fsync_interval": "seconds between fsyncs with --fsync interval",
     "segment_bytes": "event-log segment size before rotation",
@@ -132,17 +132,45 @@ def _field_type(field: dataclasses.Field[Any]) -> type:
     return bool if text == "bool" else int if text == "int" else float if text == "float" else str
 
 
+def flag_help(field: dataclasses.Field[Any]) -> str:
+    """A setting's help line with its default, shown once (a HELP line that names its own default keeps it)."""
+    text = HELP[field.name]
+    if "(default" in text or _field_type(field) is bool:
+        return text
+    return f"{text} (default {field.default})"
+
+
+def environment_help() -> str:
+    """The epilog of ``idled serve --help`` and ``idled check-config --help``: where settings come from."""
+    names = [f"IDLED_{field.name.upper()}" for field in dataclasses.fields(Config)]
+    lines, line = [], " "
+    for name in names:
+        if len(line) + len(name) + 2 > 100:
+            lines.append(line.rstrip())
+            line = " "
+        line += f" {name}"
+    lines.append(line.rstrip())
+    return (
+        "Settings come from a TOML file (--config FILE, or the IDLED_CONFIG variable; flat keys named like the\n"
+        "flags with underscores: max_timeout = 600), then IDLED_* environment variables, then flags; each\n"
+        "overrides the one before, and a flag only when given. The variables:\n" + "\n".join(lines) + "\n"
+        "Booleans accept 1/0, true/false, yes/no, on/off. Check a configuration without starting: idled check-config."
+    )
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", metavar="FILE", help="TOML file with flat keys named like the flags")
+    parser.add_argument(
+        "--config", metavar="FILE",
+        help="TOML file with flat keys named like the flags (default $IDLED_CONFIG, else none)",
+    )
     for field in dataclasses.fields(Config):
         flag = "--" + field.name.replace("_", "-")
         kind = _field_type(field)
         if kind is bool:
-            parser.add_argument(flag, action="store_true", default=None, help=HELP[field.name])
+            parser.add_argument(flag, action="store_true", default=None, help=flag_help(field))
         else:
-            parser.add_argument(
-                flag, type=kind, default=None, choices=_CHOICES.get(field.name), help=f"{HELP[field.name]} (default {field.default})"
-            )
+            parser.add_argument(flag, type=kind, default=None, choices=_CHOICES.get(field.name), help=flag_help(field))
+    parser.epilog = environment_help() + ("\n\n" + parser.epilog if parser.epilog else "")
 
 
 def _coerce(name: str, value: Any, kind: type, source: str) -> Any:

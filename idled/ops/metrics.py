@@ -31,6 +31,18 @@ other methods 405; the request head is capped (``max_request_bytes``) and the wh
 deadline (``timeout``); at most ``max_clients`` are served at once and extra connections are
 closed at once rather than queued. Each client is handled in the server's nursery and any error
 in a handler is logged, never propagated: a bad client cannot take the daemon down.
+
+Given a :class:`Health`, the same endpoint answers the probes and the status document:
+
+* ``/healthz`` -- 200 ``ok`` whenever the process answers at all (a liveness probe: restart if it fails);
+* ``/readyz`` -- 200 ``ready`` when the client listener is open and the event log's directory takes a
+  write, else 503 with the reason (a readiness probe: stop routing to it). The write is a real probe file
+  (create, write, fsync, unlink) in a worker thread -- ``os.access`` says nothing about a full disk, a
+  read-only remount or a removed directory -- and its result is cached for ``cache_seconds`` (1 s), so a
+  probe storm costs one write per second;
+* ``/status`` -- a JSON document (version, uptime, sessions, connections by role, next seq, readiness),
+  what ``idled status`` prints. Like NATS's ``/varz``: plain HTTP, readable with curl, no client library
+  and no protocol change. The server's part is read on the event loop (the handler runs there).
 """
 
 from __future__ import annotations
@@ -57,12 +69,14 @@ from prometheus_client.registry import Collector
 
 from idled import __version__
 from idled.ops.fatal import EXIT_LISTEN, fatal_on_oserror
+from idled.ops.health import Health, health_response
 
 __all__ = [
     "CONTENT_TYPE",
     "ROLES",
     "SNAPSHOT_KEYS",
     "Snapshot",
+    "Health",
     "Metrics",
     "NullMetrics",
     "lateness_buckets",
@@ -342,8 +356,8 @@ _REASONS = {
     405: "Method Not Allowed",
     431: "Request Header Fields Too Large",
     500: "Internal Server Error",
+    503: "Service Unavailable",
 }
-
 
 class _HttpError(Exception):
     def __init__(self, status: int) -> None:
@@ -395,19 +409,23 @@ def _response(status: int, body: bytes, content_type: str, *, head_only: bool = 
     return head if head_only else head + body
 
 
-def _route(head: bytes) -> tuple[int, str]:
-    """(status, method) for a request head."""
+_HEALTH_PATHS = (b"/healthz", b"/readyz", b"/status")
+
+
+def _route(head: bytes, health: bool = False) -> tuple[int, str, str]:
+    """(status, method, path) for a request head; the health paths exist only with a ``Health``."""
     request_line = head.split(b"\r\n", 1)[0]
     parts = request_line.split(b" ")
     if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
         raise _HttpError(400)
     method, target = parts[0], parts[1]
     path = target.split(b"?", 1)[0]
-    if path != b"/metrics":
-        return 404, method.decode("ascii", "replace")
+    text = path.decode("ascii", "replace")
+    if path != b"/metrics" and not (health and path in _HEALTH_PATHS):
+        return 404, method.decode("ascii", "replace"), text
     if method not in (b"GET", b"HEAD"):
-        return 405, method.decode("ascii", "replace")
-    return 200, method.decode("ascii")
+        return 405, method.decode("ascii", "replace"), text
+    return 200, method.decode("ascii"), text
 
 
 async def serve_metrics(
@@ -418,9 +436,11 @@ async def serve_metrics(
     max_request_bytes: int = 8192,
     timeout: float = 10.0,
     max_clients: int = 16,
+    health: Health | None = None,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``GET /metrics`` for ``registry`` on ``host:port`` until cancelled.
+    """Serve ``GET /metrics`` for ``registry`` on ``host:port`` until cancelled (and, given ``health``,
+    ``/healthz``, ``/readyz`` and ``/status``).
 
     Use with ``port = await nursery.start(serve_metrics, registry, host, port)``: the bound port
     is reported once listening (useful with port 0). ``host`` should be an IP literal; the default
@@ -437,13 +457,17 @@ async def serve_metrics(
             head = await _read_head(stream, max_request_bytes)
             if head is None:
                 return
-            status, method = _route(head)
+            status, method, path = _route(head, health is not None)
         except _HttpError as exc:
             await stream.send_all(_response(exc.status, f"{_REASONS[exc.status]}\n".encode(), plain))
             return
         head_only = method == "HEAD"
         if status != 200:
             await stream.send_all(_response(status, f"{_REASONS[status]}\n".encode(), plain, head_only=head_only))
+            return
+        if health is not None and path != "/metrics":
+            code, body, kind = await health_response(health, path)
+            await stream.send_all(_response(code, body, kind, head_only=head_only))
             return
         try:
             body = await trio.to_thread.run_sync(generate_latest, registry, limiter=renderer)

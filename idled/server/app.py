@@ -54,7 +54,8 @@ from idled.ops.config import Config, ConfigError
 from idled.ops.fatal import fatal_on_log_error
 from idled.ops.fdbudget import Budget, open_file_limit
 from idled.ops.gcpolicy import GcPolicy
-from idled.ops.metrics import Metrics, NullMetrics, serve_metrics
+from idled.ops.logs import PeerLog, plural
+from idled.ops.metrics import Health, Metrics, NullMetrics, serve_metrics
 from idled.protocol import ErrorCode
 from idled.server.bus import EventBus
 from idled.server.clock import Clock
@@ -71,6 +72,7 @@ from idled.server.users import run_user
 __all__ = ["RELOADABLE", "Server"]
 
 log = logging.getLogger("idled.server.app")
+peer_log = PeerLog(logging.getLogger("idled.server.peers"))  # debug lines, rate-limited per kind
 
 # Settings SIGHUP applies to the running server; they only shape what happens next (new connections,
 # new frames, the log level). The others size structures or bind sockets: they need a restart.
@@ -171,7 +173,7 @@ class Server:
     async def _recover(self) -> Recovery:
         """Recover the log, then build the presence table and the pieces that work on it."""
         cfg = self.config
-        recovery = await trio.to_thread.run_sync(self.log.recover)
+        recovery = await trio.to_thread.run_sync(self.log.recover)  # failures: see fatal_on_log_error in serve()
         if recovery.truncated_bytes or recovery.corrupt_records:
             log.warning(
                 "event log: truncated a torn tail of %d bytes, skipped %d corrupt records",
@@ -221,10 +223,13 @@ class Server:
         for record in recovery.online.values():
             self.bus.publish(presence.restart_event(record, wall))
         if recovery.online:
-            log.info("closed %d sessions left online by the previous run (reason restart)", len(recovery.online))
+            log.info("closed %s left online by the previous run (reason restart)", plural(len(recovery.online), "session"))
         self.metrics.register_snapshot(self.snapshot)
         if cfg.metrics_port and self.metrics.registry is not None:  # NullMetrics: nothing to export
-            port = await nursery.start(serve_metrics, self.metrics.registry, cfg.metrics_host, cfg.metrics_port)
+            health = Health(self.log.directory, status=self.status, listening=lambda: bool(self.ports) and not self.stopping)
+            port = await nursery.start(
+                functools.partial(serve_metrics, health=health), self.metrics.registry, cfg.metrics_host, cfg.metrics_port
+            )
             log.info("metrics on http://%s:%d/metrics", cfg.metrics_host, port)
         ticker = Ticker(sessions, tick=cfg.tick, metrics=self.metrics)
         sessions.wake_ticker = ticker.wake
@@ -338,7 +343,7 @@ class Server:
         with trio.move_on_after(max(MIN_GRACE, self.config.login_timeout)) as grace:
             grace.shield = True
             ended = await sessions.end_all("shutdown", ErrorCode.SERVER_SHUTDOWN, "server is shutting down")
-            log.info("shutdown: ended %d sessions", ended)
+            log.info("shutdown: ended %s", plural(ended, "session"))
             self.bus.close_log()
             await self._writer_done.wait()
             # Observers get every shutdown event before their own server_shutdown.
@@ -391,10 +396,20 @@ class Server:
 
     def _count_event(self, event: PresenceEvent) -> None:
         self.metrics.presence_events.labels(kind=event.kind, reason=event.reason).inc()
+        peer_log.event(event)
 
     def _status_line(self) -> str:
         c = self.connections
-        return f"{len(self.presence or ())} online; connections: {c['user']} users, {c['gateway']} gateways, {c['observer']} observers"
+        return (
+            f"{len(self.presence or ())} online; connections: {plural(c['user'], 'user')}, "
+            f"{plural(c['gateway'], 'gateway')}, {plural(c['observer'], 'observer')}"
+        )
+
+    def status(self) -> dict[str, Any]:
+        """The server's part of ``GET /status`` (``idled status``); read on the event loop."""
+        assert self.presence is not None
+        return {**self.snapshot(), "next_seq": self.presence.next_seq, "ports": list(self.ports),
+                "stopping": self.stopping, "data_dir": str(self.log.directory)}
 
     def snapshot(self) -> dict[str, Any]:
         """Sizes for the scrape-time gauges (``Metrics.register_snapshot``); read on the event loop."""

@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Mapping
 import trio
 
 from idled.ops.config import Config
+from idled.ops.logs import PeerLog, peer_address
 from idled.ops.metrics import Metrics, NullMetrics
 from idled.core.presence import Uid
 from idled.protocol import Error, ErrorCode, FrameDecoder, Login, ProtocolError, encode, receive_message, tokens
@@ -33,6 +34,7 @@ from idled.server.sessions import Sessions
 __all__ = ["ROLE_LABELS", "SEND_ERROR_TIMEOUT", "Connection", "Doorway", "Role", "auth_secret", "close_with", "refuse"]
 
 log = logging.getLogger("idled.server.conn")
+peer_log = PeerLog(logging.getLogger("idled.server.peers"))  # debug lines, rate-limited per kind
 
 SEND_ERROR_TIMEOUT = 1.0  # a peer that doesn't read can't hold a closing connection longer than this
 ROLE_LABELS: Mapping[str, str] = {"uid": "user", "gateway": "gateway", "observer": "observer"}  # login role -> label
@@ -131,9 +133,11 @@ class Doorway:
                 self.connections[role] -= 1
                 role = ROLE_LABELS[login.role]
                 self.connections[role] += 1
+                peer_log.debug("login", "login %s %r from %s", role, login.name, peer_address(stream))
                 await self.roles[login.role](stream, decoder, login)
             except ProtocolError as exc:
                 self.reject(exc.code)
+                peer_log.debug("reject", "reject %s from %s: %s", exc.code, peer_address(stream), exc.reason)
                 await close_with(stream, exc.code, exc.reason)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the peer went away: its session (if any) was ended where it was read
@@ -165,5 +169,7 @@ class Doorway:
             logins.labels(role=ROLE_LABELS[message.role], result="ok").inc()
             return message
         self.reject(ErrorCode.LOGIN_TIMEOUT)
+        peer_log.debug("reject", "reject %s from %s: no login within %g s", ErrorCode.LOGIN_TIMEOUT,
+                       peer_address(stream), timeout)
         await close_with(stream, ErrorCode.LOGIN_TIMEOUT, f"no login within {timeout:g} s")
         return None

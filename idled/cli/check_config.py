@@ -1,0 +1,78 @@
+"""`idled check-config`: validate the daemon's configuration and print it, without starting (like `nginx -t`).
+
+Takes exactly `idled serve`'s flags and reads the same sources (TOML file < ``IDLED_*`` environment <
+flags), then checks what `idled serve` would refuse before listening: every value's range, the secret file,
+a non-loopback listener without auth, and a data directory that exists but is not a writable directory.
+Prints the one-line summary `idled serve` logs at start, then every effective setting as TOML (usable as a
+config file), and exits 0; or one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+
+from idled.ops import config as config_module
+from idled.ops.config import Config, ConfigError
+from idled.ops.fatal import EXIT_OK, EXIT_USAGE, Fatal
+from idled.ops.logs import config_summary
+from idled.protocol import tokens
+
+__all__ = ["add_arguments", "run", "as_toml"]
+
+PROG = "idled check-config"
+
+add_arguments = config_module.add_arguments
+
+
+def as_toml(cfg: Config) -> str:
+    """Every setting as a flat TOML table; an unset optional setting is a comment."""
+    lines = []
+    for field in dataclasses.fields(cfg):
+        value = getattr(cfg, field.name)
+        if value is None:
+            lines.append(f"# {field.name} is unset")
+        elif isinstance(value, bool):
+            lines.append(f"{field.name} = {'true' if value else 'false'}")
+        elif isinstance(value, (int, float)):
+            lines.append(f"{field.name} = {value!r}")
+        else:
+            lines.append(f"{field.name} = {json.dumps(str(value))}")
+    return "\n".join(lines)
+
+
+def _check_data_dir(path: Path) -> None:
+    if path.exists():
+        if not path.is_dir():
+            raise ConfigError(f"data_dir {path} exists and is not a directory")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise ConfigError(f"data_dir {path} is not writable")
+        return
+    parent = next((p for p in path.absolute().parents if p.exists()), None)
+    if parent is None or not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"data_dir {path} does not exist and cannot be created under {parent}")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        cfg = config_module.load(args)
+        # The daemon's own checks: the secret file, and no auth-off listener beyond loopback.
+        from idled.server.conn import auth_secret
+        from idled.server.listen import precheck_host
+
+        precheck_host(cfg.host, cfg.port, os.environ, secret=auth_secret(cfg), insecure=cfg.insecure)
+        _check_data_dir(cfg.resolved_data_dir())
+    except (ConfigError, tokens.SecretError) as exc:
+        print(f"{PROG}: configuration: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except Fatal as exc:
+        print(f"{PROG}: configuration: {exc}", file=sys.stderr)
+        return exc.status
+    print(f"# {config_summary(cfg)}")
+    print(as_toml(cfg))
+    print(f"{PROG}: configuration OK", file=sys.stderr)
+    return EXIT_OK

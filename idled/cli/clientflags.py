@@ -1,0 +1,142 @@
+"""What the protocol-speaking commands (`idled user`, `watch`, `query`) share: flags, tokens, errors, Ctrl-C.
+
+Every one of them takes ``--host/--port`` (default 127.0.0.1:7878) and either ``--token`` or
+``--secret-file`` (a token is then minted for the identity, valid one hour); prints what went wrong as one
+line on stderr; and maps the outcome onto the exit-status table of `idled.cli.main`: 0 ok (Ctrl-C included),
+1 runtime failure (daemon unreachable, refused login, connection lost), 2 usage (an unusable secret file).
+
+Ctrl-C is a signal receiver, not a KeyboardInterrupt raised at an arbitrary checkpoint: the first one cancels
+only what the command waits in (`Interrupt.wait`), so the client's context manager still runs its exit and
+says ``bye`` on a live connection -- the daemon records a logout, not a dropped connection. Cancelling the
+whole command instead would close the connection under the ``bye``. A second Ctrl-C cancels everything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import trio
+
+from idled.client import ClientError
+from idled.ops.fatal import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from idled.protocol.tokens import SecretError, load_secret, mint
+
+__all__ = ["add_client_arguments", "UsageError", "Interrupt", "token_for", "run_command", "TOKEN_TTL"]
+
+T = TypeVar("T")
+TOKEN_TTL = 3600.0  # seconds a token minted from --secret-file is valid
+
+
+class UsageError(Exception):
+    """A flag's value is unusable (exit status 2)."""
+
+
+def add_client_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1", help="daemon address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=7878, help="daemon client port (default 7878)")
+    auth = parser.add_mutually_exclusive_group()
+    auth.add_argument("--token", metavar="TOKEN",
+                      help="login token from idled token (default none: for a daemon with auth off)")
+    auth.add_argument("--secret-file", metavar="FILE",
+                      help="mint the login token from the daemon's HMAC secret (default none)")
+    parser.add_argument("--connect-timeout", type=float, default=5.0, metavar="SECONDS",
+                        help="give up connecting or logging in after this long (default 5)")
+
+
+def token_for(args: argparse.Namespace, role: str, name: str) -> str | None:
+    """The token to log in with: ``--token``, one minted from ``--secret-file``, or None (auth off)."""
+    if args.token:
+        return str(args.token)
+    if args.secret_file:
+        try:
+            return mint(load_secret(args.secret_file), role, name, time.time() + TOKEN_TTL)
+        except (SecretError, ValueError) as exc:
+            raise UsageError(str(exc)) from None
+    return None
+
+
+class Interrupt:
+    """Ctrl-C as seen by a command's body: ``await interrupt.wait(fn)`` returns fn's result, or None once
+    interrupted (fn is cancelled; the code around it, e.g. a client's logout, still runs)."""
+
+    def __init__(self) -> None:
+        self.fired = False
+        self._scopes: set[trio.CancelScope] = set()
+
+    async def wait(self, fn: Callable[[], Awaitable[T]]) -> T | None:
+        if self.fired:
+            return None
+        with trio.CancelScope() as scope:
+            self._scopes.add(scope)
+            try:
+                return await fn()
+            finally:
+                self._scopes.discard(scope)
+        return None
+
+    def fire(self) -> None:
+        self.fired = True
+        for scope in self._scopes:
+            scope.cancel()
+
+
+def run_command(prog: str, body: Callable[[Interrupt], Awaitable[int]]) -> int:
+    """Run ``body`` under trio until it returns, Ctrl-C/SIGTERM ending it with status 0 (see the module
+    docstring); a ClientError is one line on stderr and status 1, a UsageError status 2."""
+
+    async def main() -> int:
+        status = EXIT_OK
+        interrupt = Interrupt()
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with trio.open_nursery() as nursery:
+                async def until_signal() -> None:
+                    async for _ in signals:
+                        if interrupt.fired:  # the second one: stop everything now
+                            nursery.cancel_scope.cancel()
+                            return
+                        interrupt.fire()
+
+                async def run_body() -> None:
+                    nonlocal status
+                    status = await body(interrupt)
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(until_signal)
+                nursery.start_soon(run_body)
+        return status
+
+    try:
+        return trio.run(main)
+    except UsageError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except ClientError as exc:
+        print(f"{prog}: {describe(exc)}", file=sys.stderr)
+        return EXIT_FAILURE
+    except BaseExceptionGroup as group:  # trio wraps a task's failure when another task ended too
+        for leaf in _leaves(group):
+            if isinstance(leaf, UsageError):
+                print(f"{prog}: {leaf}", file=sys.stderr)
+                return EXIT_USAGE
+            if isinstance(leaf, ClientError):
+                print(f"{prog}: {describe(leaf)}", file=sys.stderr)
+                return EXIT_FAILURE
+        raise
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
+
+
+def describe(exc: ClientError) -> str:
+    """One line for an operator: what failed, and the server's code when it sent one."""
+    if exc.code == "connection_lost":
+        return f"cannot reach the daemon or lost it: {exc.reason}"
+    return f"{exc.code}: {exc.reason}"

@@ -1,0 +1,98 @@
+"""`idled user UID`: log in as a user from the terminal and keep the session alive, printing what happens.
+
+The session is the client library's (`idled.client.trio.open_session`): it pings whenever it has sent
+nothing for the interval its timeout calls for, and this command prints the welcome (with the timeout the
+daemon granted), each ping and pong, and how the session ended. Ctrl-C logs out (``bye``: the daemon records
+reason ``logout``) and exits 0.
+
+``--silent`` logs in and then sends nothing at all, so the daemon marks the user offline after its timeout
+(reason ``idle``) and closes the connection with ``idle_timeout``: the quickest way to watch an offline
+happen. That ending is the expected one, so it exits 0; any other (refused login, connection lost) exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+from datetime import datetime
+from typing import Any
+
+import trio
+
+from idled.cli.clientflags import Interrupt, add_client_arguments, run_command, token_for
+from idled.client import IdleTimeout
+from idled.client.link import Conn
+from idled.client.session import Session
+from idled.client.trio import TRIO, running
+from idled.ops.fatal import EXIT_OK
+
+__all__ = ["add_arguments", "run"]
+
+PROG = "idled user"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("uid", metavar="UID", help="the user to log in as")
+    parser.add_argument("--keepalive", type=float, default=None, metavar="SECONDS",
+                        help="keepalive to ask for: the daemon's timeout becomes min(1.5 x this, max_timeout) "
+                             "(default none: the daemon's --timeout)")
+    parser.add_argument("--silent", action="store_true",
+                        help="log in, then send nothing: wait for the idle timeout and exit 0 (default off)")
+    parser.add_argument("--quiet", "-q", action="store_true", help="do not print each ping and pong (default off)")
+    add_client_arguments(parser)
+
+
+def _now() -> str:
+    return datetime.now().strftime("%H:%M:%S.%f")[:-3]
+
+
+def say(text: str) -> None:
+    print(f"{_now()}  {text}", flush=True)
+
+
+class TerminalSession(Session):
+    """A session that reports its pings and pongs; with ``silent`` it never pings."""
+
+    def __init__(self, *args: Any, silent: bool, quiet: bool, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.silent = silent
+        self.quiet = quiet
+
+    def _sent(self, frame: bytes) -> None:
+        super()._sent(frame)
+        if not self.quiet:
+            say("ping")
+
+    async def _on_message(self, message: Any) -> None:
+        await super()._on_message(message)
+        if not self.quiet:
+            say(type(message).__name__.lower())
+
+    async def _background(self, conn: Conn) -> None:
+        if self.silent:
+            await trio.sleep_forever()  # no keepalive: let the daemon's detector end the session
+        await super()._background(conn)
+
+
+def run(args: argparse.Namespace) -> int:
+    async def body(interrupt: Interrupt) -> int:
+        token = token_for(args, "uid", args.uid)
+        session = TerminalSession(TRIO, args.host, args.port, args.uid, token=token, keepalive=args.keepalive,
+                                  reconnect=False, connect_timeout=args.connect_timeout,
+                                  silent=args.silent, quiet=args.quiet)
+        try:
+            async with running(session):
+                timeout = session.timeout
+                say(f"logged in as {args.uid!r} on {args.host}:{args.port}; offline after {timeout:g} s of silence"
+                    + (" (sending nothing: expect idle_timeout)" if args.silent else " (Ctrl-C logs out)"))
+                await interrupt.wait(session.wait_done)
+        except IdleTimeout as exc:
+            say(f"idle_timeout: {exc.reason}")
+            if args.silent:
+                return EXIT_OK
+            raise
+        return EXIT_OK  # Ctrl-C: leaving the block said bye
+
+    status = run_command(PROG, body)
+    if status == EXIT_OK and not args.silent:
+        say("logged out (bye)")  # Ctrl-C: the session said bye on its way out
+    return status

@@ -1,0 +1,86 @@
+"""`idled watch`: subscribe to a running daemon and print presence events as they happen.
+
+One line per event, readable: local time, seq, uid, kind, reason, and for an idle offline how late it fired
+(``ts - deadline``: never negative, at most one tick). ``--json`` prints JSON lines instead, the same keys
+as `idled events` (and the event log). ``--from SEQ`` replays from that seq (``--from 1``: everything the
+daemon retains) before following; without it the watch starts from now. ``--count N`` exits 0 after N
+events; Ctrl-C exits 0.
+
+Built on the client library's observer (`idled.client.trio.open_observer`), without reconnects: if the
+daemon goes away the command says so and exits 1, rather than retrying silently at a terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from idled.cli.events import human_line
+from idled.cli.clientflags import Interrupt, add_client_arguments, run_command, token_for
+from idled.client.trio import open_observer
+from idled.ops.fatal import EXIT_FAILURE, EXIT_OK
+from idled.protocol import Event
+
+__all__ = ["add_arguments", "run", "event_record"]
+
+PROG = "idled watch"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--from", dest="from_seq", type=int, default=None, metavar="SEQ",
+                        help="replay from this seq, then follow (1: everything retained; default: from now)")
+    parser.add_argument("--json", action="store_true", help="print JSON lines instead of text (default off)")
+    parser.add_argument("--count", type=int, default=None, metavar="N",
+                        help="exit 0 after N events (default: until Ctrl-C)")
+    parser.add_argument("--name", default="idled-watch", help="observer name to log in as (default idled-watch)")
+    add_client_arguments(parser)
+
+
+def event_record(event: Event) -> dict[str, Any]:
+    """An event as the event log stores it: the fixed keys, then the extra ones."""
+    record: dict[str, Any] = {
+        "seq": event.seq, "kind": event.kind, "uid": event.uid, "ts": event.ts, "reason": event.reason,
+        "last_seen": event.last_seen, "deadline": event.deadline,
+    }
+    record.update(event.extra or {})
+    return record
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.from_seq is not None and args.from_seq < 1:
+        print(f"{PROG}: --from must be at least 1", file=sys.stderr)
+        return 2
+    if args.count is not None and args.count < 1:
+        print(f"{PROG}: --count must be at least 1", file=sys.stderr)
+        return 2
+
+    async def body(interrupt: Interrupt) -> int:
+        token = token_for(args, "observer", args.name)
+        after = None if args.from_seq is None else args.from_seq - 1
+        seen = 0
+        async with open_observer(args.host, args.port, args.name, token=token, after=after, reconnect=False,
+                                 connect_timeout=args.connect_timeout) as observer:
+            where = "from now" if after is None else f"from seq {args.from_seq}"
+            print(f"{PROG}: watching {args.host}:{args.port} {where} (Ctrl-C to stop)", file=sys.stderr, flush=True)
+
+            async def follow() -> bool:
+                nonlocal seen
+                async for event in observer:
+                    record = event_record(event)
+                    line = json.dumps(record, ensure_ascii=False, default=repr) if args.json else human_line(record)
+                    print(line, flush=True)
+                    seen += 1
+                    if args.count is not None and seen >= args.count:
+                        return True
+                return False
+
+            if await interrupt.wait(follow) is not False:  # --count reached, or Ctrl-C
+                return EXIT_OK
+        if observer.error is not None:
+            raise observer.error
+        print(f"{PROG}: the daemon closed the event stream", file=sys.stderr)
+        return EXIT_FAILURE
+
+    return run_command(PROG, body)

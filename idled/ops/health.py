@@ -1,0 +1,108 @@
+"""Health for probes and operators: what /healthz, /readyz and /status on the metrics endpoint answer.
+
+See `idled.ops.metrics` (the endpoint) and docs/operations.md (the probes). ``/readyz`` probes the event log's
+directory with a real write -- create, write, fsync, unlink a small file, in a worker thread -- because
+``os.access`` says nothing about a full disk, a read-only remount, an immutable or removed directory; the
+answer is cached for ``cache_seconds`` so a probe storm costs one write per second.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from idled import __version__
+
+__all__ = ["PROBE_NAME", "Health", "health_response"]
+
+PROBE_NAME = ".readyz-probe"  # the file /readyz writes and removes in the data directory
+
+
+class Health:
+    """What /healthz, /readyz and /status report (see the module docstring).
+
+    ``data_dir``: the event log's directory, probed with a real write. ``status``: the server's part of the
+    status document, called on the event loop. ``listening``: whether the client listener is open (and the
+    server not shutting down)."""
+
+    def __init__(
+        self,
+        data_dir: str | Path,
+        *,
+        status: Callable[[], Mapping[str, Any]],
+        listening: Callable[[], bool],
+        version: str = __version__,
+        cache_seconds: float = 1.0,
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        self.status_source = status
+        self.listening = listening
+        self.version = version
+        self.cache_seconds = cache_seconds
+        self.started = time.monotonic()
+        self._probed_at = -float("inf")
+        self._log_problem: str | None = None
+        self._lock: trio.Lock | None = None  # created on the loop, at the first probe
+
+    def _probe_log(self) -> str | None:
+        """In a worker thread: None if a file can be created, written, synced and removed in the directory."""
+        path = self.data_dir / PROBE_NAME
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.write(fd, b"ok\n")
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.unlink(path)
+        except OSError as exc:
+            return f"event log directory {self.data_dir} is not writable: {exc.strerror or exc}"
+        return None
+
+    async def log_problem(self) -> str | None:
+        """Why the event log cannot be written (None: it can), probed at most once per ``cache_seconds``."""
+        if self._lock is None:
+            self._lock = trio.Lock()
+        async with self._lock:  # concurrent probes share one write
+            if trio.current_time() - self._probed_at >= self.cache_seconds:
+                self._log_problem = await trio.to_thread.run_sync(self._probe_log)
+                self._probed_at = trio.current_time()
+        return self._log_problem
+
+    async def ready(self) -> tuple[bool, str]:
+        """(ready?, reason) for /readyz."""
+        if not self.listening():
+            return False, "not listening for clients (starting or shutting down)"
+        problem = await self.log_problem()
+        if problem is not None:
+            return False, problem
+        return True, "ready"
+
+    async def status(self) -> dict[str, Any]:
+        """The /status document."""
+        ready, reason = await self.ready()
+        document: dict[str, Any] = {
+            "version": self.version,
+            "uptime_seconds": round(time.monotonic() - self.started, 3),
+            "ready": ready,
+            "ready_reason": reason,
+        }
+        document.update(self.status_source())
+        return document
+
+
+async def health_response(health: Health, path: str) -> tuple[int, bytes, str]:
+    plain = "text/plain; charset=utf-8"
+    if path == "/healthz":
+        return 200, b"ok\n", plain
+    if path == "/readyz":
+        ready, reason = await health.ready()
+        return (200 if ready else 503), f"{reason}\n".encode(), plain
+    document = await health.status()
+    return 200, (json.dumps(document, sort_keys=True) + "\n").encode(), "application/json"
