@@ -17,6 +17,8 @@ touches sockets and handles signals, and this module wires its pieces together r
 ``serve()`` recovers the log (which fixes the first seq), builds the presence table and the pieces above,
 then runs one nursery: the writer, the /metrics endpoint, the tick task, the accept loop (handlers run in
 this nursery, under the accept loop's own scope so stopping to accept leaves them running), the monitor.
+With ``--workers N`` the core accepts only on its internal unix socket (``internal``) and a
+``supervisor.Supervisor`` task runs N ``idled edge`` children on the public port (READY=1 once they listen).
 Then it waits for SIGTERM/SIGINT or ``stop()``. Shutdown is a cancel-scope deadline, not a polling loop:
 stop accepting, end every session (reason ``shutdown``), let the writer drain and sync, tell the gateways
 and observers (after every event has reached them), wait for the connections to close -- all within a
@@ -55,6 +57,9 @@ from idled.server.monitor import Monitor
 from idled.server.observers import Observers
 from idled.server.seqs import SeqBlocks
 from idled.server.sessions import Sessions
+from idled.server.supervisor import STOP_TIMEOUT, Supervisor
+from idled.server import internal
+from idled.server.workermetrics import WorkerCollector
 from idled.server.ticker import Ticker
 from idled.server.users import run_user
 
@@ -109,6 +114,8 @@ class Server:
         self.stopped = trio.Event()  # set once serve() has returned (or failed)
         self._peers: set[Connection] = set()  # gateways and observers, told when the server stops
         self.ports: list[int] = []
+        # --workers N: edge children take the public port; the core serves them on its internal socket.
+        self.workers = Supervisor(config, peers=self._peers) if config.workers else None
 
     @property
     def stopping(self) -> bool:
@@ -138,12 +145,16 @@ class Server:
             if listeners is None:
                 listeners = await self._open_listeners()
             self.ports = [listener.socket.getsockname()[1] for listener in listeners]
+            if self.workers is not None:
+                listeners = [await self._open_internal(listeners)]
             async with trio.open_nursery() as nursery:
                 await self._start(nursery, recovery, listeners)
                 task_status.started(self.ports)
                 await self._until_stopped()
                 await self._shutdown(nursery)
         finally:
+            if self.workers is not None and self.workers.socket_path is not None:
+                internal.remove_socket(self.workers.socket_path)  # only if we bound it: never another core's
             self.stopped.set()
 
     async def _recover(self) -> Recovery:
@@ -172,7 +183,8 @@ class Server:
         observers = Observers(presence, self.bus, self.log, first_seq=self.seqs.first, peers=self._peers)
         roles = {"uid": functools.partial(run_user, sessions), "gateway": self._gateways.run, "observer": observers.run}
         self._door = Doorway(
-            cfg, sessions=sessions, roles=roles, secret=self.secret, metrics=self.metrics, connections=self.connections
+            cfg, sessions=sessions, roles=roles, secret=self.secret, metrics=self.metrics, connections=self.connections,
+            trusts=self.workers.trusts if self.workers is not None else None,
         )
         return recovery
 
@@ -190,6 +202,8 @@ class Server:
         if recovery.online:
             log.info("closed %d sessions left online by the previous run (reason restart)", len(recovery.online))
         self.metrics.register_snapshot(self.snapshot)
+        if self.workers is not None and self.metrics.registry is not None:
+            self.metrics.registry.register(WorkerCollector(self.workers.view))
         if cfg.metrics_port and self.metrics.registry is not None:  # NullMetrics: nothing to export
             port = await nursery.start(serve_metrics, self.metrics.registry, cfg.metrics_host, cfg.metrics_port)
             log.info("metrics on http://%s:%d/metrics", cfg.metrics_host, port)
@@ -197,6 +211,8 @@ class Server:
         sessions.wake_ticker = ticker.wake
         nursery.start_soon(ticker.run)
         await nursery.start(self._accept, listeners, nursery)
+        if self.workers is not None:
+            await nursery.start(self.workers.run)  # returns once every edge listens on the public port
         for port in self.ports:
             log.info("listening on %s:%d", cfg.host, port)
             print(f"IDLED_LISTENING host={cfg.host} port={port}", file=sys.stderr, flush=True)
@@ -226,6 +242,15 @@ class Server:
                 await trio.sleep_forever()
             await trio.serve_listeners(self.handle, listeners, handler_nursery=handlers, task_status=task_status)
 
+    async def _open_internal(self, public: Sequence[trio.SocketListener]) -> trio.SocketListener:
+        """--workers: keep the public sockets for the edges, and listen on the internal unix socket."""
+        assert self.workers is not None
+        path = internal.core_socket_path(self.env, self.log.directory)
+        listener = await internal.open_internal_listener(path)
+        self.workers.adopt([listener.socket for listener in public], path)
+        log.info("workers: %d edges on the public port; core on unix:%s", len(self.workers.workers), path)
+        return listener
+
     async def _open_listeners(self) -> list[trio.SocketListener]:
         inherited = systemd.listen_fds(self.env)
         if inherited:
@@ -243,6 +268,8 @@ class Server:
                     async for signum in signals:
                         if signum == signal.SIGHUP:
                             self._reload()
+                            if self.workers is not None:
+                                self.workers.hangup()
                         else:
                             log.info("%s: shutting down", signal.Signals(signum).name)
                             self._stop_event.set()
@@ -292,6 +319,8 @@ class Server:
             self._door.config = config
         if self._gateways is not None:
             self._gateways.max_frame = config.max_gateway_frame
+        if self.workers is not None:
+            self.workers.config = config  # a restarted edge gets the reloaded settings
 
     async def _shutdown(self, nursery: trio.Nursery) -> None:
         """Stop accepting, end every session (reason shutdown), flush the log, then cancel the rest."""
@@ -300,10 +329,14 @@ class Server:
         sessions.stopping = True
         self._accept_scope.cancel()
         systemd.notify(systemd.STOPPING, env=self.env)
-        with trio.move_on_after(max(MIN_GRACE, self.config.login_timeout)) as grace:
+        workers_grace = STOP_TIMEOUT if self.workers is not None else 0.0
+        with trio.move_on_after(max(MIN_GRACE, self.config.login_timeout) + workers_grace) as grace:
             grace.shield = True
             ended = await sessions.end_all("shutdown", ErrorCode.SERVER_SHUTDOWN, "server is shutting down")
             log.info("shutdown: ended %d sessions", ended)
+            if self.workers is not None:
+                # After end_all: every session is logged `shutdown` before the edges close their users.
+                await self.workers.stop()
             self.bus.close_log()
             await self._writer_done.wait()
             # Observers get every shutdown event before their own server_shutdown.
