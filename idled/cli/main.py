@@ -15,6 +15,7 @@ from collections.abc import Sequence
 # `idled serve` never imports pyspark or matplotlib.
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("idled.cli.serve", "run the daemon"),
+    "edge": ("idled.cli.edge", "terminate user connections and relay them to a core as a gateway"),
     "token": ("idled.cli.token", "mint an HMAC login token for a uid, gateway or observer"),
     "bench": ("idled.cli.bench", "benchmark every detector under simulated keepalive load (no network)"),
     "loadtest": ("idled.cli.loadtest", "drive a server with real connections and measure what users see"),

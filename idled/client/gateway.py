@@ -13,9 +13,11 @@ few thousand uids within one interval cost one or two frames, and the detector s
 After a reconnect the server has forgotten this gateway's uids (they went offline with `gateway_lost`), so
 the first thing sent on the new connection is an `attach` of every uid still live, with its keepalive.
 
-Session-ended notices: a future server feature will tell gateways when one of their uids timed out. The
-hook is ready -- `on_ended(uid, reason)` -- but today's server sends no such message (and today's
-`parse_server_message` would reject an unknown op), so it is never called yet.
+Session-ended notices: given `on_ended(uid, reason)`, the gateway logs in with `"ended": true` and the
+server tells it which of its sessions it ended: reason `idle` (timed out), `kicked` (a newer login
+elsewhere) or `shutdown` (the server is stopping). An `idle` or `kicked` uid is no longer live (it is not
+re-attached after a reconnect); a `shutdown` one stays live, so it is re-attached when the server is back.
+Without `on_ended` the login is unchanged and the server never sends the message.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any
 
 from idled.client.core import DEFAULT_FLUSH_INTERVAL, DEFAULT_MAX_PENDING, Backoff, GatewayBatcher
 from idled.client.link import Conn, Link, Runtime
-from idled.protocol import DEFAULT_MAX_FRAME, Login, Uid, Welcome
+from idled.protocol import DEFAULT_MAX_FRAME, Ended, Login, Uid, Welcome
 
 __all__ = ["Gateway"]
 
@@ -37,7 +39,7 @@ class Gateway(Link):
                  flush_interval: float = DEFAULT_FLUSH_INTERVAL, max_pending: int = DEFAULT_MAX_PENDING,
                  on_ended: Callable[[Uid, str], Any] | None = None, reconnect: bool = True,
                  backoff: Backoff | None = None, connect_timeout: float = 10.0) -> None:
-        super().__init__(runtime, host, port, Login("gateway", name, token), reconnect=reconnect,
+        super().__init__(runtime, host, port, Login("gateway", name, token, None, on_ended is not None), reconnect=reconnect,
                          backoff=backoff, connect_timeout=connect_timeout)
         if not flush_interval > 0:
             raise ValueError("flush_interval must be positive")
@@ -99,6 +101,16 @@ class Gateway(Link):
         if frames:
             await conn.send_all(b"".join(frames))
             self.frames_sent += len(frames)
+
+    async def _on_message(self, message: Any) -> None:
+        if type(message) is Ended and self.on_ended is not None:
+            live = self.batch.live
+            for uid in message.uids:
+                if message.reason != "shutdown":
+                    live.pop(uid, None)
+                result = self.on_ended(uid, message.reason)
+                if result is not None and hasattr(result, "__await__"):
+                    await result
 
     async def _background(self, conn: Conn) -> None:
         runtime, batch = self.runtime, self.batch

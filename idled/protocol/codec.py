@@ -57,7 +57,7 @@ __all__ = [
     "MAX_KEEPALIVE", "MAX_INT_UID", "MAX_SEQ", "MAX_DATA_DEPTH", "ROLES",
     "ErrorCode", "ProtocolError", "NEED_DATA", "NeedData", "Uid", "Role",
     "Login", "Ping", "Msg", "Bye", "Attach", "Touch", "Detach", "Subscribe", "Query",
-    "Welcome", "Pong", "Event", "Status", "Error",
+    "Welcome", "Pong", "Event", "Status", "Error", "Ended", "ENDED_REASONS", "DETACH_REASONS",
     "PING", "BYE", "PONG", "PING_FRAME", "BYE_FRAME", "PONG_FRAME",
     "ClientMessage", "ServerMessage", "Message",
     "FrameDecoder", "encode", "parse_client_message", "parse_server_message", "check_uid",
@@ -127,12 +127,15 @@ NEED_DATA: Final = NeedData()
 
 @dataclass(frozen=True, slots=True)
 class Login:
-    """`{"op":"login", <role>: name, "token"?: str, "keepalive"?: seconds}`; keepalive only for role "uid"."""
+    """`{"op":"login", <role>: name, "token"?: str, "keepalive"?: seconds, "ended"?: bool}`; keepalive only for
+    role "uid"; `ended` only for role "gateway": it asks the server for `Ended` notices (opt-in, so gateways
+    that do not know the message never receive it)."""
 
     role: Role
     name: Uid  # a uid (str or int) for role "uid", else a str name
     token: str | None = None
     keepalive: float | None = None
+    ended: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,9 +172,11 @@ class Touch:
 
 @dataclass(frozen=True, slots=True)
 class Detach:
-    """Gateway: these uids disconnected (orderly)."""
+    """Gateway: these uids disconnected. `reason` (optional, one of `DETACH_REASONS`) is the offline reason
+    to record, so an edge's users leave the same record as direct ones; absent: "detach"."""
 
     uids: tuple[Uid, ...]
+    reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,12 +198,16 @@ class Query:
 
 @dataclass(frozen=True, slots=True)
 class Welcome:
-    """Login accepted. `timeout` (seconds) for role "uid"; `max_frame` optionally tells a peer its new limit."""
+    """Login accepted. `timeout` (seconds): a user's own timeout, or for a gateway the server's default;
+    `max_frame` optionally tells a peer its new limit. A gateway's welcome also carries the server's `tick`
+    and `max_timeout`, so an edge can answer its users' logins exactly as the server would."""
 
     role: Role
     name: Uid
     timeout: float | None = None
     max_frame: int | None = None
+    tick: float | None = None
+    max_timeout: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,8 +244,23 @@ class Error:
     reason: str
 
 
+DETACH_REASONS: Final = ("logout", "closed", "shutdown")
+
+# Why the server ended sessions a gateway carried (`Ended.reason`).
+ENDED_REASONS: Final = ("idle", "kicked", "shutdown")
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """`{"op":"ended","uids":[...],"reason":R}`: the server ended these sessions of the gateway (R in
+    `ENDED_REASONS`). Sent only to gateways that logged in with `"ended": true`."""
+
+    uids: tuple[Uid, ...]
+    reason: str
+
+
 ClientMessage: TypeAlias = Login | Ping | Msg | Bye | Attach | Touch | Detach | Subscribe | Query
-ServerMessage: TypeAlias = Welcome | Pong | Event | Status | Error
+ServerMessage: TypeAlias = Welcome | Pong | Event | Status | Error | Ended
 Message: TypeAlias = ClientMessage | ServerMessage
 
 PING: Final = Ping()
@@ -268,6 +292,8 @@ def _encode_login(m: Login) -> bytes:
         d["token"] = m.token
     if m.keepalive is not None:
         d["keepalive"] = m.keepalive
+    if m.ended:
+        d["ended"] = True
     return _frame(d)
 
 
@@ -290,6 +316,10 @@ def _encode_welcome(m: Welcome) -> bytes:
         d["timeout"] = m.timeout
     if m.max_frame is not None:
         d["max_frame"] = m.max_frame
+    if m.tick is not None:
+        d["tick"] = m.tick
+    if m.max_timeout is not None:
+        d["max_timeout"] = m.max_timeout
     return _frame(d)
 
 
@@ -317,13 +347,15 @@ _ENCODERS: Final[dict[type, Callable[[Any], bytes]]] = {
     Msg: lambda m: _frame({"op": "msg", "data": m.data}),
     Attach: _encode_attach,
     Touch: lambda m: _frame({"op": "touch", "uids": m.uids}),
-    Detach: lambda m: _frame({"op": "detach", "uids": m.uids}),
+    Detach: lambda m: _frame({"op": "detach", "uids": m.uids} if m.reason is None
+                             else {"op": "detach", "uids": m.uids, "reason": m.reason}),
     Subscribe: _encode_subscribe,
     Query: lambda m: _frame({"op": "query", "uids": m.uids}),
     Welcome: _encode_welcome,
     Event: _encode_event,
     Status: lambda m: _frame({"op": "status", "online": dict(m.online)}),
     Error: lambda m: _frame({"op": "error", "code": str(m.code), "reason": m.reason}),
+    Ended: lambda m: _frame({"op": "ended", "uids": m.uids, "reason": m.reason}),
 }
 
 
@@ -479,10 +511,11 @@ def _only(obj: dict[Any, Any], allowed: frozenset[str], op: str) -> None:
 
 
 _IDENTITY_KEYS: Final = ("uid", "gateway", "observer")
-_LOGIN_KEYS: Final = frozenset({"op", "uid", "gateway", "observer", "token", "keepalive"})
+_LOGIN_KEYS: Final = frozenset({"op", "uid", "gateway", "observer", "token", "keepalive", "ended"})
 _MSG_KEYS: Final = frozenset({"op", "data"})
 _ATTACH_KEYS: Final = frozenset({"op", "uids", "keepalive"})
 _UIDS_KEYS: Final = frozenset({"op", "uids"})
+_DETACH_KEYS: Final = frozenset({"op", "uids", "reason"})
 _SUBSCRIBE_KEYS: Final = frozenset({"op", "from"})
 
 
@@ -507,7 +540,13 @@ def _parse_login(obj: dict[str, Any]) -> Login:
         if role != "uid":
             raise _bad("keepalive applies only to uid logins (gateways give it per attach)")
         keepalive = _number(keepalive, "keepalive", 0.0, MAX_KEEPALIVE)
-    return Login(role, name, token, keepalive)
+    ended = obj.get("ended")
+    if ended is not None:
+        if type(ended) is not bool:
+            raise _bad("ended must be a bool")
+        if role != "gateway":
+            raise _bad("ended applies only to gateway logins")
+    return Login(role, name, token, keepalive, bool(ended))
 
 
 def _parse_ping(obj: dict[str, Any]) -> Ping:
@@ -549,6 +588,18 @@ def _uids_of(obj: dict[str, Any], op: str) -> tuple[Uid, ...]:
     return _uid_list(obj["uids"])
 
 
+def _parse_detach(obj: dict[str, Any]) -> Detach:
+    reason = obj.get("reason")
+    if reason is None:
+        return Detach(_uids_of(obj, "detach"))
+    if type(reason) is not str or reason not in DETACH_REASONS:
+        raise _bad(f"detach reason must be one of {', '.join(DETACH_REASONS)}")
+    _only(obj, _DETACH_KEYS, "detach")
+    if "uids" not in obj:
+        raise _bad("detach needs uids")
+    return Detach(_uid_list(obj["uids"]), reason)
+
+
 def _parse_subscribe(obj: dict[str, Any]) -> Subscribe:
     _only(obj, _SUBSCRIBE_KEYS, "subscribe")
     start = obj.get("from")
@@ -562,7 +613,7 @@ _CLIENT_PARSERS: Final[dict[str, Callable[[dict[str, Any]], ClientMessage]]] = {
     "bye": _parse_bye,
     "attach": _parse_attach,
     "touch": lambda obj: Touch(_uids_of(obj, "touch")),
-    "detach": lambda obj: Detach(_uids_of(obj, "detach")),
+    "detach": _parse_detach,
     "subscribe": _parse_subscribe,
     "query": lambda obj: Query(_uids_of(obj, "query")),
 }
@@ -595,7 +646,19 @@ def _parse_welcome(obj: dict[Any, Any]) -> Welcome:
     max_frame = obj.get("max_frame")
     if max_frame is not None and not (type(max_frame) is int and 0 < max_frame <= MAX_FRAME_LIMIT):
         raise _bad("max_frame must be an int in 1..2**32-1")
-    return Welcome(role, name, None if timeout is None else _number(timeout, "timeout", 0.0, math.inf), max_frame)
+    tick, max_timeout = obj.get("tick"), obj.get("max_timeout")
+    return Welcome(
+        role, name, None if timeout is None else _number(timeout, "timeout", 0.0, math.inf), max_frame,
+        None if tick is None else _number(tick, "tick", 0.0, math.inf),
+        None if max_timeout is None else _number(max_timeout, "max_timeout", 0.0, math.inf))
+
+
+def _parse_ended(obj: dict[Any, Any]) -> Ended:
+    reason = obj.get("reason")
+    if type(reason) is not str:
+        raise _bad("ended needs a str reason")
+    # An unknown reason is kept as given (lenient): a gateway treats it like the session simply ending.
+    return Ended(_uid_list(obj.get("uids"), "ended uids"), reason)
 
 
 def _parse_event(obj: dict[Any, Any]) -> Event:
@@ -640,6 +703,7 @@ _SERVER_PARSERS: Final[dict[str, Callable[[dict[Any, Any]], ServerMessage]]] = {
     "welcome": _parse_welcome,
     "status": _parse_status,
     "error": _parse_error,
+    "ended": _parse_ended,
 }
 
 
@@ -704,6 +768,10 @@ class FrameDecoder:
     def buffered(self) -> int:
         """Bytes received but not yet consumed."""
         return len(self._buf) - self._pos
+
+    def unconsumed(self) -> bytes:
+        """A copy of the bytes received but not yet consumed (a relay forwards them after the login frame)."""
+        return bytes(memoryview(self._buf)[self._pos:])
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         """Buffer bytes from the peer. Never raises; after a failure the bytes are dropped."""

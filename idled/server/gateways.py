@@ -8,6 +8,10 @@ gateway is no longer its own (``touch_owned`` ignores its touches, ``release`` f
 connection ends every session it still owns (``gateway_lost``), in chunks with checkpoints. A large attach is
 logged in chunks of ``ATTACH_CHUNK`` uids with a checkpoint between them, re-checking the shutdown flag after
 each: an attach that straddles the start of a shutdown must not start sessions nothing will end.
+
+A gateway that logs in with ``"ended": true`` is told which of its sessions the server ended and why
+(``ended`` frames, batched: ``idled.server.notices``); its welcome carries the server's default ``timeout``,
+``tick`` and ``max_timeout`` so that an edge answers its users' logins exactly as the server would.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import trio
 from idled.core.detector import DEFAULT_CHUNK
 from idled.core.presence import Uid
 from idled.protocol import (
+    MAX_KEEPALIVE,
     BYE,
     PING,
     PONG_FRAME,
@@ -35,6 +40,7 @@ from idled.protocol import (
     receive_message,
 )
 from idled.server.conn import Connection, close_with
+from idled.server.notices import Notices, notices_sent
 from idled.server.sessions import Sessions
 
 __all__ = ["ATTACH_CHUNK", "Gateway", "Gateways"]
@@ -47,11 +53,12 @@ ATTACH_CHUNK = 2048  # uids of one attach frame logged in between two checkpoint
 class Gateway(Connection):
     """A gateway connection: owns many sessions; losing it ends them all (``gateway_lost``)."""
 
-    __slots__ = ("name", "uids")
+    __slots__ = ("name", "uids", "notices")
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, notices: Notices | None = None) -> None:
         super().__init__()
         self.name = name
+        self.notices = notices  # None: the gateway did not opt in to ended notices
         # A dict, not a set: the cyclic GC untracks a dict holding only ints and strs, while it would walk
         # every key of a set on each full collection (1M sessions: ~3M container entries per pass).
         self.uids: dict[Uid, None] = {}
@@ -59,6 +66,8 @@ class Gateway(Connection):
     def release(self, uid: Uid, code: str, reason: str) -> None:
         # One session of many ended (expired or taken over): the gateway connection itself stays.
         self.uids.pop(uid, None)
+        if self.notices is not None:
+            self.notices.add(uid, code)
 
 
 class Gateways:
@@ -72,36 +81,54 @@ class Gateways:
         self.max_frame = max_frame
 
     async def run(self, stream: trio.abc.Stream, decoder: FrameDecoder, login: Login) -> None:
-        sessions = self.sessions
-        presence, now = sessions.presence, sessions.clock.now
-        gateway = Gateway(str(login.name))
+        notices = Notices(self.max_frame) if login.ended else None
+        gateway = Gateway(str(login.name), notices)
         decoder.max_frame = self.max_frame
         self.peers.add(gateway)
         try:
             with gateway.scope:
-                await stream.send_all(encode(Welcome("gateway", gateway.name, None, self.max_frame)))
-                while True:
-                    message = await receive_message(stream, decoder)
-                    if message is None or message is BYE:
-                        break
-                    if type(message) is Touch:
-                        t = now()
-                        for uid in message.uids:
-                            presence.touch_owned(uid, gateway, t)
-                    elif type(message) is Attach:
-                        await self.attach(gateway, message)
-                    elif type(message) is Detach:
-                        await self.detach(gateway, message)
-                    elif message is PING:
-                        await stream.send_all(PONG_FRAME)
-                    else:
-                        raise ProtocolError(ErrorCode.NOT_ALLOWED, f"{type(message).__name__.lower()} is not for gateways")
+                await stream.send_all(encode(self.welcome(gateway)))
+                async with notices_sent(notices, stream):
+                    await self.serve(gateway, stream, decoder)
         finally:
             self.peers.discard(gateway)
             with trio.CancelScope(shield=True):
                 await self.lost(gateway)
         if gateway.end is not None:
+            if notices is not None:
+                await notices.flush_final(stream)
             await close_with(stream, *gateway.end)
+
+    def welcome(self, gateway: Gateway) -> Welcome:
+        # The presence table's own rule, evaluated at its extremes, gives the edge its parameters: the
+        # default timeout, the floor (a tick) and the cap (max_timeout, as far as any keepalive can reach).
+        rule = self.sessions.presence.timeout_for
+        return Welcome("gateway", gateway.name, rule(None), self.max_frame, rule(1e-9), rule(MAX_KEEPALIVE))
+
+    async def serve(self, gateway: Gateway, stream: trio.abc.Stream, decoder: FrameDecoder) -> None:
+        """The gateway's frames until ``bye`` or the end of its stream."""
+        sessions = self.sessions
+        presence, now = sessions.presence, sessions.clock.now
+        notices = gateway.notices
+        while True:
+            message = await receive_message(stream, decoder)
+            if message is None or message is BYE:
+                return
+            if type(message) is Touch:
+                t = now()
+                for uid in message.uids:
+                    presence.touch_owned(uid, gateway, t)
+            elif type(message) is Attach:
+                await self.attach(gateway, message)
+            elif type(message) is Detach:
+                await self.detach(gateway, message)
+            elif message is PING:
+                if notices is None:
+                    await stream.send_all(PONG_FRAME)
+                else:  # notices pending before this ping go first: a pong orders them
+                    await notices.send(stream, PONG_FRAME)
+            else:
+                raise ProtocolError(ErrorCode.NOT_ALLOWED, f"{type(message).__name__.lower()} is not for gateways")
 
     async def attach(self, gateway: Gateway, message: Attach) -> None:
         sessions = self.sessions
@@ -125,8 +152,9 @@ class Gateways:
         sessions = self.sessions
         await sessions.room()
         now, wall = sessions.clock.now(), time.time()
+        reason = message.reason or "detach"  # an edge says what its user did (logout, closed)
         for uid in message.uids:
-            sessions.publish(sessions.presence.logout(uid, gateway, now, wall, "detach"))
+            sessions.publish(sessions.presence.logout(uid, gateway, now, wall, reason))
             gateway.uids.pop(uid, None)
 
     async def lost(self, gateway: Gateway) -> None:

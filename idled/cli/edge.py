@@ -1,0 +1,94 @@
+"""`idled edge`: run an edge process in front of a core (see idled.server.edge and docs/edge.md)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import socket
+import sys
+
+import trio
+
+from idled.ops import config as config_module
+from idled.ops import systemd
+from idled.ops.config import Config, ConfigError
+from idled.ops.fatal import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from idled.ops.logs import setup_logging
+from idled.ops.metrics import Metrics
+from idled.protocol import tokens
+from idled.server.edge import Edge
+from idled.server.edge.link import parse_address
+
+log = logging.getLogger("idled.server.edge")
+
+# The daemon's settings an edge uses (the rest -- detector, log, timeouts -- are the core's).
+EDGE_SETTINGS = ("host", "port", "secret_file", "insecure", "max_frame", "login_timeout", "max_connections",
+                 "metrics_host", "metrics_port", "log_level")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--core", required=True, metavar="ADDRESS",
+                        help="the core to relay to: HOST:PORT, or unix:PATH (a trusted internal socket: no token)")
+    parser.add_argument("--listen-fd", type=int, action="append", default=[], metavar="FD",
+                        help="adopt this inherited listening socket instead of binding --host/--port (repeatable)")
+    parser.add_argument("--name", help="gateway name at the core (default edge-<hostname>-<pid>)")
+    parser.add_argument("--config", metavar="FILE", help="TOML file with flat keys named like the flags")
+    fields = {field.name: field for field in dataclasses.fields(Config)}
+    for name in EDGE_SETTINGS:
+        flag = "--" + name.replace("_", "-")
+        kind = config_module._field_type(fields[name])
+        default = fields[name].default if name != "metrics_port" else 0
+        help_text = config_module.HELP[name] + ("" if kind is bool else f" (default {default})")
+        if name == "metrics_port":
+            help_text = "port of the Prometheus endpoint; 0 (the default) disables it"
+        if kind is bool:
+            parser.add_argument(flag, action="store_true", default=None, help=help_text)
+        else:
+            parser.add_argument(flag, type=kind, default=None, help=help_text)
+
+
+def load(args: argparse.Namespace) -> Config:
+    cfg = config_module.load(args)
+    if args.metrics_port is None:  # unlike the daemon's, an edge's endpoint is off unless asked for
+        cfg = dataclasses.replace(cfg, metrics_port=0)
+    return cfg
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        cfg = load(args)
+        parse_address(args.core)
+    except (ConfigError, ValueError) as exc:
+        return _fatal(f"configuration: {exc}", EXIT_USAGE)
+    setup_logging(cfg.log_level)
+    soft, hard = systemd.raise_nofile_limit()
+    log.info("open-file limit %d (hard %d)", soft, hard)
+    name = args.name or f"edge-{socket.gethostname()}-{os.getpid()}"
+    try:
+        # The link to a TCP core logs in with a token from the same secret; a unix-socket core trusts its socket.
+        link_secret = tokens.load_secret(cfg.secret_file) if cfg.secret_file and not args.core.startswith("unix:") else None
+        registry = _registry() if cfg.metrics_port else None
+        edge = Edge(cfg, core=args.core, name=name, listen_fds=args.listen_fd,
+                    metrics=Metrics(registry, tick=1.0) if registry is not None else None,
+                    reload_config=lambda: load(args), link_secret=link_secret)
+    except (ConfigError, tokens.SecretError, ValueError, OSError) as exc:
+        return _fatal(f"configuration: {exc}", EXIT_USAGE)
+    try:
+        trio.run(edge.serve)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    log.info("stopped")
+    return EXIT_OK
+
+
+def _fatal(line: str, status: int) -> int:
+    print(f"idled: fatal: {line}", file=sys.stderr, flush=True)
+    return status
+
+
+def _registry():  # type: ignore[no-untyped-def]
+    from prometheus_client import CollectorRegistry
+
+    return CollectorRegistry()

@@ -1,0 +1,153 @@
+"""The edge's lifecycle: reach the core, listen, serve users, reload on SIGHUP, drain on SIGTERM.
+
+Theory of operation
+-------------------
+``serve()`` runs one nursery: the core link (``CoreLink.run``, reconnecting for ever), then -- once the
+core's first welcome has told the edge its parameters -- the accept loop, whose handler is the server's own
+``Doorway`` with the edge's roles (``EdgeUsers.run`` for users, ``EdgeUsers.relay`` for gateways and
+observers). It prints ``IDLED_LISTENING host=H port=P`` once listening. Listeners are opened from
+``--host/--port`` or adopted from inherited descriptors (``--listen-fd``, the ``--workers`` supervisor passes
+the public socket to every edge and the kernel spreads the accepts).
+
+SIGTERM/SIGINT drain: stop accepting, close every user with ``server_shutdown`` (each task detaches its uid
+on the link), wait for them (bounded by the grace period), send the link's pending frames and ``bye``, exit.
+SIGHUP re-reads the configuration (file and environment; flags still win) and applies the log level and the
+doorway's limits (``max_connections``, ``login_timeout``, ``max_frame``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import signal
+import socket
+import sys
+from collections.abc import Callable, Sequence
+
+import trio
+
+from idled.ops.config import Config, ConfigError
+from idled.ops.metrics import Metrics, NullMetrics, serve_metrics
+from idled.protocol import ErrorCode
+from idled.server.conn import Doorway, auth_secret
+from idled.server.edge.link import CoreLink
+from idled.server.edge.users import EdgeUsers
+
+__all__ = ["Edge", "RELOADABLE"]
+
+log = logging.getLogger("idled.server.edge")
+
+RELOADABLE = ("log_level", "max_connections", "login_timeout", "max_frame")
+GRACE = 5.0  # seconds a drain may take at most
+
+
+class Edge:
+    """One ``idled edge`` process (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        core: str,
+        name: str,
+        listen_fds: Sequence[int] = (),
+        metrics: Metrics | NullMetrics | None = None,
+        reload_config: Callable[[], Config] | None = None,
+        link_secret: bytes | None = None,
+    ) -> None:
+        self.config = config
+        self.secret = auth_secret(config)
+        self.listen_fds = tuple(listen_fds)
+        self.metrics = NullMetrics() if metrics is None else metrics
+        self._reload_config = reload_config
+        self.users = EdgeUsers(CoreLink(core, name, secret=link_secret, on_ended=self._on_ended), core)
+        self.link = self.users.link
+        self.connections = {"user": 0, "gateway": 0, "observer": 0, "pending": 0}
+        relay = self.users.relay
+        self.door = Doorway(
+            config, sessions=self.users,  # type: ignore[arg-type]  # it needs only stopping/refuse_if_stopping
+            roles={"uid": self.users.run, "gateway": relay, "observer": relay},
+            secret=self.secret, metrics=self.metrics, connections=self.connections,
+        )
+        self.ports: list[int] = []
+        self._accept_scope = trio.CancelScope()
+        self._stop = trio.Event()
+
+    def _on_ended(self, uids: tuple, reason: str) -> None:
+        self.users.on_ended(uids, reason)
+
+    async def serve(self, *, task_status: trio.TaskStatus[list[int]] = trio.TASK_STATUS_IGNORED) -> None:
+        cfg = self.config
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.link.run)
+            if cfg.metrics_port and self.metrics.registry is not None:
+                await nursery.start(serve_metrics, self.metrics.registry, cfg.metrics_host, cfg.metrics_port)
+            log.info("waiting for the core at %s", self.link.address)
+            await self.link.ready.wait()
+            listeners = self._listeners() if self.listen_fds else await trio.open_tcp_listeners(cfg.port, host=cfg.host)
+            for listener in listeners:
+                host, port = listener.socket.getsockname()[:2]
+                self.ports.append(port)
+                log.info("edge listening on %s:%d, core %s", host, port, self.link.address)
+                print(f"IDLED_LISTENING host={host} port={port}", file=sys.stderr, flush=True)
+            nursery.start_soon(self._accept, listeners, nursery)
+            task_status.started(self.ports)
+            await self._until_stopped()
+            await self._drain()
+            nursery.cancel_scope.cancel()
+
+    def _listeners(self) -> list[trio.SocketListener]:
+        listeners = []
+        for fd in self.listen_fds:
+            sock = socket.socket(fileno=fd)
+            listeners.append(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
+        return listeners
+
+    async def _accept(self, listeners: list[trio.SocketListener], handlers: trio.Nursery) -> None:
+        with self._accept_scope:
+            await trio.serve_listeners(self.door.handle, listeners, handler_nursery=handlers)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def _until_stopped(self) -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+            async with trio.open_nursery() as watch:
+
+                async def on_signals() -> None:
+                    async for signum in signals:
+                        if signum == signal.SIGHUP:
+                            self._reload()
+                        else:
+                            log.info("%s: draining", signal.Signals(signum).name)
+                            self._stop.set()
+
+                watch.start_soon(on_signals)
+                await self._stop.wait()
+                watch.cancel_scope.cancel()
+
+    async def _drain(self) -> None:
+        self.users.stopping = True
+        self._accept_scope.cancel()
+        with trio.move_on_after(GRACE) as grace:
+            grace.shield = True
+            closed = self.users.close_all(ErrorCode.SERVER_SHUTDOWN, "server is shutting down")
+            while any(self.connections.values()):
+                await trio.sleep(0.01)
+            await self.link.close()
+            log.info("drained: closed %d users", closed)
+
+    def _reload(self) -> None:
+        if self._reload_config is None:
+            log.info("SIGHUP: no configuration source to reload")
+            return
+        try:
+            new = self._reload_config()
+        except ConfigError as exc:
+            log.error("SIGHUP: configuration not reloaded: %s", exc)
+            return
+        applied = {name: getattr(new, name) for name in RELOADABLE if getattr(new, name) != getattr(self.config, name)}
+        self.config = self.door.config = dataclasses.replace(self.config, **applied)
+        if "log_level" in applied:
+            logging.getLogger().setLevel(self.config.log_level.upper())
+        log.info("SIGHUP: reloaded %s", ", ".join(f"{k}={v}" for k, v in applied.items()) or "nothing changed")

@@ -1,0 +1,316 @@
+"""The edge's link to the core: one gateway connection carrying every user of this edge.
+
+Theory of operation
+-------------------
+The user tasks never wait on the link. ``attach``, ``touch`` and ``detach`` are synchronous: they file the
+operation and return, whether the core is connected or not, so a core that is slow, restarting or gone never
+stops an edge from reading its users and answering their pings.
+
+* *Batching.* Attach and detach go into a ``GatewayBatcher`` (``idled.client.core``: ordered groups, frames
+  split by the core's frame limit, and the live uids with their keepalive). A touch -- the per-packet path --
+  is one dict store into ``touches``; the flusher folds them into the batcher when it flushes (after the
+  attach/detach groups: a touch of a uid detached meanwhile is ignored by the core, one attached meanwhile is
+  covered by the attach). The flusher sends at most ``flush_interval`` (10 ms) after the first pending
+  operation, or at once when ``flush_size`` touches are pending, all frames in one write. A keepalive's
+  deadline at the core therefore moves by at most the batch interval plus transfer time.
+* *Reconnecting.* When the connection fails (refused, reset, the core's ``server_shutdown``), the link
+  sleeps a full-jitter backoff (``Backoff``: attempt n waits uniform(0, min(cap, base 2^n)), so a thousand
+  edges do not return in lockstep) and connects again. While disconnected only the live uids are kept up to
+  date (``touches`` are dropped: the re-attach is fresh activity for all of them). On every welcome the
+  batcher's ``reattach`` replaces whatever was pending by an attach of every live uid: the core forgot them
+  (``gateway_lost``, ``shutdown`` or ``restart`` offlines) and they come back ``online``.
+* *Notices.* The link logs in with ``"ended": true``; each ``ended`` frame is handed to ``on_ended(uids,
+  reason)``. The welcome's ``timeout``, ``tick`` and ``max_timeout`` are kept in ``params`` (``timeout_for``):
+  the edge answers its users' logins with them.
+* *Bounds.* ``touches`` holds at most one entry per live uid. Attach/detach groups grow with logins while the
+  core is not reading; beyond ``max_pending`` pending uids the connection is dropped and re-established,
+  which replaces the backlog by one re-attach of the live uids. Reads are ``RECEIVE_BYTES`` at a time, and a
+  frame from the core is at most ``CORE_MAX_FRAME``.
+* *Liveness.* The link pings the core every ``ping_interval`` seconds; no frame at all for ``dead_after``
+  seconds means the core (or the path to it) is gone without a reset: the connection is dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Final
+
+import trio
+
+from idled.client.core import Backoff, GatewayBatcher
+from idled.core.presence import Uid
+from idled.protocol import (
+    BYE_FRAME, PING_FRAME, Attach, Detach, Ended, Error, FrameDecoder, Login, ProtocolError, Welcome, encode,
+    parse_server_message, receive_message, tokens,
+)
+
+__all__ = ["CoreLink", "CoreParams", "parse_address"]
+
+log = logging.getLogger("idled.server.edge.link")
+
+FLUSH_INTERVAL: Final = 0.010  # seconds an operation may wait for company
+FLUSH_SIZE: Final = 4096  # pending touches that trigger a flush at once
+MAX_PENDING: Final = 1_000_000  # pending attach/detach uids before the connection is dropped and re-attached
+CORE_MAX_FRAME: Final = 1 << 24  # the largest frame accepted from the core (ended batches are below its limit)
+TOKEN_TTL: Final = 86400.0  # a gateway token minted per connection lives this long
+CONNECT_TIMEOUT: Final = 10.0
+
+
+def parse_address(address: str) -> tuple[str, str | int]:
+    """``HOST:PORT`` -> (host, port); ``unix:PATH`` -> ("unix", path). ValueError otherwise."""
+    if address.startswith("unix:"):
+        path = address[5:]
+        if not path:
+            raise ValueError("unix: needs a path")
+        return "unix", path
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"core address must be HOST:PORT or unix:PATH, got {address!r}")
+    return host.strip("[]"), int(port)
+
+
+async def open_core_stream(address: str) -> trio.abc.Stream:
+    """A new byte stream to the core (the link's own, or a relayed peer's)."""
+    host, port = parse_address(address)
+    with trio.fail_after(CONNECT_TIMEOUT):
+        if host == "unix":
+            return await trio.open_unix_socket(str(port))
+        return await trio.open_tcp_stream(host, int(port))
+
+
+class EdgeBatcher(GatewayBatcher):
+    """The client library's batcher, with a reason on detaches (``logout``, ``closed``) so an edge's users
+    leave the same offline record as direct connections. A detach group's reason rides in the slot that
+    attach groups use for the keepalive: groups of different reasons stay apart and in order."""
+
+    def detach_because(self, uid: Uid, reason: str) -> None:
+        self.live.pop(uid, None)
+        self._add(self._group("detach", reason, 0.0), (uid,))  # type: ignore[arg-type]
+
+    @staticmethod
+    def _encode(op: str, keepalive: Any, uids: list[Uid]) -> bytes:
+        if op == "detach":
+            return encode(Detach(tuple(uids), keepalive))
+        return encode(Attach(tuple(uids), keepalive)) if op == "attach" else GatewayBatcher._encode(op, keepalive, uids)
+
+
+class CoreParams:
+    """What the core's welcome said: its default timeout, tick and largest timeout."""
+
+    __slots__ = ("timeout", "tick", "max_timeout", "max_frame")
+
+    def __init__(self, welcome: Welcome) -> None:
+        self.timeout = welcome.timeout if welcome.timeout is not None else 30.0
+        self.tick = welcome.tick if welcome.tick is not None else 1.0
+        self.max_timeout = welcome.max_timeout if welcome.max_timeout is not None else 3600.0
+        self.max_frame = welcome.max_frame or 4096
+
+    def timeout_for(self, keepalive: float | None) -> float:
+        """The core's rule (``PresenceTable.timeout_for``), so a user's welcome says what a direct login would."""
+        if keepalive is None:
+            return self.timeout
+        return min(max(1.5 * keepalive, self.tick), self.max_timeout)
+
+
+class CoreLink:
+    """See the module docstring. ``run()`` until cancelled; ``ready`` is set at the first welcome."""
+
+    def __init__(
+        self,
+        address: str,
+        name: str,
+        *,
+        secret: bytes | None,
+        on_ended: Callable[[tuple[Uid, ...], str], None],
+        flush_interval: float = FLUSH_INTERVAL,
+        backoff: Backoff | None = None,
+        ping_interval: float = 5.0,
+        dead_after: float = 15.0,
+    ) -> None:
+        parse_address(address)  # fail early on a malformed address
+        self.address = address
+        self.name = name
+        self.secret = secret
+        self.on_ended = on_ended
+        self.flush_interval = flush_interval
+        self.backoff = backoff or Backoff(base=0.1, cap=5.0)
+        self.ping_interval = ping_interval
+        self.dead_after = dead_after
+        self.batch = EdgeBatcher(MAX_PENDING)
+        self.touches: dict[Uid, None] = {}
+        self.params: CoreParams | None = None
+        self.ready = trio.Event()
+        self.connected = False
+        self.connections = 0  # welcomes so far: 1 + reconnects
+        self.frames_sent = 0
+        self._wake = trio.Event()
+        self._urgent = trio.Event()
+        self._scope: trio.CancelScope | None = None  # the current connection's
+        self._closing = False
+        self._bye_sent = trio.Event()
+
+    # -- what user tasks call: synchronous, never waits ------------------------------------------------------
+
+    def attach(self, uid: Uid, keepalive: float | None) -> None:
+        if self.connected:
+            self.batch.attach((uid,), keepalive, 0.0)
+            self._pending()
+        else:
+            self.batch.live[uid] = keepalive
+
+    def touch(self, uid: Uid) -> None:
+        if self.connected:
+            touches = self.touches
+            touches[uid] = None
+            if len(touches) == 1:
+                self._wake.set()
+            elif len(touches) >= FLUSH_SIZE:
+                self._urgent.set()
+
+    def detach(self, uid: Uid, reason: str) -> None:
+        """``uid``'s connection here ended: ``reason`` is ``logout`` (bye) or ``closed``."""
+        if self.connected:
+            self.batch.detach_because(uid, reason)
+            self._pending()
+        else:
+            self.batch.live.pop(uid, None)
+
+    def forget(self, uid: Uid) -> None:
+        """The core ended ``uid`` itself (idle, kicked): it is no longer live here and is not re-attached."""
+        self.batch.live.pop(uid, None)
+        self.touches.pop(uid, None)
+
+    def _pending(self) -> None:
+        self._wake.set()
+        if self.batch.pending > MAX_PENDING and self._scope is not None:
+            log.warning("core link: %d operations pending, the core is not reading; reconnecting", self.batch.pending)
+            self._scope.cancel()
+
+    @property
+    def live(self) -> int:
+        return len(self.batch.live)
+
+    # -- the connection loop ---------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Connect, log in, serve; reconnect with backoff after any failure; until cancelled."""
+        attempt = 0
+        while not self._closing:
+            try:
+                await self._connection()
+                attempt = 0
+                reason = "the core closed the connection"
+            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError) as exc:
+                reason = f"{type(exc).__name__}: {exc}"
+            except (_CoreSaid, ProtocolError) as exc:
+                reason = str(exc)
+            if self._closing:
+                return
+            if self.connections and attempt == 0:
+                log.warning("core link to %s lost (%s); keeping %d users, reconnecting", self.address, reason, self.live)
+            delay = self.backoff.delay(attempt)
+            log.debug("core link: %s; next attempt in %.2f s", reason, delay)
+            attempt += 1
+            await trio.sleep(delay)
+
+    async def _connection(self) -> None:
+        stream = await open_core_stream(self.address)
+        try:
+            token = None
+            if self.secret is not None:
+                token = tokens.mint(self.secret, "gateway", self.name, time.time() + TOKEN_TTL)
+            await stream.send_all(encode(Login("gateway", self.name, token, None, True)))
+            decoder = FrameDecoder(CORE_MAX_FRAME, parse=parse_server_message)
+            with trio.fail_after(CONNECT_TIMEOUT):
+                welcome = await _next(stream, decoder)
+            if type(welcome) is not Welcome:
+                raise _CoreSaid(f"expected welcome, got {type(welcome).__name__}")
+            self.params = CoreParams(welcome)
+            self.connections += 1
+            with trio.CancelScope() as self._scope:
+                self.connected = True
+                # No checkpoint between here and take(): every operation from now on lands after the reattach.
+                self.touches = {}
+                self.batch.reattach(0.0)
+                frames = self.batch.take(self.params.max_frame)
+                log.info("core link to %s up (connection %d): re-attaching %d users",
+                         self.address, self.connections, self.live)
+                self.ready.set()
+                if frames:
+                    self.frames_sent += len(frames)
+                    await stream.send_all(b"".join(frames))
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._flusher, stream)
+                    await self._reader(stream, decoder)
+                    nursery.cancel_scope.cancel()
+        finally:
+            self.connected = False
+            self._scope = None
+            self.touches = {}
+            with trio.CancelScope(shield=True):
+                await stream.aclose()
+
+    async def _reader(self, stream: trio.abc.Stream, decoder: FrameDecoder) -> None:
+        while True:
+            with trio.fail_after(self.dead_after):
+                message = await _next(stream, decoder)
+            if type(message) is Ended:
+                self.on_ended(message.uids, message.reason)
+
+    async def _flusher(self, stream: trio.abc.Stream) -> None:
+        """The only writer of the connection after the re-attach: batches, pings, and the final bye."""
+        next_ping = trio.current_time() + self.ping_interval
+        while True:
+            with trio.move_on_after(max(0.0, next_ping - trio.current_time())):
+                await self._wake.wait()
+            if self._wake.is_set():
+                with trio.move_on_after(self.flush_interval):
+                    await self._urgent.wait()
+                self._wake, self._urgent = trio.Event(), trio.Event()
+            frames = self._take()
+            if trio.current_time() >= next_ping:  # the pong proves the core is alive (see _reader)
+                frames.append(PING_FRAME)
+                next_ping = trio.current_time() + self.ping_interval
+            if self._closing:
+                frames.append(BYE_FRAME)
+            if frames:
+                self.frames_sent += len(frames)
+                await stream.send_all(b"".join(frames))
+            if self._closing:
+                self._bye_sent.set()
+                await trio.sleep_forever()  # the core closes the connection after the bye
+
+    def _take(self) -> list[bytes]:
+        if self.touches:
+            self.batch.touch(self.touches, 0.0)
+            self.touches = {}
+        assert self.params is not None
+        return self.batch.take(self.params.max_frame)
+
+    async def close(self, timeout: float = 2.0) -> None:
+        """Drain: send what is pending (the users' detaches), then ``bye``, and stop reconnecting; bounded in
+        time. The caller cancels ``run()`` afterwards."""
+        self._closing = True
+        if not self.connected:
+            return
+        self._wake.set()
+        self._urgent.set()
+        with trio.move_on_after(timeout):
+            await self._bye_sent.wait()
+            while self.connected:  # the core read the bye and closed: nothing we sent is lost to a reset
+                await trio.sleep(0.005)
+
+
+class _CoreSaid(Exception):
+    """The core refused or ended the link (an error frame, or an unexpected message)."""
+
+
+async def _next(stream: trio.abc.Stream, decoder: FrameDecoder) -> Any:
+    message = await receive_message(stream, decoder)
+    if message is None:
+        raise trio.BrokenResourceError("the core closed the connection")
+    if type(message) is Error:
+        raise _CoreSaid(f"the core said {message.code}: {message.reason}")
+    return message

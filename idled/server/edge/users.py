@@ -1,0 +1,168 @@
+"""The edge's roles: users terminated here (relayed to the core as one gateway), everyone else piped through.
+
+Theory of operation
+-------------------
+*Users.* After the doorway's login (``idled.server.conn.Doorway``: admission, login timeout, auth, error
+frames -- the server's own code), a user is one task, exactly like a direct connection: read a message,
+``link.touch(uid)`` (a dict store), answer a ping with a pong from here, ``bye`` or end of stream ends it
+(``link.detach``). Its ``welcome`` carries the timeout the core would give (``CoreParams.timeout_for``). There
+is no per-connection timer or buffer beyond the decoder: idleness is the core's job, and the core says when
+(``ended``). ``users`` maps each uid to its one connection here.
+
+*Who ends a user, and with what.* A second login of the same uid on this edge: newest wins here (the old
+connection gets ``kicked``; the attach is sent again, which at the core is the same owner: no event). An
+``ended`` notice: ``idle`` -> ``idle_timeout``, ``kicked`` (a newer login on another edge or a direct one)
+-> ``kicked``; the uid is forgotten by the link so it is not re-attached. ``ended shutdown`` means the core is
+going away: the users stay connected and are re-attached when it is back. Only this edge's own shutdown closes
+them with ``server_shutdown`` (and detaches them).
+
+*A notice that crossed a login.* An ``idle`` notice for a connection that logged in less than half its
+timeout ago cannot be about it (its attach reached the core after the old session's expiry): the uid is
+attached again instead of closing a fresh connection. ``kicked`` is always obeyed: the core's order of
+logins decides, as it does for direct connections.
+
+*Relay.* A gateway or observer that connects to the edge's port is piped to the core: a new connection to
+the core gets the login frame and whatever followed it, then bytes flow both ways (``RELAY_BYTES`` per read,
+one read in flight per direction) until either side closes. Tokens are checked by the core.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import trio
+
+from idled.core.presence import Uid
+from idled.protocol import (
+    BYE, PING, PONG_FRAME, ErrorCode, FrameDecoder, Login, Msg, ProtocolError, Welcome, encode, receive_message,
+)
+from idled.server.conn import Connection, close_with
+from idled.server.edge.link import CoreLink, open_core_stream
+
+__all__ = ["EdgeUser", "EdgeUsers", "RELAY_BYTES"]
+
+log = logging.getLogger("idled.server.edge.users")
+
+RELAY_BYTES = 65536  # one read of a relayed connection: the only buffer a relay holds per direction
+
+
+class EdgeUser(Connection):
+    """A user connection at the edge: the login time and timeout (for crossed notices) beside the scope."""
+
+    __slots__ = ("since", "timeout")
+
+    def __init__(self, since: float, timeout: float) -> None:
+        super().__init__()
+        self.since = since
+        self.timeout = timeout
+
+
+class EdgeUsers:
+    """The ``uid`` role at the edge (``run``), the relay for the others (``relay``), and ``ended`` notices."""
+
+    def __init__(self, link: CoreLink, core_address: str) -> None:
+        self.link = link
+        self.core_address = core_address
+        self.users: dict[Uid, EdgeUser] = {}
+        self.relays = 0
+        self.stopping = False
+
+    def refuse_if_stopping(self) -> None:
+        """What the doorway asks of its ``sessions``: no login is accepted once the edge is draining."""
+        if self.stopping:
+            raise ProtocolError(ErrorCode.SERVER_SHUTDOWN, "server is shutting down")
+
+    async def run(self, stream: trio.abc.Stream, decoder: FrameDecoder, login: Login) -> None:
+        link, users = self.link, self.users
+        uid = login.name
+        params = link.params
+        assert params is not None  # the edge accepts only after the core's first welcome
+        timeout = params.timeout_for(login.keepalive)
+        conn = EdgeUser(trio.current_time(), timeout)
+        previous = users.get(uid)
+        users[uid] = conn
+        link.attach(uid, login.keepalive)  # also for a local duplicate: the new keepalive, a fresh deadline
+        if previous is not None:
+            previous.close(ErrorCode.KICKED, "logged in elsewhere")
+        touch = link.touch
+        reason = "closed"
+        try:
+            with conn.scope:
+                await stream.send_all(encode(Welcome("uid", uid, timeout)))
+                while (message := await receive_message(stream, decoder)) is not None:
+                    if conn.end is None:  # a kicked connection's last frames are not the new owner's activity
+                        touch(uid)
+                    if message is PING:
+                        await stream.send_all(PONG_FRAME)
+                    elif message is BYE:
+                        reason = "logout"
+                        break
+                    elif type(message) is not Msg:
+                        raise ProtocolError(ErrorCode.NOT_ALLOWED, f"{type(message).__name__.lower()} is not for users")
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            if conn.end is not None and conn.end[0] == ErrorCode.SERVER_SHUTDOWN:
+                reason = "shutdown"  # the edge is draining: the record a direct user gets at shutdown
+            self._gone(uid, conn, reason)
+        if conn.end is not None:
+            await close_with(stream, *conn.end)
+
+    def _gone(self, uid: Uid, conn: EdgeUser, reason: str) -> None:
+        if self.users.get(uid) is conn:
+            del self.users[uid]
+            self.link.detach(uid, reason)
+
+    def on_ended(self, uids: tuple[Uid, ...], reason: str) -> None:
+        """The core ended these sessions of ours (see the module docstring)."""
+        if reason == "shutdown":
+            return  # the core is going away: keep the users, re-attach them when it is back
+        code = ErrorCode.KICKED if reason == "kicked" else ErrorCode.IDLE_TIMEOUT
+        now = trio.current_time()
+        users, link = self.users, self.link
+        for uid in uids:
+            conn = users.get(uid)
+            if conn is None:
+                link.forget(uid)
+                continue
+            if code is ErrorCode.IDLE_TIMEOUT and now - conn.since < conn.timeout / 2:
+                link.attach(uid, link.batch.live.get(uid))  # crossed our fresh login: the core must know it
+                continue
+            del users[uid]
+            link.forget(uid)
+            conn.close(code, "logged in elsewhere" if code is ErrorCode.KICKED else "no activity within the timeout")
+
+    def close_all(self, code: str, reason: str) -> int:
+        """The edge is stopping: every user gets ``code``; each task detaches its uid as it ends."""
+        for conn in list(self.users.values()):
+            conn.close(code, reason)
+        return len(self.users)
+
+    async def relay(self, stream: trio.abc.Stream, decoder: FrameDecoder, login: Login) -> None:
+        """Pipe a gateway or observer to the core (see the module docstring)."""
+        try:
+            core = await open_core_stream(self.core_address)
+        except (OSError, trio.TooSlowError) as exc:
+            raise ProtocolError(ErrorCode.BUSY, f"core unavailable: {exc}") from None
+        self.relays += 1
+        try:
+            await core.send_all(encode(login) + decoder.unconsumed())
+            async with trio.open_nursery() as nursery:
+                done = nursery.cancel_scope.cancel
+                nursery.start_soon(_pipe, stream, core, done)
+                nursery.start_soon(_pipe, core, stream, done)
+        finally:
+            self.relays -= 1
+            with trio.CancelScope(shield=True):
+                await core.aclose()
+
+
+async def _pipe(source: trio.abc.Stream, sink: trio.abc.Stream, done: Callable[[], None]) -> None:
+    try:
+        while data := await source.receive_some(RELAY_BYTES):
+            await sink.send_all(data)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
+    finally:
+        done()  # either side closing ends the relay: the other end is closed by its owner
