@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from typing import Any
 
@@ -38,6 +39,8 @@ def run(args: argparse.Namespace) -> int:
         )
     except (ConfigError, tokens.SecretError) as exc:
         return _fatal(f"configuration: {exc}", EXIT_USAGE)
+    if server.workers is not None:
+        server.workers.config_file = args.config or os.environ.get("IDLED_CONFIG")
     try:
         trio.run(server.serve)
     except KeyboardInterrupt:

@@ -29,6 +29,7 @@ every session with reason ``shutdown``) sends SIGTERM, waits up to ``STOP_TIMEOU
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import logging
 import os
@@ -43,7 +44,8 @@ from pathlib import Path
 
 import trio
 
-from idled.ops.config import Config
+from idled.ops import config as config_module
+from idled.ops.config import Config, ConfigError
 from idled.ops.fatal import EXIT_FAILURE, Fatal
 from idled.protocol import Login
 from idled.server.internal import peer_pid
@@ -137,23 +139,42 @@ class Worker:
         return process.pid if process is not None and process.returncode is None else None
 
 
-def edge_command(config: Config, name: str, core: str, fds: Sequence[int], max_connections: int) -> list[str]:
-    """The command line of one edge child: the serve options that concern the edge, forwarded."""
+def edge_command(config: Config, name: str, core: str, fds: Sequence[int], max_connections: int,
+                 config_file: str | None = None) -> list[str]:
+    """The command line of one edge child: the serve options that concern the edge, forwarded.
+
+    With a configuration file the edge gets ``--config`` too, and as flags only the settings the file and
+    the environment do not already give (they came from the core's command line): a SIGHUP then makes the
+    edge re-read the file exactly as the core does (flags still win)."""
     argv = [sys.executable, "-m", "idled.cli.main", "edge", "--core", core, "--name", name]
     for fd in fds:
         argv += ["--listen-fd", str(fd)]
-    argv += [
-        "--max-frame", str(config.max_frame),
-        "--login-timeout", f"{config.login_timeout:g}",
-        "--max-connections", str(max_connections),
-        "--metrics-port", "0",
-        "--log-level", config.log_level,
-    ]
-    if config.secret_file:
-        argv += ["--secret-file", config.secret_file]
-    if config.insecure:
+    base = _file_config(config_file)
+    if config_file and base is not None:
+        argv += ["--config", config_file]
+    flags = {
+        "max_frame": ("--max-frame", str(config.max_frame)),
+        "login_timeout": ("--login-timeout", f"{config.login_timeout:g}"),
+        "log_level": ("--log-level", config.log_level),
+        "secret_file": ("--secret-file", config.secret_file or ""),
+    }
+    for setting, (flag, value) in flags.items():
+        if getattr(config, setting) is not None and (base is None or getattr(base, setting) != getattr(config, setting)):
+            argv += [flag, value]
+    argv += ["--max-connections", str(max_connections), "--metrics-port", "0"]
+    if config.insecure and (base is None or not base.insecure):
         argv += ["--insecure"]
     return argv
+
+
+def _file_config(path: str | None) -> Config | None:
+    """What the file and the environment alone configure (None: no file, or it does not load now)."""
+    if not path:
+        return None
+    try:
+        return config_module.load(argparse.Namespace(config=path))
+    except ConfigError:
+        return None
 
 
 def describe_exit(returncode: int) -> str:
@@ -199,6 +220,7 @@ class Supervisor:
         self.public: list[socket.socket] = []
         self.stopping = False
         self.command = edge_command  # what starts one edge (tests substitute a stand-in)
+        self.config_file: str | None = None  # the core's --config (or $IDLED_CONFIG), forwarded to the edges
         self._preexec = _death_signal()
 
     def adopt(self, public: Sequence[socket.socket], core_socket: Path) -> None:
@@ -238,7 +260,8 @@ class Supervisor:
     async def _spawn(self, worker: Worker) -> Child:
         # The connection budget is split: each edge may hold its share of max_connections users.
         share = max(1, self.config.max_connections // len(self.workers))
-        argv = self.command(self.config, worker.name, self.core_address, [s.fileno() for s in self.public], share)
+        fds = [s.fileno() for s in self.public]
+        argv = self.command(self.config, worker.name, self.core_address, fds, share, self.config_file)
         process = Child.spawn(argv, pass_fds=[s.fileno() for s in self.public], preexec=self._preexec)
         worker.process, worker.started_at = process, time.monotonic()
         if worker.listening.is_set():  # a restart: wait for the new process to listen (run() may wait on the first)

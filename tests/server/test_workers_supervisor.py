@@ -38,7 +38,8 @@ pytestmark = pytest.mark.slow
 STANDIN = Path(__file__).with_name("workers_standin.py")
 
 
-def standin_command(config: Config, name: str, core: str, fds: Sequence[int], max_connections: int) -> list[str]:
+def standin_command(config: Config, name: str, core: str, fds: Sequence[int], max_connections: int,
+                    config_file: str | None) -> list[str]:
     argv = [sys.executable, str(STANDIN), "--core", core, "--name", name]
     for fd in fds:
         argv += ["--listen-fd", str(fd)]
