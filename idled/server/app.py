@@ -212,7 +212,7 @@ class Server:
         nursery.start_soon(ticker.run)
         await nursery.start(self._accept, listeners, nursery)
         if self.workers is not None:
-            await nursery.start(self.workers.run)  # returns once every edge listens on the public port
+            await nursery.start(self.workers.run, self.clock.beat)  # returns once every edge listens
         for port in self.ports:
             log.info("listening on %s:%d", cfg.host, port)
             print(f"IDLED_LISTENING host={cfg.host} port={port}", file=sys.stderr, flush=True)

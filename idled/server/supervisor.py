@@ -244,14 +244,20 @@ class Supervisor:
 
     # -- running -----------------------------------------------------------------------------------------
 
-    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Start every worker and keep them running; ``started`` once all listen (or STARTUP_TIMEOUT)."""
+    async def run(self, beat: Callable[[float], None] | None = None,
+                  task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Start every worker and keep them running; ``started`` once all listen (or STARTUP_TIMEOUT).
+
+        ``beat(now)`` is called every tenth of a tick meanwhile: the core's monitor (which keeps the stall
+        guard's clock beating) starts only after READY=1, and a second of edges starting up is no pause."""
         async with trio.open_nursery() as nursery:
             for worker in self.workers:
                 nursery.start_soon(self._keep, worker)
             with trio.move_on_after(STARTUP_TIMEOUT):
-                for worker in self.workers:
-                    await worker.listening.wait()
+                while not all(worker.listening.is_set() for worker in self.workers):
+                    if beat is not None:
+                        beat(trio.current_time())
+                    await trio.sleep(self.config.tick / 10)
             waiting = [w.name for w in self.workers if not w.listening.is_set()]
             if waiting:
                 log.warning("workers not listening after %g s: %s (serving anyway)", STARTUP_TIMEOUT, ", ".join(waiting))

@@ -123,6 +123,8 @@ async def test_sigterm_stops_every_process_and_logs_every_session_shutdown(tmp_p
     daemon = Daemon(tmp_path)
     port = await daemon.started()
     clients = await users(port, 20)
+    # An edge welcomes a user before its batched attach reaches the core (within 10 ms): wait for all 20.
+    await wait_for(lambda: len([r for r in iter_records(daemon.data_dir) if r["kind"] == "online"]) == 20)
     pids = list(daemon.workers().values()) + [daemon.proc.pid]
     try:
         assert await daemon.stop(signal.SIGTERM, timeout=30) == 0
