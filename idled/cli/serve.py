@@ -41,6 +41,8 @@ def run(args: argparse.Namespace) -> int:
         )
     except (ConfigError, tokens.SecretError) as exc:
         return _fatal(f"configuration: {exc}", EXIT_USAGE)
+    if server.workers is not None:
+        server.workers.config_file = args.config or os.environ.get("IDLED_CONFIG")
     try:
         trio.run(server.serve)
     except KeyboardInterrupt:

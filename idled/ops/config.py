@@ -12,7 +12,7 @@ import argparse
 import dataclasses
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,17 @@ from idled.log.eventlog import FSYNC_POLICIES
 DETECTORS = ("ring", "scan", "heap")
 POLICIES = ("lazy", "eager")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+MAX_WORKERS = 256  # edge processes; more than the cores of any machine idled runs on
+
+
+def parse_workers(value: str) -> int:
+    """``--workers``: a count, or ``auto`` = one edge per core (``os.cpu_count()``)."""
+    if value.strip().lower() == "auto":
+        return os.cpu_count() or 1
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"workers must be a number or auto, got {value!r}") from None
 
 
 class ConfigError(ValueError):
@@ -56,6 +67,9 @@ class Config:
     log_level: str = "info"
     # Stall guard: a loop that could not run for this many ticks was paused; see Server.now.
     stall_ticks: float = 2.0
+    # Edge processes in front of the core (`idled serve --workers N`); 0 = one process. "auto" (flag, TOML
+    # or environment) is resolved to os.cpu_count() when the configuration is read.
+    workers: int = 0
 
     def validate(self) -> Config:
         def need(ok: bool, message: str) -> None:
@@ -83,6 +97,8 @@ class Config:
         need(self.retention_bytes >= self.segment_bytes, "retention_bytes must be at least segment_bytes")
         need(self.retention_seconds > 0, "retention_seconds must be positive")
         need(self.stall_ticks >= 1, "stall_ticks must be at least 1")
+        need(0 <= self.workers <= MAX_WORKERS, f"workers must be 0..{MAX_WORKERS} or auto")
+        need(self.workers <= self.max_connections, "need workers <= max_connections (each edge gets a share)")
         return self
 
     @property
@@ -122,8 +138,11 @@ HELP: dict[str, str] = {
     "metrics_port": "port of the Prometheus endpoint; 0 disables it",
     "log_level": "debug, info, warning or error",
     "stall_ticks": "a pause of the event loop this many ticks long moves every deadline by the pause",
+    "workers": "edge processes sharing the public port in front of the core; 0 = one process, auto = one per core",
 }
 
+# Fields whose text form is not just their type (flag, TOML string, environment variable).
+_PARSERS = {"workers": parse_workers}
 _CHOICES = {"detector": DETECTORS, "policy": POLICIES, "fsync": FSYNC_POLICIES, "log_level": LOG_LEVELS}
 
 
@@ -169,11 +188,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         if kind is bool:
             parser.add_argument(flag, action="store_true", default=None, help=flag_help(field))
         else:
-            parser.add_argument(flag, type=kind, default=None, choices=_CHOICES.get(field.name), help=flag_help(field))
+            parser.add_argument(
+                flag, type=_argparse_type(field.name, kind), default=None, choices=_CHOICES.get(field.name),
+                help=flag_help(field),
+            )
     parser.epilog = environment_help() + ("\n\n" + parser.epilog if parser.epilog else "")
 
 
+def _argparse_type(name: str, kind: type) -> Callable[[str], Any]:
+    parse = _PARSERS.get(name)
+    if parse is None:
+        return kind
+
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    convert.__name__ = name  # argparse names the type in its error message
+    return convert
+
+
 def _coerce(name: str, value: Any, kind: type, source: str) -> Any:
+    if name in _PARSERS and isinstance(value, str):
+        try:
+            return _PARSERS[name](value)
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
     if kind is bool:
         if isinstance(value, bool):
             return value

@@ -22,6 +22,8 @@ so descriptors never run out under the log's feet. Then it recovers the log (whi
 builds the presence table and the pieces above, and runs one nursery: the writer, the /metrics endpoint, the
 tick task, one accept loop per listener (``listen.accept_loop``; handlers run in this nursery, under the
 accept loops' own scope so stopping to accept leaves them running), the monitor.
+With ``--workers N`` the core accepts only on its internal unix socket (``internal``) and a
+``supervisor.Supervisor`` task runs N ``idled edge`` children on the public port (READY=1 once they listen).
 Then it waits for SIGTERM/SIGINT or ``stop()``. An expected failure of the log (disk full, fsync failed)
 ends the daemon as one ``Fatal`` naming the log's directory (``idled.ops.fatal``): systemd restarts it onto
 a recovered log. Shutdown is a cancel-scope deadline, not a polling loop:
@@ -66,6 +68,9 @@ from idled.server.monitor import Monitor
 from idled.server.observers import Observers
 from idled.server.seqs import SeqBlocks
 from idled.server.sessions import Sessions
+from idled.server.supervisor import STOP_TIMEOUT, Supervisor
+from idled.server import internal
+from idled.server.workermetrics import WorkerCollector
 from idled.server.ticker import Ticker
 from idled.server.users import run_user
 
@@ -124,6 +129,8 @@ class Server:
         self.addresses: list[tuple[str, int | None]] = []  # what each listener is bound to (getsockname)
         self.budget: Budget | None = None  # set by serve() once the listeners are known
         self.shortage = Shortage(lambda: str(self.budget))
+        # --workers N: edge children take the public port; the core serves them on its internal socket.
+        self.workers = Supervisor(config, peers=self._peers) if config.workers else None
 
     @property
     def stopping(self) -> bool:
@@ -161,6 +168,8 @@ class Server:
                 for listener in listeners:
                     listener.socket.close()  # not served: the accept loops would have closed them
                 raise
+            if self.workers is not None:
+                listeners = [await self._open_internal(listeners)]
             self.clock.start()
             async with trio.open_nursery() as nursery:
                 await self._start(nursery, recovery, listeners)
@@ -168,6 +177,8 @@ class Server:
                 await self._until_stopped()
                 await self._shutdown(nursery)
         finally:
+            if self.workers is not None and self.workers.socket_path is not None:
+                internal.remove_socket(self.workers.socket_path)  # only if we bound it: never another core's
             self.stopped.set()
 
     async def _recover(self) -> Recovery:
@@ -196,7 +207,8 @@ class Server:
         observers = Observers(presence, self.bus, self.log, first_seq=self.seqs.first, peers=self._peers)
         roles = {"uid": functools.partial(run_user, sessions), "gateway": self._gateways.run, "observer": observers.run}
         self._door = Doorway(
-            cfg, sessions=sessions, roles=roles, secret=self.secret, metrics=self.metrics, connections=self.connections
+            cfg, sessions=sessions, roles=roles, secret=self.secret, metrics=self.metrics, connections=self.connections,
+            trusts=self.workers.trusts if self.workers is not None else None,
         )
         self._door.limit = self._connection_limit(cfg.max_connections)
         return recovery
@@ -225,6 +237,8 @@ class Server:
         if recovery.online:
             log.info("closed %s left online by the previous run (reason restart)", plural(len(recovery.online), "session"))
         self.metrics.register_snapshot(self.snapshot)
+        if self.workers is not None and self.metrics.registry is not None:
+            self.metrics.registry.register(WorkerCollector(self.workers.view))
         if cfg.metrics_port and self.metrics.registry is not None:  # NullMetrics: nothing to export
             health = Health(self.log.directory, status=self.status, listening=lambda: bool(self.ports) and not self.stopping)
             port = await nursery.start(
@@ -235,6 +249,8 @@ class Server:
         sessions.wake_ticker = ticker.wake
         nursery.start_soon(ticker.run)
         await nursery.start(self._accept, listeners, nursery)
+        if self.workers is not None:
+            await nursery.start(self.workers.run, self.clock.beat)  # returns once every edge listens
         for host, port in self.addresses:
             log.info("listening on %s", display(host, port))
             if port is not None:
@@ -266,6 +282,15 @@ class Server:
                 task_status.started()
                 await trio.sleep_forever()
 
+    async def _open_internal(self, public: Sequence[trio.SocketListener]) -> trio.SocketListener:
+        """--workers: keep the public sockets for the edges, and listen on the internal unix socket."""
+        assert self.workers is not None
+        path = internal.core_socket_path(self.env, self.log.directory)
+        listener = await internal.open_internal_listener(path)
+        self.workers.adopt([listener.socket for listener in public], path)
+        log.info("workers: %d edges on the public port; core on unix:%s", len(self.workers.workers), path)
+        return listener
+
     async def _open_listeners(self) -> list[trio.SocketListener]:
         cfg = self.config
         precheck_host(cfg.host, cfg.port, self.env, secret=self.secret, insecure=cfg.insecure)
@@ -281,6 +306,8 @@ class Server:
                     async for signum in signals:
                         if signum == signal.SIGHUP:
                             self._reload()
+                            if self.workers is not None:
+                                self.workers.hangup()
                         else:
                             log.info("%s: shutting down", signal.Signals(signum).name)
                             self._stop_event.set()
@@ -332,6 +359,8 @@ class Server:
                 self._door.limit = self._connection_limit(config.max_connections)
         if self._gateways is not None:
             self._gateways.max_frame = config.max_gateway_frame
+        if self.workers is not None:
+            self.workers.config = config  # a restarted edge gets the reloaded settings
 
     async def _shutdown(self, nursery: trio.Nursery) -> None:
         """Stop accepting, end every session (reason shutdown), flush the log, then cancel the rest."""
@@ -340,10 +369,14 @@ class Server:
         sessions.stopping = True
         self._accept_scope.cancel()
         systemd.notify(systemd.STOPPING, env=self.env)
-        with trio.move_on_after(max(MIN_GRACE, self.config.login_timeout)) as grace:
+        workers_grace = STOP_TIMEOUT if self.workers is not None else 0.0
+        with trio.move_on_after(max(MIN_GRACE, self.config.login_timeout) + workers_grace) as grace:
             grace.shield = True
             ended = await sessions.end_all("shutdown", ErrorCode.SERVER_SHUTDOWN, "server is shutting down")
             log.info("shutdown: ended %s", plural(ended, "session"))
+            if self.workers is not None:
+                # After end_all: every session is logged `shutdown` before the edges close their users.
+                await self.workers.stop()
             self.bus.close_log()
             await self._writer_done.wait()
             # Observers get every shutdown event before their own server_shutdown.

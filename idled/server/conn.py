@@ -104,8 +104,10 @@ class Doorway:
         secret: bytes | None,
         metrics: Metrics | NullMetrics,
         connections: dict[str, int],
+        trusts: Callable[[trio.abc.Stream, Login], bool] | None = None,
     ) -> None:
         self.config = config
+        self.trusts = trusts  # a login it accepts needs no token (idled.server.internal: edge workers' links)
         self.sessions = sessions
         self.roles = roles
         self.secret = secret
@@ -160,7 +162,7 @@ class Doorway:
             if not isinstance(message, Login):
                 raise ProtocolError(ErrorCode.NOT_LOGGED_IN, f"log in first (got {type(message).__name__.lower()})")
             logins = self.metrics.logins
-            if self.secret is not None:
+            if self.secret is not None and not (self.trusts is not None and self.trusts(stream, message)):
                 try:
                     tokens.verify(self.secret, message.token or "", message.role, message.name, time.time())
                 except tokens.AuthError as exc:

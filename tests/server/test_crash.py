@@ -42,12 +42,14 @@ RUNS = 4
 
 
 class Daemon(peers.Daemon):
+    workers: tuple[str, ...] = ()  # set per test by the `workers` fixture
+
     def __init__(self, tmp_path: Path, run: int, *extra: str) -> None:
         self.data_dir = tmp_path / "data"
         self.metrics_port = peers.free_port()
         command = peers.serve_command(
             self.data_dir, "--metrics-port", str(self.metrics_port), "--tick", str(TICK), "--timeout", "1",
-            "--fsync", "always", "--segment-bytes", "4096", "--retention-bytes", str(1 << 30), *extra,
+            "--fsync", "always", "--segment-bytes", "4096", "--retention-bytes", str(1 << 30), *self.workers, *extra,
         )
         super().__init__(command, tmp_path / f"run-{run}.stderr")
 
@@ -60,6 +62,20 @@ class Daemon(peers.Daemon):
                 if sample.name == "idled_eventlog_records_total":
                     return int(sample.value)
         raise AssertionError("idled_eventlog_records_total not exported")
+
+
+# Fails with --workers 2 until idled edge survives its core's death (branch edge, ea16f3d): its core link
+# raises BrokenResourceError out of the process (a traceback in the log) instead of reconnecting or draining.
+EDGE_PENDING = {"test_sigkill_mid_stream_loses_nothing_durable": "edge: core link crash traceback when the core dies"}
+
+
+@pytest.fixture(autouse=True, params=["0", "2"], ids=lambda n: f"workers{n}")
+def workers(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test against a single-process daemon and against `--workers 2` (the core behind two edges)."""
+    monkeypatch.setattr(Daemon, "workers", ("--workers", request.param))
+    if request.param == "2" and request.function.__name__ in EDGE_PENDING:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=EDGE_PENDING[request.function.__name__]))
+    return str(request.param)
 
 
 async def login(port: int, role: str, name: Any, keepalive: float | None = None) -> peers.Client:

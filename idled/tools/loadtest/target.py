@@ -12,7 +12,7 @@ and waits, then SIGKILL.
 `ProcessSampler` reads CPU time and RSS with psutil from a pid and all its descendants (`--spawn` through
 a wrapper measures the real server, its child). CPU % is the CPU time used between two samples over the
 wall time between them (100 % = one core). `find_listening_pid` maps a `--target` port to a pid when the
-pid is not given. `scrape_metrics` GETs ``/metrics`` from 127.0.0.1 and returns the ``idled_*`` samples.
+pid is not given (with `--workers`, the core: the root of the processes sharing the listening socket). `scrape_metrics` GETs ``/metrics`` from 127.0.0.1 and returns the ``idled_*`` samples.
 """
 
 from __future__ import annotations
@@ -197,11 +197,18 @@ def find_listening_pid(port: int, host: str = "127.0.0.1") -> int | None:
         conns = psutil.net_connections(kind="tcp")
     except (psutil.AccessDenied, OSError):
         return None
-    for c in conns:
-        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid:
-            if c.laddr.ip in (host, "0.0.0.0", "::", "::ffff:" + host):
-                return int(c.pid)
-    return None
+    pids = {int(c.pid) for c in conns
+            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid
+            and c.laddr.ip in (host, "0.0.0.0", "::", "::ffff:" + host)}
+    # `idled serve --workers N`: the core and its edges all hold the listening socket; the root of that
+    # tree is the server (its sampler then sums the edges, its descendants).
+    for pid in sorted(pids):
+        try:
+            if psutil.Process(pid).ppid() not in pids:
+                return pid
+        except psutil.Error:
+            continue
+    return min(pids) if pids else None
 
 
 def parse_metrics(text: str, prefix: str = "idled_", limit: int = 2000) -> dict[str, float]:
