@@ -14,10 +14,15 @@ import signal
 import socket
 import sys
 
+from pathlib import Path
+
 import trio
 
-from idled.protocol import Attach, Detach, Login, Welcome
-from tests.peers import Client
+# Run as a script by the supervisor: the project root (for `tests.peers`) is not on its path otherwise.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from idled.protocol import Attach, Detach, Login, Welcome  # noqa: E402
+from tests.peers import Client  # noqa: E402
 
 
 async def main(argv: list[str]) -> int:
