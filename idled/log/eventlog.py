@@ -67,15 +67,19 @@ from __future__ import annotations
 
 import fcntl
 import os
-import re
-import struct
 import time
-import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeAlias
 
-import msgpack
+from idled.log.errors import (
+    EventLogError, FsyncFailed, LogLocked, LogStateError, RecordTooLarge, SeqOrderError, WriteFailed,
+)
+from idled.log.records import HEADER_BYTES, MAX_RECORD_BYTES, DecodeResult, decode_buffer, encode_record
+from idled.log.segments import (
+    READ_CHUNK_BYTES, SEGMENT_SUFFIX, SegmentScan, fsync_directory, list_segments, segment_name, write_all,
+)
+from idled.log.tailer import LogTailer, iter_records
 
 __all__ = [
     "HEADER_BYTES", "MAX_RECORD_BYTES", "DEFAULT_SEGMENT_BYTES", "DEFAULT_RETENTION_BYTES",
@@ -90,222 +94,12 @@ __all__ = [
 FsyncPolicy = Literal["always", "interval", "never"]
 FSYNC_POLICIES: Final[tuple[str, ...]] = ("always", "interval", "never")
 
-HEADER: Final = struct.Struct(">II")  # body length, CRC32 of the body
-HEADER_BYTES: Final = HEADER.size
-MAX_RECORD_BYTES: Final = 64 * 1024  # body bytes; a presence event is ~150
 DEFAULT_SEGMENT_BYTES: Final = 64 * 1024 * 1024
 DEFAULT_RETENTION_BYTES: Final = 1024 * 1024 * 1024
 DEFAULT_RETENTION_SECONDS: Final = 7 * 24 * 3600.0
-SEGMENT_SUFFIX: Final = ".seg"
 LOCK_NAME: Final = "lock"
-READ_CHUNK_BYTES: Final = 1024 * 1024  # > MAX_RECORD_BYTES + header, so any record fits in one chunk
-
-_SEGMENT_RE: Final = re.compile(r"^(\d{20})\.seg$")
 
 Uid: TypeAlias = str | int
-
-# ---------------------------------------------------------------------------------------------- errors
-
-
-class EventLogError(Exception):
-    """Base of every error this module raises on purpose; `code` is machine-readable, `reason` for humans."""
-
-    code: str = "eventlog"
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-    def __str__(self) -> str:
-        return f"{self.code}: {self.reason}"
-
-
-class FsyncFailed(EventLogError):
-    """fsync/fdatasync failed. Fatal: the log is poisoned, never retry (the kernel may have dropped the data)."""
-
-    code = "fsync_failed"
-
-
-class WriteFailed(EventLogError):
-    """os.write failed (ENOSPC, EIO, ...). The partial write was cut back off when possible; see `last_seq`."""
-
-    code = "write_failed"
-
-
-class RecordTooLarge(EventLogError):
-    """An encoded body exceeds MAX_RECORD_BYTES; nothing of the batch was written."""
-
-    code = "record_too_large"
-
-
-class SeqOrderError(EventLogError):
-    """An appended event has no int seq, or its seq is not above the previous one; nothing was written."""
-
-    code = "seq_order"
-
-
-class LogLocked(EventLogError):
-    """Another EventLog (this process or another) holds the directory's lock."""
-
-    code = "locked"
-
-
-class LogStateError(EventLogError):
-    """Call in the wrong state: append/sync before recover(), after close(), recover() twice."""
-
-    code = "state"
-
-
-# ---------------------------------------------------------------------------------------------- codec
-
-
-def encode_record(event: Mapping[str, Any]) -> bytes:
-    """One framed record (header + msgpack body) for `event`. Raises RecordTooLarge, TypeError (unpackable)."""
-    body = msgpack.packb(event if isinstance(event, dict) else dict(event), use_bin_type=True)
-    if len(body) > MAX_RECORD_BYTES:
-        raise RecordTooLarge(f"record body is {len(body)} bytes, limit {MAX_RECORD_BYTES}")
-    return HEADER.pack(len(body), zlib.crc32(body)) + body
-
-
-@dataclass(frozen=True, slots=True)
-class DecodeResult:
-    """What `decode_buffer` found in one buffer.
-
-    records: good records in buffer order. good_bytes: offset just past the last good record (0 if none).
-    corrupt: records skipped for a CRC mismatch or an undecodable body, plus one if the scan stopped at an
-    implausible length. torn_bytes: trailing bytes not consumed -- an incomplete record, or everything from
-    an implausible length on. broken: the scan stopped at an implausible length (more data will not help).
-    """
-
-    records: list[dict[str, Any]]
-    good_bytes: int
-    corrupt: int
-    torn_bytes: int
-    broken: bool = False
-
-
-_UNPACK_ERRORS: Final = (ValueError, TypeError, msgpack.UnpackException)
-
-
-def decode_buffer(data: bytes | bytearray | memoryview) -> DecodeResult:
-    """Decode every framed record in `data` (e.g. a whole segment file). Pure: no I/O, no state.
-
-    Spark calls this in mapPartitions on files read with binaryFiles; it never raises on bad input.
-    """
-    view = memoryview(data)
-    size = len(view)
-    unpack_header = HEADER.unpack_from
-    crc32 = zlib.crc32
-    unpackb = msgpack.unpackb
-    records: list[dict[str, Any]] = []
-    offset = good = corrupt = 0
-    broken = False
-    while size - offset >= HEADER_BYTES:
-        length, crc = unpack_header(view, offset)
-        if length == 0 or length > MAX_RECORD_BYTES:
-            corrupt += 1
-            broken = True
-            break
-        end = offset + HEADER_BYTES + length
-        if end > size:
-            break
-        body = view[offset + HEADER_BYTES : end]
-        offset = end
-        if crc32(body) != crc:
-            corrupt += 1
-            continue
-        try:
-            record = unpackb(body, raw=False)
-        except _UNPACK_ERRORS:
-            corrupt += 1
-            continue
-        if type(record) is not dict or type(record.get("seq")) is not int:
-            corrupt += 1  # CRC-valid but not an event: a writer bug, not worth a reader crashing over
-            continue
-        records.append(record)
-        good = end
-    return DecodeResult(records, good, corrupt, size - offset, broken)
-
-
-# ---------------------------------------------------------------------------------------------- segments
-
-
-def segment_name(first_seq: int) -> str:
-    """File name of the segment whose first record has seq `first_seq`."""
-    return f"{first_seq:020d}{SEGMENT_SUFFIX}"
-
-
-def list_segments(directory: str | os.PathLike[str]) -> list[tuple[int, str]]:
-    """(first_seq, path) of every segment file in `directory`, oldest first. Other files are ignored."""
-    directory = os.fspath(directory)
-    found = []
-    for name in os.listdir(directory):
-        match = _SEGMENT_RE.match(name)
-        if match:
-            found.append((int(match.group(1)), os.path.join(directory, name)))
-    found.sort()
-    return found
-
-
-class _SegmentScan:
-    """Streams one segment's good records in bounded chunks, counting what recovery needs to know."""
-
-    __slots__ = ("path", "corrupt", "good_end")
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.corrupt = 0
-        self.good_end = 0  # file offset just past the last good record
-
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        with open(self.path, "rb", buffering=0) as file:
-            base = 0  # file offset of buf[0]
-            buf = b""
-            while True:
-                chunk = file.read(READ_CHUNK_BYTES)
-                if not chunk:
-                    break
-                buf = buf + chunk if buf else chunk
-                result = decode_buffer(buf)
-                self.corrupt += result.corrupt
-                if result.records:
-                    self.good_end = base + result.good_bytes
-                yield from result.records
-                consumed = len(buf) - result.torn_bytes
-                base += consumed
-                if result.broken:
-                    break
-                buf = buf[consumed:]
-
-
-def _segments_from(directory: str, from_seq: int) -> list[tuple[int, str]]:
-    """The segments that can hold seqs >= from_seq: the last one named <= from_seq, and all after it."""
-    segments = list_segments(directory)
-    start = 0
-    for index, (first, _path) in enumerate(segments):
-        if first <= from_seq:
-            start = index
-        else:
-            break
-    return segments[start:]
-
-
-def iter_records(directory: str | os.PathLike[str], from_seq: int = 0) -> Iterator[dict[str, Any]]:
-    """Every retained good record with seq >= from_seq, in log (= seq) order, corrupt ones skipped.
-
-    The segment list is taken once; each segment is read to its end at the time it is reached, so records
-    appended meanwhile to the active segment are included. Blocking file I/O: from trio, run it in a thread.
-    """
-    for _first, path in _segments_from(os.fspath(directory), from_seq):
-        try:
-            for record in _SegmentScan(path):
-                if record["seq"] >= from_seq:
-                    yield record
-        except FileNotFoundError:
-            continue  # deleted by retention after listing
-
-
-# ---------------------------------------------------------------------------------------------- writer
 
 
 @dataclass(frozen=True, slots=True)
@@ -325,20 +119,6 @@ class Recovery:
     records: int = 0
     segments: int = 0
 
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
-
-
-def _fsync_directory(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class EventLog:
@@ -426,7 +206,7 @@ class EventLog:
         max_seq = 0
         corrupt = records = truncated = 0
         for _first, path in segments:
-            scan = _SegmentScan(path)
+            scan = SegmentScan(path)
             for record in scan:
                 records += 1
                 seq = record["seq"]
@@ -514,7 +294,7 @@ class EventLog:
         assert self._fd is not None
         data = b"".join(records)
         try:
-            _write_all(self._fd, data)
+            write_all(self._fd, data)
         except OSError as exc:
             # Cut a partial write back off: a half record followed by whole ones would make readers skip
             # the whole ones (its length field swallows them).
@@ -557,7 +337,7 @@ class EventLog:
             if self._written_since_sync and self._fd is not None:
                 os.fdatasync(self._fd)
             if self._dir_dirty:
-                _fsync_directory(self.directory)
+                fsync_directory(self.directory)
         except OSError as exc:
             self._failed = FsyncFailed(f"fsync in {self.directory}: {exc}")
             raise self._failed from exc
@@ -637,69 +417,3 @@ class EventLog:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-# ---------------------------------------------------------------------------------------- seq reservation
-
-# ---------------------------------------------------------------------------------------------- tailing
-
-
-class LogTailer:
-    """Follows a log directory from outside the writer (e.g. `idled events --follow`).
-
-    Keeps a position (segment, byte offset of the next unread record); each `poll()` reads what was added
-    since, moving to the next segment once a newer one exists and the current one is read to its end.
-    Yields only seqs >= from_seq and above the last one returned, so its output is strictly increasing.
-    The segment list is taken *before* reading the current segment: if a newer segment was already listed,
-    the writer had finished the current one before that read, so nothing is left behind when moving on.
-    """
-
-    def __init__(self, directory: str | os.PathLike[str], from_seq: int = 0) -> None:
-        self.directory = os.fspath(directory)
-        self.from_seq = from_seq
-        self.last_seq = from_seq - 1  # highest seq returned
-        self._segment: int | None = None  # first seq (name) of the segment being read
-        self._offset = 0
-
-    def poll(self, max_records: int = 10_000) -> list[dict[str, Any]]:
-        """New records since the last poll: about max_records at most (whole 1 MiB chunks), [] when caught up."""
-        out: list[dict[str, Any]] = []
-        while len(out) < max_records:
-            segments = list_segments(self.directory)
-            if not segments:
-                break
-            names = [first for first, _ in segments]
-            if self._segment is None:
-                # Start in the last segment named <= from_seq (it may hold from_seq), else the oldest.
-                self._segment = max((n for n in names if n <= self.from_seq), default=names[0])
-                self._offset = 0
-            current = self._segment
-            if current in names and self._read_chunk(os.path.join(self.directory, segment_name(current)), out):
-                continue
-            later = [n for n in names if n > current]
-            if not later:
-                break
-            self._segment, self._offset = later[0], 0
-        return out
-
-    def _read_chunk(self, path: str, out: list[dict[str, Any]]) -> bool:
-        """Read one chunk at the current offset; append new records to `out`; True if the offset moved."""
-        try:
-            with open(path, "rb", buffering=0) as file:
-                if os.fstat(file.fileno()).st_size < self._offset:
-                    self._offset = 0  # truncated by recovery under us: re-read, the seq filter drops repeats
-                file.seek(self._offset)
-                data = file.read(READ_CHUNK_BYTES)
-        except FileNotFoundError:
-            return False
-        result = decode_buffer(data)
-        consumed = len(data) - result.torn_bytes
-        for record in result.records:
-            seq = record["seq"]
-            if seq > self.last_seq:
-                out.append(record)
-                self.last_seq = seq
-        self._offset += consumed
-        # A broken segment (implausible length) stops here for good: once a newer segment exists, poll()
-        # moves on to it.
-        return consumed > 0

@@ -1,0 +1,93 @@
+"""Segment files: names, listing, streaming one segment's records, and the fd helpers writers share."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from typing import Any, Final
+
+from idled.log.records import decode_buffer
+
+__all__ = ["SEGMENT_SUFFIX", "READ_CHUNK_BYTES", "segment_name", "list_segments", "SegmentScan", "segments_from",
+           "write_all", "fsync_directory"]
+
+SEGMENT_SUFFIX: Final = ".seg"
+READ_CHUNK_BYTES: Final = 1024 * 1024  # > MAX_RECORD_BYTES + header, so any record fits in one chunk
+
+_SEGMENT_RE: Final = re.compile(r"^(\d{20})\.seg$")
+
+
+def segment_name(first_seq: int) -> str:
+    """File name of the segment whose first record has seq `first_seq`."""
+    return f"{first_seq:020d}{SEGMENT_SUFFIX}"
+
+
+def list_segments(directory: str | os.PathLike[str]) -> list[tuple[int, str]]:
+    """(first_seq, path) of every segment file in `directory`, oldest first. Other files are ignored."""
+    directory = os.fspath(directory)
+    found = []
+    for name in os.listdir(directory):
+        match = _SEGMENT_RE.match(name)
+        if match:
+            found.append((int(match.group(1)), os.path.join(directory, name)))
+    found.sort()
+    return found
+
+
+class SegmentScan:
+    """Streams one segment's good records in bounded chunks, counting what recovery needs to know."""
+
+    __slots__ = ("path", "corrupt", "good_end")
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.corrupt = 0
+        self.good_end = 0  # file offset just past the last good record
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        with open(self.path, "rb", buffering=0) as file:
+            base = 0  # file offset of buf[0]
+            buf = b""
+            while True:
+                chunk = file.read(READ_CHUNK_BYTES)
+                if not chunk:
+                    break
+                buf = buf + chunk if buf else chunk
+                result = decode_buffer(buf)
+                self.corrupt += result.corrupt
+                if result.records:
+                    self.good_end = base + result.good_bytes
+                yield from result.records
+                consumed = len(buf) - result.torn_bytes
+                base += consumed
+                if result.broken:
+                    break
+                buf = buf[consumed:]
+
+
+def segments_from(directory: str, from_seq: int) -> list[tuple[int, str]]:
+    """The segments that can hold seqs >= from_seq: the last one named <= from_seq, and all after it."""
+    segments = list_segments(directory)
+    start = 0
+    for index, (first, _path) in enumerate(segments):
+        if first <= from_seq:
+            start = index
+        else:
+            break
+    return segments[start:]
+
+
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def fsync_directory(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
