@@ -2,91 +2,79 @@
 
 Theory of operation
 -------------------
-**Record.** Every presence event is one record: an 8-byte header, then a msgpack map (the body)::
-
-    +----------------+----------------+---------------------------+
-    | u32 BE length  | u32 BE CRC32   | body: msgpack map         |
-    | of the body    | of the body    | {"seq": 7, "kind": ...}   |
-    +----------------+----------------+---------------------------+
-
-    00 00 00 7a | 44 0b d3 f3 | 89 a3 73 65 71 07 a4 6b 69 6e 64 a7 6f 66 66 ...
-    122-byte body  its CRC32     map(9) "seq" 7 "kind" "off...   (seq 7, alice offline idle: 130 bytes)
-
-The CRC is `zlib.crc32(body)`. A length of 0 or above `MAX_RECORD_BYTES` (64 KiB) is *implausible*: no
-writer produces it, so a reader never allocates for it. A body is *good* when its CRC matches and it decodes
-(`msgpack.unpackb`, never a streaming Unpacker) to a map whose "seq" is an int; other keys are not
-validated, and readers must accept keys they do not know.
-
-**Scanning a buffer** (`decode_buffer`, the one decoder everything uses, Spark included) walks headers:
-
-1. fewer than 8 bytes left, or a plausible length whose body runs past the end -> stop: those trailing
-   bytes are `torn_bytes` (a write cut short by a crash, or a reader that caught a write in progress);
-2. implausible length -> count one corrupt record and stop (`broken`): without a trustworthy length there
-   is no next header to find, so the rest of the buffer is `torn_bytes` too;
-3. CRC mismatch or undecodable body -> count one corrupt record and skip it, since its length was
-   plausible the next header is probably right after it;
-4. good -> keep the record; `good_bytes` moves just past it.
+The log is split by job: `records` (the record format, v2 with a sync mark and a header check, v1 still
+read; `decode_buffer`, the one decoder, resynchronises after damage), `segments` (names, streaming one
+segment), `recovery` (scan, quarantine, verify), `snapshot` (open sessions), `tailer` (readers). This module
+is the writer's handle, `EventLog`, and re-exports every name callers import from ``idled.log.eventlog``.
 
 **Segments.** Records live in files named by the seq of their first record, `f"{first_seq:020d}.seg"`
-(zero-padded, so name order is seq order, and `ls` shows the log in order). Only the newest segment, the
-*active* one, is ever written. `append` encodes and validates the whole batch first (seq strictly
-increasing), then writes it with one `os.write` per segment touched -- no user-space buffer, so readers
-see appended records at once. A record that would take a non-empty active segment past `segment_bytes`
-starts a new segment (so segments stay within segment_bytes unless one record is larger). Rotation
-sequence for a batch holding seq 41..50 when 44 crosses the limit::
+(zero-padded, so name order is seq order). Only the newest segment, the *active* one, is ever written.
+`append` encodes and validates the whole batch first (seq strictly increasing), then writes it with one
+`os.write` per segment touched -- no user-space buffer, so readers see appended records at once. A record
+that would take a non-empty active segment past `segment_bytes` starts a new segment. Rotation sequence
+for a batch holding seq 41..50 when 44 crosses the limit::
 
     00000000000000000001.seg  [1..43]  <- 41..43 written here, fd kept open until the next sync()
-    00000000000000000044.seg  [44..50] <- created O_EXCL, becomes active; directory marked dirty
+    next-segment.spare  -> renamed 00000000000000000044.seg [44..50], becomes active; directory dirty
+
+**A roll never needs a descriptor at the moment of need.** The next segment is created ahead of time as
+the empty file ``next-segment.spare``, held open; a roll renames it (rename needs no descriptor) and then
+tries to create the next spare. If that fails (EMFILE under a descriptor squeeze), `sync()` /
+`release_rotated()` retry it by closing a rotated-away segment and creating the spare at once, in the slot
+just freed. Should a roll still find no spare and no descriptor, the roll is *deferred*: the batch goes on
+into the active segment (it grows past segment_bytes) and the next append tries again. `deferred_rolls`
+and `spare_failures` count these.
 
 **Durability.** `append` never fsyncs; `sync()` fdatasyncs every segment written since the last sync (the
-rotated one too -- otherwise records 41..43 above would not be covered) and then, if a segment was created,
-the directory, so the new name survives a power cut. A failed fsync raises `FsyncFailed` and poisons the
-log: the kernel may already have dropped the dirty pages and marked them clean, so a retry could report
-success for data that is gone (PostgreSQL's "fsyncgate"); every later append/sync raises again.
+rotated one too) and then, if a segment was created, the directory. A failed fsync raises `FsyncFailed`
+and poisons the log (PostgreSQL's "fsyncgate": a retry could report success for data that is gone).
 
-**Recovery** (`recover()`, once, before the first append): takes an exclusive `flock` on `<dir>/lock` (two
-writers on one log would interleave records), scans every segment in order, and truncates the last
-segment just past its last good record -- a crash can only tear what was being written, which is the end
-of the active segment. Whatever followed is reported in `truncated_bytes`. The next seq is the largest
-good seq + 1, or the last segment's name if that is larger (a segment emptied by truncation, or created
-just before the crash, still names the first seq it was meant to hold), so seqs are never reused for
-records that reached the disk. `online` maps each uid whose last retained record is `kind == "online"` to
-that record: the server writes an offline "restart" record for each before accepting connections.
+**Recovery** (`recover()`, once, before the first append): takes an exclusive `flock` on `<dir>/lock`,
+scans the log (`recovery.scan_log`), and cuts only the tail of the newest segment -- the bytes after its
+last good record -- after copying them to a quarantine file. Damage followed by good records is skipped
+in place and reported (see `idled.log.recovery`). The next seq is past the largest good seq, the last
+segment's name and the snapshot's seq, so seqs are never reused for records that reached the disk.
+`online` maps each open session's uid to its last online record: the server writes an offline "restart"
+record for each before accepting connections.
 
 **Retention** (`apply_retention()`, also run after every rotation): deletes whole segments from the oldest
-end while the log is over `retention_bytes` in total, or while a segment's mtime (the time of its newest
-record) is older than `retention_seconds`; it stops at the first segment it keeps, so the retained log is
-always one contiguous seq range, and it never deletes the active segment.
+end while the log is over `retention_bytes`, or while a segment's mtime is older than `retention_seconds`;
+it stops at the first segment it keeps and never deletes the active one. Before deleting a segment not yet
+covered by a snapshot, it writes one (`idled.log.snapshot`: the open sessions as of the next seq), so
+recovery never forgets a session whose online record retention removed. If the snapshot cannot be
+written, nothing uncovered is deleted (`snapshot_failures`).
 
 **Reading** (`iter_records`, `EventLog.read_from`, `LogTailer`) streams segments in 1 MiB chunks, so a
-reader's memory is bounded by the chunk plus one record whatever the segment size; corrupt records are
-skipped, a segment deleted under a reader is skipped.
+reader's memory is bounded by the chunk plus one record whatever the segment size; damage is skipped,
+a segment deleted under a reader is skipped.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Final, Literal, TypeAlias
+from typing import Any, Final, Literal
 
 from idled.log.errors import (
     EventLogError, FsyncFailed, LogLocked, LogStateError, RecordTooLarge, SeqOrderError, WriteFailed,
 )
 from idled.log.records import HEADER_BYTES, MAX_RECORD_BYTES, DecodeResult, decode_buffer, encode_record
+from idled.log.recovery import OnlineSessions, Recovery, SegmentReport, quarantine_tail, scan_log, verify_log
 from idled.log.segments import (
     READ_CHUNK_BYTES, SEGMENT_SUFFIX, SegmentScan, fsync_directory, list_segments, segment_name, write_all,
 )
+from idled.log.snapshot import OpenSessions, Uid, write_snapshot
 from idled.log.tailer import LogTailer, iter_records
 
 __all__ = [
     "HEADER_BYTES", "MAX_RECORD_BYTES", "DEFAULT_SEGMENT_BYTES", "DEFAULT_RETENTION_BYTES",
-    "DEFAULT_RETENTION_SECONDS", "SEGMENT_SUFFIX", "LOCK_NAME", "READ_CHUNK_BYTES",
+    "DEFAULT_RETENTION_SECONDS", "SEGMENT_SUFFIX", "LOCK_NAME", "SPARE_NAME", "READ_CHUNK_BYTES",
     "EventLogError", "FsyncFailed", "WriteFailed", "RecordTooLarge", "SeqOrderError", "LogLocked",
-    "LogStateError", "DecodeResult", "Recovery", "Uid",
-    "encode_record", "decode_buffer", "segment_name", "list_segments", "iter_records",
+    "LogStateError", "DecodeResult", "Recovery", "SegmentReport", "Uid", "SegmentScan",
+    "encode_record", "decode_buffer", "segment_name", "list_segments", "iter_records", "verify_log",
     "EventLog", "LogTailer", "FSYNC_POLICIES", "FsyncPolicy",
 ]
 
@@ -98,27 +86,8 @@ DEFAULT_SEGMENT_BYTES: Final = 64 * 1024 * 1024
 DEFAULT_RETENTION_BYTES: Final = 1024 * 1024 * 1024
 DEFAULT_RETENTION_SECONDS: Final = 7 * 24 * 3600.0
 LOCK_NAME: Final = "lock"
-
-Uid: TypeAlias = str | int
-
-
-@dataclass(frozen=True, slots=True)
-class Recovery:
-    """What `EventLog.recover()` found.
-
-    next_seq: seq for the next appended record. truncated_bytes: bytes cut off the end of the last segment.
-    corrupt_records: records skipped in all segments (CRC, undecodable, implausible length). online: uid ->
-    last record of every uid whose last retained record is "online". records / segments: good records and
-    segment files scanned.
-    """
-
-    next_seq: int
-    truncated_bytes: int
-    corrupt_records: int
-    online: dict[Uid, dict[str, Any]] = field(default_factory=dict)
-    records: int = 0
-    segments: int = 0
-
+SPARE_NAME: Final = "next-segment.spare"
+_NO_DESCRIPTOR: Final = (errno.EMFILE, errno.ENFILE)
 
 
 class EventLog:
@@ -145,17 +114,25 @@ class EventLog:
         self.retention_seconds = retention_seconds
         self.clock = clock
         self.rotations = 0  # segments created by this EventLog
+        self.deferred_rolls = 0  # rolls put off for lack of a descriptor
+        self.spare_failures = 0  # failed attempts to create the spare segment
+        self.snapshots = 0  # open-session snapshots written
+        self.snapshot_failures = 0  # snapshots that could not be written (retention waited)
         self._state = "new"  # new -> open -> closed
         self._failed: FsyncFailed | None = None
         self._lock_fd: int | None = None
         self._fd: int | None = None  # active segment, O_APPEND
         self._active_path: str | None = None
+        self._spare_fd: int | None = None  # the next segment, created ahead (see the module docstring)
+        self._spare_path = os.path.join(self.directory, SPARE_NAME)
         self._size = 0  # bytes in the active segment
         self._rotated: list[int] = []  # fds of segments rotated away from since the last sync
         self._dir_dirty = False
         self._last_seq = 0  # highest seq written (0: none)
         self._durable_seq = 0  # highest seq covered by a successful sync
         self._written_since_sync = False
+        self._sessions = OpenSessions()  # open sessions as of last_seq (see idled.log.snapshot)
+        self._snapshot_seq = 0  # the newest snapshot covers every record below this seq
 
     # ------------------------------------------------------------------------------------------ state
 
@@ -173,6 +150,11 @@ class EventLog:
     def active_path(self) -> str | None:
         return self._active_path
 
+    @property
+    def open_sessions(self) -> int:
+        """Sessions whose last written record is online (what the next snapshot would hold)."""
+        return len(self._sessions)
+
     def _check_writable(self) -> None:
         if self._failed is not None:
             raise FsyncFailed(f"log poisoned by an earlier fsync failure: {self._failed.reason}")
@@ -183,7 +165,7 @@ class EventLog:
     # ------------------------------------------------------------------------------------------ recovery
 
     def recover(self) -> Recovery:
-        """Lock the directory (creating it if missing), scan it, truncate a torn tail, open for append."""
+        """Lock the directory (creating it if missing), scan it, quarantine a torn tail, open for append."""
         if self._state != "new":
             raise LogStateError(f"recover() called on a log that is {self._state}")
         os.makedirs(self.directory, exist_ok=True)
@@ -201,53 +183,56 @@ class EventLog:
             raise
 
     def _recover(self) -> Recovery:
-        segments = list_segments(self.directory)
-        online: dict[Uid, dict[str, Any]] = {}
-        max_seq = 0
-        corrupt = records = truncated = 0
-        for _first, path in segments:
-            scan = SegmentScan(path)
-            for record in scan:
-                records += 1
-                seq = record["seq"]
-                if seq > max_seq:
-                    max_seq = seq
-                kind = record.get("kind")
-                uid = record.get("uid")
-                if kind == "online":
-                    online[uid] = record
-                elif kind == "offline":
-                    online.pop(uid, None)
-            corrupt += scan.corrupt
-        next_seq = max_seq + 1
-        if segments:
-            last_first, last_path = segments[-1]
+        scan = scan_log(self.directory)
+        reports = scan.reports
+        corrupt = sum(report.skipped_records for report in reports)
+        skipped = sum(report.skipped_bytes for report in reports)
+        for report in reports[:-1]:  # an older segment's tail is damage, kept where it is
+            corrupt += max(1, report.tail_records) if report.tail_bytes else 0
+            skipped += report.tail_bytes
+        next_seq = max(scan.max_seq + 1, scan.snapshot.seq)
+        truncated = 0
+        quarantined: tuple[str, ...] = ()
+        if scan.segments:
+            last_first, last_path = scan.segments[-1]
             next_seq = max(next_seq, last_first)
             fd = os.open(last_path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
             self._fd = fd
             self._active_path = last_path
-            size = os.fstat(fd).st_size
-            keep = scan.good_end  # `scan` is the last segment's
-            if size > keep:
-                truncated = size - keep
-                os.ftruncate(fd, keep)
+            last = reports[-1]
+            keep = last.tail_offset
+            if os.fstat(fd).st_size > keep:
+                corrupt += last.tail_records
                 try:
-                    os.fsync(fd)  # a truncation that is lost would resurrect garbage under new records
-                except OSError as exc:
-                    self._failed = FsyncFailed(f"fsync after truncating {last_path}: {exc}")
-                    raise self._failed from exc
+                    target, truncated = quarantine_tail(last_path, keep, fd)
+                except FsyncFailed as exc:
+                    self._failed = exc
+                    raise
+                quarantined = (target,)
             self._size = keep
         else:
             self._dir_dirty = True  # the directory may have just been created
         self._last_seq = self._durable_seq = next_seq - 1
+        self._sessions = OpenSessions(scan.sessions)
+        self._snapshot_seq = scan.snapshot.seq
         self._state = "open"
+        try:
+            os.unlink(self._spare_path)  # an unused spare left by the previous run: always empty
+        except FileNotFoundError:
+            pass
+        self._make_spare()
         return Recovery(
             next_seq=next_seq,
             truncated_bytes=truncated,
             corrupt_records=corrupt,
-            online=online,
-            records=records,
-            segments=len(segments),
+            online=OnlineSessions(dict(scan.sessions), scan.full, scan.snapshot.seq),
+            records=scan.records,
+            segments=len(scan.segments),
+            skipped_bytes=skipped,
+            quarantined=quarantined,
+            damaged_segments=tuple(report for report in reports if report.damaged),
+            snapshot_seq=scan.snapshot.seq,
+            damaged_snapshots=tuple(scan.snapshot.damaged),
         )
 
     # ------------------------------------------------------------------------------------------ writing
@@ -273,47 +258,60 @@ class EventLog:
         total = 0
         pending: list[bytes] = []
         pending_bytes = 0
-        pending_last = 0
-        for seq, record in encoded:
+        start = 0  # index in events of pending[0]
+        for index, (seq, record) in enumerate(encoded):
             used = self._size + pending_bytes
             if self._fd is None or (used > 0 and used + len(record) > self.segment_bytes):
                 if pending:
-                    total += self._flush(pending, pending_last)
-                    pending, pending_bytes = [], 0
-                self._open_segment(seq)
-                rotated = True
+                    total += self._flush(pending, events[start:index])
+                    pending, pending_bytes, start = [], 0, index
+                rotated = self._roll(seq) or rotated
             pending.append(record)
             pending_bytes += len(record)
-            pending_last = seq
-        total += self._flush(pending, pending_last)
+        total += self._flush(pending, events[start:])
         if rotated:
             self.apply_retention()
         return total
 
-    def _flush(self, records: list[bytes], last_seq: int) -> int:
+    def _flush(self, records: list[bytes], events: Sequence[Mapping[str, Any]]) -> int:
         assert self._fd is not None
         data = b"".join(records)
         try:
             write_all(self._fd, data)
         except OSError as exc:
-            # Cut a partial write back off: a half record followed by whole ones would make readers skip
-            # the whole ones (its length field swallows them).
+            # Cut a partial write back off: a half record followed by whole ones would be damage.
             try:
                 os.ftruncate(self._fd, self._size)
             except OSError as trunc_exc:
                 self._failed = FsyncFailed(f"write failed ({exc}) and truncating it back failed ({trunc_exc})")
             raise WriteFailed(f"write to {self._active_path}: {exc}") from exc
         self._size += len(data)
-        self._last_seq = last_seq
+        self._last_seq = events[-1]["seq"]
         self._written_since_sync = True
+        note = self._sessions.note
+        for event in events:
+            note(event)
         return len(data)
 
-    def _open_segment(self, first_seq: int) -> None:
+    def _roll(self, first_seq: int) -> bool:
+        """Make a new active segment for `first_seq`; False if deferred for lack of a descriptor."""
         path = os.path.join(self.directory, segment_name(first_seq))
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-        except OSError as exc:
-            raise WriteFailed(f"create {path}: {exc}") from exc
+        if self._spare_fd is not None:
+            if os.path.lexists(path):  # what O_EXCL would have refused (we hold the lock: no race)
+                raise WriteFailed(f"create {path}: a file of that name exists")
+            try:
+                os.rename(self._spare_path, path)
+            except OSError as exc:
+                raise WriteFailed(f"rename {self._spare_path} to {path}: {exc}") from exc
+            fd, self._spare_fd = self._spare_fd, None
+        else:
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            except OSError as exc:
+                if exc.errno in _NO_DESCRIPTOR and self._fd is not None:
+                    self.deferred_rolls += 1
+                    return False
+                raise WriteFailed(f"create {path}: {exc}") from exc
         if self._fd is not None:
             self._rotated.append(self._fd)  # still holds unsynced records: sync() covers it, then closes it
         self._fd = fd
@@ -321,6 +319,26 @@ class EventLog:
         self._size = 0
         self._dir_dirty = True
         self.rotations += 1
+        self._make_spare()
+        return True
+
+    def _make_spare(self) -> None:
+        """Create the spare segment if there is none. Best effort: a failure is counted, retried later."""
+        if self._spare_fd is not None:
+            return
+        try:
+            self._spare_fd = os.open(
+                self._spare_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644
+            )
+        except OSError:
+            self.spare_failures += 1
+            return
+        self._dir_dirty = True
+
+    def _close_rotated(self, fd: int) -> None:
+        os.close(fd)
+        if self._spare_fd is None:
+            self._make_spare()  # now, in the slot just freed, before anything else can take it
 
     def sync(self) -> None:
         """fdatasync every segment written since the last sync, and the directory if a segment was created.
@@ -333,7 +351,7 @@ class EventLog:
                 fd = self._rotated[0]
                 os.fdatasync(fd)
                 self._rotated.pop(0)
-                os.close(fd)
+                self._close_rotated(fd)
             if self._written_since_sync and self._fd is not None:
                 os.fdatasync(self._fd)
             if self._dir_dirty:
@@ -348,40 +366,63 @@ class EventLog:
     def release_rotated(self) -> None:
         """Close rotated-away segments without syncing them (for callers that never sync, fsync=never)."""
         while self._rotated:
-            os.close(self._rotated.pop())
+            self._close_rotated(self._rotated.pop())
 
     # ------------------------------------------------------------------------------------------ retention
 
     def apply_retention(self) -> list[str]:
         """Delete the oldest segments while over retention_bytes or older than retention_seconds (mtime).
 
-        Stops at the first segment kept; never deletes the active (newest) segment. Returns deleted paths.
+        Stops at the first segment kept; never deletes the active (newest) segment; snapshots the open
+        sessions first when a segment to delete is not yet covered. Returns deleted paths.
         """
         segments = list_segments(self.directory)
         if len(segments) < 2:
             return []
         stats = []
         total = 0
-        for _first, path in segments:
+        for first, path in segments:
             try:
                 st = os.stat(path)
             except FileNotFoundError:
                 continue
-            stats.append((path, st.st_size, st.st_mtime))
+            stats.append((first, path, st.st_size, st.st_mtime))
             total += st.st_size
         cutoff = self.clock() - self.retention_seconds
         active = self._active_path or segments[-1][1]
-        deleted = []
-        for path, size, mtime in stats[:-1]:
+        victims: list[tuple[str, int]] = []
+        covered_below = 0  # every record of the victims is below this seq: the next segment's name
+        for index, (_first, path, size, mtime) in enumerate(stats[:-1]):
             if path == active or not (total > self.retention_bytes or mtime < cutoff):
                 break
+            victims.append((path, size))
+            covered_below = stats[index + 1][0]
+            total -= size
+        if victims and covered_below > self._snapshot_seq and not self._snapshot():
+            return []  # no snapshot, no deletion: the sessions those segments name would be forgotten
+        deleted = []
+        for path, _size in victims:
             try:
                 os.unlink(path)
             except FileNotFoundError:
                 pass
-            total -= size
             deleted.append(path)
         return deleted
+
+    def _snapshot(self) -> bool:
+        """Durably snapshot the open sessions as of last_seq + 1. False (counted) if it could not be."""
+        if self._state != "open":
+            self.snapshot_failures += 1  # not recovered: the open sessions are unknown
+            return False
+        seq = self._last_seq + 1
+        try:
+            write_snapshot(self.directory, seq, self._sessions.sessions)
+        except OSError:
+            self.snapshot_failures += 1
+            return False
+        self._snapshot_seq = seq
+        self.snapshots += 1
+        return True
 
     # ------------------------------------------------------------------------------------------ reading
 
@@ -402,14 +443,13 @@ class EventLog:
     # ------------------------------------------------------------------------------------------ closing
 
     def close(self) -> None:
-        """Close files and release the lock. Does not sync. Idempotent."""
-        self.release_rotated()
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)  # releases the flock
-            self._lock_fd = None
+        """Close files and release the lock. Does not sync. Idempotent. The spare stays for the next run."""
+        while self._rotated:
+            os.close(self._rotated.pop())
+        for fd in (self._fd, self._spare_fd, self._lock_fd):  # the lock last: closing it releases the flock
+            if fd is not None:
+                os.close(fd)
+        self._fd = self._spare_fd = self._lock_fd = None
         self._state = "closed"
 
     def __enter__(self) -> EventLog:

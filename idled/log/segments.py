@@ -7,7 +7,7 @@ import re
 from collections.abc import Iterator
 from typing import Any, Final
 
-from idled.log.records import decode_buffer
+from idled.log.records import Damage, decode_buffer
 
 __all__ = ["SEGMENT_SUFFIX", "READ_CHUNK_BYTES", "segment_name", "list_segments", "SegmentScan", "segments_from",
            "write_all", "fsync_directory"]
@@ -36,14 +36,41 @@ def list_segments(directory: str | os.PathLike[str]) -> list[tuple[int, str]]:
 
 
 class SegmentScan:
-    """Streams one segment's good records in bounded chunks, counting what recovery needs to know."""
+    """Streams one segment's good records in bounded chunks, noting every damaged region.
 
-    __slots__ = ("path", "corrupt", "good_end")
+    After iterating: `good_end` is the file offset just past the last good record (0 if none), `size` the
+    bytes read, `damage` the damaged regions (file offset, bytes, records), adjacent ones merged. The bytes
+    from `good_end` on hold no good record: the segment's *tail* (a torn write in the active segment).
+    """
+
+    __slots__ = ("path", "good_end", "size", "damage")
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.corrupt = 0
-        self.good_end = 0  # file offset just past the last good record
+        self.good_end = 0
+        self.size = 0
+        self.damage: list[Damage] = []
+
+    @property
+    def tail_bytes(self) -> int:
+        return self.size - self.good_end
+
+    def damage_before_tail(self) -> list[Damage]:
+        """Damaged regions followed by a good record: skipped in place, never cut."""
+        return [region for region in self.damage if region[0] < self.good_end]
+
+    def tail_records(self) -> int:
+        """Records lost to damage in the tail (estimated); 0 when the tail is one torn (incomplete) record."""
+        return sum(region[2] for region in self.damage if region[0] >= self.good_end)
+
+    def _note(self, base: int, regions: list[Damage]) -> None:
+        for offset, length, records in regions:
+            offset += base
+            if self.damage and sum(self.damage[-1][:2]) == offset:  # one region cut by a chunk boundary
+                first, previous, estimate = self.damage[-1]
+                self.damage[-1] = (first, previous + length, estimate + records)
+            else:
+                self.damage.append((offset, length, records))
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         with open(self.path, "rb", buffering=0) as file:
@@ -55,15 +82,15 @@ class SegmentScan:
                     break
                 buf = buf + chunk if buf else chunk
                 result = decode_buffer(buf)
-                self.corrupt += result.corrupt
+                if result.damage:
+                    self._note(base, result.damage)
                 if result.records:
                     self.good_end = base + result.good_bytes
                 yield from result.records
                 consumed = len(buf) - result.torn_bytes
                 base += consumed
-                if result.broken:
-                    break
                 buf = buf[consumed:]
+            self.size = base + len(buf)
 
 
 def segments_from(directory: str, from_seq: int) -> list[tuple[int, str]]:

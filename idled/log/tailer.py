@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
-from typing import Any
 from collections.abc import Iterator
+from typing import Any
 
 from idled.log.records import decode_buffer
 from idled.log.segments import READ_CHUNK_BYTES, SegmentScan, list_segments, segment_name, segments_from
@@ -13,7 +13,7 @@ __all__ = ["iter_records", "LogTailer"]
 
 
 def iter_records(directory: str | os.PathLike[str], from_seq: int = 0) -> Iterator[dict[str, Any]]:
-    """Every retained good record with seq >= from_seq, in log (= seq) order, corrupt ones skipped.
+    """Every retained good record with seq >= from_seq, in log (= seq) order, damage skipped (see records).
 
     The segment list is taken once; each segment is read to its end at the time it is reached, so records
     appended meanwhile to the active segment are included. Blocking file I/O: from trio, run it in a thread.
@@ -27,7 +27,6 @@ def iter_records(directory: str | os.PathLike[str], from_seq: int = 0) -> Iterat
             continue  # deleted by retention after listing
 
 
-
 class LogTailer:
     """Follows a log directory from outside the writer (e.g. `idled events --follow`).
 
@@ -36,14 +35,27 @@ class LogTailer:
     Yields only seqs >= from_seq and above the last one returned, so its output is strictly increasing.
     The segment list is taken *before* reading the current segment: if a newer segment was already listed,
     the writer had finished the current one before that read, so nothing is left behind when moving on.
+
+    Damage is skipped (the decoder resynchronises) and recorded in `damage`, in the order found:
+    (segment path, offset, bytes, records lost, estimated). Bytes left unread at the end of a segment when
+    the tailer moves on are damage too; those at the end of the newest segment are `pending_bytes()`.
     """
 
     def __init__(self, directory: str | os.PathLike[str], from_seq: int = 0) -> None:
         self.directory = os.fspath(directory)
         self.from_seq = from_seq
         self.last_seq = from_seq - 1  # highest seq returned
+        self.damage: list[tuple[str, int, int, int]] = []
         self._segment: int | None = None  # first seq (name) of the segment being read
         self._offset = 0
+
+    @property
+    def skipped_bytes(self) -> int:
+        return sum(entry[2] for entry in self.damage)
+
+    @property
+    def corrupt(self) -> int:
+        return sum(entry[3] for entry in self.damage)
 
     def poll(self, max_records: int = 10_000) -> list[dict[str, Any]]:
         """New records since the last poll: about max_records at most (whole 1 MiB chunks), [] when caught up."""
@@ -58,13 +70,40 @@ class LogTailer:
                 self._segment = max((n for n in names if n <= self.from_seq), default=names[0])
                 self._offset = 0
             current = self._segment
-            if current in names and self._read_chunk(os.path.join(self.directory, segment_name(current)), out):
+            path = os.path.join(self.directory, segment_name(current))
+            if current in names and self._read_chunk(path, out):
                 continue
             later = [n for n in names if n > current]
             if not later:
                 break
+            self._note_tail(path)
             self._segment, self._offset = later[0], 0
         return out
+
+    def pending_bytes(self) -> int:
+        """Bytes after the last decided record of the segment being read (a torn tail or a write in progress)."""
+        if self._segment is None:
+            return 0
+        try:
+            return max(0, os.path.getsize(os.path.join(self.directory, segment_name(self._segment))) - self._offset)
+        except FileNotFoundError:
+            return 0
+
+    def _note_tail(self, path: str) -> None:
+        try:
+            size = os.path.getsize(path)
+        except FileNotFoundError:
+            return  # deleted by retention: nothing to report
+        if size > self._offset:
+            self._note(path, self._offset, size - self._offset, 1)
+
+    def _note(self, path: str, offset: int, length: int, records: int) -> None:
+        if self.damage:
+            last_path, last_offset, last_length, last_records = self.damage[-1]
+            if last_path == path and last_offset + last_length == offset:  # one region across two chunks
+                self.damage[-1] = (path, last_offset, last_length + length, last_records + records)
+                return
+        self.damage.append((path, offset, length, records))
 
     def _read_chunk(self, path: str, out: list[dict[str, Any]]) -> bool:
         """Read one chunk at the current offset; append new records to `out`; True if the offset moved."""
@@ -77,6 +116,8 @@ class LogTailer:
         except FileNotFoundError:
             return False
         result = decode_buffer(data)
+        for offset, length, records in result.damage:
+            self._note(path, self._offset + offset, length, records)
         consumed = len(data) - result.torn_bytes
         for record in result.records:
             seq = record["seq"]
@@ -84,6 +125,4 @@ class LogTailer:
                 out.append(record)
                 self.last_seq = seq
         self._offset += consumed
-        # A broken segment (implausible length) stops here for good: once a newer segment exists, poll()
-        # moves on to it.
         return consumed > 0

@@ -214,11 +214,18 @@ def test_chunked_decode_equals_whole_buffer_decode(monkeypatch: pytest.MonkeyPat
     assert (stats.records, stats.corrupt, stats.torn_bytes, stats.bytes) == (len(whole.records), 1, 9, len(data))
 
 
-def test_broken_length_stops_the_file() -> None:
-    data = encode_record(event(1, "online", "a", 1.0)) + b"\x00\x00\x00\x00" + encode_record(event(2, "online", "b", 2.0))
+def test_a_damaged_length_is_skipped_and_the_records_after_it_kept() -> None:
+    first, second = encode_record(event(1, "online", "a", 1.0)), encode_record(event(2, "online", "b", 2.0))
     stats = FileStats()
-    assert [r[1] for r in iter_rows(data, 0, stats)] == [1]
-    assert stats.broken and stats.corrupt == 1 and stats.torn_bytes == len(data) - len(encode_record(event(1, "online", "a", 1.0)))
+    assert [r[1] for r in iter_rows(first + b"\x00\x00\x00\x00" + second, 0, stats)] == [1, 2]
+    assert (stats.broken, stats.corrupt, stats.torn_bytes) == (False, 1, 0)
+
+
+def test_damage_with_nothing_good_after_it_marks_the_file_broken() -> None:
+    first = encode_record(event(1, "online", "a", 1.0))
+    stats = FileStats()
+    assert [r[1] for r in iter_rows(first + b"\xff" * 64, 0, stats)] == [1]
+    assert stats.broken and stats.corrupt == 1
 
 
 # ---------------------------------------------------------------------------------------------- rules
