@@ -98,11 +98,8 @@ class LogTailer:
             self._note(path, self._offset, size - self._offset, 1)
 
     def _note(self, path: str, offset: int, length: int, records: int) -> None:
-        if self.damage:
-            last_path, last_offset, last_length, last_records = self.damage[-1]
-            if last_path == path and last_offset + last_length == offset:  # one region across two chunks
-                self.damage[-1] = (path, last_offset, last_length + length, last_records + records)
-                return
+        # Not merged with a previous region (a region cut by a chunk boundary shows as two): a caller may
+        # already have reported the first part.
         self.damage.append((path, offset, length, records))
 
     def _read_chunk(self, path: str, out: list[dict[str, Any]]) -> bool:
