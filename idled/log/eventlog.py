@@ -19,11 +19,14 @@ for a batch holding seq 41..50 when 44 crosses the limit::
 
 **A roll never needs a descriptor at the moment of need.** The next segment is created ahead of time as
 the empty file ``next-segment.spare``, held open; a roll renames it (rename needs no descriptor) and then
-tries to create the next spare. If that fails (EMFILE under a descriptor squeeze), `sync()` /
-`release_rotated()` retry it by closing a rotated-away segment and creating the spare at once, in the slot
-just freed. Should a roll still find no spare and no descriptor, the roll is *deferred*: the batch goes on
-into the active segment (it grows past segment_bytes) and the next append tries again. `deferred_rolls`
-and `spare_failures` count these.
+tries to create the next spare. If no slot is free (EMFILE under a descriptor squeeze: connections took
+them all), it gives up a *reserve* descriptor it holds for this, and creates the spare in that slot. Each
+roll also frees a slot -- the rotated-away segment, closed by `sync()` / `release_rotated()` -- which goes
+at once to the spare or the reserve, whichever is missing; so under a squeeze that never lifts every roll
+still finds its spare. The directory is held open too (fsyncing it, and snapshots, need no new slot), and
+retention, which must list the directory, waits for a free slot (`retention_deferred`). Should a roll
+still find no spare (several rolls in one batch), it is *deferred*: the batch goes on into the active
+segment (past segment_bytes) and the next append tries again (`deferred_rolls`, `spare_failures`).
 
 **Durability.** `append` never fsyncs; `sync()` fdatasyncs every segment written since the last sync (the
 rotated one too) and then, if a segment was created, the directory. A failed fsync raises `FsyncFailed`
@@ -118,9 +121,12 @@ class EventLog:
         self.spare_failures = 0  # failed attempts to create the spare segment
         self.snapshots = 0  # open-session snapshots written
         self.snapshot_failures = 0  # snapshots that could not be written (retention waited)
+        self.retention_deferred = 0  # retention passes put off for lack of a descriptor (listing the directory)
         self._state = "new"  # new -> open -> closed
         self._failed: FsyncFailed | None = None
         self._lock_fd: int | None = None
+        self._dir_fd: int | None = None  # held open: fsyncing the directory must not need a new descriptor
+        self._reserve_fd: int | None = None  # a slot to give up for the spare when none is free
         self._fd: int | None = None  # active segment, O_APPEND
         self._active_path: str | None = None
         self._spare_fd: int | None = None  # the next segment, created ahead (see the module docstring)
@@ -177,6 +183,8 @@ class EventLog:
             raise LogLocked(f"{self.directory} is locked by another writer") from None
         self._lock_fd = lock_fd
         try:
+            self._dir_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            self._reserve_fd = os.dup(self._dir_fd)
             return self._recover()
         except BaseException:
             self.close()
@@ -323,22 +331,37 @@ class EventLog:
         return True
 
     def _make_spare(self) -> None:
-        """Create the spare segment if there is none. Best effort: a failure is counted, retried later."""
+        """Create the spare segment if there is none, giving up the reserve slot if no slot is free.
+        Best effort: a failure is counted, and retried when a rotated segment's descriptor is closed."""
         if self._spare_fd is not None:
             return
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
         try:
-            self._spare_fd = os.open(
-                self._spare_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644
-            )
-        except OSError:
-            self.spare_failures += 1
-            return
+            self._spare_fd = os.open(self._spare_path, flags, 0o644)
+        except OSError as exc:
+            if exc.errno not in _NO_DESCRIPTOR or self._reserve_fd is None:
+                self.spare_failures += 1
+                return
+            os.close(self._reserve_fd)
+            self._reserve_fd = None
+            try:
+                self._spare_fd = os.open(self._spare_path, flags, 0o644)
+            except OSError:
+                self.spare_failures += 1
+                return
         self._dir_dirty = True
 
     def _close_rotated(self, fd: int) -> None:
+        """Close a rotated-away segment; its slot goes at once to the spare, else to the reserve, if missing
+        (before anything else can take it: each roll uses one slot and frees one, so this keeps up)."""
         os.close(fd)
         if self._spare_fd is None:
-            self._make_spare()  # now, in the slot just freed, before anything else can take it
+            self._make_spare()
+        elif self._reserve_fd is None and self._dir_fd is not None:
+            try:
+                self._reserve_fd = os.dup(self._dir_fd)
+            except OSError:
+                pass  # taken meanwhile: the next close retries
 
     def sync(self) -> None:
         """fdatasync every segment written since the last sync, and the directory if a segment was created.
@@ -355,7 +378,10 @@ class EventLog:
             if self._written_since_sync and self._fd is not None:
                 os.fdatasync(self._fd)
             if self._dir_dirty:
-                fsync_directory(self.directory)
+                if self._dir_fd is not None:
+                    os.fsync(self._dir_fd)
+                else:
+                    fsync_directory(self.directory)
         except OSError as exc:
             self._failed = FsyncFailed(f"fsync in {self.directory}: {exc}")
             raise self._failed from exc
@@ -376,7 +402,13 @@ class EventLog:
         Stops at the first segment kept; never deletes the active (newest) segment; snapshots the open
         sessions first when a segment to delete is not yet covered. Returns deleted paths.
         """
-        segments = list_segments(self.directory)
+        try:
+            segments = list_segments(self.directory)  # opendir needs a descriptor
+        except OSError as exc:
+            if exc.errno not in _NO_DESCRIPTOR:
+                raise
+            self.retention_deferred += 1  # the next pass (next roll, or the writer's timer) catches up
+            return []
         if len(segments) < 2:
             return []
         stats = []
@@ -416,7 +448,7 @@ class EventLog:
             return False
         seq = self._last_seq + 1
         try:
-            write_snapshot(self.directory, seq, self._sessions.sessions)
+            write_snapshot(self.directory, seq, self._sessions.sessions, self._dir_fd)
         except OSError:
             self.snapshot_failures += 1
             return False
@@ -446,10 +478,10 @@ class EventLog:
         """Close files and release the lock. Does not sync. Idempotent. The spare stays for the next run."""
         while self._rotated:
             os.close(self._rotated.pop())
-        for fd in (self._fd, self._spare_fd, self._lock_fd):  # the lock last: closing it releases the flock
+        for fd in (self._fd, self._spare_fd, self._reserve_fd, self._dir_fd, self._lock_fd):  # lock last: flock
             if fd is not None:
                 os.close(fd)
-        self._fd = self._spare_fd = self._lock_fd = None
+        self._fd = self._spare_fd = self._reserve_fd = self._dir_fd = self._lock_fd = None
         self._state = "closed"
 
     def __enter__(self) -> EventLog:

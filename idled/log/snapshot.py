@@ -134,10 +134,11 @@ def _encode(seq: int, sessions: dict[Uid, complex]) -> bytes:
     return _HEADER.pack(_MAGIC, seq, len(values), zlib.crc32(body)) + body
 
 
-def write_snapshot(directory: str, seq: int, sessions: dict[Uid, complex]) -> str:
+def write_snapshot(directory: str, seq: int, sessions: dict[Uid, complex], dir_fd: int | None = None) -> str:
     """Durably write the snapshot of `sessions` as of `seq`; keep the newest SNAPSHOT_KEEP. Returns its path.
 
-    Blocking I/O (writer thread). OSError propagates: the caller keeps the segments it would have deleted."""
+    Blocking I/O (writer thread). OSError propagates: the caller keeps the segments it would have deleted.
+    `dir_fd`: the directory, already open (fsyncing it then needs no new descriptor)."""
     data = _encode(seq, sessions)
     temporary = os.path.join(directory, _TEMPORARY)
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
@@ -148,7 +149,10 @@ def write_snapshot(directory: str, seq: int, sessions: dict[Uid, complex]) -> st
         os.close(fd)
     path = os.path.join(directory, snapshot_name(seq))
     os.replace(temporary, path)
-    fsync_directory(directory)
+    if dir_fd is not None:
+        os.fsync(dir_fd)
+    else:
+        fsync_directory(directory)
     for _seq, old in list_snapshots(directory)[:-SNAPSHOT_KEEP]:
         try:
             os.unlink(old)
