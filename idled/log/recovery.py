@@ -217,7 +217,7 @@ class Recovery:
                 f"skipped {self.skipped_bytes} damaged bytes in place (about {self.corrupt_records} records lost)"
             )
         if self.truncated_bytes:
-            parts.append(f"quarantined a tail of {self.truncated_bytes} bytes to {', '.join(self.quarantined)}")
+            parts.append(f"truncated a torn tail of {self.truncated_bytes} bytes (copied first to {', '.join(self.quarantined)})")
         if self.damaged_snapshots:
             parts.append(f"damaged snapshots kept aside: {', '.join(self.damaged_snapshots)}")
         return "; ".join(parts) or "no damage"
