@@ -127,9 +127,7 @@ def scan_log(directory: str) -> LogScan:
                 continue  # already in the snapshot
             kind = record.get("kind")
             if kind == "online":
-                uid = record.get("uid")
-                full[uid] = record
-                sessions[uid] = session_summary(record)
+                full[record.get("uid")] = record  # its summary is made once, at the end
             elif kind == "offline":
                 uid = record.get("uid")
                 full.pop(uid, None)
@@ -141,6 +139,8 @@ def scan_log(directory: str) -> LogScan:
                 segment.tail_bytes, segment.tail_records(),
             )
         )
+    for uid, record in full.items():
+        sessions[uid] = session_summary(record)
     scan.max_seq, scan.records = max_seq, records
     return scan
 
