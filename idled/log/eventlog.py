@@ -135,6 +135,9 @@ class EventLog:
         self._rotated: list[int] = []  # fds of segments rotated away from since the last sync
         self._dir_dirty = False
         self._last_seq = 0  # highest seq written (0: none)
+        # last_seq as other threads see it: set when append() returns, after the retention it ran, so a
+        # reader that saw seq N written also sees the segments retention deleted after writing it.
+        self._published_seq = 0
         self._durable_seq = 0  # highest seq covered by a successful sync
         self._written_since_sync = False
         self._sessions = OpenSessions()  # open sessions as of last_seq (see idled.log.snapshot)
@@ -145,7 +148,7 @@ class EventLog:
     @property
     def last_seq(self) -> int:
         """Highest seq written (appended) so far, 0 if none; after recover(), the last recovered seq."""
-        return self._last_seq
+        return self._published_seq
 
     @property
     def durable_seq(self) -> int:
@@ -220,7 +223,7 @@ class EventLog:
             self._size = keep
         else:
             self._dir_dirty = True  # the directory may have just been created
-        self._last_seq = self._durable_seq = next_seq - 1
+        self._last_seq = self._durable_seq = self._published_seq = next_seq - 1
         self._sessions = OpenSessions(scan.sessions)
         self._snapshot_seq = scan.snapshot.seq
         self._state = "open"
@@ -252,6 +255,12 @@ class EventLog:
         TypeError leave the log untouched. Rotates by size; runs retention after a rotation. No fsync.
         """
         self._check_writable()
+        try:
+            return self._append(events)
+        finally:
+            self._published_seq = self._last_seq
+
+    def _append(self, events: Sequence[Mapping[str, Any]]) -> int:
         encoded: list[tuple[int, bytes]] = []
         last = self._last_seq
         for event in events:
