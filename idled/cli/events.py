@@ -5,6 +5,11 @@ terminal each record is one readable line (local time, seq, uid, kind, reason, a
 lateness); piped or redirected -- or with ``--json`` -- each record is one JSON object per line, keys in
 record order, so scripts see what they always saw. `--follow` polls every `--poll-interval` seconds
 for records appended to the active segment and for new segments, until Ctrl-C (exit status 0).
+
+Damage is never silent: records lost to it are skipped (every good record after them is still printed) and
+each damaged region is reported on stderr as it is found; `--strict` then exits 1. `--verify` prints no
+records: it reports every segment's damage (like `redis-check-aof`) and changes nothing -- exit 0 clean,
+1 damaged. The directory defaults to what `idled serve` uses: `$STATE_DIRECTORY`, else ./idled-data.
 """
 
 from __future__ import annotations
@@ -18,15 +23,31 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, TextIO
 
-from idled.log.eventlog import LogTailer
+from idled.log.eventlog import LogTailer, SegmentReport, verify_log
+from idled.ops.config import Config
 
-__all__ = ["add_arguments", "run", "format_record", "human_line", "local_time"]
+__all__ = ["add_arguments", "run", "format_record", "human_line", "local_time", "verify"]
+
+EXIT_DAMAGED = 1
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, not {value}")
+    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data-dir", required=True, metavar="DIR", help="event log directory (holds the *.seg files)")
     parser.add_argument(
-        "--from", dest="from_seq", type=int, default=0, metavar="SEQ",
+        "--data-dir", metavar="DIR",
+        help="event log directory (holds the *.seg files; default as for serve: $STATE_DIRECTORY, else ./idled-data)",
+    )
+    parser.add_argument(
+        "--from", dest="from_seq", type=_non_negative_int, default=0, metavar="SEQ",
         help="first seq to print (default: oldest retained)",
     )
     parser.add_argument("--follow", "-f", action="store_true", help="keep printing new records until interrupted")
@@ -36,6 +57,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", action="store_true",
                         help="JSON lines even on a terminal (default: JSON when piped, readable lines on a terminal)")
+    parser.add_argument("--strict", action="store_true", help="exit 1 if any damage was skipped")
+    parser.add_argument(
+        "--verify", action="store_true",
+        help="print no records: report each segment's damage, change nothing; exit 0 clean, 1 damaged",
+    )
 
 
 def _json_default(value: Any) -> Any:
@@ -74,36 +100,107 @@ def human_line(record: dict[str, Any]) -> str:
     return line
 
 
-def _print_all(tailer: LogTailer, out: TextIO, fmt: Callable[[dict[str, Any]], str] = format_record) -> int:
-    """Print everything the tailer has now; return how many records were printed."""
-    printed = 0
-    while True:
-        records = tailer.poll()
-        if not records:
-            return printed
-        out.write("".join(fmt(r) + "\n" for r in records))
-        out.flush()
-        printed += len(records)
+class _Printer:
+    """Prints what the tailer has now, and reports damage on stderr once per region."""
+
+    def __init__(
+        self, tailer: LogTailer, out: TextIO, err: TextIO, fmt: Callable[[dict[str, Any]], str] = format_record
+    ) -> None:
+        self.tailer = tailer
+        self.out = out
+        self.err = err
+        self.fmt = fmt
+        self.reported = 0
+
+    def drain(self) -> int:
+        printed = 0
+        while True:
+            records = self.tailer.poll()
+            self._report()
+            if not records:
+                return printed
+            self.out.write("".join(self.fmt(r) + "\n" for r in records))
+            self.out.flush()
+            printed += len(records)
+
+    def _report(self) -> None:
+        damage = self.tailer.damage
+        while self.reported < len(damage):
+            path, offset, length, records = damage[self.reported]
+            print(
+                f"idled events: damage in {path} at offset {offset}: {length} bytes skipped "
+                f"(about {records} records lost)",
+                file=self.err,
+            )
+            self.reported += 1
+
+    def summary(self) -> None:
+        tailer = self.tailer
+        if tailer.damage:
+            print(
+                f"idled events: skipped {tailer.skipped_bytes} damaged bytes in {len(tailer.damage)} regions "
+                f"(about {tailer.corrupt} records lost)",
+                file=self.err,
+            )
+        pending = tailer.pending_bytes()
+        if pending:
+            print(
+                f"idled events: {pending} bytes at the end of the newest segment are not a complete record "
+                "(a torn tail, or a write in progress)",
+                file=self.err,
+            )
+
+
+def _describe(report: SegmentReport) -> list[str]:
+    lines = [
+        f"  offset {offset}: {length} bytes damaged, about {records} records skipped"
+        for offset, length, records in report.damage
+    ]
+    if report.tail_bytes:
+        what = f"about {report.tail_records} damaged records" if report.tail_records else "an incomplete record"
+        lines.append(f"  offset {report.tail_offset}: {report.tail_bytes} bytes after the last good record ({what})")
+    return lines
+
+
+def verify(directory: str, out: TextIO) -> int:
+    """Report every segment's damage; change nothing. 0 clean, EXIT_DAMAGED damaged."""
+    reports, damaged_snapshots = verify_log(directory)
+    damaged = 0
+    for report in reports:
+        if not report.damaged:
+            out.write(f"{report.path}: ok, {report.records} records, {report.size} bytes\n")
+            continue
+        damaged += 1
+        out.write(f"{report.path}: DAMAGED, {report.records} good records, {report.size} bytes\n")
+        out.write("".join(line + "\n" for line in _describe(report)))
+    for path in damaged_snapshots:
+        out.write(f"{path}: DAMAGED snapshot (checksum or shape)\n")
+    total = damaged + len(damaged_snapshots)
+    out.write(f"{len(reports)} segments, {total} damaged\n" if total else f"{len(reports)} segments, clean\n")
+    out.flush()
+    return EXIT_DAMAGED if total else 0
 
 
 def run(args: argparse.Namespace) -> int:
-    directory = args.data_dir
+    directory = os.fspath(args.data_dir or Config().resolved_data_dir(os.environ))
     if not os.path.isdir(directory):
         print(f"idled events: {directory}: no such directory", file=sys.stderr)
         return 2
     if args.poll_interval <= 0:
         print("idled events: --poll-interval must be > 0", file=sys.stderr)
         return 2
-    tailer = LogTailer(directory, max(0, args.from_seq))
+    if args.verify:
+        return verify(directory, sys.stdout)
     out = sys.stdout
     fmt = format_record if getattr(args, "json", False) or not out.isatty() else human_line
+    printer = _Printer(LogTailer(directory, args.from_seq), out, sys.stderr, fmt)
     try:
-        _print_all(tailer, out, fmt)
+        printer.drain()
         while args.follow:
             time.sleep(args.poll_interval)
-            _print_all(tailer, out, fmt)
+            printer.drain()
     except KeyboardInterrupt:
-        return 0
+        pass
     except BrokenPipeError:
         # `idled events | head`: the reader left. Point stdout at /dev/null so the interpreter's final flush
         # does not raise again.
@@ -114,7 +211,8 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:  # e.g. the directory removed while following
         print(f"idled events: {exc}", file=sys.stderr)
         return 1
-    return 0
+    printer.summary()
+    return EXIT_DAMAGED if args.strict and printer.tailer.damage else 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,87 +2,82 @@
 
 Theory of operation
 -------------------
-**Record.** Every presence event is one record: an 8-byte header, then a msgpack map (the body)::
-
-    +----------------+----------------+---------------------------+
-    | u32 BE length  | u32 BE CRC32   | body: msgpack map         |
-    | of the body    | of the body    | {"seq": 7, "kind": ...}   |
-    +----------------+----------------+---------------------------+
-
-    00 00 00 7a | 44 0b d3 f3 | 89 a3 73 65 71 07 a4 6b 69 6e 64 a7 6f 66 66 ...
-    122-byte body  its CRC32     map(9) "seq" 7 "kind" "off...   (seq 7, alice offline idle: 130 bytes)
-
-The CRC is `zlib.crc32(body)`. A length of 0 or above `MAX_RECORD_BYTES` (64 KiB) is *implausible*: no
-writer produces it, so a reader never allocates for it. A body is *good* when its CRC matches and it decodes
-(`msgpack.unpackb`, never a streaming Unpacker) to a map whose "seq" is an int; other keys are not
-validated, and readers must accept keys they do not know.
-
-**Scanning a buffer** (`decode_buffer`, the one decoder everything uses, Spark included) walks headers:
-
-1. fewer than 8 bytes left, or a plausible length whose body runs past the end -> stop: those trailing
-   bytes are `torn_bytes` (a write cut short by a crash, or a reader that caught a write in progress);
-2. implausible length -> count one corrupt record and stop (`broken`): without a trustworthy length there
-   is no next header to find, so the rest of the buffer is `torn_bytes` too;
-3. CRC mismatch or undecodable body -> count one corrupt record and skip it, since its length was
-   plausible the next header is probably right after it;
-4. good -> keep the record; `good_bytes` moves just past it.
+The log is split by job: `records` (the record format, v2 with a sync mark and a header check, v1 still
+read; `decode_buffer`, the one decoder, resynchronises after damage), `segments` (names, streaming one
+segment), `recovery` (scan, quarantine, verify), `snapshot` (open sessions), `tailer` (readers). This module
+is the writer's handle, `EventLog`, and re-exports every name callers import from ``idled.log.eventlog``.
 
 **Segments.** Records live in files named by the seq of their first record, `f"{first_seq:020d}.seg"`
-(zero-padded, so name order is seq order, and `ls` shows the log in order). Only the newest segment, the
-*active* one, is ever written. `append` encodes and validates the whole batch first (seq strictly
-increasing), then writes it with one `os.write` per segment touched -- no user-space buffer, so readers
-see appended records at once. A record that would take a non-empty active segment past `segment_bytes`
-starts a new segment (so segments stay within segment_bytes unless one record is larger). Rotation
-sequence for a batch holding seq 41..50 when 44 crosses the limit::
+(zero-padded, so name order is seq order). Only the newest segment, the *active* one, is ever written.
+`append` encodes and validates the whole batch first (seq strictly increasing), then writes it with one
+`os.write` per segment touched -- no user-space buffer, so readers see appended records at once. A record
+that would take a non-empty active segment past `segment_bytes` starts a new segment. Rotation sequence
+for a batch holding seq 41..50 when 44 crosses the limit::
 
     00000000000000000001.seg  [1..43]  <- 41..43 written here, fd kept open until the next sync()
-    00000000000000000044.seg  [44..50] <- created O_EXCL, becomes active; directory marked dirty
+    next-segment.spare  -> renamed 00000000000000000044.seg [44..50], becomes active; directory dirty
+
+**A roll never needs a descriptor at the moment of need.** The next segment is created ahead of time as
+the empty file ``next-segment.spare``, held open; a roll renames it (rename needs no descriptor) and then
+tries to create the next spare. If no slot is free (EMFILE under a descriptor squeeze: connections took
+them all), it gives up a *reserve* descriptor it holds for this, and creates the spare in that slot. Each
+roll also frees a slot -- the rotated-away segment, closed by `sync()` / `release_rotated()` -- which goes
+at once to the spare or the reserve, whichever is missing; so under a squeeze that never lifts every roll
+still finds its spare. The directory is held open too (fsyncing it, and snapshots, need no new slot), and
+retention, which must list the directory, waits for a free slot (`retention_deferred`). Should a roll
+still find no spare (several rolls in one batch), it is *deferred*: the batch goes on into the active
+segment (past segment_bytes) and the next append tries again (`deferred_rolls`, `spare_failures`).
 
 **Durability.** `append` never fsyncs; `sync()` fdatasyncs every segment written since the last sync (the
-rotated one too -- otherwise records 41..43 above would not be covered) and then, if a segment was created,
-the directory, so the new name survives a power cut. A failed fsync raises `FsyncFailed` and poisons the
-log: the kernel may already have dropped the dirty pages and marked them clean, so a retry could report
-success for data that is gone (PostgreSQL's "fsyncgate"); every later append/sync raises again.
+rotated one too) and then, if a segment was created, the directory. A failed fsync raises `FsyncFailed`
+and poisons the log (PostgreSQL's "fsyncgate": a retry could report success for data that is gone).
 
-**Recovery** (`recover()`, once, before the first append): takes an exclusive `flock` on `<dir>/lock` (two
-writers on one log would interleave records), scans every segment in order, and truncates the last
-segment just past its last good record -- a crash can only tear what was being written, which is the end
-of the active segment. Whatever followed is reported in `truncated_bytes`. The next seq is the largest
-good seq + 1, or the last segment's name if that is larger (a segment emptied by truncation, or created
-just before the crash, still names the first seq it was meant to hold), so seqs are never reused for
-records that reached the disk. `online` maps each uid whose last retained record is `kind == "online"` to
-that record: the server writes an offline "restart" record for each before accepting connections.
+**Recovery** (`recover()`, once, before the first append): takes an exclusive `flock` on `<dir>/lock`,
+scans the log (`recovery.scan_log`), and cuts only the tail of the newest segment -- the bytes after its
+last good record -- after copying them to a quarantine file. Damage followed by good records is skipped
+in place and reported (see `idled.log.recovery`). The next seq is past the largest good seq, the last
+segment's name and the snapshot's seq, so seqs are never reused for records that reached the disk.
+`online` maps each open session's uid to its last online record: the server writes an offline "restart"
+record for each before accepting connections.
 
 **Retention** (`apply_retention()`, also run after every rotation): deletes whole segments from the oldest
-end while the log is over `retention_bytes` in total, or while a segment's mtime (the time of its newest
-record) is older than `retention_seconds`; it stops at the first segment it keeps, so the retained log is
-always one contiguous seq range, and it never deletes the active segment.
+end while the log is over `retention_bytes`, or while a segment's mtime is older than `retention_seconds`;
+it stops at the first segment it keeps and never deletes the active one. Before deleting a segment not yet
+covered by a snapshot, it writes one (`idled.log.snapshot`: the open sessions as of the next seq), so
+recovery never forgets a session whose online record retention removed. If the snapshot cannot be
+written, nothing uncovered is deleted (`snapshot_failures`).
 
 **Reading** (`iter_records`, `EventLog.read_from`, `LogTailer`) streams segments in 1 MiB chunks, so a
-reader's memory is bounded by the chunk plus one record whatever the segment size; corrupt records are
-skipped, a segment deleted under a reader is skipped.
+reader's memory is bounded by the chunk plus one record whatever the segment size; damage is skipped,
+a segment deleted under a reader is skipped.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
-import re
-import struct
 import time
-import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Final, Literal, TypeAlias
+from typing import Any, Final, Literal
 
-import msgpack
+from idled.log.errors import (
+    EventLogError, FsyncFailed, LogLocked, LogStateError, RecordTooLarge, SeqOrderError, WriteFailed,
+)
+from idled.log.records import HEADER_BYTES, MAX_RECORD_BYTES, DecodeResult, decode_buffer, encode_record
+from idled.log.recovery import OnlineSessions, Recovery, SegmentReport, quarantine_tail, scan_log, verify_log
+from idled.log.segments import (
+    READ_CHUNK_BYTES, SEGMENT_SUFFIX, SegmentScan, fsync_directory, list_segments, segment_name, write_all,
+)
+from idled.log.snapshot import OpenSessions, Uid, write_snapshot
+from idled.log.tailer import LogTailer, iter_records
 
 __all__ = [
     "HEADER_BYTES", "MAX_RECORD_BYTES", "DEFAULT_SEGMENT_BYTES", "DEFAULT_RETENTION_BYTES",
-    "DEFAULT_RETENTION_SECONDS", "SEGMENT_SUFFIX", "LOCK_NAME", "READ_CHUNK_BYTES",
+    "DEFAULT_RETENTION_SECONDS", "SEGMENT_SUFFIX", "LOCK_NAME", "SPARE_NAME", "READ_CHUNK_BYTES",
     "EventLogError", "FsyncFailed", "WriteFailed", "RecordTooLarge", "SeqOrderError", "LogLocked",
-    "LogStateError", "DecodeResult", "Recovery", "Uid",
-    "encode_record", "decode_buffer", "segment_name", "list_segments", "iter_records",
+    "LogStateError", "DecodeResult", "Recovery", "SegmentReport", "Uid", "SegmentScan",
+    "encode_record", "decode_buffer", "segment_name", "list_segments", "iter_records", "verify_log",
     "EventLog", "LogTailer", "FSYNC_POLICIES", "FsyncPolicy",
 ]
 
@@ -90,255 +85,12 @@ __all__ = [
 FsyncPolicy = Literal["always", "interval", "never"]
 FSYNC_POLICIES: Final[tuple[str, ...]] = ("always", "interval", "never")
 
-HEADER: Final = struct.Struct(">II")  # body length, CRC32 of the body
-HEADER_BYTES: Final = HEADER.size
-MAX_RECORD_BYTES: Final = 64 * 1024  # body bytes; a presence event is ~150
 DEFAULT_SEGMENT_BYTES: Final = 64 * 1024 * 1024
 DEFAULT_RETENTION_BYTES: Final = 1024 * 1024 * 1024
 DEFAULT_RETENTION_SECONDS: Final = 7 * 24 * 3600.0
-SEGMENT_SUFFIX: Final = ".seg"
 LOCK_NAME: Final = "lock"
-READ_CHUNK_BYTES: Final = 1024 * 1024  # > MAX_RECORD_BYTES + header, so any record fits in one chunk
-
-_SEGMENT_RE: Final = re.compile(r"^(\d{20})\.seg$")
-
-Uid: TypeAlias = str | int
-
-# ---------------------------------------------------------------------------------------------- errors
-
-
-class EventLogError(Exception):
-    """Base of every error this module raises on purpose; `code` is machine-readable, `reason` for humans."""
-
-    code: str = "eventlog"
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-    def __str__(self) -> str:
-        return f"{self.code}: {self.reason}"
-
-
-class FsyncFailed(EventLogError):
-    """fsync/fdatasync failed. Fatal: the log is poisoned, never retry (the kernel may have dropped the data)."""
-
-    code = "fsync_failed"
-
-
-class WriteFailed(EventLogError):
-    """os.write failed (ENOSPC, EIO, ...). The partial write was cut back off when possible; see `last_seq`."""
-
-    code = "write_failed"
-
-
-class RecordTooLarge(EventLogError):
-    """An encoded body exceeds MAX_RECORD_BYTES; nothing of the batch was written."""
-
-    code = "record_too_large"
-
-
-class SeqOrderError(EventLogError):
-    """An appended event has no int seq, or its seq is not above the previous one; nothing was written."""
-
-    code = "seq_order"
-
-
-class LogLocked(EventLogError):
-    """Another EventLog (this process or another) holds the directory's lock."""
-
-    code = "locked"
-
-
-class LogStateError(EventLogError):
-    """Call in the wrong state: append/sync before recover(), after close(), recover() twice."""
-
-    code = "state"
-
-
-# ---------------------------------------------------------------------------------------------- codec
-
-
-def encode_record(event: Mapping[str, Any]) -> bytes:
-    """One framed record (header + msgpack body) for `event`. Raises RecordTooLarge, TypeError (unpackable)."""
-    body = msgpack.packb(event if isinstance(event, dict) else dict(event), use_bin_type=True)
-    if len(body) > MAX_RECORD_BYTES:
-        raise RecordTooLarge(f"record body is {len(body)} bytes, limit {MAX_RECORD_BYTES}")
-    return HEADER.pack(len(body), zlib.crc32(body)) + body
-
-
-@dataclass(frozen=True, slots=True)
-class DecodeResult:
-    """What `decode_buffer` found in one buffer.
-
-    records: good records in buffer order. good_bytes: offset just past the last good record (0 if none).
-    corrupt: records skipped for a CRC mismatch or an undecodable body, plus one if the scan stopped at an
-    implausible length. torn_bytes: trailing bytes not consumed -- an incomplete record, or everything from
-    an implausible length on. broken: the scan stopped at an implausible length (more data will not help).
-    """
-
-    records: list[dict[str, Any]]
-    good_bytes: int
-    corrupt: int
-    torn_bytes: int
-    broken: bool = False
-
-
-_UNPACK_ERRORS: Final = (ValueError, TypeError, msgpack.UnpackException)
-
-
-def decode_buffer(data: bytes | bytearray | memoryview) -> DecodeResult:
-    """Decode every framed record in `data` (e.g. a whole segment file). Pure: no I/O, no state.
-
-    Spark calls this in mapPartitions on files read with binaryFiles; it never raises on bad input.
-    """
-    view = memoryview(data)
-    size = len(view)
-    unpack_header = HEADER.unpack_from
-    crc32 = zlib.crc32
-    unpackb = msgpack.unpackb
-    records: list[dict[str, Any]] = []
-    offset = good = corrupt = 0
-    broken = False
-    while size - offset >= HEADER_BYTES:
-        length, crc = unpack_header(view, offset)
-        if length == 0 or length > MAX_RECORD_BYTES:
-            corrupt += 1
-            broken = True
-            break
-        end = offset + HEADER_BYTES + length
-        if end > size:
-            break
-        body = view[offset + HEADER_BYTES : end]
-        offset = end
-        if crc32(body) != crc:
-            corrupt += 1
-            continue
-        try:
-            record = unpackb(body, raw=False)
-        except _UNPACK_ERRORS:
-            corrupt += 1
-            continue
-        if type(record) is not dict or type(record.get("seq")) is not int:
-            corrupt += 1  # CRC-valid but not an event: a writer bug, not worth a reader crashing over
-            continue
-        records.append(record)
-        good = end
-    return DecodeResult(records, good, corrupt, size - offset, broken)
-
-
-# ---------------------------------------------------------------------------------------------- segments
-
-
-def segment_name(first_seq: int) -> str:
-    """File name of the segment whose first record has seq `first_seq`."""
-    return f"{first_seq:020d}{SEGMENT_SUFFIX}"
-
-
-def list_segments(directory: str | os.PathLike[str]) -> list[tuple[int, str]]:
-    """(first_seq, path) of every segment file in `directory`, oldest first. Other files are ignored."""
-    directory = os.fspath(directory)
-    found = []
-    for name in os.listdir(directory):
-        match = _SEGMENT_RE.match(name)
-        if match:
-            found.append((int(match.group(1)), os.path.join(directory, name)))
-    found.sort()
-    return found
-
-
-class _SegmentScan:
-    """Streams one segment's good records in bounded chunks, counting what recovery needs to know."""
-
-    __slots__ = ("path", "corrupt", "good_end")
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.corrupt = 0
-        self.good_end = 0  # file offset just past the last good record
-
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        with open(self.path, "rb", buffering=0) as file:
-            base = 0  # file offset of buf[0]
-            buf = b""
-            while True:
-                chunk = file.read(READ_CHUNK_BYTES)
-                if not chunk:
-                    break
-                buf = buf + chunk if buf else chunk
-                result = decode_buffer(buf)
-                self.corrupt += result.corrupt
-                if result.records:
-                    self.good_end = base + result.good_bytes
-                yield from result.records
-                consumed = len(buf) - result.torn_bytes
-                base += consumed
-                if result.broken:
-                    break
-                buf = buf[consumed:]
-
-
-def _segments_from(directory: str, from_seq: int) -> list[tuple[int, str]]:
-    """The segments that can hold seqs >= from_seq: the last one named <= from_seq, and all after it."""
-    segments = list_segments(directory)
-    start = 0
-    for index, (first, _path) in enumerate(segments):
-        if first <= from_seq:
-            start = index
-        else:
-            break
-    return segments[start:]
-
-
-def iter_records(directory: str | os.PathLike[str], from_seq: int = 0) -> Iterator[dict[str, Any]]:
-    """Every retained good record with seq >= from_seq, in log (= seq) order, corrupt ones skipped.
-
-    The segment list is taken once; each segment is read to its end at the time it is reached, so records
-    appended meanwhile to the active segment are included. Blocking file I/O: from trio, run it in a thread.
-    """
-    for _first, path in _segments_from(os.fspath(directory), from_seq):
-        try:
-            for record in _SegmentScan(path):
-                if record["seq"] >= from_seq:
-                    yield record
-        except FileNotFoundError:
-            continue  # deleted by retention after listing
-
-
-# ---------------------------------------------------------------------------------------------- writer
-
-
-@dataclass(frozen=True, slots=True)
-class Recovery:
-    """What `EventLog.recover()` found.
-
-    next_seq: seq for the next appended record. truncated_bytes: bytes cut off the end of the last segment.
-    corrupt_records: records skipped in all segments (CRC, undecodable, implausible length). online: uid ->
-    last record of every uid whose last retained record is "online". records / segments: good records and
-    segment files scanned.
-    """
-
-    next_seq: int
-    truncated_bytes: int
-    corrupt_records: int
-    online: dict[Uid, dict[str, Any]] = field(default_factory=dict)
-    records: int = 0
-    segments: int = 0
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
-
-
-def _fsync_directory(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+SPARE_NAME: Final = "next-segment.spare"
+_NO_DESCRIPTOR: Final = (errno.EMFILE, errno.ENFILE)
 
 
 class EventLog:
@@ -365,24 +117,38 @@ class EventLog:
         self.retention_seconds = retention_seconds
         self.clock = clock
         self.rotations = 0  # segments created by this EventLog
+        self.deferred_rolls = 0  # rolls put off for lack of a descriptor
+        self.spare_failures = 0  # failed attempts to create the spare segment
+        self.snapshots = 0  # open-session snapshots written
+        self.snapshot_failures = 0  # snapshots that could not be written (retention waited)
+        self.retention_deferred = 0  # retention passes put off for lack of a descriptor (listing the directory)
         self._state = "new"  # new -> open -> closed
         self._failed: FsyncFailed | None = None
         self._lock_fd: int | None = None
+        self._dir_fd: int | None = None  # held open: fsyncing the directory must not need a new descriptor
+        self._reserve_fd: int | None = None  # a slot to give up for the spare when none is free
         self._fd: int | None = None  # active segment, O_APPEND
         self._active_path: str | None = None
+        self._spare_fd: int | None = None  # the next segment, created ahead (see the module docstring)
+        self._spare_path = os.path.join(self.directory, SPARE_NAME)
         self._size = 0  # bytes in the active segment
         self._rotated: list[int] = []  # fds of segments rotated away from since the last sync
         self._dir_dirty = False
         self._last_seq = 0  # highest seq written (0: none)
+        # last_seq as other threads see it: set when append() returns, after the retention it ran, so a
+        # reader that saw seq N written also sees the segments retention deleted after writing it.
+        self._published_seq = 0
         self._durable_seq = 0  # highest seq covered by a successful sync
         self._written_since_sync = False
+        self._sessions = OpenSessions()  # open sessions as of last_seq (see idled.log.snapshot)
+        self._snapshot_seq = 0  # the newest snapshot covers every record below this seq
 
     # ------------------------------------------------------------------------------------------ state
 
     @property
     def last_seq(self) -> int:
         """Highest seq written (appended) so far, 0 if none; after recover(), the last recovered seq."""
-        return self._last_seq
+        return self._published_seq
 
     @property
     def durable_seq(self) -> int:
@@ -392,6 +158,11 @@ class EventLog:
     @property
     def active_path(self) -> str | None:
         return self._active_path
+
+    @property
+    def open_sessions(self) -> int:
+        """Sessions whose last written record is online (what the next snapshot would hold)."""
+        return len(self._sessions)
 
     def _check_writable(self) -> None:
         if self._failed is not None:
@@ -403,7 +174,7 @@ class EventLog:
     # ------------------------------------------------------------------------------------------ recovery
 
     def recover(self) -> Recovery:
-        """Lock the directory (creating it if missing), scan it, truncate a torn tail, open for append."""
+        """Lock the directory (creating it if missing), scan it, quarantine a torn tail, open for append."""
         if self._state != "new":
             raise LogStateError(f"recover() called on a log that is {self._state}")
         os.makedirs(self.directory, exist_ok=True)
@@ -415,59 +186,64 @@ class EventLog:
             raise LogLocked(f"{self.directory} is locked by another writer") from None
         self._lock_fd = lock_fd
         try:
+            self._dir_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            self._reserve_fd = os.dup(self._dir_fd)
             return self._recover()
         except BaseException:
             self.close()
             raise
 
     def _recover(self) -> Recovery:
-        segments = list_segments(self.directory)
-        online: dict[Uid, dict[str, Any]] = {}
-        max_seq = 0
-        corrupt = records = truncated = 0
-        for _first, path in segments:
-            scan = _SegmentScan(path)
-            for record in scan:
-                records += 1
-                seq = record["seq"]
-                if seq > max_seq:
-                    max_seq = seq
-                kind = record.get("kind")
-                uid = record.get("uid")
-                if kind == "online":
-                    online[uid] = record
-                elif kind == "offline":
-                    online.pop(uid, None)
-            corrupt += scan.corrupt
-        next_seq = max_seq + 1
-        if segments:
-            last_first, last_path = segments[-1]
+        scan = scan_log(self.directory)
+        reports = scan.reports
+        corrupt = sum(report.skipped_records for report in reports)
+        skipped = sum(report.skipped_bytes for report in reports)
+        for report in reports[:-1]:  # an older segment's tail is damage, kept where it is
+            corrupt += max(1, report.tail_records) if report.tail_bytes else 0
+            skipped += report.tail_bytes
+        next_seq = max(scan.max_seq + 1, scan.snapshot.seq)
+        truncated = 0
+        quarantined: tuple[str, ...] = ()
+        if scan.segments:
+            last_first, last_path = scan.segments[-1]
             next_seq = max(next_seq, last_first)
             fd = os.open(last_path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
             self._fd = fd
             self._active_path = last_path
-            size = os.fstat(fd).st_size
-            keep = scan.good_end  # `scan` is the last segment's
-            if size > keep:
-                truncated = size - keep
-                os.ftruncate(fd, keep)
+            last = reports[-1]
+            keep = last.tail_offset
+            if os.fstat(fd).st_size > keep:
+                corrupt += last.tail_records
                 try:
-                    os.fsync(fd)  # a truncation that is lost would resurrect garbage under new records
-                except OSError as exc:
-                    self._failed = FsyncFailed(f"fsync after truncating {last_path}: {exc}")
-                    raise self._failed from exc
+                    target, truncated = quarantine_tail(last_path, keep, fd)
+                except FsyncFailed as exc:
+                    self._failed = exc
+                    raise
+                quarantined = (target,)
             self._size = keep
         else:
             self._dir_dirty = True  # the directory may have just been created
-        self._last_seq = self._durable_seq = next_seq - 1
+        self._last_seq = self._durable_seq = self._published_seq = next_seq - 1
+        self._sessions = OpenSessions(scan.sessions)
+        self._snapshot_seq = scan.snapshot.seq
         self._state = "open"
+        try:
+            os.unlink(self._spare_path)  # an unused spare left by the previous run: always empty
+        except FileNotFoundError:
+            pass
+        self._make_spare()
         return Recovery(
             next_seq=next_seq,
             truncated_bytes=truncated,
             corrupt_records=corrupt,
-            online=online,
-            records=records,
-            segments=len(segments),
+            online=OnlineSessions(dict(scan.sessions), scan.full, scan.snapshot.seq),
+            records=scan.records,
+            segments=len(scan.segments),
+            skipped_bytes=skipped,
+            quarantined=quarantined,
+            damaged_segments=tuple(report for report in reports if report.damaged),
+            snapshot_seq=scan.snapshot.seq,
+            damaged_snapshots=tuple(scan.snapshot.damaged),
         )
 
     # ------------------------------------------------------------------------------------------ writing
@@ -479,6 +255,12 @@ class EventLog:
         TypeError leave the log untouched. Rotates by size; runs retention after a rotation. No fsync.
         """
         self._check_writable()
+        try:
+            return self._append(events)
+        finally:
+            self._published_seq = self._last_seq
+
+    def _append(self, events: Sequence[Mapping[str, Any]]) -> int:
         encoded: list[tuple[int, bytes]] = []
         last = self._last_seq
         for event in events:
@@ -493,47 +275,60 @@ class EventLog:
         total = 0
         pending: list[bytes] = []
         pending_bytes = 0
-        pending_last = 0
-        for seq, record in encoded:
+        start = 0  # index in events of pending[0]
+        for index, (seq, record) in enumerate(encoded):
             used = self._size + pending_bytes
             if self._fd is None or (used > 0 and used + len(record) > self.segment_bytes):
                 if pending:
-                    total += self._flush(pending, pending_last)
-                    pending, pending_bytes = [], 0
-                self._open_segment(seq)
-                rotated = True
+                    total += self._flush(pending, events[start:index])
+                    pending, pending_bytes, start = [], 0, index
+                rotated = self._roll(seq) or rotated
             pending.append(record)
             pending_bytes += len(record)
-            pending_last = seq
-        total += self._flush(pending, pending_last)
+        total += self._flush(pending, events[start:])
         if rotated:
             self.apply_retention()
         return total
 
-    def _flush(self, records: list[bytes], last_seq: int) -> int:
+    def _flush(self, records: list[bytes], events: Sequence[Mapping[str, Any]]) -> int:
         assert self._fd is not None
         data = b"".join(records)
         try:
-            _write_all(self._fd, data)
+            write_all(self._fd, data)
         except OSError as exc:
-            # Cut a partial write back off: a half record followed by whole ones would make readers skip
-            # the whole ones (its length field swallows them).
+            # Cut a partial write back off: a half record followed by whole ones would be damage.
             try:
                 os.ftruncate(self._fd, self._size)
             except OSError as trunc_exc:
                 self._failed = FsyncFailed(f"write failed ({exc}) and truncating it back failed ({trunc_exc})")
             raise WriteFailed(f"write to {self._active_path}: {exc}") from exc
         self._size += len(data)
-        self._last_seq = last_seq
+        self._last_seq = events[-1]["seq"]
         self._written_since_sync = True
+        note = self._sessions.note
+        for event in events:
+            note(event)
         return len(data)
 
-    def _open_segment(self, first_seq: int) -> None:
+    def _roll(self, first_seq: int) -> bool:
+        """Make a new active segment for `first_seq`; False if deferred for lack of a descriptor."""
         path = os.path.join(self.directory, segment_name(first_seq))
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-        except OSError as exc:
-            raise WriteFailed(f"create {path}: {exc}") from exc
+        if self._spare_fd is not None:
+            if os.path.lexists(path):  # what O_EXCL would have refused (we hold the lock: no race)
+                raise WriteFailed(f"create {path}: a file of that name exists")
+            try:
+                os.rename(self._spare_path, path)
+            except OSError as exc:
+                raise WriteFailed(f"rename {self._spare_path} to {path}: {exc}") from exc
+            fd, self._spare_fd = self._spare_fd, None
+        else:
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            except OSError as exc:
+                if exc.errno in _NO_DESCRIPTOR and self._fd is not None:
+                    self.deferred_rolls += 1
+                    return False
+                raise WriteFailed(f"create {path}: {exc}") from exc
         if self._fd is not None:
             self._rotated.append(self._fd)  # still holds unsynced records: sync() covers it, then closes it
         self._fd = fd
@@ -541,6 +336,41 @@ class EventLog:
         self._size = 0
         self._dir_dirty = True
         self.rotations += 1
+        self._make_spare()
+        return True
+
+    def _make_spare(self) -> None:
+        """Create the spare segment if there is none, giving up the reserve slot if no slot is free.
+        Best effort: a failure is counted, and retried when a rotated segment's descriptor is closed."""
+        if self._spare_fd is not None:
+            return
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+        try:
+            self._spare_fd = os.open(self._spare_path, flags, 0o644)
+        except OSError as exc:
+            if exc.errno not in _NO_DESCRIPTOR or self._reserve_fd is None:
+                self.spare_failures += 1
+                return
+            os.close(self._reserve_fd)
+            self._reserve_fd = None
+            try:
+                self._spare_fd = os.open(self._spare_path, flags, 0o644)
+            except OSError:
+                self.spare_failures += 1
+                return
+        self._dir_dirty = True
+
+    def _close_rotated(self, fd: int) -> None:
+        """Close a rotated-away segment; its slot goes at once to the spare, else to the reserve, if missing
+        (before anything else can take it: each roll uses one slot and frees one, so this keeps up)."""
+        os.close(fd)
+        if self._spare_fd is None:
+            self._make_spare()
+        elif self._reserve_fd is None and self._dir_fd is not None:
+            try:
+                self._reserve_fd = os.dup(self._dir_fd)
+            except OSError:
+                pass  # taken meanwhile: the next close retries
 
     def sync(self) -> None:
         """fdatasync every segment written since the last sync, and the directory if a segment was created.
@@ -553,11 +383,14 @@ class EventLog:
                 fd = self._rotated[0]
                 os.fdatasync(fd)
                 self._rotated.pop(0)
-                os.close(fd)
+                self._close_rotated(fd)
             if self._written_since_sync and self._fd is not None:
                 os.fdatasync(self._fd)
             if self._dir_dirty:
-                _fsync_directory(self.directory)
+                if self._dir_fd is not None:
+                    os.fsync(self._dir_fd)
+                else:
+                    fsync_directory(self.directory)
         except OSError as exc:
             self._failed = FsyncFailed(f"fsync in {self.directory}: {exc}")
             raise self._failed from exc
@@ -568,40 +401,69 @@ class EventLog:
     def release_rotated(self) -> None:
         """Close rotated-away segments without syncing them (for callers that never sync, fsync=never)."""
         while self._rotated:
-            os.close(self._rotated.pop())
+            self._close_rotated(self._rotated.pop())
 
     # ------------------------------------------------------------------------------------------ retention
 
     def apply_retention(self) -> list[str]:
         """Delete the oldest segments while over retention_bytes or older than retention_seconds (mtime).
 
-        Stops at the first segment kept; never deletes the active (newest) segment. Returns deleted paths.
+        Stops at the first segment kept; never deletes the active (newest) segment; snapshots the open
+        sessions first when a segment to delete is not yet covered. Returns deleted paths.
         """
-        segments = list_segments(self.directory)
+        try:
+            segments = list_segments(self.directory)  # opendir needs a descriptor
+        except OSError as exc:
+            if exc.errno not in _NO_DESCRIPTOR:
+                raise
+            self.retention_deferred += 1  # the next pass (next roll, or the writer's timer) catches up
+            return []
         if len(segments) < 2:
             return []
         stats = []
         total = 0
-        for _first, path in segments:
+        for first, path in segments:
             try:
                 st = os.stat(path)
             except FileNotFoundError:
                 continue
-            stats.append((path, st.st_size, st.st_mtime))
+            stats.append((first, path, st.st_size, st.st_mtime))
             total += st.st_size
         cutoff = self.clock() - self.retention_seconds
         active = self._active_path or segments[-1][1]
-        deleted = []
-        for path, size, mtime in stats[:-1]:
+        victims: list[tuple[str, int]] = []
+        covered_below = 0  # every record of the victims is below this seq: the next segment's name
+        for index, (_first, path, size, mtime) in enumerate(stats[:-1]):
             if path == active or not (total > self.retention_bytes or mtime < cutoff):
                 break
+            victims.append((path, size))
+            covered_below = stats[index + 1][0]
+            total -= size
+        if victims and covered_below > self._snapshot_seq and not self._snapshot():
+            return []  # no snapshot, no deletion: the sessions those segments name would be forgotten
+        deleted = []
+        for path, _size in victims:
             try:
                 os.unlink(path)
             except FileNotFoundError:
                 pass
-            total -= size
             deleted.append(path)
         return deleted
+
+    def _snapshot(self) -> bool:
+        """Durably snapshot the open sessions as of last_seq + 1. False (counted) if it could not be."""
+        if self._state != "open":
+            self.snapshot_failures += 1  # not recovered: the open sessions are unknown
+            return False
+        seq = self._last_seq + 1
+        try:
+            write_snapshot(self.directory, seq, self._sessions.sessions, self._dir_fd)
+        except OSError:
+            self.snapshot_failures += 1
+            return False
+        self._snapshot_seq = seq
+        self.snapshots += 1
+        return True
 
     # ------------------------------------------------------------------------------------------ reading
 
@@ -622,14 +484,13 @@ class EventLog:
     # ------------------------------------------------------------------------------------------ closing
 
     def close(self) -> None:
-        """Close files and release the lock. Does not sync. Idempotent."""
-        self.release_rotated()
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)  # releases the flock
-            self._lock_fd = None
+        """Close files and release the lock. Does not sync. Idempotent. The spare stays for the next run."""
+        while self._rotated:
+            os.close(self._rotated.pop())
+        for fd in (self._fd, self._spare_fd, self._reserve_fd, self._dir_fd, self._lock_fd):  # lock last: flock
+            if fd is not None:
+                os.close(fd)
+        self._fd = self._spare_fd = self._reserve_fd = self._dir_fd = self._lock_fd = None
         self._state = "closed"
 
     def __enter__(self) -> EventLog:
@@ -637,69 +498,3 @@ class EventLog:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-# ---------------------------------------------------------------------------------------- seq reservation
-
-# ---------------------------------------------------------------------------------------------- tailing
-
-
-class LogTailer:
-    """Follows a log directory from outside the writer (e.g. `idled events --follow`).
-
-    Keeps a position (segment, byte offset of the next unread record); each `poll()` reads what was added
-    since, moving to the next segment once a newer one exists and the current one is read to its end.
-    Yields only seqs >= from_seq and above the last one returned, so its output is strictly increasing.
-    The segment list is taken *before* reading the current segment: if a newer segment was already listed,
-    the writer had finished the current one before that read, so nothing is left behind when moving on.
-    """
-
-    def __init__(self, directory: str | os.PathLike[str], from_seq: int = 0) -> None:
-        self.directory = os.fspath(directory)
-        self.from_seq = from_seq
-        self.last_seq = from_seq - 1  # highest seq returned
-        self._segment: int | None = None  # first seq (name) of the segment being read
-        self._offset = 0
-
-    def poll(self, max_records: int = 10_000) -> list[dict[str, Any]]:
-        """New records since the last poll: about max_records at most (whole 1 MiB chunks), [] when caught up."""
-        out: list[dict[str, Any]] = []
-        while len(out) < max_records:
-            segments = list_segments(self.directory)
-            if not segments:
-                break
-            names = [first for first, _ in segments]
-            if self._segment is None:
-                # Start in the last segment named <= from_seq (it may hold from_seq), else the oldest.
-                self._segment = max((n for n in names if n <= self.from_seq), default=names[0])
-                self._offset = 0
-            current = self._segment
-            if current in names and self._read_chunk(os.path.join(self.directory, segment_name(current)), out):
-                continue
-            later = [n for n in names if n > current]
-            if not later:
-                break
-            self._segment, self._offset = later[0], 0
-        return out
-
-    def _read_chunk(self, path: str, out: list[dict[str, Any]]) -> bool:
-        """Read one chunk at the current offset; append new records to `out`; True if the offset moved."""
-        try:
-            with open(path, "rb", buffering=0) as file:
-                if os.fstat(file.fileno()).st_size < self._offset:
-                    self._offset = 0  # truncated by recovery under us: re-read, the seq filter drops repeats
-                file.seek(self._offset)
-                data = file.read(READ_CHUNK_BYTES)
-        except FileNotFoundError:
-            return False
-        result = decode_buffer(data)
-        consumed = len(data) - result.torn_bytes
-        for record in result.records:
-            seq = record["seq"]
-            if seq > self.last_seq:
-                out.append(record)
-                self.last_seq = seq
-        self._offset += consumed
-        # A broken segment (implausible length) stops here for good: once a newer segment exists, poll()
-        # moves on to it.
-        return consumed > 0

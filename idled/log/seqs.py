@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from typing import Final
 
-from idled.log.eventlog import EventLogError, FsyncFailed, _fsync_directory, _write_all
+from idled.log.errors import EventLogError, FsyncFailed
+from idled.log.segments import fsync_directory, write_all
 
 __all__ = ["RESERVATION_NAME", "SEQ_BLOCK", "SEQ_HEADROOM", "SeqReservation"]
 
@@ -50,7 +51,7 @@ class SeqReservation:
         temporary = self.path + ".tmp"
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         try:
-            _write_all(fd, b"%d\n" % upto)
+            write_all(fd, b"%d\n" % upto)
             try:
                 os.fsync(fd)
             except OSError as exc:
@@ -59,6 +60,6 @@ class SeqReservation:
             os.close(fd)
         os.replace(temporary, self.path)
         try:
-            _fsync_directory(self.directory)
+            fsync_directory(self.directory)
         except OSError as exc:
             raise FsyncFailed(f"fsync of {self.directory}: {exc}") from exc

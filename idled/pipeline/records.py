@@ -5,8 +5,8 @@ Theory of operation
 A segment file is decoded by `idled.log.eventlog.decode_buffer` (the daemon's own decoder) in windows of
 `CHUNK_BYTES`, the way `eventlog` reads segments itself: each window yields its good records, the scan resumes
 at the first unconsumed byte (`len(window) - torn_bytes`), so memory stays bounded by one window's records
-whatever the segment size. Only in the last window are the unconsumed bytes a real torn tail; a window that
-stops at an implausible length (`broken`) ends the file, as in `eventlog`.
+whatever the segment size. Only in the last window are the unconsumed bytes a real torn tail. Damage inside
+a file is skipped by the decoder's resync (see `idled.log.records`): every good record after it is kept.
 
 Each good record becomes one `Row`, a plain tuple (it crosses from Python workers into the JVM, where every
 field costs conversion time, so the row carries only what the outputs use)::
@@ -57,10 +57,10 @@ class FileStats:
 
     bytes: int = 0
     records: int = 0  # good records (CRC ok, decodable), malformed ones included
-    corrupt: int = 0  # skipped by decode_buffer: CRC mismatch, undecodable body, implausible length
+    corrupt: int = 0  # records lost to damage, as decode_buffer estimates them
     malformed: int = 0  # good records that are not usable events (see module docstring)
     torn_bytes: int = 0  # unconsumed bytes at the end of the file
-    broken: bool = False  # scan stopped at an implausible length
+    broken: bool = False  # the file ends in damage: no good record after its last damaged region
     min_seq: int | None = None
     max_seq: int | None = None
     unordered: int = 0  # records whose seq is not above the previous record's (a writer never does this)
@@ -185,9 +185,10 @@ def iter_rows(data: bytes | bytearray | memoryview, daemon: int, stats: FileStat
                 yield row
         consumed = min(end, size) - offset - result.torn_bytes
         offset += consumed
-        if result.broken:
+        if records:
+            stats.broken = False
+        if result.damage and result.damage[-1][0] >= result.good_bytes:
             stats.broken = True
-            break
         if end >= size or consumed == 0:
             break  # the last window: what it left is a torn tail
     stats.torn_bytes = size - offset

@@ -185,12 +185,8 @@ class Server:
         """Recover the log, then build the presence table and the pieces that work on it."""
         cfg = self.config
         recovery = await trio.to_thread.run_sync(self.log.recover)  # failures: see fatal_on_log_error in serve()
-        if recovery.truncated_bytes or recovery.corrupt_records:
-            log.warning(
-                "event log: truncated a torn tail of %d bytes, skipped %d corrupt records",
-                recovery.truncated_bytes,
-                recovery.corrupt_records,
-            )
+        if recovery.damaged:  # damage skipped in place, a quarantined tail, a bad snapshot (see log/recovery)
+            log.warning("event log: %s", recovery.summary())
         detector = make_detector(cfg.detector_kind, timeout=ticks_for(cfg.timeout, cfg.tick), slots=cfg.slots)
         self.presence = presence = PresenceTable(
             detector,

@@ -64,13 +64,26 @@ def open_log(directory: Path, **kwargs: Any) -> EventLog:
 # ---------------------------------------------------------------------------------------------- framing
 
 
-def test_record_layout_is_length_crc_msgpack() -> None:
+def test_record_layout_is_sync_check_length_crc_msgpack() -> None:
     record = encode_record(ev(7))
-    length, crc = struct.unpack(">II", record[:8])
-    body = record[8:]
+    sync, check, length, crc = struct.unpack(">2sHII", record[:12])
+    body = record[12:]
+    assert sync == b"\xa5\xd1" and HEADER_BYTES == 12
+    assert check == zlib.crc32(record[4:12]) & 0xFFFF
     assert length == len(body)
     assert crc == zlib.crc32(body)
     assert msgpack.unpackb(body) == ev(7)
+
+
+def test_v1_records_written_before_the_format_change_still_decode() -> None:
+    from idled.log.records import encode_record_v1
+
+    v1 = encode_record_v1(ev(1))
+    assert struct.unpack(">II", v1[:8]) == (len(v1) - 8, zlib.crc32(v1[8:]))
+    data = v1 + encode_record(ev(2)) + encode_record_v1(ev(3))  # an old active segment appended to after upgrade
+    result = decode_buffer(data)
+    assert seqs(result.records) == [1, 2, 3]
+    assert (result.corrupt, result.torn_bytes) == (0, 0)
 
 
 def test_round_trip_keeps_values_types_and_extra_keys() -> None:
@@ -81,7 +94,7 @@ def test_round_trip_keeps_values_types_and_extra_keys() -> None:
     result = decode_buffer(data)
     assert result.records == originals
     assert type(result.records[1]["uid"]) is int
-    assert (result.good_bytes, result.corrupt, result.torn_bytes, result.broken) == (len(data), 0, 0, False)
+    assert (result.good_bytes, result.corrupt, result.torn_bytes, result.skipped_bytes) == (len(data), 0, 0, 0)
 
 
 def test_encode_accepts_any_mapping() -> None:
@@ -126,27 +139,40 @@ def test_every_truncation_point_yields_exactly_the_complete_records() -> None:
         assert seqs(result.records) == list(range(1, len(complete) + 1))
         assert result.good_bytes == (complete[-1] if complete else 0)
         assert result.torn_bytes == cut - result.good_bytes
-        assert result.corrupt == 0 and not result.broken
+        assert result.corrupt == 0 and result.damage == []
 
 
-def test_implausible_length_ends_the_scan_and_counts_once() -> None:
+@pytest.mark.parametrize(
+    "bad",
+    [struct.pack(">II", MAX_RECORD_BYTES + 1, 0) + b"\x00" * 16, b"\xff" * 4, b"\xa5\xd1" + b"\x00" * 30],
+    ids=["v1-implausible", "ff", "sync-bad-check"],
+)
+def test_implausible_header_is_damage_and_the_scan_resyncs_to_the_next_record(bad: bytes) -> None:
     good = encode_record(ev(1))
-    bad = struct.pack(">II", MAX_RECORD_BYTES + 1, 0) + b"\x00" * 16
     later = encode_record(ev(2))
-    result = decode_buffer(good + bad + later)
-    assert seqs(result.records) == [1]
+    result = decode_buffer(good + bad + later + encode_record(ev(3)))
+    assert seqs(result.records) == [1, 2, 3]
     assert result.corrupt == 1
-    assert result.broken
-    assert result.good_bytes == len(good)
-    assert result.torn_bytes == len(bad) + len(later)
+    assert result.damage == [(len(good), len(bad), 1)]
+    assert result.skipped_bytes == len(bad)
+    assert result.torn_bytes == 0
 
 
-def test_zero_filled_tail_is_broken_not_an_endless_run_of_empty_records() -> None:
+def test_zero_filled_tail_is_one_damaged_region_not_an_endless_run_of_empty_records() -> None:
     good = encode_record(ev(1))
     result = decode_buffer(good + b"\x00" * 4096)  # crc32(b"") == 0, so zero headers must not pass as records
     assert seqs(result.records) == [1]
-    assert result.corrupt == 1 and result.broken
-    assert result.torn_bytes == 4096
+    assert result.corrupt == 1 and len(result.damage) == 1
+    assert result.skipped_bytes + result.torn_bytes == 4096 and result.torn_bytes <= 3
+
+
+def test_a_record_cut_by_the_end_of_a_chunk_is_torn_not_damage_even_after_damage() -> None:
+    records = [encode_record(e) for e in events(1, 3)]
+    data = records[0] + b"\xee" * 50 + records[1] + records[2][:20]
+    result = decode_buffer(data)
+    assert seqs(result.records) == [1, 2]
+    assert result.damage == [(len(records[0]), 50, 1)]
+    assert result.torn_bytes == 20
 
 
 @pytest.mark.parametrize(
@@ -181,8 +207,10 @@ def test_a_single_bit_flip_never_produces_a_wrong_record(data: st.DataObject) ->
     buffer[bit // 8] ^= 1 << (bit % 8)
     result = decode_buffer(bytes(buffer))
     assert all(record in originals for record in result.records)
-    assert len(result.records) <= 4  # the damaged record is gone (or more, if its length field was hit)
-    assert result.corrupt >= 1 or result.torn_bytes > 0
+    # Only the damaged record can be gone, wherever the bit was. (With a flip in the first 4 bytes it may
+    # even survive: the v2 length + CRC + body that follow are a valid v1 record.)
+    assert len(result.records) >= 4
+    assert len(result.records) == 5 or result.corrupt >= 1 or result.torn_bytes > 0
 
 
 # ---------------------------------------------------------------------------------------------- EventLog basics
@@ -293,8 +321,11 @@ def test_garbage_after_the_last_good_record_is_truncated_and_counted(tmp_path: P
     with EventLog(tmp_path) as log:
         recovery = log.recover()
     assert recovery.truncated_bytes == len(damaged) + 100
-    assert recovery.corrupt_records == 2  # the CRC failure, then the zero header
+    assert recovery.corrupt_records == 1  # the CRC failure; the zeros after it are one region with it
     assert recovery.next_seq == 6
+    (quarantine,) = recovery.quarantined
+    assert quarantine == f"{path}.quarantine-{os.path.getsize(path)}"
+    assert Path(quarantine).read_bytes() == bytes(damaged) + b"\x00" * 100
 
 
 def test_corruption_inside_an_older_segment_is_skipped_not_truncated(tmp_path: Path) -> None:

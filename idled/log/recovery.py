@@ -1,0 +1,224 @@
+"""Recovery and verification: what a log directory holds, what is damaged, and the one cut ever made.
+
+Theory of operation
+-------------------
+`scan_log` reads every segment in order (`SegmentScan`, bounded memory) and the newest snapshot that
+verifies. It returns the largest seq, every segment's damage, and the open sessions: the snapshot's (state
+after every seq < N), then every record with seq >= N replayed on top -- a uid whose last record is online
+is open. Full records are kept only for replayed uids; snapshot-only ones stay compact (`OnlineSessions`
+builds a minimal record when asked), so recovery of a million sessions does not hold a million dicts.
+
+Damage is never silent and never destroys a good record:
+
+* a damaged region followed by a good record (`SegmentReport.damage`) is skipped in place, reported,
+  never cut: readers resynchronise past it (see `idled.log.records`);
+* the *tail* of a segment -- the bytes after its last good record -- holds no good record. In the newest
+  segment it is what a crash tore (or damage with nothing good after it): `quarantine_tail` copies it to
+  ``<segment>.quarantine-<offset>`` (fsynced, with the directory) and only then truncates the segment, so
+  new records are not appended after garbage. A tail in an older segment is reported and kept.
+
+`verify_log` (``idled events --verify``) runs the same scan and changes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from idled.log.errors import FsyncFailed
+from idled.log.records import Damage
+from idled.log.segments import SegmentScan, fsync_directory, list_segments, write_all
+from idled.log.snapshot import Snapshot, Uid, load_snapshot, session_summary, summary_record
+
+__all__ = [
+    "QUARANTINE_INFIX", "SegmentReport", "LogScan", "OnlineSessions", "Recovery", "scan_log", "verify_log",
+    "quarantine_tail",
+]
+
+QUARANTINE_INFIX = ".quarantine-"
+_COPY_CHUNK = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentReport:
+    """One segment's damage. damage: regions skipped in place, (offset, bytes, records). tail_*: the bytes
+    after the last good record; tail_records counts the damaged records in it (0: one torn record)."""
+
+    path: str
+    size: int
+    records: int
+    damage: tuple[Damage, ...] = ()
+    tail_offset: int = 0
+    tail_bytes: int = 0
+    tail_records: int = 0
+
+    @property
+    def damaged(self) -> bool:
+        return bool(self.damage or self.tail_bytes)
+
+    @property
+    def skipped_bytes(self) -> int:
+        return sum(region[1] for region in self.damage)
+
+    @property
+    def skipped_records(self) -> int:
+        return sum(region[2] for region in self.damage)
+
+
+class OnlineSessions(Mapping[Uid, dict[str, Any]]):
+    """uid -> last online record of every open session: the full record when it was replayed from a
+    segment, a minimal one (uid, last_seen, timeout, snapshot) when it came from the snapshot."""
+
+    __slots__ = ("_sessions", "_full", "_snapshot_seq")
+
+    def __init__(self, sessions: dict[Uid, complex], full: dict[Uid, dict[str, Any]], snapshot_seq: int) -> None:
+        self._sessions = sessions
+        self._full = full
+        self._snapshot_seq = snapshot_seq
+
+    def __getitem__(self, uid: Uid) -> dict[str, Any]:
+        record = self._full.get(uid)
+        if record is not None:
+            return record
+        return summary_record(uid, self._sessions[uid], self._snapshot_seq)
+
+    def __iter__(self) -> Iterator[Uid]:
+        return iter(self._sessions)
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def __repr__(self) -> str:
+        return f"OnlineSessions({dict(self.items())!r})"
+
+
+@dataclass(slots=True)
+class LogScan:
+    """What `scan_log` found (nothing changed yet)."""
+
+    max_seq: int = 0
+    records: int = 0
+    segments: list[tuple[int, str]] = field(default_factory=list)
+    reports: list[SegmentReport] = field(default_factory=list)
+    sessions: dict[Uid, complex] = field(default_factory=dict)
+    full: dict[Uid, dict[str, Any]] = field(default_factory=dict)
+    snapshot: Snapshot = field(default_factory=Snapshot)
+
+
+def scan_log(directory: str) -> LogScan:
+    """Scan every segment and the newest good snapshot (blocking I/O; see the module docstring)."""
+    scan = LogScan(snapshot=load_snapshot(directory))
+    scan.sessions = scan.snapshot.sessions
+    from_seq = scan.snapshot.seq
+    sessions, full = scan.sessions, scan.full
+    max_seq = records = 0
+    scan.segments = list_segments(directory)
+    for _first, path in scan.segments:
+        segment = SegmentScan(path)
+        count = 0
+        for record in segment:
+            count += 1
+            seq = record["seq"]
+            if seq > max_seq:
+                max_seq = seq
+            if seq < from_seq:
+                continue  # already in the snapshot
+            kind = record.get("kind")
+            if kind == "online":
+                full[record.get("uid")] = record  # its summary is made once, at the end
+            elif kind == "offline":
+                uid = record.get("uid")
+                full.pop(uid, None)
+                sessions.pop(uid, None)
+        records += count
+        scan.reports.append(
+            SegmentReport(
+                path, segment.size, count, tuple(segment.damage_before_tail()), segment.good_end,
+                segment.tail_bytes, segment.tail_records(),
+            )
+        )
+    for uid, record in full.items():
+        sessions[uid] = session_summary(record)
+    scan.max_seq, scan.records = max_seq, records
+    return scan
+
+
+def verify_log(directory: str) -> tuple[list[SegmentReport], list[str]]:
+    """(every segment's report, damaged snapshot paths). Reads only; safe on a live log."""
+    scan = scan_log(directory)
+    return scan.reports, scan.snapshot.damaged
+
+
+def quarantine_tail(path: str, offset: int, fd: int) -> tuple[str, int]:
+    """Copy `path`'s bytes from `offset` to ``<path>.quarantine-<offset>``, make the copy durable, then
+    truncate `fd` (open on `path` for writing) to `offset` and fsync it. Returns (quarantine path, bytes).
+
+    Raises FsyncFailed if a sync fails (after the copy is durable, a lost truncation would only leave the
+    garbage for the next recovery to quarantine again; before, nothing was cut)."""
+    target = f"{path}{QUARANTINE_INFIX}{offset}"
+    copied = 0
+    out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        with open(path, "rb", buffering=0) as source:
+            source.seek(offset)
+            while chunk := source.read(_COPY_CHUNK):
+                write_all(out, chunk)
+                copied += len(chunk)
+        try:
+            os.fsync(out)
+            fsync_directory(os.path.dirname(path) or ".")
+        except OSError as exc:
+            raise FsyncFailed(f"fsync of {target}: {exc}") from exc
+    finally:
+        os.close(out)
+    os.ftruncate(fd, offset)
+    try:
+        os.fsync(fd)  # a truncation that is lost would resurrect garbage under new records
+    except OSError as exc:
+        raise FsyncFailed(f"fsync after truncating {path}: {exc}") from exc
+    return target, copied
+
+
+@dataclass(frozen=True, slots=True)
+class Recovery:
+    """What `EventLog.recover()` found and did.
+
+    next_seq: seq for the next appended record. truncated_bytes: bytes cut off the end of the last segment,
+    all of them first copied to `quarantined`. corrupt_records: records lost to damage anywhere (estimated;
+    a lone torn record is not counted: it never was a record). skipped_bytes: damaged bytes skipped in
+    place (kept on disk). damaged_segments: the report of every segment with damage. online: uid -> last
+    online record of every open session (see OnlineSessions). records / segments: good records and segment
+    files scanned. snapshot_seq / damaged_snapshots: the snapshot recovery started from (0: none).
+    """
+
+    next_seq: int
+    truncated_bytes: int
+    corrupt_records: int
+    online: Mapping[Uid, dict[str, Any]] = field(default_factory=dict)
+    records: int = 0
+    segments: int = 0
+    skipped_bytes: int = 0
+    quarantined: tuple[str, ...] = ()
+    damaged_segments: tuple[SegmentReport, ...] = ()
+    snapshot_seq: int = 0
+    damaged_snapshots: tuple[str, ...] = ()
+
+    @property
+    def damaged(self) -> bool:
+        return bool(self.truncated_bytes or self.corrupt_records or self.skipped_bytes or self.damaged_snapshots)
+
+    def summary(self) -> str:
+        """One line for the server's log: what was skipped in place, quarantined, found damaged."""
+        parts = []
+        if self.skipped_bytes or self.corrupt_records:
+            parts.append(
+                f"skipped {self.skipped_bytes} damaged bytes in place (about {self.corrupt_records} records lost)"
+            )
+        if self.truncated_bytes:
+            parts.append(f"truncated a torn tail of {self.truncated_bytes} bytes (copied first to {', '.join(self.quarantined)})")
+        if self.damaged_snapshots:
+            parts.append(f"damaged snapshots kept aside: {', '.join(self.damaged_snapshots)}")
+        return "; ".join(parts) or "no damage"
+
