@@ -227,12 +227,19 @@ class Observers:
         self.log = log
         self.first_seq = first_seq
         self.peers = peers
+        self._connected: set[_Peer] = set()
         bus.start(first_seq)
+
+    def queued_bytes(self) -> int:
+        """Bytes held for observers right now beyond the shared window: replies waiting to be sent, and the
+        rest of frames cut in two (for metrics and tests; read on the event loop)."""
+        return sum(peer.reply_bytes + len(peer.writer.partial) for peer in self._connected)
 
     async def run(self, stream: trio.abc.Stream, decoder: FrameDecoder, login: Login) -> None:
         observer = Connection()
         peer = _Peer(stream, str(login.name))
         self.peers.add(observer)
+        self._connected.add(peer)
         error: ProtocolError | None = None
         try:
             with observer.scope:
@@ -251,8 +258,11 @@ class Observers:
         finally:
             self.peers.discard(observer)
             self.bus.unsubscribe(peer.subscription)
-        if not await peer.writer.finish():
-            return  # a frame cut in two the peer would not take: no error frame can follow it
+        try:
+            if not await peer.writer.finish():
+                return  # a frame cut in two the peer would not take: no error frame can follow it
+        finally:
+            self._connected.discard(peer)
         if error is not None:
             raise error
         if observer.end is not None:
