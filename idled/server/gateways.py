@@ -11,10 +11,11 @@ log writer's backlog) before each and, for an attach, re-checking the shutdown f
 straddles the start of a shutdown must not start sessions nothing will end.
 
 Memory: a gateway's frames are read one at a time (up to ``max_gateway_frame``, 1 MiB by default) and
-applied before the next is read, and its only reply, ``pong``, is written inline by its own task. So a
-gateway that does not read what it is sent back-pressures itself: once its socket buffers are full its task
-blocks in that write and stops reading its frames (its touches go unread, so its sessions go idle and
-expire); the server queues nothing for it. The events it causes reach observers through the bus's shared
+applied before the next is read; its ``pong`` is written inline by its own task, and its ``ended`` notices
+are bounded by the sessions it attached (a uid pending at most once per reason: ``idled.server.notices``).
+So a gateway that does not read what it is sent back-pressures itself: once its socket buffers are full its
+task blocks in that write and stops reading its frames (its touches go unread, so its sessions go idle and
+expire); nothing else is queued for it. The events it causes reach observers through the bus's shared
 window, not through per-observer queues, so no burst -- 100k uids in one frame -- can cut an observer that
 keeps reading.
 
