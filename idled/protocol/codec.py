@@ -85,9 +85,12 @@ def _encode_attach(m: Attach) -> bytes:
 
 
 def _encode_subscribe(m: Subscribe) -> bytes:
-    if m.from_seq is None:
-        return _frame({"op": "subscribe"})
-    return _frame({"op": "subscribe", "from": m.from_seq})
+    d: dict[str, Any] = {"op": "subscribe"}
+    if m.from_seq is not None:
+        d["from"] = m.from_seq
+    if m.durable:
+        d["durable"] = True
+    return _frame(d)
 
 
 def _encode_welcome(m: Welcome) -> bytes:

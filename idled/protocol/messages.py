@@ -145,9 +145,11 @@ class Detach:
 
 @dataclass(frozen=True, slots=True)
 class Subscribe:
-    """Observer: stream events, from sequence number `from_seq` (wire key "from") or from now when None."""
+    """Observer: stream events, from sequence number `from_seq` (wire key "from") or from now when None;
+    `durable`: only events already durable in the event log (under the server's fsync policy)."""
 
     from_seq: int | None = None
+    durable: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -151,7 +151,7 @@ _DETACH_KEYS: Final = frozenset({"op", "uids", "reason"})
 _MSG_KEYS: Final = frozenset({"op", "data"})
 _ATTACH_KEYS: Final = frozenset({"op", "uids", "keepalive"})
 _UIDS_KEYS: Final = frozenset({"op", "uids"})
-_SUBSCRIBE_KEYS: Final = frozenset({"op", "from"})
+_SUBSCRIBE_KEYS: Final = frozenset({"op", "from", "durable"})
 
 
 def _identity(obj: dict[str, Any], op: str) -> tuple[Role, Uid]:
@@ -238,7 +238,10 @@ def _parse_detach(obj: dict[str, Any]) -> Detach:
 def _parse_subscribe(obj: dict[str, Any]) -> Subscribe:
     _only(obj, _SUBSCRIBE_KEYS, "subscribe")
     start = obj.get("from")
-    return Subscribe(None if start is None else _seq(start, "from"))
+    durable = obj.get("durable")
+    if durable is not None and type(durable) is not bool:
+        raise _bad("durable must be a bool")
+    return Subscribe(None if start is None else _seq(start, "from"), durable is True)
 
 
 _CLIENT_PARSERS: Final[dict[str, Callable[[dict[str, Any]], ClientMessage]]] = {

@@ -404,6 +404,7 @@ class Server:
                 interval=self.config.fsync_interval,
                 on_batch=_count_batch(metrics),
                 on_fsync=metrics.eventlog_fsync_duration.observe,
+                on_durable=self.bus.durable_to,
                 task_status=task_status,
             )
         except BaseException:

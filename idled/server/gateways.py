@@ -5,9 +5,19 @@ Theory of operation
 A gateway (an edge proxy, a push service) terminates its users' connections itself and reports their
 activity in batches. It owns every session it attached; a session taken over by a direct login or another
 gateway is no longer its own (``touch_owned`` ignores its touches, ``release`` forgets it). Losing the gateway
-connection ends every session it still owns (``gateway_lost``), in chunks with checkpoints. A large attach is
-logged in chunks of ``ATTACH_CHUNK`` uids with a checkpoint between them, re-checking the shutdown flag after
-each: an attach that straddles the start of a shutdown must not start sessions nothing will end.
+connection ends every session it still owns (``gateway_lost``), in chunks with checkpoints. A large attach or
+detach is applied in chunks of ``ATTACH_CHUNK`` uids with a checkpoint between them, waiting for room (the
+log writer's backlog) before each and, for an attach, re-checking the shutdown flag after it: an attach that
+straddles the start of a shutdown must not start sessions nothing will end.
+
+Memory: a gateway's frames are read one at a time (up to ``max_gateway_frame``, 1 MiB by default) and
+applied before the next is read; its ``pong`` is written inline by its own task, and its ``ended`` notices
+are bounded by the sessions it attached (a uid pending at most once per reason: ``idled.server.notices``).
+So a gateway that does not read what it is sent back-pressures itself: once its socket buffers are full its
+task blocks in that write and stops reading its frames (its touches go unread, so its sessions go idle and
+expire); nothing else is queued for it. The events it causes reach observers through the bus's shared
+window, not through per-observer queues, so no burst -- 100k uids in one frame -- can cut an observer that
+keeps reading.
 
 A gateway that logs in with ``"ended": true`` is told which of its sessions the server ended and why
 (``ended`` frames, batched: ``idled.server.notices``); its welcome carries the server's default ``timeout``,
@@ -47,7 +57,7 @@ __all__ = ["ATTACH_CHUNK", "Gateway", "Gateways"]
 
 log = logging.getLogger("idled.server.gateways")
 
-ATTACH_CHUNK = 2048  # uids of one attach frame logged in between two checkpoints
+ATTACH_CHUNK = 2048  # uids of one attach or detach frame applied between two checkpoints
 
 
 class Gateway(Connection):
@@ -144,18 +154,24 @@ class Gateways:
             if index % ATTACH_CHUNK == 0:  # a 1 MiB attach is ~100k uids: don't hold the loop for all of them
                 sessions.wake_ticker()
                 await trio.sleep(0)
+                await sessions.room()
                 sessions.refuse_if_stopping()
                 now, wall = clock.now(), time.time()
         sessions.wake_ticker()
 
     async def detach(self, gateway: Gateway, message: Detach) -> None:
         sessions = self.sessions
+        presence, clock = sessions.presence, sessions.clock
         await sessions.room()
-        now, wall = sessions.clock.now(), time.time()
+        now, wall = clock.now(), time.time()
         reason = message.reason or "detach"  # an edge says what its user did (logout, closed)
-        for uid in message.uids:
-            sessions.publish(sessions.presence.logout(uid, gateway, now, wall, reason))
+        for index, uid in enumerate(message.uids, 1):
+            sessions.publish(presence.logout(uid, gateway, now, wall, reason))
             gateway.uids.pop(uid, None)
+            if index % ATTACH_CHUNK == 0:  # like attach: a 1 MiB detach must not hold the loop for all of it
+                await trio.sleep(0)
+                await sessions.room()
+                now, wall = clock.now(), time.time()
 
     async def lost(self, gateway: Gateway) -> None:
         """The gateway connection ended: every session it still owns goes offline (``gateway_lost``)."""

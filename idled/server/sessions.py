@@ -5,7 +5,8 @@ Theory of operation
 Every change of presence follows the same steps, and this is the one object that knows them:
 
 1. ``await room()`` before a burst of changes: the log writer is not too far behind (the bus's backpressure)
-   and the seq reservation has headroom; a producer waits here, never after it has changed state;
+   and the seq reservation has headroom; a producer waits here, never after it has changed state. Observers
+   never hold a producer up: each reads the bus's shared window (or the log) at its own pace;
 2. ``refuse_if_stopping()`` (after the wait): once shutdown began no session may start -- ``end_all`` has run
    or is running, so nothing would end it and its online event would miss the closed log;
 3. the change itself on ``presence``, at ``clock.now()`` (read once per burst; per packet for a user);

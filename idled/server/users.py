@@ -7,6 +7,11 @@ the per-packet path of the whole daemon (~3.3k packets/s at 100k users), so it h
 and the clock's ``now`` in locals: no attribute chain, no extra call per packet. No per-connection timer
 exists: idleness is the detector's job, and its tick task ends an idle session by cancelling the
 connection's scope (``Connection.release``), after which this task sends the error frame and closes.
+
+Memory: one frame is read at a time (``max_frame``) and its only reply, ``pong``, is written inline by this
+task, so nothing is ever queued for a user. A user that pings without reading blocks its own task once its
+socket buffers are full: it stops being read, so its pings stop counting as activity and the detector ends
+the session (``idle_timeout``; the error frame's write is bounded by ``SEND_ERROR_TIMEOUT``).
 """
 
 from __future__ import annotations
