@@ -1,4 +1,4 @@
-"""Prometheus metrics for idled, over an injected registry, and a trio-native scrape endpoint.
+"""Prometheus metrics for idled, over an injected registry.
 
 Theory of operation
 -------------------
@@ -20,29 +20,11 @@ The snapshot must be read on the trio event loop (the presence table is not thre
 scrape must not run on the loop: the standard process collector counts ``/proc/self/fd`` to
 export ``process_open_fds``, and that listing costs ~21 ms with 19k fds open (measured here,
 ~0.11 ms per 100 fds), ~110 ms at 100k connections -- the very stall idled exists to avoid. So
-:func:`serve_metrics` renders in a worker thread (``trio.to_thread.run_sync``), and the snapshot
+:func:`idled.ops.http.serve_metrics` renders in a worker thread (``trio.to_thread.run_sync``), and the snapshot
 collector hops back onto the loop for just the snapshot call (``trio.from_thread.run_sync`` with
 the token captured when the snapshot was registered). Every value in one scrape therefore comes
 from one consistent loop-side snapshot, and the loop is never blocked for the file listing.
-
-The endpoint (:func:`serve_metrics`) is a deliberately tiny HTTP/1.1 responder: one request per
-connection, ``GET``/``HEAD /metrics`` -> 200 with the text exposition format, other paths 404,
-other methods 405; the request head is capped (``max_request_bytes``) and the whole exchange has a
-deadline (``timeout``); at most ``max_clients`` are served at once and extra connections are
-closed at once rather than queued. Each client is handled in the server's nursery and any error
-in a handler is logged, never propagated: a bad client cannot take the daemon down.
-
-Given a :class:`Health`, the same endpoint answers the probes and the status document:
-
-* ``/healthz`` -- 200 ``ok`` whenever the process answers at all (a liveness probe: restart if it fails);
-* ``/readyz`` -- 200 ``ready`` when the client listener is open and the event log's directory takes a
-  write, else 503 with the reason (a readiness probe: stop routing to it). The write is a real probe file
-  (create, write, fsync, unlink) in a worker thread -- ``os.access`` says nothing about a full disk, a
-  read-only remount or a removed directory -- and its result is cached for ``cache_seconds`` (1 s), so a
-  probe storm costs one write per second;
-* ``/status`` -- a JSON document (version, uptime, sessions, connections by role, next seq, readiness),
-  what ``idled status`` prints. Like NATS's ``/varz``: plain HTTP, readable with curl, no client library
-  and no protocol change. The server's part is read on the event loop (the handler runs there).
+The scrape endpoint itself, and the health probes beside it, are `idled.ops.http`.
 """
 
 from __future__ import annotations
@@ -68,19 +50,15 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from idled import __version__
-from idled.ops.fatal import EXIT_LISTEN, fatal_on_oserror
-from idled.ops.health import Health, health_response
 
 __all__ = [
     "CONTENT_TYPE",
     "ROLES",
     "SNAPSHOT_KEYS",
     "Snapshot",
-    "Health",
     "Metrics",
     "NullMetrics",
     "lateness_buckets",
-    "serve_metrics",
 ]
 
 log = logging.getLogger(__name__)
@@ -101,15 +79,26 @@ class Snapshot(TypedDict, total=False):
     sessions_online         users currently online (logged in, not yet timed out)
     detector_keys           keys (uids) tracked by the detector, ring plus overflow
     detector_overflow_keys  of those, keys parked in the overflow wheel (deadline beyond the ring)
+    observer_queued_bytes   bytes held for observers beyond the shared event window (their replies)
+    eventlog_damaged_bytes  damaged bytes the last recovery skipped in place or quarantined
+    eventlog_damaged_records  records lost to that damage (estimated)
+    eventlog_rolls_deferred segment rolls put off for lack of a descriptor since the start
     """
 
     connections: Mapping[str, int]
     sessions_online: int
     detector_keys: int
     detector_overflow_keys: int
+    observer_queued_bytes: int
+    eventlog_damaged_bytes: int
+    eventlog_damaged_records: int
+    eventlog_rolls_deferred: int
 
 
-SNAPSHOT_KEYS: tuple[str, ...] = ("connections", "sessions_online", "detector_keys", "detector_overflow_keys")
+SNAPSHOT_KEYS: tuple[str, ...] = (
+    "connections", "sessions_online", "detector_keys", "detector_overflow_keys", "observer_queued_bytes",
+    "eventlog_damaged_bytes", "eventlog_damaged_records", "eventlog_rolls_deferred",
+)
 
 # Durations of work done on the event loop: a tick, a stall. 100 us .. 10 s.
 _LOOP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -150,6 +139,18 @@ class _SnapshotCollector(Collector):
             "detector_keys": GaugeMetricFamily("idled_detector_keys", "Keys tracked by the idle detector."),
             "detector_overflow_keys": GaugeMetricFamily(
                 "idled_detector_overflow_keys", "Detector keys whose deadline lies beyond the ring (overflow wheel)."
+            ),
+            "observer_queued_bytes": GaugeMetricFamily(
+                "idled_observer_queued_bytes", "Bytes held for observers beyond the shared event window (replies)."
+            ),
+            "eventlog_damaged_bytes": GaugeMetricFamily(
+                "idled_eventlog_damaged_bytes", "Damaged bytes the last recovery skipped in place or quarantined."
+            ),
+            "eventlog_damaged_records": GaugeMetricFamily(
+                "idled_eventlog_damaged_records", "Records the last recovery found lost to damage (estimated)."
+            ),
+            "eventlog_rolls_deferred": GaugeMetricFamily(
+                "idled_eventlog_rolls_deferred", "Segment rolls put off for lack of a descriptor since the start."
             ),
         }
 
@@ -210,7 +211,8 @@ class Metrics:
       eventlog_bytes           idled_eventlog_bytes_total
       eventlog_fsync_duration  idled_eventlog_fsync_duration_seconds      histogram
     Constant gauges: idled_info{version,python} = 1, idled_tick_seconds = tick.
-    Scrape-time gauges from the snapshot (see :class:`Snapshot`): idled_connections{role},
+    Scrape-time gauges from the snapshot (see :class:`Snapshot`): idled_connections{role}, idled_observer_queued_bytes,
+    idled_eventlog_damaged_bytes, idled_eventlog_damaged_records, idled_eventlog_rolls_deferred,
     idled_sessions_online, idled_detector_keys, idled_detector_overflow_keys.
     Standard collectors: process_* (process_open_fds, process_max_fds, process_resident_memory_bytes,
     process_cpu_seconds_total, ...), python_gc_*, python_info.
@@ -345,156 +347,3 @@ class NullMetrics:
 
     def render(self) -> bytes:
         return b""
-
-
-# --- HTTP endpoint --------------------------------------------------------------------------------
-
-_REASONS = {
-    200: "OK",
-    400: "Bad Request",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    431: "Request Header Fields Too Large",
-    500: "Internal Server Error",
-    503: "Service Unavailable",
-}
-
-class _HttpError(Exception):
-    def __init__(self, status: int) -> None:
-        super().__init__(status)
-        self.status = status
-
-
-async def _read_head(stream: trio.abc.Stream, limit: int) -> bytes | None:
-    """Bytes up to the blank line ending the request head; None if the client closed first."""
-    buffer = bytearray()
-    while True:
-        chunk = await stream.receive_some(limit - len(buffer) + 4)
-        if not chunk:
-            return None
-        start = max(0, len(buffer) - 3)  # the terminator may straddle two reads
-        buffer += chunk
-        end = buffer.find(b"\r\n\r\n", start)
-        if end >= 0:
-            return bytes(buffer[:end])
-        if len(buffer) > limit:
-            raise _HttpError(431)
-
-
-async def _linger(stream: trio.SocketStream, *, seconds: float = 1.0, max_bytes: int = 65536) -> None:
-    """Half-close, then discard what the client still sends until it closes (bounded in time and bytes).
-
-    Closing a socket with unread input makes the kernel send RST, which can destroy the response
-    before the client reads it (an oversized request leaves input unread). Apache calls this a
-    lingering close.
-    """
-    await stream.send_eof()
-    drained = 0
-    with trio.move_on_after(seconds):
-        while drained < max_bytes:
-            chunk = await stream.receive_some(16384)
-            if not chunk:
-                return
-            drained += len(chunk)
-
-
-def _response(status: int, body: bytes, content_type: str, *, head_only: bool = False) -> bytes:
-    head = (
-        f"HTTP/1.1 {status} {_REASONS[status]}\r\n"
-        f"Content-Type: {content_type}\r\n"
-        f"Content-Length: {len(body)}\r\n"
-        "Connection: close\r\n"
-        "\r\n"
-    ).encode("ascii")
-    return head if head_only else head + body
-
-
-_HEALTH_PATHS = (b"/healthz", b"/readyz", b"/status")
-
-
-def _route(head: bytes, health: bool = False) -> tuple[int, str, str]:
-    """(status, method, path) for a request head; the health paths exist only with a ``Health``."""
-    request_line = head.split(b"\r\n", 1)[0]
-    parts = request_line.split(b" ")
-    if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
-        raise _HttpError(400)
-    method, target = parts[0], parts[1]
-    path = target.split(b"?", 1)[0]
-    text = path.decode("ascii", "replace")
-    if path != b"/metrics" and not (health and path in _HEALTH_PATHS):
-        return 404, method.decode("ascii", "replace"), text
-    if method not in (b"GET", b"HEAD"):
-        return 405, method.decode("ascii", "replace"), text
-    return 200, method.decode("ascii"), text
-
-
-async def serve_metrics(
-    registry: CollectorRegistry,
-    host: str = "127.0.0.1",
-    port: int = 9878,
-    *,
-    max_request_bytes: int = 8192,
-    timeout: float = 10.0,
-    max_clients: int = 16,
-    health: Health | None = None,
-    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
-) -> None:
-    """Serve ``GET /metrics`` for ``registry`` on ``host:port`` until cancelled (and, given ``health``,
-    ``/healthz``, ``/readyz`` and ``/status``).
-
-    Use with ``port = await nursery.start(serve_metrics, registry, host, port)``: the bound port
-    is reported once listening (useful with port 0). ``host`` should be an IP literal; the default
-    is loopback -- exposing metrics beyond the host is a decision for the config file.
-    """
-    with fatal_on_oserror("cannot listen for metrics", f"{host}:{port}", EXIT_LISTEN):
-        listeners = await trio.open_tcp_listeners(port, host=host)
-    clients = trio.CapacityLimiter(max_clients)
-    renderer = trio.CapacityLimiter(1)  # concurrent scrapes queue for one worker thread, not forty
-    plain = "text/plain; charset=utf-8"
-
-    async def respond(stream: trio.SocketStream) -> None:
-        try:
-            head = await _read_head(stream, max_request_bytes)
-            if head is None:
-                return
-            status, method, path = _route(head, health is not None)
-        except _HttpError as exc:
-            await stream.send_all(_response(exc.status, f"{_REASONS[exc.status]}\n".encode(), plain))
-            return
-        head_only = method == "HEAD"
-        if status != 200:
-            await stream.send_all(_response(status, f"{_REASONS[status]}\n".encode(), plain, head_only=head_only))
-            return
-        if health is not None and path != "/metrics":
-            code, body, kind = await health_response(health, path)
-            await stream.send_all(_response(code, body, kind, head_only=head_only))
-            return
-        try:
-            body = await trio.to_thread.run_sync(generate_latest, registry, limiter=renderer)
-        except Exception:
-            log.exception("rendering metrics failed")
-            await stream.send_all(_response(500, b"Internal Server Error\n", plain))
-            return
-        await stream.send_all(_response(200, body, CONTENT_TYPE, head_only=head_only))
-
-    async def handle(stream: trio.SocketStream) -> None:
-        try:
-            clients.acquire_nowait()
-        except trio.WouldBlock:
-            await trio.aclose_forcefully(stream)  # refuse rather than hold an fd in a queue
-            return
-        try:
-            with trio.move_on_after(timeout):
-                await respond(stream)
-                await _linger(stream)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass  # the client went away
-        except Exception:
-            log.exception("metrics client handler failed")
-        finally:
-            clients.release()
-            await trio.aclose_forcefully(stream)
-
-    async with trio.open_nursery() as nursery:
-        task_status.started(listeners[0].socket.getsockname()[1])
-        await trio.serve_listeners(handle, listeners, handler_nursery=nursery)

@@ -57,7 +57,9 @@ from idled.ops.fatal import fatal_on_log_error
 from idled.ops.fdbudget import Budget, open_file_limit
 from idled.ops.gcpolicy import GcPolicy
 from idled.ops.logs import PeerLog, plural
-from idled.ops.metrics import Health, Metrics, NullMetrics, serve_metrics
+from idled.ops.health import Health
+from idled.ops.http import serve_metrics
+from idled.ops.metrics import Metrics, NullMetrics
 from idled.protocol import ErrorCode
 from idled.server.bus import EventBus
 from idled.server.clock import Clock
@@ -120,6 +122,8 @@ class Server:
         self._sessions: Sessions | None = None
         self._door: Doorway | None = None
         self._gateways: Gateways | None = None
+        self._observers: Observers | None = None
+        self._damage = (0, 0)  # (bytes, records) the recovery found damaged: exported as gauges
         self._accept_scope = trio.CancelScope()
         self._stop_event = trio.Event()
         self._writer_done = trio.Event()
@@ -200,7 +204,8 @@ class Server:
             self.gc_policy.start()  # after the session maps exist: see idled.ops.gcpolicy
         self._sessions = sessions = Sessions(presence, self.bus, self.clock, self.seqs)
         self._gateways = Gateways(sessions, self._peers, max_frame=cfg.max_gateway_frame)
-        observers = Observers(presence, self.bus, self.log, first_seq=self.seqs.first, peers=self._peers)
+        self._observers = observers = Observers(presence, self.bus, self.log, first_seq=self.seqs.first, peers=self._peers)
+        self._damage = (recovery.skipped_bytes + recovery.truncated_bytes, recovery.corrupt_records)
         roles = {"uid": functools.partial(run_user, sessions), "gateway": self._gateways.run, "observer": observers.run}
         self._door = Doorway(
             cfg, sessions=sessions, roles=roles, secret=self.secret, metrics=self.metrics, connections=self.connections,
@@ -450,6 +455,10 @@ class Server:
             "sessions_online": len(self.presence),
             "detector_keys": stats.keys,
             "detector_overflow_keys": stats.overflow_keys,
+            "observer_queued_bytes": self._observers.queued_bytes() if self._observers is not None else 0,
+            "eventlog_damaged_bytes": self._damage[0],
+            "eventlog_damaged_records": self._damage[1],
+            "eventlog_rolls_deferred": self.log.deferred_rolls,
         }
 
 

@@ -17,7 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from idled import __version__
-from idled.ops.metrics import CONTENT_TYPE, SNAPSHOT_KEYS, Metrics, lateness_buckets, serve_metrics
+from idled.ops.http import serve_metrics
+from idled.ops.metrics import CONTENT_TYPE, SNAPSHOT_KEYS, Metrics, lateness_buckets
 
 
 @pytest.fixture
@@ -152,6 +153,10 @@ def test_snapshot_gauges_are_read_at_scrape_time(registry: CollectorRegistry, me
         "sessions_online": 9,
         "detector_keys": 9,
         "detector_overflow_keys": 1,
+        "observer_queued_bytes": 512,
+        "eventlog_damaged_bytes": 536,
+        "eventlog_damaged_records": 1,
+        "eventlog_rolls_deferred": 2,
     }
     assert set(state) == set(SNAPSHOT_KEYS)
     calls = []
@@ -169,6 +174,10 @@ def test_snapshot_gauges_are_read_at_scrape_time(registry: CollectorRegistry, me
     assert value(registry, "idled_sessions_online") == 9
     assert value(registry, "idled_detector_keys") == 9
     assert value(registry, "idled_detector_overflow_keys") == 1
+    assert value(registry, "idled_observer_queued_bytes") == 512
+    assert value(registry, "idled_eventlog_damaged_bytes") == 536
+    assert value(registry, "idled_eventlog_damaged_records") == 1
+    assert value(registry, "idled_eventlog_rolls_deferred") == 2
 
     state["connections"] = {"user": 11, "gateway": 1}
     state["sessions_online"] = 10

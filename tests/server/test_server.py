@@ -41,6 +41,7 @@ from idled.protocol import (
     encode,
 )
 
+from idled.log.eventlog import encode_record, segment_name
 from tests import peers
 from tests.peers import frame
 
@@ -655,3 +656,25 @@ def test_null_metrics_has_everything_the_server_bumps() -> None:
     null.observe_loop_lag(0.5)
     null.register_snapshot(dict)
     assert null.registry is None and null.render() == b""
+
+
+# -- the log's damage, as an operator sees it ----------------------------------------------------------------
+
+
+async def test_damage_the_recovery_skipped_is_a_gauge(tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    records = [
+        {"seq": seq, "kind": "online", "uid": f"u{seq}", "ts": 1.7e9, "reason": "login", "last_seen": 1.7e9,
+         "deadline": 1.7e9 + 30, "timeout": 30.0}
+        for seq in range(1, 5)
+    ]
+    encoded = [encode_record(r) for r in records]
+    damaged = bytearray(encoded[1])
+    damaged[-1] ^= 0x01  # a flipped body byte: record 2 is lost, 3 and 4 follow it
+    (data_dir / segment_name(1)).write_bytes(encoded[0] + bytes(damaged) + encoded[2] + encoded[3])
+    async with running(tmp_path) as h:
+        assert h.metric("idled_eventlog_damaged_records") == 1
+        assert h.metric("idled_eventlog_damaged_bytes") == len(damaged)
+        # Every good record survived: 1, 3, 4 (and their restart offlines after them).
+        assert [r["seq"] for r in h.records()][:3] == [1, 3, 4]

@@ -27,7 +27,8 @@ from collections.abc import Callable, Sequence
 import trio
 
 from idled.ops.config import Config, ConfigError
-from idled.ops.metrics import Metrics, NullMetrics, serve_metrics
+from idled.ops.http import serve_metrics
+from idled.ops.metrics import Metrics, NullMetrics
 from idled.protocol import ErrorCode
 from idled.server.conn import Doorway, auth_secret
 from idled.server.edge.link import CoreLink
