@@ -23,7 +23,7 @@ from typing import TypeVar
 import trio
 
 from idled.client import ClientError
-from idled.ops.fatal import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from idled.ops.fatal import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, exception_leaves
 from idled.protocol.tokens import SecretError, load_secret, mint
 
 __all__ = ["add_client_arguments", "UsageError", "Interrupt", "token_for", "run_command", "TOKEN_TTL"]
@@ -119,7 +119,7 @@ def run_command(prog: str, body: Callable[[Interrupt], Awaitable[int]]) -> int:
         print(f"{prog}: {describe(exc)}", file=sys.stderr)
         return EXIT_FAILURE
     except BaseExceptionGroup as group:  # trio wraps a task's failure when another task ended too
-        for leaf in _leaves(group):
+        for leaf in exception_leaves(group):
             if isinstance(leaf, UsageError):
                 print(f"{prog}: {leaf}", file=sys.stderr)
                 return EXIT_USAGE
@@ -128,11 +128,6 @@ def run_command(prog: str, body: Callable[[Interrupt], Awaitable[int]]) -> int:
                 return EXIT_FAILURE
         raise
 
-
-def _leaves(exc: BaseException) -> list[BaseException]:
-    if isinstance(exc, BaseExceptionGroup):
-        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
-    return [exc]
 
 
 def describe(exc: ClientError) -> str:

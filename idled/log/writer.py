@@ -122,31 +122,10 @@ async def run_writer(
 
     task_status.started()
     async with receive:
-        while True:
-            batch: list[dict[str, Any]] = []
-            try:
-                # One schedule point per batch lets ready producers add to the channel; then only an empty
-                # channel makes the writer wait, and only a dirty one arms a deadline (a cancel scope per
-                # batch would cost more than encoding a small batch).
-                await trio.lowlevel.checkpoint()
-                try:
-                    batch.append(receive.receive_nowait())
-                except trio.WouldBlock:
-                    if dirty:
-                        with trio.move_on_at(last_sync + interval):
-                            batch.append(await receive.receive())
-                    else:
-                        batch.append(await receive.receive())
-            except trio.EndOfChannel:
-                break
+        while (batch := await _next_batch(receive, last_sync + interval if dirty else None, max_batch)) is not None:
             if not batch:  # interval elapsed with unsynced data and nothing new arrived
                 await sync_now()
                 continue
-            while len(batch) < max_batch:
-                try:
-                    batch.append(receive.receive_nowait())
-                except (trio.WouldBlock, trio.EndOfChannel):
-                    break  # EndOfChannel is raised again by the next receive()
             now = trio.current_time()
             do_sync = always or (not never and now >= last_sync + interval)
             do_retention = now >= next_retention
@@ -168,4 +147,30 @@ async def run_writer(
             await sync_now()
 
 
-# ---------------------------------------------------------------------------------------------- benchmark
+async def _next_batch(
+    receive: trio.MemoryReceiveChannel[dict[str, Any]], sync_at: float | None, max_batch: int
+) -> list[dict[str, Any]] | None:
+    """The next batch: one event -- waited for, until ``sync_at`` when unsynced data waits for its sync -- then
+    whatever else is already queued, up to ``max_batch``. [] when ``sync_at`` came first; None at the end."""
+    batch: list[dict[str, Any]] = []
+    try:
+        # One schedule point per batch lets ready producers add to the channel; then only an empty channel
+        # makes the writer wait, and only a dirty one arms a deadline (a cancel scope per batch would cost more
+        # than encoding a small batch).
+        await trio.lowlevel.checkpoint()
+        try:
+            batch.append(receive.receive_nowait())
+        except trio.WouldBlock:
+            if sync_at is not None:
+                with trio.move_on_at(sync_at):
+                    batch.append(await receive.receive())
+            else:
+                batch.append(await receive.receive())
+    except trio.EndOfChannel:
+        return None
+    while batch and len(batch) < max_batch:
+        try:
+            batch.append(receive.receive_nowait())
+        except (trio.WouldBlock, trio.EndOfChannel):
+            break  # EndOfChannel is raised again by the next receive()
+    return batch

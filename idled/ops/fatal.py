@@ -32,7 +32,7 @@ from idled.log.eventlog import EventLogError
 
 __all__ = [
     "EXIT_OK", "EXIT_FAILURE", "EXIT_USAGE", "EXIT_TARGET_FAILED", "EXIT_LISTEN", "EXIT_LOG", "EXIT_RESOURCES",
-    "EXIT_INTERRUPTED", "Fatal", "fatal_on_oserror", "fatal_on_log_error", "describe",
+    "EXIT_INTERRUPTED", "Fatal", "fatal_on_oserror", "fatal_on_log_error", "describe", "exception_leaves",
 ]
 
 EXIT_OK: Final = 0
@@ -93,10 +93,11 @@ def _log_reason(exc: EventLogError | OSError) -> tuple[str, int]:
     return reason, EXIT_RESOURCES if cause.errno in _RESOURCE_ERRNOS else EXIT_LOG
 
 
-def _leaves(exc: BaseException) -> Iterator[BaseException]:
+def exception_leaves(exc: BaseException) -> Iterator[BaseException]:
+    """The exceptions inside trio's (possibly nested) ExceptionGroups, in order; ``exc`` itself if none."""
     if isinstance(exc, BaseExceptionGroup):
         for inner in exc.exceptions:
-            yield from _leaves(inner)
+            yield from exception_leaves(inner)
     else:
         yield exc
 
@@ -106,7 +107,7 @@ def describe(exc: BaseException) -> tuple[str, int]:
 
     Trio wraps a failing task's exception in ExceptionGroups; the first `Fatal` inside wins, then the first
     OSError (classified by errno), then anything else (status 1, a bug)."""
-    leaves = list(_leaves(exc))
+    leaves = list(exception_leaves(exc))
     for leaf in leaves:
         if isinstance(leaf, Fatal):
             return str(leaf), leaf.status

@@ -32,11 +32,11 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterator
 from typing import IO, Any, TextIO
 
 import trio
 
+from idled.ops.fatal import exception_leaves
 from idled.tools.loadtest.connect import connect_reason
 from idled.tools.loadtest.observer import Observer, ObserverLost
 from idled.tools.loadtest.results import Window, build_result, finish
@@ -72,7 +72,7 @@ async def run_scenario(sc: Scenario, err: TextIO | None = None) -> dict[str, Any
                 nursery.cancel_scope.cancel()
     except BaseExceptionGroup as group:
         # a nursery wraps even its body's exception: hand the caller the one failure there was
-        leaves = [e for e in _leaves(group) if not isinstance(e, trio.Cancelled)]
+        leaves = [e for e in exception_leaves(group) if not isinstance(e, trio.Cancelled)]
         if len(leaves) == 1:
             raise leaves[0] from None
         raise
@@ -83,13 +83,6 @@ async def run_scenario(sc: Scenario, err: TextIO | None = None) -> dict[str, Any
     finish(server, result)
     return result
 
-
-def _leaves(exc: BaseException) -> Iterator[BaseException]:
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            yield from _leaves(inner)
-    else:
-        yield exc
 
 
 def _sampler(r: RunState, server: ServerProcess) -> ProcessSampler | None:
