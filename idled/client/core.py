@@ -23,7 +23,8 @@ live uids (attached, not detached) with their keepalive: after a reconnect `reat
 pending with attach frames for all of them (the server forgot them: `gateway_lost`).
 
 *Observer position.* `ObserverCursor.last` is the last seq handed to the application (or its stored
-checkpoint at start); `subscribe()` asks for ``from = last + 1``; `accept(event)` drops any event whose seq is
+checkpoint at start); `subscribe()` asks for ``from = last + 1``, durable-only when `durable` (by default
+exactly when the application gave a checkpoint); `accept(event)` drops any event whose seq is
 not beyond `last`, so a replay overlap never reaches the application twice within one process. Across a
 restart of the application, delivery is at-least-once: events after the stored checkpoint are delivered
 again, and their seq shows they were seen.
@@ -37,17 +38,23 @@ from dataclasses import dataclass
 from typing import Final
 
 from idled.protocol import (
-    DEFAULT_MAX_FRAME, MAX_UID_BYTES, Attach, Detach, Event, Subscribe, Touch, Uid, encode,
+    DEFAULT_MAX_FRAME, MAX_KEEPALIVE, MAX_UID_BYTES, MIN_KEEPALIVE, Attach, Detach, Event, Subscribe, Touch, Uid, encode,
 )
 
 __all__ = [
-    "ping_interval", "Backoff", "KeepaliveTimer", "GatewayBatcher", "ObserverCursor",
+    "ping_interval", "default_durable", "Backoff", "KeepaliveTimer", "GatewayBatcher", "ObserverCursor",
     "DEFAULT_FLUSH_INTERVAL", "DEFAULT_MAX_PENDING",
 ]
 
 DEFAULT_FLUSH_INTERVAL: Final = 0.05  # seconds a touch may wait for company before it is sent
 DEFAULT_MAX_PENDING: Final = 100_000  # uids buffered before a touch waits for the flush it triggers
 _FRAME_OVERHEAD: Final = 64  # op, keys, keepalive, array header: generous, so a frame never exceeds the limit
+
+
+def default_durable(after: int | None) -> bool:
+    """An observer given a checkpoint (`after`, even 0) reads the durable view; one reading from now, the fast
+    one. Checkpointing means the application keeps state that must agree with the log after any crash."""
+    return after is not None
 
 
 def ping_interval(timeout: float | None, keepalive: float | None) -> float | None:
@@ -135,6 +142,10 @@ class GatewayBatcher:
         self.pending += len(group) - before
 
     def attach(self, uids: Iterable[Uid], keepalive: float | None, now: float) -> None:
+        # Checked here, where the caller can see it: the server answers a bad keepalive by closing the
+        # connection, and the reconnect would send the same attach again.
+        if keepalive is not None and not MIN_KEEPALIVE <= keepalive <= MAX_KEEPALIVE:
+            raise ValueError(f"keepalive must be within {MIN_KEEPALIVE:g}..{MAX_KEEPALIVE:g} seconds, got {keepalive}")
         uids = tuple(uids)
         for uid in uids:
             self.live[uid] = keepalive
@@ -197,18 +208,24 @@ class GatewayBatcher:
 
 
 class ObserverCursor:
-    """The observer's position: `last` is the last seq delivered (None: none yet and subscribed from now)."""
+    """The observer's position: `last` is the last seq delivered (None: none yet and subscribed from now).
 
-    __slots__ = ("last",)
+    `durable`: subscribe to durable events only. None (the default) picks it from `after`: an observer that
+    starts from a stored checkpoint keeps state across restarts, and only a durable view can never show it an
+    event that a crash of the server then erases (see `default_durable`).
+    """
 
-    def __init__(self, after: int | None = None) -> None:
+    __slots__ = ("last", "durable")
+
+    def __init__(self, after: int | None = None, durable: bool | None = None) -> None:
         if after is not None and after < 0:
             raise ValueError("after must be a seq (>= 0; 0 = from the first event ever)")
         self.last = after
+        self.durable = default_durable(after) if durable is None else durable
 
     def subscribe(self) -> Subscribe:
         """What to send after (re)connecting: from last + 1, or from now if nothing was seen yet."""
-        return Subscribe(None if self.last is None else self.last + 1)
+        return Subscribe(None if self.last is None else self.last + 1, self.durable)
 
     def accept(self, event: Event) -> bool:
         """True if `event` is new (and advance); False for a duplicate of something already delivered."""

@@ -13,23 +13,54 @@ few thousand uids within one interval cost one or two frames, and the detector s
 After a reconnect the server has forgotten this gateway's uids (they went offline with `gateway_lost`), so
 the first thing sent on the new connection is an `attach` of every uid still live, with its keepalive.
 
-Session-ended notices: given `on_ended(uid, reason)`, the gateway logs in with `"ended": true` and the
-server tells it which of its sessions it ended: reason `idle` (timed out), `kicked` (a newer login
-elsewhere) or `shutdown` (the server is stopping). An `idle` or `kicked` uid is no longer live (it is not
-re-attached after a reconnect); a `shutdown` one stays live, so it is re-attached when the server is back.
-Without `on_ended` the login is unchanged and the server never sends the message.
+Session-ended notices: given `on_ended(uids, reason)` or `notices=True`, the gateway logs in with
+`"ended": true` and the server tells it which of its sessions it ended: reason `idle` (timed out), `kicked`
+(a newer login elsewhere) or `shutdown` (the server is stopping); other reasons may come later and mean
+"ended". One notice is one server frame: a tuple of uids (a tick's expiries travel together) and a reason.
+The callback is called (and awaited, if it returns an awaitable) in the reader task, once per notice;
+with `notices=True` the notices are also queued for ``async for uids, reason in gateway.ended()``, at most
+`NOTICE_BUFFER` of them: when the application falls that far behind, the reader waits (and stops reading
+the connection) until it catches up -- nothing is dropped. An `idle` or `kicked` uid is no longer live (it
+is not re-attached after a reconnect); a `shutdown` one stays live, so it is re-attached when the server is
+back. Without either option the login is unchanged and the server never sends the message.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Final
 
 from idled.client.core import DEFAULT_FLUSH_INTERVAL, DEFAULT_MAX_PENDING, Backoff, GatewayBatcher
-from idled.client.link import Conn, Link, Runtime
+from idled.client.errors import ClientError
+from idled.client.link import Conn, Link, Mailbox, Runtime
 from idled.protocol import DEFAULT_MAX_FRAME, Ended, Login, Uid, Welcome
 
-__all__ = ["Gateway"]
+__all__ = ["Gateway", "NOTICE_BUFFER", "EndedCallback"]
+
+NOTICE_BUFFER: Final = 1024  # ended notices (frames) queued for `ended()` before the reader waits
+EndedCallback = Callable[[tuple[Uid, ...], str], Any]
+
+
+class _Notices:
+    """The async iterator of `Gateway.ended()` (a class, not an async generator: breaking out of the loop
+    leaves nothing to finalise)."""
+
+    __slots__ = ("gateway", "mailbox")
+
+    def __init__(self, gateway: Gateway, mailbox: Mailbox[tuple[tuple[Uid, ...], str]]) -> None:
+        self.gateway = gateway
+        self.mailbox = mailbox
+
+    def __aiter__(self) -> _Notices:
+        return self
+
+    async def __anext__(self) -> tuple[tuple[Uid, ...], str]:
+        notice = await self.mailbox.get()
+        if notice is None:
+            if isinstance(self.gateway.error, ClientError):
+                raise self.gateway.error
+            raise StopAsyncIteration
+        return notice
 
 
 class Gateway(Link):
@@ -37,15 +68,18 @@ class Gateway(Link):
 
     def __init__(self, runtime: Runtime, host: str, port: int, name: str, *, token: str | None = None,
                  flush_interval: float = DEFAULT_FLUSH_INTERVAL, max_pending: int = DEFAULT_MAX_PENDING,
-                 on_ended: Callable[[Uid, str], Any] | None = None, reconnect: bool = True,
+                 on_ended: EndedCallback | None = None, notices: bool = False, reconnect: bool = True,
                  backoff: Backoff | None = None, connect_timeout: float = 10.0) -> None:
-        super().__init__(runtime, host, port, Login("gateway", name, token, None, on_ended is not None), reconnect=reconnect,
+        opt_in = on_ended is not None or notices
+        super().__init__(runtime, host, port, Login("gateway", name, token, None, opt_in), reconnect=reconnect,
                          backoff=backoff, connect_timeout=connect_timeout)
         if not flush_interval > 0:
             raise ValueError("flush_interval must be positive")
         self.flush_interval = flush_interval
         self.batch = GatewayBatcher(max_pending)
         self.on_ended = on_ended
+        self._notices: Mailbox[tuple[tuple[Uid, ...], str]] | None = (
+            Mailbox(runtime, NOTICE_BUFFER) if notices else None)
         self.max_frame = DEFAULT_MAX_FRAME
         self._wake = runtime.event()
 
@@ -53,6 +87,14 @@ class Gateway(Link):
     def live(self) -> int:
         """Uids attached through this gateway and not detached."""
         return len(self.batch.live)
+
+    def ended(self) -> _Notices:
+        """``async for uids, reason in gateway.ended()``: the session-ended notices (needs `notices=True`).
+        Stops when the gateway is closed; raises the gateway's final error if it ended with one. Leaving the
+        loop early loses nothing: the next ``ended()`` goes on from the next notice."""
+        if self._notices is None:
+            raise ValueError("ended() needs Gateway(notices=True)")
+        return _Notices(self, self._notices)
 
     async def attach(self, uids: Iterable[Uid], keepalive: float | None = None) -> None:
         """These uids connected through this gateway (`keepalive` sets their timeout, as for users)."""
@@ -103,14 +145,21 @@ class Gateway(Link):
             self.frames_sent += len(frames)
 
     async def _on_message(self, message: Any) -> None:
-        if type(message) is Ended and self.on_ended is not None:
-            live = self.batch.live
-            for uid in message.uids:
-                if message.reason != "shutdown":
+        if type(message) is Ended:
+            if message.reason != "shutdown":
+                live = self.batch.live
+                for uid in message.uids:
                     live.pop(uid, None)
-                result = self.on_ended(uid, message.reason)
+            if self.on_ended is not None:
+                result = self.on_ended(message.uids, message.reason)
                 if result is not None and hasattr(result, "__await__"):
                     await result
+            if self._notices is not None:
+                await self._notices.put((message.uids, message.reason))
+
+    def _on_done(self) -> None:
+        if self._notices is not None:
+            self._notices.close()
 
     async def _background(self, conn: Conn) -> None:
         runtime, batch = self.runtime, self.batch

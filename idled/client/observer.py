@@ -16,6 +16,14 @@ duplicates by `seq <= stored`. `after=0` reads everything the server still retai
 `after=None` starts from now. If the requested events are no longer retained, iteration raises `Gone`
 (with `oldest_seq`): resynchronise with `query` and start again from there.
 
+Durable or fast: with ``durable=True`` the server delivers only events already durable in its event log
+under its fsync policy (Kafka's high watermark), so nothing this observer sees can be erased by a crash of
+the server: after the restart the table it built equals the one the log rebuilds. The price is latency (one
+fdatasync under ``--fsync always``, up to the sync interval under ``interval``). The default is chosen from
+`after`: given a checkpoint (any int, 0 included) the observer keeps state, and reads the durable view;
+from now (``after=None``, a dashboard or an alerting hook) it reads the fast one. Pass ``durable=`` to
+override either way.
+
 Known gap: subscribing "from now" has no acknowledgement carrying the current seq, so a connection lost
 before the first event arrives resubscribes from now again and may skip events in between. Start from a
 checkpoint (or `after=0`) when that matters; a `subscribed` reply with the next seq would close the gap
@@ -53,15 +61,20 @@ class Observer(Link):
     """An observer connection; create it through `idled.client.trio.open_observer` or the asyncio twin."""
 
     def __init__(self, runtime: Runtime, host: str, port: int, name: str, *, token: str | None = None,
-                 after: int | None = None, subscribe: bool = True, buffer: int = DEFAULT_BUFFER,
+                 after: int | None = None, durable: bool | None = None, subscribe: bool = True, buffer: int = DEFAULT_BUFFER,
                  reconnect: bool = True, backoff: Backoff | None = None, connect_timeout: float = 10.0) -> None:
         super().__init__(runtime, host, port, Login("observer", name, token), reconnect=reconnect,
                          backoff=backoff, connect_timeout=connect_timeout)
-        self.cursor = ObserverCursor(after)
+        self.cursor = ObserverCursor(after, durable)
         self.subscribe = subscribe
         self.duplicates = 0  # events dropped because their seq was already delivered
         self._events: Mailbox[Event] = Mailbox(runtime, buffer)
         self._replies: deque[_Reply] = deque()
+
+    @property
+    def durable(self) -> bool:
+        """Whether this observer subscribes to the durable view (only events already in the event log)."""
+        return self.cursor.durable
 
     @property
     def position(self) -> int | None:

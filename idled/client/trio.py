@@ -129,10 +129,11 @@ def open_session(host: str, port: int, uid: Uid, **options: Any) -> Any:
 
 
 def open_gateway(host: str, port: int, name: str, **options: Any) -> Any:
-    """A gateway (options: token, flush_interval, max_pending, on_ended, reconnect...)."""
+    """A gateway (options: token, flush_interval, max_pending, on_ended, notices, reconnect...)."""
     return running(Gateway(TRIO, host, port, name, **options))
 
 
 def open_observer(host: str, port: int, name: str, **options: Any) -> Any:
-    """An observer (options: token, after, subscribe, buffer, reconnect...)."""
+    """An observer (options: token, after, durable (default: True when `after` is given), subscribe, buffer,
+    reconnect...)."""
     return running(Observer(TRIO, host, port, name, **options))

@@ -103,6 +103,40 @@ async def gateway_batches_touches(lib: ModuleType, sleep: Sleep, idled: Idled) -
         assert [uid for uid, flag in online.items() if flag] == list(range(500, 1000))
 
 
+async def gateway_hears_which_sessions_ended(lib: ModuleType, sleep: Sleep, idled: Idled) -> None:
+    """`ended` notices through the client: idle, kicked by a direct login, shutdown; callback and iterator."""
+    heard: list[tuple[tuple[Any, ...], str]] = []
+    async with lib.open_gateway(HOST, idled.port, "edge", on_ended=lambda uids, reason: heard.append((uids, reason)),
+                                notices=True, backoff=FAST) as gateway, \
+            lib.open_observer(HOST, idled.port, "watch", subscribe=False, backoff=FAST) as observer:
+        with pytest.raises(ValueError):
+            await gateway.attach(["quiet"], keepalive=0.5)  # below the protocol's minimum: refused locally
+        await gateway.attach(["quiet"], keepalive=1)  # timeout 1.5 s, and never touched
+        await gateway.attach(["taken", "stays"], keepalive=30)
+        await gateway.flush()
+        async with lib.open_session(HOST, idled.port, "taken", keepalive=30):  # newest login wins
+            await until(sleep, lambda: len(heard) >= 2)
+        assert sorted(heard) == [(("quiet",), "idle"), (("taken",), "kicked")]
+        assert set(gateway.batch.live) == {"stays"}  # idle and kicked uids are not re-attached after a reconnect
+        idled.restart()
+        await until(sleep, lambda: gateway.connections == 2 and observer.connections == 2)
+        assert heard[2:] == [(("stays",), "shutdown")]
+        online: dict[Any, bool] = {}
+        for _ in range(100):  # a shutdown uid stays live: re-attached on the new connection
+            online = await observer.query(["quiet", "taken", "stays"])
+            if online["stays"]:
+                break
+            await sleep(0.05)
+        assert online == {"quiet": False, "taken": False, "stays": True}
+        notices = []
+        async for notice in gateway.ended():
+            notices.append(notice)
+            if len(notices) == 3:
+                break
+        assert notices == heard
+    assert [notice async for notice in gateway.ended()] == []  # closed: the iterator ends
+
+
 async def observer_resumes_across_restarts(lib: ModuleType, sleep: Sleep, idled: Idled) -> None:
     """A server restart in the middle of the stream, then the observer's own restart from a checkpoint."""
     processed: list[Event] = []

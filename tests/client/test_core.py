@@ -83,12 +83,27 @@ def event(seq: int) -> Event:
 def test_cursor_resumes_after_the_last_event_and_drops_duplicates() -> None:
     assert ObserverCursor().subscribe() == Subscribe(None)
     cursor = ObserverCursor(after=0)
-    assert cursor.subscribe() == Subscribe(1)
+    assert cursor.subscribe() == Subscribe(1, durable=True)  # a checkpoint: the durable view by default
     assert cursor.accept(event(1)) and cursor.accept(event(2))
     assert not cursor.accept(event(2)) and not cursor.accept(event(1))
-    assert cursor.subscribe() == Subscribe(3)
+    assert cursor.subscribe() == Subscribe(3, durable=True)
     with pytest.raises(ValueError):
         ObserverCursor(after=-1)
+
+
+def test_durable_defaults_to_having_a_checkpoint_and_can_be_overridden() -> None:
+    assert ObserverCursor().subscribe() == Subscribe(None, durable=False)  # from now: the fast view
+    assert ObserverCursor(durable=True).subscribe() == Subscribe(None, durable=True)
+    assert ObserverCursor(after=41, durable=False).subscribe() == Subscribe(42, durable=False)
+    assert ObserverCursor(after=41).subscribe() == Subscribe(42, durable=True)
+
+
+def test_batcher_refuses_a_keepalive_the_server_would_refuse() -> None:
+    batch = GatewayBatcher()
+    for bad in (0.5, 86_401):
+        with pytest.raises(ValueError):
+            batch.attach([1], bad, 0.0)
+    assert batch.pending == 0 and not batch.live
 
 
 def test_errors_are_typed_and_know_whether_to_retry() -> None:
