@@ -12,6 +12,8 @@ from idled.client import AuthFailed
 from idled.client.blocking import connect_session, watch
 from tests.client.support import HOST, Idled
 
+pytestmark = pytest.mark.slow  # real idled daemons
+
 
 @pytest.fixture
 def idled(tmp_path: Path) -> Iterator[Idled]:

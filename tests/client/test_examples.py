@@ -16,6 +16,8 @@ from idled.client.trio import open_gateway, open_observer
 from tests.client.scenarios import FAST, collect
 from tests.client.support import HOST, Idled
 
+pytestmark = pytest.mark.slow  # real idled daemons
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
@@ -122,3 +124,12 @@ async def test_sqlite_observer_survives_its_own_and_the_daemons_restart(idled: I
     assert {uid for uid, flag in online.items() if flag} == {repr(uid) for uid in range(150, 300)}
     resumed = int((tmp_path / "observer-2.out").read_text().split("RESUMING after=")[1].split()[0])
     assert resumed >= 100  # the second run started from the first run's checkpoint, not from scratch
+
+
+async def test_observer_latency_prints_both_views(idled: Idled, tmp_path: Path) -> None:
+    out = tmp_path / "latency.out"
+    proc = example("observer_latency.py", "--idled-port", str(idled.port), "--logins", "5", out=out)
+    assert await trio.to_thread.run_sync(proc.wait, 60) == 0, out.read_text()
+    lines = out.read_text().splitlines()
+    assert [line.split(":")[0].strip() for line in lines] == ["fast", "durable"], lines
+    assert all("(n=5)" in line for line in lines)

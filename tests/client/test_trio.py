@@ -12,6 +12,8 @@ import idled.client.trio as lib
 from tests.client import scenarios
 from tests.client.support import Idled
 
+pytestmark = pytest.mark.slow  # real idled daemons
+
 
 @pytest.fixture
 def idled(tmp_path: Path) -> Iterator[Idled]:
