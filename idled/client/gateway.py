@@ -91,7 +91,7 @@ class Gateway(Link):
     def ended(self) -> _Notices:
         """``async for uids, reason in gateway.ended()``: the session-ended notices (needs `notices=True`).
         Stops when the gateway is closed; raises the gateway's final error if it ended with one. Leaving the
-        loop early loses nothing: the next ``ended()`` goes on from the next notice."""
+        loop early loses nothing: the next ``ended()`` goes on from the next notice. One consumer at a time."""
         if self._notices is None:
             raise ValueError("ended() needs Gateway(notices=True)")
         return _Notices(self, self._notices)

@@ -73,6 +73,27 @@ async def test_asyncio_gateway_reports_its_users(idled: Idled, tmp_path: Path) -
         await trio.to_thread.run_sync(proc.wait, 20)
 
 
+async def test_asyncio_gateway_closes_a_user_idled_ended(idled: Idled, tmp_path: Path) -> None:
+    out = tmp_path / "gateway.out"
+    proc = example("asyncio_gateway.py", "--idled-port", str(idled.port), "--keepalive", "1", out=out)
+    try:
+        port = int((await wait_output(out, "LISTENING")).split("port=")[1].split()[0])
+        async with open_observer(HOST, idled.port, "watch", after=0) as observer:
+            silent = await trio.open_tcp_stream(HOST, port)
+            await silent.send_all(b"dan\n")  # then nothing: idle after 1.5 s
+            events = await collect(observer, lambda e: e.kind == "offline")
+            assert [(e.uid, e.kind, e.reason) for e in events] == [("dan", "online", "login"), ("dan", "offline", "idle")]
+            received = b""
+            with trio.fail_after(10):
+                while chunk := await silent.receive_some():
+                    received += chunk
+            assert received == b"hello dan\nended idle\n"  # and the app closed the connection
+            await silent.aclose()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        await trio.to_thread.run_sync(proc.wait, 20)
+
+
 def table(db_path: Path) -> tuple[list[int], dict[str, int], int]:
     with sqlite3.connect(db_path) as db:
         seqs = [row[0] for row in db.execute("SELECT seq FROM history ORDER BY seq")]
