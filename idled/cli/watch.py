@@ -60,8 +60,10 @@ def run(args: argparse.Namespace) -> int:
         token = token_for(args, "observer", args.name)
         after = None if args.from_seq is None else args.from_seq - 1
         seen = 0
-        async with open_observer(args.host, args.port, args.name, token=token, after=after, reconnect=False,
-                                 connect_timeout=args.connect_timeout) as observer:
+        # durable=False: a terminal watch keeps no state, so it wants events as they happen even with --from
+        # (the client's default for a given `after` is the durable view, for checkpointing applications).
+        async with open_observer(args.host, args.port, args.name, token=token, after=after, durable=False,
+                                 reconnect=False, connect_timeout=args.connect_timeout) as observer:
             where = "from now" if after is None else f"from seq {args.from_seq}"
             print(f"{PROG}: watching {args.host}:{args.port} {where} (Ctrl-C to stop)", file=sys.stderr, flush=True)
 
