@@ -95,15 +95,23 @@ class Gateways:
         gateway = Gateway(str(login.name), notices)
         decoder.max_frame = self.max_frame
         self.peers.add(gateway)
+        failure: BaseException | None = None
         try:
             with gateway.scope:
                 await stream.send_all(encode(self.welcome(gateway)))
                 async with notices_sent(notices, stream):
-                    await self.serve(gateway, stream, decoder)
+                    # Caught inside the notices' nursery, not outside: out of it a protocol error would come
+                    # wrapped in an ExceptionGroup, which the doorway does not answer with an error frame.
+                    try:
+                        await self.serve(gateway, stream, decoder)
+                    except (ProtocolError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                        failure = exc
         finally:
             self.peers.discard(gateway)
             with trio.CancelScope(shield=True):
                 await self.lost(gateway)
+        if failure is not None:
+            raise failure
         if gateway.end is not None:
             if notices is not None:
                 await notices.flush_final(stream)

@@ -99,3 +99,15 @@ async def test_a_gateway_that_did_not_opt_in_never_receives_ended(
         h.server.stop()
         error = await gw.recv()
         assert isinstance(error, Error) and error.code == "server_shutdown"
+
+
+async def test_an_opted_in_gateway_sending_a_bad_frame_gets_its_error_frame(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    # The notices' flusher runs in a nursery around the gateway's loop: a protocol error raised inside it must
+    # still reach the doorway as itself (an error frame, a counted reject), not as an ExceptionGroup (a "bug").
+    async with running(tmp_path, timeout=2.0) as h:
+        gateway, _ = await ended_gateway(h)
+        await gateway.send_raw(b"\x00\x00\x00\x01\xc1")  # 0xc1: a byte msgpack never uses
+        await gateway.expect_error("bad_frame")
+        assert h.metric("idled_frames_rejected_total", reason="bad_frame") == 1
