@@ -20,6 +20,7 @@ the error frame itself and closes. Only the connection's own task ever writes to
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -39,6 +40,7 @@ __all__ = ["ROLE_LABELS", "SEND_ERROR_TIMEOUT", "Connection", "Doorway", "Role",
 log = logging.getLogger("idled.server.conn")
 peer_log = PeerLog(logging.getLogger("idled.server.peers"))  # debug lines, rate-limited per kind
 
+CERTIFIED_TOKEN_TTL = 60.0  # seconds: the token a certificate login carries on (to the core, from an edge)
 SEND_ERROR_TIMEOUT = 1.0  # a peer that doesn't read can't hold a closing connection longer than this
 ROLE_LABELS: Mapping[str, str] = {"uid": "user", "gateway": "gateway", "observer": "observer"}  # login role -> label
 
@@ -204,7 +206,13 @@ class Doorway:
             if not isinstance(message, Login):
                 raise ProtocolError(ErrorCode.NOT_LOGGED_IN, f"log in first (got {type(message).__name__.lower()})")
             logins = self.metrics.logins
-            if self.secret is not None and not self._trusted(stream, message):
+            certified = not message.token and self.front is not None and self.front.certified(stream, message)
+            if self.secret is not None and certified:
+                # A client certificate named it. The login goes on with a short-lived token of its own, so
+                # an edge relaying it to the core (``--workers``) hands the core a login the core accepts.
+                message = dataclasses.replace(message, token=tokens.mint(
+                    self.secret, message.role, message.name, time.time() + CERTIFIED_TOKEN_TTL))
+            elif self.secret is not None and not (self.trusts is not None and self.trusts(stream, message)):
                 try:
                     tokens.verify(self.secret, message.token or "", message.role, message.name, time.time())
                 except tokens.AuthError as exc:
@@ -221,9 +229,3 @@ class Doorway:
         peer_log.debug("reject", "reject %s from %s: no login within %g s", ErrorCode.LOGIN_TIMEOUT, address, timeout)
         if frame:
             await close_with(stream, ErrorCode.LOGIN_TIMEOUT, f"no login within {timeout:g} s")
-
-    def _trusted(self, stream: trio.abc.Stream, login: Login) -> bool:
-        """A login that needs no token: the supervisor's edges (``trusts``) or a client certificate naming it."""
-        if self.trusts is not None and self.trusts(stream, login):
-            return True
-        return self.front is not None and self.front.certified(stream, login)

@@ -148,6 +148,10 @@ async def test_client_certificates_log_in_gateways_and_observers(
             client = await tls_client(h.port, ctx)
             await client.send(Login(role, name))
             await client.expect_error(ErrorCode.AUTH_FAILED)
+        # A login that carries a token is checked as a token, certificate or not.
+        client = await tls_client(h.port, gw1)
+        await client.send(Login("gateway", "gw1", token="v1.bogus"))
+        await client.expect_error(ErrorCode.AUTH_FAILED)
         # A token still works over TLS, with or without a certificate.
         token = tokens.mint(tokens.load_secret(str(secret_file)), "uid", "carol", time.time() + 60)
         await tls_login(h.port, certs.client_context(), "uid", "carol", token=token)

@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from idled.protocol import BYE, PING, Login, Pong, encode
+import time
+
+from idled.protocol import BYE, PING, Login, Pong, Subscribe, encode, tokens
 from tests.peers import Client, Daemon, serve_command
 from tests.server.test_tls import tls_client, tls_login
 from tests.tlscerts import Certs, need_openssl
@@ -104,12 +106,22 @@ async def test_openssl_s_client_interop(tmp_path: Path) -> None:
 async def test_workers_terminate_tls_at_every_edge(tmp_path: Path) -> None:
     certs = Certs(tmp_path / "certs")
     cert = certs.server()
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"w" * 32)
     daemon = Daemon(serve_command(tmp_path / "data", "--workers", "2", "--tls-cert", str(cert[0]),
-                                  "--tls-key", str(cert[1])), tmp_path / "serve.err", timeout=60)
+                                  "--tls-key", str(cert[1]), "--tls-client-ca", str(certs.ca),
+                                  "--secret-file", str(secret)), tmp_path / "serve.err", timeout=60)
     try:
         port = await daemon.started()
         ctx = certs.client_context()
-        clients = [await tls_login(port, ctx, "uid", f"u{i}", keepalive=60) for i in range(8)]
+        # An observer logged in by its client certificate at an edge, relayed to the core, which accepts it.
+        observer = await tls_login(port, certs.client_context(certs.client("observer:audit")), "observer", "audit")
+        await observer.send(Subscribe(None))
+        key = tokens.load_secret(str(secret))
+        clients = [await tls_login(port, ctx, "uid", f"u{i}", keepalive=60,
+                                   token=tokens.mint(key, "uid", f"u{i}", time.time() + 60)) for i in range(8)]
+        seen = {(await observer.recv()).uid for _ in clients}
+        assert seen == {f"u{i}" for i in range(8)}
         for client in clients:
             await client.send(PING)
             assert isinstance(await client.recv(), Pong)
