@@ -81,14 +81,19 @@ async def wait_listening(port: int) -> None:
             return
 
 
-async def test_haproxy_terminates_tls_and_idled_sees_the_client(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+def prepare(tmp_path: Path, caplog: pytest.LogCaptureFixture, *, terminate: bool) -> tuple[Certs, int, int, Path]:
+    """(certificates, HAProxy's port, idled's port, HAProxy's configuration), idled's peer log captured."""
     need_haproxy()
     caplog.set_level(logging.DEBUG, logger="idled.server.peers")
     certs = Certs(tmp_path / "certs")
     public, idled_port = free_port(), free_port()
-    config = loopback_config(tmp_path, certs, public, idled_port)
+    return certs, public, idled_port, loopback_config(tmp_path, certs, public, idled_port, terminate=terminate)
+
+
+async def test_haproxy_terminates_tls_and_idled_sees_the_client(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    certs, public, idled_port, config = prepare(tmp_path, caplog, terminate=True)
     async with running(tmp_path, listen=True, port=idled_port, proxy_protocol=True, proxy_allow="127.0.0.1/32") as h:
         with haproxy(config, tmp_path / "haproxy.log"):
             await wait_listening(public)
@@ -119,11 +124,7 @@ async def test_haproxy_terminates_tls_and_idled_sees_the_client(
 async def test_haproxy_passes_tls_through_after_the_proxy_header(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    need_haproxy()
-    caplog.set_level(logging.DEBUG, logger="idled.server.peers")
-    certs = Certs(tmp_path / "certs")
-    public, idled_port = free_port(), free_port()
-    config = loopback_config(tmp_path, certs, public, idled_port, terminate=False)
+    certs, public, idled_port, config = prepare(tmp_path, caplog, terminate=False)
     cert, key = certs.server("idled")
     async with running(tmp_path, listen=True, port=idled_port, proxy_protocol=True, proxy_allow="127.0.0.1/32",
                        tls_cert=str(cert), tls_key=str(key)):
