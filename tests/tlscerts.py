@@ -40,7 +40,9 @@ class Certs:
              "-subj", "/CN=idled test CA")
         self._serial = 1
 
-    def _signed(self, name: str, subject: str, ext: str, days: str = "2", start: str | None = None) -> tuple[Path, Path]:
+    def _signed(
+        self, name: str, subject: str, ext: str, days: str = "2", start: str | None = None
+    ) -> tuple[Path, Path]:
         cert, key, csr, extfile = (self.dir / f"{name}.pem", self.dir / f"{name}.key", self.dir / f"{name}.csr",
                                    self.dir / f"{name}.ext")
         extfile.write_text(ext + "\n")

@@ -23,7 +23,6 @@ Without `on_ended` the login is unchanged and the server never sends the message
 from __future__ import annotations
 
 import ssl
-
 from collections.abc import Callable, Iterable
 from typing import Any
 

@@ -28,7 +28,6 @@ events already queued, so each reply is matched to the oldest outstanding query.
 from __future__ import annotations
 
 import ssl
-
 from collections import deque
 from collections.abc import Iterable
 from typing import Any, Final

@@ -13,7 +13,6 @@ online with reason `login`; if the server never noticed the gap, no event at all
 from __future__ import annotations
 
 import ssl
-
 from typing import Any
 
 from idled.client.core import Backoff, KeepaliveTimer, ping_interval

@@ -34,7 +34,9 @@ from typing import Final
 
 from idled.protocol.messages import NEED_DATA, ErrorCode, NeedData, ProtocolError
 
-__all__ = ["MAX_V1", "DEFAULT_MAX_SIZE", "SIGNATURE_V2", "ProxyError", "ProxyHeader", "ProxyParser", "encode_v1", "encode_v2"]
+__all__ = [
+    "MAX_V1", "DEFAULT_MAX_SIZE", "SIGNATURE_V2", "ProxyError", "ProxyHeader", "ProxyParser", "encode_v1", "encode_v2",
+]
 
 SIGNATURE_V2: Final = b"\r\n\r\n\x00\r\nQUIT\n"
 MAX_V1: Final = 107  # the spec's limit, CRLF included

@@ -6,7 +6,8 @@ Theory of operation
 streams to directly). It counts the connection as *pending*, refuses it while shutting down or beyond
 ``max_connections``, opens its *front* when one is configured (``idled.server.tls``: the PROXY header from
 an allowed balancer, then the TLS handshake -- both within the login deadline; a failed handshake is counted
-as ``tls_handshake`` and closed without a frame), reads the login within ``login_timeout`` (verifying its token when auth is on: ``auth_secret``), then
+as ``tls_handshake`` and closed without a frame), reads the login within ``login_timeout`` (verifying its
+token when auth is on: ``auth_secret``; or, for a gateway or observer, a client certificate naming it), then
 counts it under its role and runs that role's handler -- a callable ``role(stream, decoder, login)`` from the
 ``roles`` table the server fills in (``users.run_user``, ``Gateways.run``, ``Observers.run``). A
 ``ProtocolError`` raised anywhere below is counted (``idled_frames_rejected_total``) and answered with one
@@ -197,7 +198,9 @@ class Doorway:
     def reject(self, code: str) -> None:
         self.metrics.frames_rejected.labels(reason=str(code)).inc()
 
-    async def _login(self, stream: trio.abc.Stream, decoder: FrameDecoder, deadline: float, address: str) -> Login | None:
+    async def _login(
+        self, stream: trio.abc.Stream, decoder: FrameDecoder, deadline: float, address: str
+    ) -> Login | None:
         """The connection's login, or None if it ended (or timed out, answered here) before logging in."""
         with trio.move_on_at(deadline):
             message = await receive_message(stream, decoder)

@@ -19,8 +19,9 @@ protocol runs on and the client's address as logs should show it:
 
 **The context** (``server_context``): TLS 1.2 minimum (1.3 preferred by OpenSSL), forward-secret AEAD ciphers
 only for 1.2, no compression, ALPN ``idled/1`` (selected when the client offers it; a client offering none,
-or only other protocols, is served without ALPN: the framing tells soon enough), one TLS 1.3 session ticket per handshake (``num_tickets = 1``: one
-reconnect needs one; OpenSSL's default 2 costs a second ticket's encryption and bytes on every handshake).
+or only other protocols, is served without ALPN: the framing tells soon enough), one TLS 1.3 session ticket
+per handshake (``num_tickets = 1``: one reconnect needs one; OpenSSL's default 2 costs a second ticket's
+encryption and bytes on every handshake).
 Resumption is stateless (tickets encrypted under a key of the context): no server-side session cache.
 
 **Reload** (SIGHUP): ``Front.reload()`` builds a new context from the same files; new handshakes use it,

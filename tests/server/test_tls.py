@@ -111,7 +111,9 @@ async def test_verifying_client_rejects_bad_certificates(tmp_path: Path, certs: 
         assert expected in str(info.value.__cause__)
 
 
-async def test_tls12_is_served_with_forward_secrecy(tmp_path: Path, certs: Certs, server_cert: tuple[Path, Path]) -> None:
+async def test_tls12_is_served_with_forward_secrecy(
+    tmp_path: Path, certs: Certs, server_cert: tuple[Path, Path]
+) -> None:
     async with running(tmp_path, listen=True, **tls_settings(server_cert)) as h:
         ctx12 = certs.client_context()
         ctx12.maximum_version = ssl.TLSVersion.TLSv1_2  # 1.2 still served (with an ECDHE AEAD suite)

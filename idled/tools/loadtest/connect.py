@@ -28,7 +28,8 @@ from idled.protocol import Error, FrameDecoder, ProtocolError, Welcome, receive_
 from idled.protocol.proxy import encode_v2
 
 __all__ = [
-    "IP_BIND_ADDRESS_NO_PORT", "RECV_SIZE", "LoginFailed", "client_context", "open_from", "welcome", "error_name", "connect_reason",
+    "IP_BIND_ADDRESS_NO_PORT", "RECV_SIZE", "LoginFailed", "client_context", "open_from", "welcome", "error_name",
+    "connect_reason",
 ]
 
 # Linux: defer the ephemeral port choice from bind() to connect(), which then only needs the 4-tuple to be
