@@ -2,7 +2,9 @@
 
 Every one of them takes ``--host/--port`` (default 127.0.0.1:7878) and either ``--token`` or
 ``--secret-file`` (a token is then minted for the identity, valid one hour); prints what went wrong as one
-line on stderr; and maps the outcome onto the exit-status table of `idled.cli.main`: 0 ok (Ctrl-C included),
+line on stderr; with ``--tls`` (``--ca-file``, ``--cert-file``/``--key-file`` for a certificate login,
+``--insecure-skip-verify`` for tests only) connects over TLS; and maps the outcome onto the exit-status
+table of `idled.cli.main`: 0 ok (Ctrl-C included),
 1 runtime failure (daemon unreachable, refused login, connection lost), 2 usage (an unusable secret file).
 
 Ctrl-C is a signal receiver, not a KeyboardInterrupt raised at an arbitrary checkpoint: the first one cancels
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import signal
+import ssl
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -26,7 +29,7 @@ from idled.client import ClientError
 from idled.ops.fatal import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, exception_leaves
 from idled.protocol.tokens import SecretError, load_secret, mint
 
-__all__ = ["add_client_arguments", "UsageError", "Interrupt", "token_for", "run_command", "TOKEN_TTL"]
+__all__ = ["add_client_arguments", "UsageError", "Interrupt", "token_for", "tls_context", "run_command", "TOKEN_TTL"]
 
 T = TypeVar("T")
 TOKEN_TTL = 3600.0  # seconds a token minted from --secret-file is valid
@@ -46,6 +49,32 @@ def add_client_arguments(parser: argparse.ArgumentParser) -> None:
                       help="mint the login token from the daemon's HMAC secret (default none)")
     parser.add_argument("--connect-timeout", type=float, default=5.0, metavar="SECONDS",
                         help="give up connecting or logging in after this long (default 5)")
+    tls = parser.add_argument_group("TLS (docs/tls.md)")
+    tls.add_argument("--tls", action="store_true", help="connect over TLS, verifying the daemon's certificate")
+    tls.add_argument("--ca-file", metavar="FILE",
+                     help="PEM CA certificates to verify the daemon with (default the system's trust store)")
+    tls.add_argument("--cert-file", metavar="FILE",
+                     help="client certificate (PEM), for a gateway/observer login by certificate (default none)")
+    tls.add_argument("--key-file", metavar="FILE", help="private key of --cert-file (default: in --cert-file)")
+    tls.add_argument("--insecure-skip-verify", action="store_true",
+                     help="TLS without verifying the daemon's certificate: for tests only, never in production")
+
+
+def tls_context(args: argparse.Namespace) -> ssl.SSLContext | None:
+    """The TLS context the flags ask for (None: plaintext); UsageError for a file that does not load."""
+    if not (args.tls or args.ca_file or args.cert_file or args.insecure_skip_verify):
+        return None
+    try:
+        ctx = ssl.create_default_context(cafile=args.ca_file)
+        if args.cert_file:
+            ctx.load_cert_chain(args.cert_file, args.key_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise UsageError(f"TLS: {exc}") from None
+    if args.insecure_skip_verify:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    ctx.set_alpn_protocols(["idled/1"])
+    return ctx
 
 
 def token_for(args: argparse.Namespace, role: str, name: str) -> str | None:

@@ -25,7 +25,8 @@ log = logging.getLogger("idled.server.edge")
 
 # The daemon's settings an edge uses (the rest -- detector, log, timeouts -- are the core's).
 EDGE_SETTINGS = ("host", "port", "secret_file", "insecure", "max_frame", "login_timeout", "max_connections",
-                 "metrics_host", "metrics_port", "log_level")
+                 "metrics_host", "metrics_port", "log_level",
+                 "tls_cert", "tls_key", "tls_client_ca", "proxy_protocol", "proxy_allow")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

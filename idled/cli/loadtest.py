@@ -128,6 +128,14 @@ def _load_flags(load: argparse._ArgumentGroup) -> None:
                       help="connections being opened at once per worker (default 500)")
     load.add_argument("--gateway-tick", type=float, default=0.05, metavar="S",
                       help="a gateway batches its touches into slots of this many seconds (default 0.05)")
+    load.add_argument("--tls", action="store_true",
+                      help="connect over TLS (with --spawn: the server gets a throw-away self-signed P-256 "
+                           "certificate made with openssl, unless the server flags give --tls-cert)")
+    load.add_argument("--tls-ca", metavar="FILE",
+                      help="with --tls: verify the server against this CA (default: no verification)")
+    load.add_argument("--proxy-protocol", action="store_true",
+                      help="send a PROXY v2 header naming the connection's own address first (with --spawn: "
+                           "the server gets --proxy-protocol)")
     load.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
                       help="at the end, how long the observer may take to catch up with the server's events "
                            "(sessions keep pinging meanwhile; default 30)")
@@ -221,6 +229,7 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
         uid_base = 0 if spawn else (int(time.time()) % 1_000_000) * 10_000_000
     if not (0 <= uid_base and uid_base + sessions < 2**63):
         raise UsageError("--uid-base out of range")
+    front = _front(args, spawn, server_argv)  # (before server_args is taken: it adds to server_argv)
     sc = Scenario(
         mode=mode, sessions=sessions, gateways=args.gateways, workers=workers, sources=sources, ramp=ramp,
         keepalive=args.keepalive, jitter=args.jitter, silent_fraction=args.silent_fraction,
@@ -229,6 +238,7 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
         server_pid=args.server_pid, metrics_port=args.metrics_port, connect_timeout=args.connect_timeout,
         max_inflight=args.max_inflight, gateway_tick=args.gateway_tick, secret_file=args.secret_file,
         server_log=args.server_log, quiet=args.quiet, drain_timeout=args.drain_timeout,
+        **front,
     )
     if not (0 <= sc.silent_fraction <= 1 and 0 <= sc.bye_fraction <= 1 and sc.silent_fraction + sc.bye_fraction <= 1):
         raise UsageError("--silent-fraction and --bye-fraction must be in [0, 1] and sum to at most 1")
@@ -237,6 +247,41 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
     except ValueError:
         raise UsageError(_too_short(sc)) from None
     return sc
+
+
+def _front(args: argparse.Namespace, spawn: bool, server_argv: list[str]) -> dict[str, Any]:
+    """The Scenario's TLS / PROXY fields; with --spawn, the server flags they need (added to ``server_argv``)."""
+    if args.tls_ca and not args.tls:
+        raise UsageError("--tls-ca needs --tls")
+    tls_ca = args.tls_ca
+    if spawn and args.tls and flag_value(server_argv, "--tls-cert") is None:
+        cert, key = _throwaway_certificate()
+        server_argv += ["--tls-cert", cert, "--tls-key", key]
+        tls_ca = tls_ca or cert  # self-signed: it is its own CA (SAN IP:127.0.0.1)
+    if spawn and args.proxy_protocol and "--proxy-protocol" not in server_argv:
+        server_argv += ["--proxy-protocol"]
+    return {"tls": bool(args.tls), "tls_ca": tls_ca, "proxy_protocol": bool(args.proxy_protocol)}
+
+
+def _throwaway_certificate() -> tuple[str, str]:
+    """A self-signed ECDSA P-256 certificate for 127.0.0.1 in a temporary directory removed at exit."""
+    import atexit
+    import shutil
+    import subprocess
+    import tempfile
+
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        raise UsageError("--tls with --spawn makes a certificate with the openssl binary, which is not installed: "
+                         "install it, or give the server --tls-cert/--tls-key (and --tls-ca)")
+    directory = tempfile.mkdtemp(prefix="idled-loadtest-tls-")
+    atexit.register(shutil.rmtree, directory, True)
+    cert, key = os.path.join(directory, "cert.pem"), os.path.join(directory, "key.pem")
+    subprocess.run([openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                    "-keyout", key, "-out", cert, "-days", "2", "-subj", "/CN=idled loadtest",
+                    "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
+                   check=True, capture_output=True, timeout=60)
+    return cert, key
 
 
 def _too_short(sc: Scenario) -> str:

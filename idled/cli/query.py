@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 
-from idled.cli.clientflags import Interrupt, add_client_arguments, run_command, token_for
+from idled.cli.clientflags import Interrupt, add_client_arguments, run_command, tls_context, token_for
 from idled.client.trio import open_observer
 from idled.ops.fatal import EXIT_OK, EXIT_USAGE
 
@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     async def body(interrupt: Interrupt) -> int:
         token = token_for(args, "observer", args.name)
         async with open_observer(args.host, args.port, args.name, token=token, subscribe=False, reconnect=False,
-                                 connect_timeout=args.connect_timeout) as observer:
+                                 connect_timeout=args.connect_timeout, ssl_context=tls_context(args)) as observer:
             online = await interrupt.wait(lambda: observer.query(uids))
         if online is None:
             return EXIT_OK  # Ctrl-C before the answer

@@ -18,7 +18,7 @@ from typing import Any
 
 import trio
 
-from idled.cli.clientflags import Interrupt, add_client_arguments, run_command, token_for
+from idled.cli.clientflags import Interrupt, add_client_arguments, run_command, tls_context, token_for
 from idled.client import IdleTimeout
 from idled.client.link import Conn
 from idled.client.session import Session
@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     async def body(interrupt: Interrupt) -> int:
         token = token_for(args, "uid", args.uid)
         session = TerminalSession(TRIO, args.host, args.port, args.uid, token=token, keepalive=args.keepalive,
-                                  reconnect=False, connect_timeout=args.connect_timeout,
+                                  reconnect=False, connect_timeout=args.connect_timeout, ssl_context=tls_context(args),
                                   silent=args.silent, quiet=args.quiet)
         try:
             async with running(session):

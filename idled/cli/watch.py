@@ -18,7 +18,7 @@ import sys
 from typing import Any
 
 from idled.cli.events import human_line
-from idled.cli.clientflags import Interrupt, add_client_arguments, run_command, token_for
+from idled.cli.clientflags import Interrupt, add_client_arguments, run_command, tls_context, token_for
 from idled.client.trio import open_observer
 from idled.ops.fatal import EXIT_FAILURE, EXIT_OK
 from idled.protocol import Event
@@ -63,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
         # durable=False: a terminal watch keeps no state, so it wants events as they happen even with --from
         # (the client's default for a given `after` is the durable view, for checkpointing applications).
         async with open_observer(args.host, args.port, args.name, token=token, after=after, durable=False,
-                                 reconnect=False, connect_timeout=args.connect_timeout) as observer:
+                                 reconnect=False, connect_timeout=args.connect_timeout,
+                                 ssl_context=tls_context(args)) as observer:
             where = "from now" if after is None else f"from seq {args.from_seq}"
             print(f"{PROG}: watching {args.host}:{args.port} {where} (Ctrl-C to stop)", file=sys.stderr, flush=True)
 

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from idled.client.errors import ConnectionLost
 from idled.client.gateway import Gateway
-from idled.client.link import Link
+from idled.client.link import TLS, Link
 from idled.client.observer import Observer
 from idled.client.session import Session
 from idled.protocol import Uid
@@ -65,9 +65,11 @@ class AsyncioRuntime:
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(max(0.0, seconds))
 
-    async def connect(self, host: str, port: int) -> AsyncioConn:
+    async def connect(self, host: str, port: int, tls: TLS | None = None) -> AsyncioConn:
+        # (asyncio's streams take no session to resume: a reconnect is a full handshake.)
+        options: dict[str, Any] = {} if tls is None else {"ssl": tls.context, "server_hostname": tls.server_hostname}
         try:
-            return AsyncioConn(*await asyncio.open_connection(host, port))
+            return AsyncioConn(*await asyncio.open_connection(host, port, **options))
         except OSError as exc:
             raise ConnectionLost(f"connect to {host}:{port} failed: {exc}") from None
 

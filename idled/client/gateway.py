@@ -27,6 +27,7 @@ back. Without either option the login is unchanged and the server never sends th
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Callable, Iterable
 from typing import Any, Final
 
@@ -69,10 +70,12 @@ class Gateway(Link):
     def __init__(self, runtime: Runtime, host: str, port: int, name: str, *, token: str | None = None,
                  flush_interval: float = DEFAULT_FLUSH_INTERVAL, max_pending: int = DEFAULT_MAX_PENDING,
                  on_ended: EndedCallback | None = None, notices: bool = False, reconnect: bool = True,
-                 backoff: Backoff | None = None, connect_timeout: float = 10.0) -> None:
+                 backoff: Backoff | None = None, connect_timeout: float = 10.0,
+                 ssl_context: ssl.SSLContext | None = None, server_hostname: str | None = None) -> None:
         opt_in = on_ended is not None or notices
         super().__init__(runtime, host, port, Login("gateway", name, token, None, opt_in), reconnect=reconnect,
-                         backoff=backoff, connect_timeout=connect_timeout)
+                         backoff=backoff, connect_timeout=connect_timeout,
+                         ssl_context=ssl_context, server_hostname=server_hostname)
         if not flush_interval > 0:
             raise ValueError("flush_interval must be positive")
         self.flush_interval = flush_interval

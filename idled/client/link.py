@@ -17,12 +17,19 @@ how to batch, where to resume) is in the sans-IO `idled.client.core`.
 
 Concurrent users of a link (the application's task sending, the keepalive timer) serialise their writes
 through one lock: a trio stream forbids concurrent `send_all`, and asyncio's `drain()` is not fair either.
+TLS (``ssl_context=``, an ``ssl.SSLContext`` the application builds: its CA, a client certificate for a
+gateway or observer logging in by certificate) wraps every connection of the link, verifying the server as
+``server_hostname`` (default: ``host``). The adapters remember the last TLS session of a link and offer it on
+the next connect (trio; asyncio's streams cannot), so a reconnect costs a resumed handshake, not a full one:
+what makes a reconnect storm affordable for the server.
+
 State changes (connected, disconnected, done) are broadcast by replacing an event (`_pulse`), so any number
 of waiters can wait for "something changed" and re-check.
 """
 
 from __future__ import annotations
 
+import ssl
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, Protocol, TypeVar
@@ -61,11 +68,22 @@ class Runtime(Protocol):
 
     def now(self) -> float: ...
     async def sleep(self, seconds: float) -> None: ...
-    async def connect(self, host: str, port: int) -> Conn: ...
+    async def connect(self, host: str, port: int, tls: TLS | None = None) -> Conn: ...
     async def race(self, *fns: Callable[[], Awaitable[Any]]) -> Any: ...
     async def with_timeout(self, seconds: float, fn: Callable[[], Awaitable[T]]) -> T: ...
     def event(self) -> Flag: ...
     def lock(self) -> Any: ...
+
+
+class TLS:
+    """A link's TLS: the context, the name the server's certificate must carry, the session to resume."""
+
+    __slots__ = ("context", "server_hostname", "session")
+
+    def __init__(self, context: ssl.SSLContext, server_hostname: str) -> None:
+        self.context = context
+        self.server_hostname = server_hostname
+        self.session: ssl.SSLSession | None = None  # set by the adapter when a connection ends
 
 
 class Mailbox(Generic[T]):
@@ -117,8 +135,10 @@ class Link:
     """One logical connection with login, reconnects and a send lock; subclassed per role."""
 
     def __init__(self, runtime: Runtime, host: str, port: int, login: Login, *, reconnect: bool = True,
-                 backoff: Backoff | None = None, connect_timeout: float = 10.0) -> None:
+                 backoff: Backoff | None = None, connect_timeout: float = 10.0,
+                 ssl_context: ssl.SSLContext | None = None, server_hostname: str | None = None) -> None:
         self.runtime = runtime
+        self.tls = TLS(ssl_context, server_hostname or host) if ssl_context is not None else None
         self.host = host
         self.port = port
         self.login = login
@@ -217,7 +237,7 @@ class Link:
 
     async def _connection(self) -> None:
         runtime = self.runtime
-        conn = await runtime.with_timeout(self.connect_timeout, lambda: runtime.connect(self.host, self.port))
+        conn = await runtime.with_timeout(self.connect_timeout, lambda: runtime.connect(self.host, self.port, self.tls))
         decoder = FrameDecoder(CLIENT_MAX_FRAME, parse=parse_server_message)
         try:
             await conn.send_all(encode(self.login))

@@ -35,6 +35,7 @@ events already queued, so each reply is matched to the oldest outstanding query.
 
 from __future__ import annotations
 
+import ssl
 from collections import deque
 from collections.abc import Iterable
 from typing import Any, Final
@@ -61,10 +62,13 @@ class Observer(Link):
     """An observer connection; create it through `idled.client.trio.open_observer` or the asyncio twin."""
 
     def __init__(self, runtime: Runtime, host: str, port: int, name: str, *, token: str | None = None,
-                 after: int | None = None, durable: bool | None = None, subscribe: bool = True, buffer: int = DEFAULT_BUFFER,
-                 reconnect: bool = True, backoff: Backoff | None = None, connect_timeout: float = 10.0) -> None:
+                 after: int | None = None, durable: bool | None = None, subscribe: bool = True,
+                 buffer: int = DEFAULT_BUFFER, reconnect: bool = True, backoff: Backoff | None = None,
+                 connect_timeout: float = 10.0, ssl_context: ssl.SSLContext | None = None,
+                 server_hostname: str | None = None) -> None:
         super().__init__(runtime, host, port, Login("observer", name, token), reconnect=reconnect,
-                         backoff=backoff, connect_timeout=connect_timeout)
+                         backoff=backoff, connect_timeout=connect_timeout,
+                         ssl_context=ssl_context, server_hostname=server_hostname)
         self.cursor = ObserverCursor(after, durable)
         self.subscribe = subscribe
         self.duplicates = 0  # events dropped because their seq was already delivered

@@ -12,6 +12,7 @@ online with reason `login`; if the server never noticed the gap, no event at all
 
 from __future__ import annotations
 
+import ssl
 from typing import Any
 
 from idled.client.core import Backoff, KeepaliveTimer, ping_interval
@@ -28,9 +29,11 @@ class Session(Link):
 
     def __init__(self, runtime: Runtime, host: str, port: int, uid: Uid, *, token: str | None = None,
                  keepalive: float | None = None, reconnect: bool = True, backoff: Backoff | None = None,
-                 connect_timeout: float = 10.0) -> None:
+                 connect_timeout: float = 10.0,
+                 ssl_context: ssl.SSLContext | None = None, server_hostname: str | None = None) -> None:
         super().__init__(runtime, host, port, Login("uid", uid, token, keepalive), reconnect=reconnect,
-                         backoff=backoff, connect_timeout=connect_timeout)
+                         backoff=backoff, connect_timeout=connect_timeout,
+                         ssl_context=ssl_context, server_hostname=server_hostname)
         self.keepalive = keepalive
         self.pings = 0
         self.pongs = 0

@@ -19,7 +19,7 @@ import trio
 
 from idled.client.errors import ClientError, ConnectionLost
 from idled.client.gateway import Gateway
-from idled.client.link import Link
+from idled.client.link import TLS, Link
 from idled.client.observer import Observer
 from idled.client.session import Session
 from idled.protocol import Uid
@@ -32,12 +32,13 @@ _IO_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 
 
 class TrioConn:
-    """A trio SocketStream whose failures are ConnectionLost."""
+    """A trio SocketStream (or SSLStream over one) whose failures are ConnectionLost."""
 
-    __slots__ = ("stream",)
+    __slots__ = ("stream", "tls")
 
-    def __init__(self, stream: trio.SocketStream) -> None:
+    def __init__(self, stream: trio.abc.Stream, tls: TLS | None = None) -> None:
         self.stream = stream
+        self.tls = tls
 
     async def receive_some(self, max_bytes: int | None = None, /) -> bytes:
         try:
@@ -52,8 +53,16 @@ class TrioConn:
             raise ConnectionLost(f"send failed: {exc!r}") from None
 
     async def aclose(self) -> None:
-        with trio.CancelScope(shield=True):
-            await self.stream.aclose()
+        if self.tls is not None and isinstance(self.stream, trio.SSLStream):
+            session = self.stream.session  # TLS 1.3: the ticket arrived after the handshake, so read it now
+            if session is not None and session.has_ticket:
+                self.tls.session = session
+        with trio.move_on_after(1.0) as scope:  # TLS: close_notify first, bounded; the socket closes regardless
+            scope.shield = True
+            try:
+                await self.stream.aclose()
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass  # (a TLS stream whose socket is already gone: nothing left to close)
 
 
 class TrioRuntime:
@@ -63,11 +72,22 @@ class TrioRuntime:
     async def sleep(self, seconds: float) -> None:
         await trio.sleep(max(0.0, seconds))
 
-    async def connect(self, host: str, port: int) -> TrioConn:
+    async def connect(self, host: str, port: int, tls: TLS | None = None) -> TrioConn:
         try:
-            return TrioConn(await trio.open_tcp_stream(host, port))
+            tcp = await trio.open_tcp_stream(host, port)
         except OSError as exc:
             raise ConnectionLost(f"connect to {host}:{port} failed: {exc}") from None
+        if tls is None:
+            return TrioConn(tcp)
+        stream = trio.SSLStream(tcp, tls.context, server_hostname=tls.server_hostname)
+        if tls.session is not None:
+            stream.session = tls.session  # resumed if the server still takes the ticket, else a full handshake
+        try:
+            await stream.do_handshake()
+        except trio.BrokenResourceError as exc:
+            await trio.aclose_forcefully(tcp)
+            raise ConnectionLost(f"TLS handshake with {host}:{port} failed: {exc.__cause__ or exc}") from None
+        return TrioConn(stream, tls)
 
     async def race(self, *fns: Callable[[], Awaitable[Any]]) -> Any:
         outcome: list[tuple[bool, Any]] = []

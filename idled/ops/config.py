@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import ipaddress
 import os
 import tomllib
 from collections.abc import Callable, Mapping
@@ -70,6 +71,13 @@ class Config:
     # Edge processes in front of the core (`idled serve --workers N`); 0 = one process. "auto" (flag, TOML
     # or environment) is resolved to os.cpu_count() when the configuration is read.
     workers: int = 0
+    # TLS on the client port (idled.server.tls): both PEM files, or neither.
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_client_ca: str | None = None
+    # PROXY protocol v1/v2 from the balancers in proxy_allow (comma-separated CIDRs).
+    proxy_protocol: bool = False
+    proxy_allow: str = "127.0.0.0/8,::1"
 
     def validate(self) -> Config:
         def need(ok: bool, message: str) -> None:
@@ -99,6 +107,15 @@ class Config:
         need(self.stall_ticks >= 1, "stall_ticks must be at least 1")
         need(0 <= self.workers <= MAX_WORKERS, f"workers must be 0..{MAX_WORKERS} or auto")
         need(self.workers <= self.max_connections, "need workers <= max_connections (each edge gets a share)")
+        need(bool(self.tls_cert) == bool(self.tls_key), "tls_cert and tls_key go together (both PEM files, or neither)")
+        need(not self.tls_client_ca or bool(self.tls_cert), "tls_client_ca needs tls_cert and tls_key")
+        for part in (p.strip() for p in self.proxy_allow.split(",")):
+            try:
+                if part:
+                    ipaddress.ip_network(part, strict=False)
+            except ValueError:
+                raise ConfigError(f"proxy_allow: {part!r} is not an address or CIDR") from None
+        need(not self.proxy_protocol or bool(self.proxy_allow.strip()), "proxy_protocol needs proxy_allow (the balancers' addresses)")
         return self
 
     @property
@@ -138,6 +155,11 @@ HELP: dict[str, str] = {
     "metrics_port": "port of the Prometheus endpoint; 0 disables it",
     "log_level": "debug, info, warning or error",
     "stall_ticks": "a pause of the event loop this many ticks long moves every deadline by the pause",
+    "tls_cert": "PEM certificate (chain allowed) for TLS on the client port; reloaded on SIGHUP (default unset: no TLS)",
+    "tls_key": "PEM private key of --tls-cert (default unset)",
+    "tls_client_ca": "CA file for optional client certificates: a verified certificate naming a gateway or observer logs it in without a token, see docs/tls.md (default unset)",
+    "proxy_protocol": "expect a PROXY v1/v2 header (HAProxy, nginx, AWS NLB) from the balancers in --proxy-allow on every connection",
+    "proxy_allow": "comma-separated addresses/CIDRs allowed to send PROXY headers",
     "workers": "edge processes sharing the public port in front of the core; 0 = one process, auto = one per core",
 }
 

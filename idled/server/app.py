@@ -209,7 +209,7 @@ class Server:
         roles = {"uid": functools.partial(run_user, sessions), "gateway": self._gateways.run, "observer": observers.run}
         self._door = Doorway(
             cfg, sessions=sessions, roles=roles, secret=self.secret, metrics=self.metrics, connections=self.connections,
-            trusts=self.workers.trusts if self.workers is not None else None,
+            trusts=self.workers.trusts if self.workers is not None else None, public=self.workers is None,
         )
         self._door.limit = self._connection_limit(cfg.max_connections)
         return recovery

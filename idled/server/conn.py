@@ -4,7 +4,10 @@ Theory of operation
 -------------------
 ``Doorway.handle(stream)`` is the handler the accept loop runs for each connection (and tests hand memory
 streams to directly). It counts the connection as *pending*, refuses it while shutting down or beyond
-``max_connections``, reads the login within ``login_timeout`` (verifying its token when auth is on: ``auth_secret``), then
+``max_connections``, opens its *front* when one is configured (``idled.server.tls``: the PROXY header from
+an allowed balancer, then the TLS handshake -- both within the login deadline; a failed handshake is counted
+as ``tls_handshake`` and closed without a frame), reads the login within ``login_timeout`` (verifying its
+token when auth is on: ``auth_secret``; or, for a gateway or observer, a client certificate naming it), then
 counts it under its role and runs that role's handler -- a callable ``role(stream, decoder, login)`` from the
 ``roles`` table the server fills in (``users.run_user``, ``Gateways.run``, ``Observers.run``). A
 ``ProtocolError`` raised anywhere below is counted (``idled_frames_rejected_total``) and answered with one
@@ -18,6 +21,7 @@ the error frame itself and closes. Only the connection's own task ever writes to
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -30,12 +34,14 @@ from idled.ops.metrics import Metrics, NullMetrics
 from idled.core.presence import Uid
 from idled.protocol import Error, ErrorCode, FrameDecoder, Login, ProtocolError, encode, receive_message, tokens
 from idled.server.sessions import Sessions
+from idled.server.tls import Front, HandshakeFailed
 
 __all__ = ["ROLE_LABELS", "SEND_ERROR_TIMEOUT", "Connection", "Doorway", "Role", "auth_secret", "close_with", "refuse"]
 
 log = logging.getLogger("idled.server.conn")
 peer_log = PeerLog(logging.getLogger("idled.server.peers"))  # debug lines, rate-limited per kind
 
+CERTIFIED_TOKEN_TTL = 60.0  # seconds: the token a certificate login carries on (to the core, from an edge)
 SEND_ERROR_TIMEOUT = 1.0  # a peer that doesn't read can't hold a closing connection longer than this
 ROLE_LABELS: Mapping[str, str] = {"uid": "user", "gateway": "gateway", "observer": "observer"}  # login role -> label
 
@@ -92,7 +98,10 @@ class Doorway:
 
     ``config`` is read per connection (``max_frame``, ``login_timeout``), so a reload replaces it here;
     ``limit`` is the connection limit in force (``max_connections`` capped to the descriptor budget: the
-    server sets it). ``connections`` counts open connections by role label, plus ``pending``.
+    server sets it). ``connections`` counts open connections by role label, plus ``pending``. ``public``
+    False (the core's internal socket behind ``--workers``) serves without the PROXY/TLS front, whatever the
+    configuration says: the edges terminate those. Assigning ``config`` to a serving doorway is a reload
+    (SIGHUP): it re-reads the TLS certificate files, and new handshakes use them.
     """
 
     def __init__(
@@ -105,7 +114,11 @@ class Doorway:
         metrics: Metrics | NullMetrics,
         connections: dict[str, int],
         trusts: Callable[[trio.abc.Stream, Login], bool] | None = None,
+        public: bool = True,
     ) -> None:
+        # PROXY/TLS as configured, on public listeners only (not the core's internal socket behind --workers).
+        front = Front(config) if public else None
+        self.front = front if front is not None and front.active else None
         self.config = config
         self.trusts = trusts  # a login it accepts needs no token (idled.server.internal: edge workers' links)
         self.sessions = sessions
@@ -115,10 +128,24 @@ class Doorway:
         self.connections = connections
         self.limit = config.max_connections
 
+    @property
+    def config(self) -> Config:
+        return self._config
+
+    @config.setter
+    def config(self, config: Config) -> None:
+        # A configuration assigned to a serving doorway is a reload (SIGHUP): re-read the certificate files.
+        first = not hasattr(self, "_config")
+        self._config = config
+        if not first and self.front is not None:
+            self.front.reload()
+
     async def handle(self, stream: trio.abc.Stream) -> None:
         """Serve one connection until it ends; never raises (but for cancellation)."""
         role = "pending"
         self.connections[role] += 1
+        raw = stream  # closed in the end, whatever was wrapped around it
+        address = peer_address(stream)
         try:
             if self.sessions.stopping:
                 await close_with(stream, ErrorCode.SERVER_SHUTDOWN, "shutting down")
@@ -127,42 +154,68 @@ class Doorway:
                 await close_with(stream, ErrorCode.BUSY, "too many connections")
                 return
             decoder = FrameDecoder(self.config.max_frame)
+            # The PROXY header and the TLS handshake count against the login deadline.
+            deadline = trio.current_time() + self.config.login_timeout
             try:
-                login = await self._login(stream, decoder)
+                if self.front is not None:
+                    opened = None
+                    with trio.move_on_at(deadline):
+                        opened = await self.front.open(stream)
+                    if opened is None:
+                        # Mid-handshake there is no channel for a frame; without TLS there is.
+                        await self._timed_out(stream, address, frame=self.front.context is None)
+                        return
+                    stream, address = opened.stream, opened.address
+                login = await self._login(stream, decoder, deadline, address)
                 if login is None:
                     return
                 self.sessions.refuse_if_stopping()
                 self.connections[role] -= 1
                 role = ROLE_LABELS[login.role]
                 self.connections[role] += 1
-                peer_log.debug("login", "login %s %r from %s", role, login.name, peer_address(stream))
+                peer_log.debug("login", "login %s %r from %s", role, login.name, address)
                 await self.roles[login.role](stream, decoder, login)
             except ProtocolError as exc:
                 self.reject(exc.code)
-                peer_log.debug("reject", "reject %s from %s: %s", exc.code, peer_address(stream), exc.reason)
+                peer_log.debug("reject", "reject %s from %s: %s", exc.code, address, exc.reason)
                 await close_with(stream, exc.code, exc.reason)
+        except HandshakeFailed as exc:
+            self.reject("tls_handshake")
+            peer_log.debug("reject", "reject tls_handshake from %s: %s", address, exc.reason)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the peer went away: its session (if any) was ended where it was read
         except Exception:
             log.exception("connection handler failed (bug); connection closed, server unaffected")
         finally:
             self.connections[role] -= 1
-            await stream.aclose()
+            if stream is not raw:
+                # TLS: a close_notify first, bounded like an error frame; the socket is closed regardless.
+                with trio.move_on_after(SEND_ERROR_TIMEOUT) as scope:
+                    scope.shield = True
+                    await stream.aclose()
+            await raw.aclose()
 
     def reject(self, code: str) -> None:
         self.metrics.frames_rejected.labels(reason=str(code)).inc()
 
-    async def _login(self, stream: trio.abc.Stream, decoder: FrameDecoder) -> Login | None:
+    async def _login(
+        self, stream: trio.abc.Stream, decoder: FrameDecoder, deadline: float, address: str
+    ) -> Login | None:
         """The connection's login, or None if it ended (or timed out, answered here) before logging in."""
-        timeout = self.config.login_timeout
-        with trio.move_on_after(timeout):
+        with trio.move_on_at(deadline):
             message = await receive_message(stream, decoder)
             if message is None:
                 return None
             if not isinstance(message, Login):
                 raise ProtocolError(ErrorCode.NOT_LOGGED_IN, f"log in first (got {type(message).__name__.lower()})")
             logins = self.metrics.logins
-            if self.secret is not None and not (self.trusts is not None and self.trusts(stream, message)):
+            certified = not message.token and self.front is not None and self.front.certified(stream, message)
+            if self.secret is not None and certified:
+                # A client certificate named it. The login goes on with a short-lived token of its own, so
+                # an edge relaying it to the core (``--workers``) hands the core a login the core accepts.
+                message = dataclasses.replace(message, token=tokens.mint(
+                    self.secret, message.role, message.name, time.time() + CERTIFIED_TOKEN_TTL))
+            elif self.secret is not None and not (self.trusts is not None and self.trusts(stream, message)):
                 try:
                     tokens.verify(self.secret, message.token or "", message.role, message.name, time.time())
                 except tokens.AuthError as exc:
@@ -170,8 +223,12 @@ class Doorway:
                     raise ProtocolError(ErrorCode.AUTH_FAILED, str(exc)) from None
             logins.labels(role=ROLE_LABELS[message.role], result="ok").inc()
             return message
-        self.reject(ErrorCode.LOGIN_TIMEOUT)
-        peer_log.debug("reject", "reject %s from %s: no login within %g s", ErrorCode.LOGIN_TIMEOUT,
-                       peer_address(stream), timeout)
-        await close_with(stream, ErrorCode.LOGIN_TIMEOUT, f"no login within {timeout:g} s")
+        await self._timed_out(stream, address, frame=True)
         return None
+
+    async def _timed_out(self, stream: trio.abc.Stream, address: str, *, frame: bool) -> None:
+        timeout = self.config.login_timeout
+        self.reject(ErrorCode.LOGIN_TIMEOUT)
+        peer_log.debug("reject", "reject %s from %s: no login within %g s", ErrorCode.LOGIN_TIMEOUT, address, timeout)
+        if frame:
+            await close_with(stream, ErrorCode.LOGIN_TIMEOUT, f"no login within {timeout:g} s")

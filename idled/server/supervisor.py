@@ -157,6 +157,9 @@ def edge_command(config: Config, name: str, core: str, fds: Sequence[int], max_c
         "login_timeout": ("--login-timeout", f"{config.login_timeout:g}"),
         "log_level": ("--log-level", config.log_level),
         "secret_file": ("--secret-file", config.secret_file or ""),
+        "tls_cert": ("--tls-cert", config.tls_cert or ""),  # TLS and PROXY: idled.server.tls, at each edge
+        "tls_key": ("--tls-key", config.tls_key or ""),
+        "tls_client_ca": ("--tls-client-ca", config.tls_client_ca or ""),
     }
     for setting, (flag, value) in flags.items():
         if getattr(config, setting) is not None and (base is None or getattr(base, setting) != getattr(config, setting)):
@@ -164,6 +167,8 @@ def edge_command(config: Config, name: str, core: str, fds: Sequence[int], max_c
     argv += ["--max-connections", str(max_connections), "--metrics-port", "0"]
     if config.insecure and (base is None or not base.insecure):
         argv += ["--insecure"]
+    if config.proxy_protocol and (base is None or not base.proxy_protocol):
+        argv += ["--proxy-protocol", "--proxy-allow", config.proxy_allow]
     return argv
 
 

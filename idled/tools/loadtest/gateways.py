@@ -108,7 +108,7 @@ async def _gateway(w: Worker, g: int) -> None:
         async with w.inflight:
             start = trio.current_time()
             with trio.fail_after(w.connect_timeout):
-                stream = await open_from(w.sources[g % len(w.sources)], w.host, w.port)
+                stream = await open_from(w.sources[g % len(w.sources)], w.host, w.port, w.cfg)
                 connected = trio.current_time()
                 await stream.send_all(encode(Login("gateway", name, w.token("gateway", name))))
                 hello = await welcome(stream, decoder)

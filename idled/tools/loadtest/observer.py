@@ -23,7 +23,8 @@ from __future__ import annotations
 import itertools
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import trio
 
@@ -31,6 +32,7 @@ from idled.protocol import (
     BYE_FRAME, PING_FRAME, Error, Event, FrameDecoder, Login, ProtocolError, Subscribe, Welcome, encode,
     parse_server_message, receive_message,
 )
+from idled.tools.loadtest.connect import open_from
 from idled.tools.loadtest.histogram import Histogram
 
 __all__ = ["Observer", "ObserverLost"]
@@ -61,8 +63,10 @@ class _CountingStream:
 class Observer:
     def __init__(self, host: str, port: int, on_event: Callable[[Event], None], *, name: str | None = None,
                  token: Callable[[str, str], str | None] | None = None, keepalive: float = 30.0,
-                 ping_interval: float = 0.5, max_resubscribes: int = 1000) -> None:
+                 ping_interval: float = 0.5, max_resubscribes: int = 1000,
+                 front: Mapping[str, Any] | None = None) -> None:
         self.host = host
+        self.front = front  # TLS / PROXY, as the users connect (connect.open_from)
         self.port = port
         self.on_event = on_event
         self.name = name or f"loadtest-{os.getpid()}"
@@ -88,7 +92,7 @@ class Observer:
         self._stream = await self._open(None)
 
     async def _open(self, from_seq: int | None) -> trio.SocketStream:
-        stream = await trio.open_tcp_stream(self.host, self.port)
+        stream = await open_from("127.0.0.1", self.host, self.port, self.front)
         decoder = FrameDecoder(1 << 20, parse=parse_server_message)
         try:
             await stream.send_all(encode(Login("observer", self.name, self._token("observer", self.name))))
@@ -187,7 +191,7 @@ class Observer:
         start = time.monotonic()
         try:
             with trio.move_on_after(timeout):
-                stream = await trio.open_tcp_stream(self.host, self.port, local_address=source)
+                stream = await open_from(source, self.host, self.port, self.front)
                 async with stream:
                     await stream.send_all(encode(Login("uid", uid, self._token("uid", uid), self.keepalive)))
                     await seen.wait()

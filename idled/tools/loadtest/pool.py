@@ -67,6 +67,7 @@ class WorkerPool:
             "plan": [[i, kind, moment] for i, (kind, moment) in plan.items()],
             "secret": self.secret.hex() if self.secret else None,
             "name": f"loadtest-{os.getpid()}-w{w}",
+            **sc.front,  # TLS and PROXY, for connect.open_from
         }
 
     async def start(self, nursery: trio.Nursery, host: str, port: int) -> None:

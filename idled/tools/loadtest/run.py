@@ -116,7 +116,8 @@ async def _drive(r: RunState, nursery: trio.Nursery, server: ServerProcess) -> d
 async def _start_observer(r: RunState, nursery: trio.Nursery, server: ServerProcess,
                           w: Window) -> tuple[Observer, trio.CancelScope]:
     """Connect and subscribe, then prove the subscription is live before any session exists."""
-    observer = Observer(server.host, server.port, r.on_event, token=r.token, keepalive=max(1.0, r.sc.keepalive))
+    observer = Observer(server.host, server.port, r.on_event, token=r.token, keepalive=max(1.0, r.sc.keepalive),
+                        front=r.sc.front)
     try:
         await observer.connect()
     except OSError as exc:

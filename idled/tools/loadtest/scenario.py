@@ -57,6 +57,14 @@ class Scenario:
     quiet: bool = False
     bound_ticks: float = 2.0
     drain_timeout: float = 30.0
+    tls: bool = False  # connect over TLS (idled.tools.loadtest.connect), trusting tls_ca (None: no verification)
+    tls_ca: str | None = None
+    proxy_protocol: bool = False  # send a PROXY v2 header first
+
+    @property
+    def front(self) -> dict[str, Any]:
+        """What `idled.tools.loadtest.connect.open_from` needs to know: TLS and PROXY."""
+        return {"tls": self.tls, "tls_ca": self.tls_ca, "proxy_protocol": self.proxy_protocol}
 
     @property
     def expected_timeout(self) -> float:

@@ -84,7 +84,7 @@ async def _log_in(w: Worker, i: int, decoder: FrameDecoder) -> tuple[trio.Socket
     try:
         start = trio.current_time()
         with trio.fail_after(w.connect_timeout):
-            stream = await open_from(w.sources[i % len(w.sources)], w.host, w.port)
+            stream = await open_from(w.sources[i % len(w.sources)], w.host, w.port, w.cfg)
             connected = trio.current_time()
             phase = "login"
             last_sent = time.time()

@@ -1,0 +1,259 @@
+"""The front of a public connection: the PROXY header (from an allowed balancer), then TLS, then idled frames.
+
+Theory of operation
+-------------------
+``Front.open(stream)`` runs once per accepted connection, inside the doorway's login deadline (so a peer that
+stalls in the header or the handshake is closed like one that never logs in). It returns the stream the
+protocol runs on and the client's address as logs should show it:
+
+1. **PROXY** (``--proxy-protocol``): the socket's own peer must be in ``--proxy-allow`` (a header from anyone
+   else would let them claim any address: refused with an error frame). The header is read with
+   ``idled.protocol.proxy``, at most ``wanted`` bytes per read, so a v2 header leaves nothing behind; bytes a
+   v1 header's read took past its CRLF are given back in front of the stream (``Replay``). A missing or bad
+   header is a ``ProxyError`` (``bad_frame``). Its source address replaces the socket's peer (LOCAL/UNKNOWN
+   headers -- the balancer's health checks -- keep the socket's).
+2. **TLS** (``--tls-cert``/``--tls-key``): a trio ``SSLStream`` over what step 1 left, server side, handshake
+   done here. A failed handshake (a plaintext client, an old protocol version, an untrusted client
+   certificate) raises ``HandshakeFailed``: the doorway closes without a frame (there is no channel to send
+   one on).
+
+**The context** (``server_context``): TLS 1.2 minimum (1.3 preferred by OpenSSL), forward-secret AEAD ciphers
+only for 1.2, no compression, ALPN ``idled/1`` (selected when the client offers it; a client offering none,
+or only other protocols, is served without ALPN: the framing tells soon enough), one TLS 1.3 session ticket
+per handshake (``num_tickets = 1``: one reconnect needs one; OpenSSL's default 2 costs a second ticket's
+encryption and bytes on every handshake).
+Resumption is stateless (tickets encrypted under a key of the context): no server-side session cache.
+
+**Reload** (SIGHUP): ``Front.reload()`` builds a new context from the same files; new handshakes use it,
+established connections keep the SSL objects they have. If the new files do not load, the old context stays
+and the error is logged. A new context has a new ticket key, so tickets issued before a reload make full
+handshakes after it (rotate certificates at a quiet hour, or expect one full-handshake wave).
+
+**Client certificates** (``--tls-client-ca``): the server asks for a certificate (optional: users have none)
+and verifies any that is presented against that CA; an untrusted one fails the handshake. ``certified(stream,
+login)`` then decides whether a verified certificate stands in for a token. The rule, exactly: only the roles
+``gateway`` and ``observer`` (never ``uid``), and only when the certificate names that role and name -- a
+``subjectAltName`` URI ``idled:<role>:<name>`` (e.g. ``idled:gateway:push-eu1``) or, for a certificate with
+no URI names at all, a subject commonName exactly ``<role>:<name>``. DNS names are not consulted: they name
+hosts, and a host name is not a gateway's identity. A login that carries a token is still checked as a token.
+The doorway (``idled.server.conn``) gives a certified login a short-lived token of its own, so an edge that
+relays it makes the core accept it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import ssl
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+import trio
+
+from idled.ops.config import Config
+from idled.ops.fatal import EXIT_USAGE, Fatal
+from idled.ops.logs import peer_address
+from idled.protocol import Login, NEED_DATA
+from idled.protocol.proxy import ProxyError, ProxyHeader, ProxyParser
+
+__all__ = [
+    "ALPN", "CERT_ROLES", "Front", "HandshakeFailed", "Replay", "TLSConfigError", "allowed", "certificate_names",
+    "parse_allow", "server_context",
+]
+
+log = logging.getLogger("idled.server.tls")
+
+ALPN: Final = "idled/1"
+CERT_ROLES: Final = ("gateway", "observer")  # roles a client certificate may stand in for a token for
+DRAIN_TIME: Final = 0.05  # seconds a refused PROXY peer's pending bytes are read for (see _drain)
+DRAIN_READS: Final = 16  # ... and at most this many reads of 4 KiB
+TLS12_CIPHERS: Final = "ECDHE+AESGCM:ECDHE+CHACHA20"  # TLS 1.3 suites are OpenSSL's (all AEAD, all fine)
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+class TLSConfigError(ValueError):
+    """A certificate, key or CA file that does not load (``what``: which file, ``reason``: why)."""
+
+    def __init__(self, what: str, reason: str) -> None:
+        super().__init__(f"cannot load {what}: {reason}")
+        self.what, self.reason = what, reason
+
+
+class HandshakeFailed(Exception):
+    """The TLS handshake failed; ``reason`` is short and countable."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def server_context(cert: str, key: str, client_ca: str | None = None) -> ssl.SSLContext:
+    """The server context described in the module docstring (``TLSConfigError`` naming the file if not)."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.set_ciphers(TLS12_CIPHERS)
+    ctx.options |= ssl.OP_NO_COMPRESSION | ssl.OP_CIPHER_SERVER_PREFERENCE | ssl.OP_NO_RENEGOTIATION
+    ctx.set_alpn_protocols([ALPN])
+    ctx.num_tickets = 1
+    try:
+        ctx.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise TLSConfigError(f"TLS certificate {cert} / key {key}", str(exc)) from None
+    if client_ca:
+        try:
+            ctx.load_verify_locations(cafile=client_ca)
+        except (OSError, ssl.SSLError) as exc:
+            raise TLSConfigError(f"TLS client CA {client_ca}", str(exc)) from None
+        ctx.verify_mode = ssl.CERT_OPTIONAL
+    return ctx
+
+
+def parse_allow(text: str) -> list[Network]:
+    """``--proxy-allow``: comma-separated CIDRs (or single addresses). ValueError naming the bad one."""
+    networks = []
+    for part in (p.strip() for p in text.split(",")):
+        if part:
+            try:
+                networks.append(ipaddress.ip_network(part, strict=False))
+            except ValueError:
+                raise ValueError(f"proxy_allow: {part!r} is not an address or CIDR") from None
+    return networks
+
+
+def allowed(host: str, networks: Sequence[Network]) -> bool:
+    try:
+        address = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped  # a dual-stack listener sees IPv4 balancers as ::ffff:a.b.c.d
+    return any(address in net for net in networks if net.version == address.version)
+
+
+async def _drain(stream: trio.abc.Stream) -> None:
+    """Read (briefly, boundedly) what the peer already sent before it is refused: closing a socket with unread
+    data resets the connection, and a reset can destroy the error frame before the peer reads it."""
+    with trio.move_on_after(DRAIN_TIME):
+        for _ in range(DRAIN_READS):
+            if not await stream.receive_some(4096):
+                return
+
+
+def certificate_names(cert: dict) -> set[str]:
+    """``role:name`` identities a verified certificate (``getpeercert()``) carries, by the module's rule."""
+    uris = [value for kind, value in cert.get("subjectAltName", ()) if kind == "URI"]
+    if uris:
+        return {uri[len("idled:"):] for uri in uris if uri.startswith("idled:")}
+    return {value for rdn in cert.get("subject", ()) for key, value in rdn if key == "commonName"}
+
+
+class Replay(trio.abc.Stream):
+    """A stream with some bytes already read from it given back in front (a v1 PROXY read past its CRLF)."""
+
+    def __init__(self, stream: trio.abc.Stream, head: bytes) -> None:
+        self.stream = stream
+        self.head = head
+        self.socket = getattr(stream, "socket", None)
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        if self.head:
+            n = len(self.head) if max_bytes is None else max_bytes
+            data, self.head = self.head[:n], self.head[n:]
+            await trio.lowlevel.checkpoint()
+            return data
+        return await self.stream.receive_some(max_bytes)
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self.stream.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.stream.wait_send_all_might_not_block()
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+
+@dataclass(frozen=True, slots=True)
+class Opened:
+    stream: trio.abc.Stream
+    address: str  # host:port of the client as logs show it (the PROXY source when there is one)
+    tls: bool
+
+
+class Front:
+    """PROXY then TLS for one listener's connections, per the configuration (see the module docstring)."""
+
+    def __init__(self, config: Config) -> None:
+        self.cert, self.key, self.client_ca = config.tls_cert, config.tls_key, config.tls_client_ca
+        try:
+            self.context = server_context(self.cert, self.key, self.client_ca) if self.cert and self.key else None
+        except TLSConfigError as exc:
+            raise Fatal("cannot start TLS", exc.what, exc.reason, EXIT_USAGE) from None
+        self.proxy = config.proxy_protocol
+        self.allow = parse_allow(config.proxy_allow)
+
+    @property
+    def active(self) -> bool:
+        return self.context is not None or self.proxy
+
+    def reload(self) -> bool:
+        """Re-read the certificate files (SIGHUP). False (logged) if they do not load: the old ones stay."""
+        if self.context is None or self.cert is None or self.key is None:
+            return True
+        try:
+            self.context = server_context(self.cert, self.key, self.client_ca)
+        except TLSConfigError as exc:
+            log.error("SIGHUP: TLS certificate not reloaded, still serving the previous one: %s", exc)
+            return False
+        log.info("SIGHUP: TLS certificate reloaded from %s (new handshakes use it)", self.cert)
+        return True
+
+    async def open(self, stream: trio.abc.Stream) -> Opened:
+        """The stream to speak idled on, and the client's address; ProxyError / HandshakeFailed if refused."""
+        address = peer_address(stream)
+        if self.proxy:
+            try:
+                header = await self._proxy_header(stream, address)
+            except ProxyError:
+                await _drain(stream)
+                raise
+            if isinstance(header, tuple):
+                header, stream = header
+            if header.source is not None:
+                host, port = header.source
+                address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        if self.context is None:
+            return Opened(stream, address, False)
+        tls = trio.SSLStream(stream, self.context, server_side=True)
+        try:
+            await tls.do_handshake()
+        except trio.BrokenResourceError as exc:
+            cause = exc.__cause__
+            raise HandshakeFailed(getattr(cause, "reason", None) or type(cause or exc).__name__) from None
+        return Opened(tls, address, True)
+
+    async def _proxy_header(
+        self, stream: trio.abc.Stream, address: str
+    ) -> ProxyHeader | tuple[ProxyHeader, trio.abc.Stream]:
+        host = address.rsplit(":", 1)[0].strip("[]")
+        if not allowed(host, self.allow):
+            raise ProxyError(f"{address} is not an allowed balancer (proxy_allow)")
+        parser = ProxyParser()
+        while True:
+            event = parser.next_event()
+            if event is not NEED_DATA:
+                assert isinstance(event, ProxyHeader)
+                return (event, Replay(stream, parser.trailing)) if parser.trailing else event
+            data = await stream.receive_some(parser.wanted)
+            if not data:
+                raise ProxyError("connection closed before the header ended")
+            parser.receive_data(data)
+
+    def certified(self, stream: trio.abc.Stream, login: Login) -> bool:
+        """True if a verified client certificate names this gateway/observer login (the module's rule)."""
+        if self.client_ca is None or login.role not in CERT_ROLES or not isinstance(stream, trio.SSLStream):
+            return False
+        cert = stream.getpeercert()
+        return bool(cert) and f"{login.role}:{login.name}" in certificate_names(cert)
