@@ -42,21 +42,10 @@ class Daemon(peers.Daemon):
         super().__init__(command, tmp_path / f"idled-{time.monotonic_ns()}.stderr", env=env)
 
 
-# Fail with --workers 2 until idled edge's drain is fixed (branch edge, ea16f3d): its core link raises
-# BrokenResourceError out of the edge during SIGTERM/core loss, so users get no server_shutdown frame.
-EDGE_PENDING = {
-    "test_bye_is_logout_and_close_is_closed": "edge: the close of a user through an edge is logged differently",
-    "test_sigterm_exits_0_with_shutdown_events": "edge: drain crashes on its core link, users get no server_shutdown",
-    "test_sigint_is_a_clean_shutdown_too": "edge: drain crashes on its core link",
-}
-
-
 @pytest.fixture(autouse=True, params=["0", "2"], ids=lambda n: f"workers{n}")
 def workers(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Every test against a single-process daemon and against `--workers 2` (the core behind two edges)."""
     monkeypatch.setattr(Daemon, "workers", ("--workers", request.param))
-    if request.param == "2" and request.function.__name__ in EDGE_PENDING:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=EDGE_PENDING[request.function.__name__]))
     return str(request.param)
 
 
