@@ -215,3 +215,37 @@ async def test_touches_are_sent_within_the_batch_interval() -> None:
         link.touch("hank")
         await wait_for(lambda: any(type(m) is Touch for m in core.seen[0]), timeout=2.0)
         nursery.cancel_scope.cancel()
+
+
+async def test_the_edge_freezes_its_long_lived_objects_like_the_core(tmp_path: Any) -> None:
+    """Full collections walking every user's task and stream stop the edge's loop (hundreds of ms at 10k+
+    connections), and every keepalive read meanwhile reaches the core that much later: the edge runs the
+    core's GC policy (idled.ops.gcpolicy)."""
+    import gc
+
+    from idled.ops.config import Config
+    from idled.ops.gcpolicy import GcPolicy
+    from idled.server.edge import Edge
+
+    core = ScriptedCore(serve_forever)
+    policy = GcPolicy()
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(core.serve)
+            config = Config(port=0, host="127.0.0.1", metrics_port=0, data_dir=str(tmp_path)).validate()
+            edge = Edge(config, core=f"127.0.0.1:{core.port}", name="gc-test", gc_policy=policy)
+            done = trio.Event()
+
+            async def serve(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+                await edge.serve(task_status=task_status)
+                done.set()
+
+            await nursery.start(serve)
+            assert gc.get_freeze_count() > 0 and policy._on_gc in gc.callbacks
+            edge.stop()
+            with trio.fail_after(10):
+                await done.wait()  # drained: the link said bye
+            nursery.cancel_scope.cancel()
+        assert core.seen[0][-1] is BYE
+    finally:
+        policy.stop()

@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 import trio
 
 from idled.ops.config import Config, ConfigError
+from idled.ops.gcpolicy import GcPolicy
 from idled.ops.metrics import Metrics, NullMetrics, serve_metrics
 from idled.protocol import ErrorCode
 from idled.server.conn import Doorway, auth_secret
@@ -39,6 +40,7 @@ log = logging.getLogger("idled.server.edge")
 
 RELOADABLE = ("log_level", "max_connections", "login_timeout", "max_frame")
 GRACE = 5.0  # seconds a drain may take at most
+THAW_CHECK = 60.0  # seconds between two looks at the GC policy's thaw time
 
 
 class Edge:
@@ -54,6 +56,7 @@ class Edge:
         metrics: Metrics | NullMetrics | None = None,
         reload_config: Callable[[], Config] | None = None,
         link_secret: bytes | None = None,
+        gc_policy: GcPolicy | None = None,
     ) -> None:
         self.config = config
         self.secret = auth_secret(config)
@@ -69,6 +72,7 @@ class Edge:
             roles={"uid": self.users.run, "gateway": relay, "observer": relay},
             secret=self.secret, metrics=self.metrics, connections=self.connections,
         )
+        self.gc_policy = gc_policy  # None: the interpreter's default (tests run many edges in one process)
         self.ports: list[int] = []
         self._accept_scope = trio.CancelScope()
         self._stop = trio.Event()
@@ -84,6 +88,12 @@ class Edge:
                 await nursery.start(serve_metrics, self.metrics.registry, cfg.metrics_host, cfg.metrics_port)
             log.info("waiting for the core at %s", self.link.address)
             await self.link.ready.wait()
+            if self.gc_policy is not None:
+                # As in the core (idled.ops.gcpolicy): without it, full collections walking every user's task
+                # and stream stop this loop for hundreds of ms during a login ramp, and every keepalive read
+                # meanwhile reaches the core that much later -- under load, late enough to be an offline.
+                self.gc_policy.start()
+                nursery.start_soon(self._thaw, self.gc_policy)
             listeners = self._listeners() if self.listen_fds else await trio.open_tcp_listeners(cfg.port, host=cfg.host)
             for listener in listeners:
                 host, port = listener.socket.getsockname()[:2]
@@ -95,6 +105,12 @@ class Edge:
             await self._until_stopped()
             await self._drain()
             nursery.cancel_scope.cancel()
+
+    @staticmethod
+    async def _thaw(policy: GcPolicy) -> None:
+        while True:
+            await trio.sleep(THAW_CHECK)
+            policy.maybe_thaw()
 
     def _listeners(self) -> list[trio.SocketListener]:
         listeners = []
