@@ -8,6 +8,7 @@ the edge's users.
 from __future__ import annotations
 
 import signal
+import socket
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -193,3 +194,39 @@ async def test_gateway_through_the_edge_and_edge_drain(tmp_path: Path) -> None:
             assert await e.wait() == 0
             ev = await next_event(obs)
             assert (ev.uid, ev.kind, ev.reason) == ("leaving", "offline", "shutdown")
+
+
+async def test_edges_sharing_a_socket_leave_connections_to_the_one_with_room(tmp_path: Path) -> None:
+    """Two edges adopt one listening socket (--listen-fd, as --workers passes it). The small one (2 users)
+    stops accepting when full, so the others go to the big one instead of being refused ``busy``; only when
+    both are full is a connection refused (``busy``, at once rather than hanging in the backlog)."""
+    shared = socket.create_server(("127.0.0.1", 0))
+    port = shared.getsockname()[1]
+    try:
+        async with daemons(core(tmp_path)) as (c,):
+            specs = []
+            for name, limit in (("small", 2), ("big", 6)):
+                command = [sys.executable, "-m", "idled.cli.main", "edge", "--core", f"127.0.0.1:{c.port}",
+                           "--listen-fd", str(shared.fileno()), "--max-connections", str(limit), "--name", name]
+                specs.append(Daemon(command, tmp_path / f"{name}.err", pass_fds=(shared.fileno(),)))
+            try:
+                for edge in specs:
+                    assert await edge.started() == port
+                users = [await Client.login(port, "uid", f"u{i}") for i in range(8)]  # 2 + 6: nobody refused
+                extra = await Client.connect(port, reset_is_eof=True)  # closed unread: may be a reset
+                await extra.send(Login("uid", "one-too-many"))
+                await extra.expect_error("busy")
+                await users[0].send(BYE)
+                assert await users[0].recv() is None
+                with trio.fail_after(10):  # a freed slot is taken again (whichever edge it was on)
+                    while True:
+                        again = await Client.connect(port, reset_is_eof=True)
+                        await again.send(Login("uid", "again"))
+                        if isinstance(await again.recv(), Welcome):
+                            break
+                        await trio.sleep(0.1)
+            finally:
+                for edge in specs:
+                    edge.kill()
+    finally:
+        shared.close()
