@@ -115,10 +115,12 @@ class Doorway:
         self.connections = connections
         self.limit = config.max_connections
 
-    async def handle(self, stream: trio.abc.Stream) -> None:
-        """Serve one connection until it ends; never raises (but for cancellation)."""
+    async def handle(self, stream: trio.abc.Stream, counted: bool = False) -> None:
+        """Serve one connection until it ends; never raises (but for cancellation). ``counted``: the accept
+        loop already counted it as ``pending`` (an edge's, so that its next look at the limit sees it)."""
         role = "pending"
-        self.connections[role] += 1
+        if not counted:
+            self.connections[role] += 1
         try:
             if self.sessions.stopping:
                 await close_with(stream, ErrorCode.SERVER_SHUTDOWN, "shutting down")

@@ -83,7 +83,6 @@ class Edge:
         )
         self.gc_policy = gc_policy  # None: the interpreter's default (tests run many edges in one process)
         self.door.limit = self._limit(config.max_connections)
-        self._starting = 0  # accepted, handler not started yet
         self.overflow_refused = 0  # connections refused busy because every edge seemed full
         self.ports: list[int] = []
         self._accept_scope = trio.CancelScope()
@@ -143,7 +142,7 @@ class Edge:
 
     def full(self) -> bool:
         """At the connection limit: every connection counts, a relay twice (it holds a second descriptor)."""
-        return sum(self.connections.values()) + self.users.relays + self._starting >= self.door.limit
+        return sum(self.connections.values()) + self.users.relays >= self.door.limit
 
     async def _accept(self, listeners: list[trio.SocketListener], handlers: trio.Nursery) -> None:
         with self._accept_scope:
@@ -172,12 +171,9 @@ class Edge:
                     continue
                 stream = await self._accept_one(listener)
                 if stream is not None:
-                    self._starting += 1  # counted from now: the loop's next look at full() must see it
-                    handlers.start_soon(self._handle, stream)
-
-    async def _handle(self, stream: trio.SocketStream) -> None:
-        self._starting -= 1  # the doorway counts it from here on (as pending, then by role)
-        await self.door.handle(stream)
+                    # Counted from now, not when its task starts: the loop's next look at full() must see it.
+                    self.connections["pending"] += 1
+                    handlers.start_soon(self.door.handle, stream, True)
 
     @staticmethod
     async def _accept_one(listener: trio.SocketListener) -> trio.SocketStream | None:

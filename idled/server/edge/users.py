@@ -86,6 +86,7 @@ class EdgeUsers:
         attached = link.attach(uid, login.keepalive)  # also for a local duplicate: new keepalive, fresh deadline
         if previous is not None:
             previous.close(ErrorCode.KICKED, "logged in elsewhere")
+            previous = None
         touch = link.touch
         reason = "closed"
         try:
@@ -95,6 +96,7 @@ class EdgeUsers:
                     # that does not answer is the link's liveness check's business, not this user's).
                     with trio.move_on_after(ATTACH_WAIT):
                         await attached.wait()
+                    attached = None  # this frame lives as long as the connection: hold nothing it no longer needs
                 await stream.send_all(encode(Welcome("uid", uid, timeout)))
                 while (message := await receive_message(stream, decoder)) is not None:
                     if conn.end is None:  # a kicked connection's last frames are not the new owner's activity
