@@ -230,3 +230,37 @@ async def test_edges_sharing_a_socket_leave_connections_to_the_one_with_room(tmp
                     edge.kill()
     finally:
         shared.close()
+
+
+async def test_client_gateway_on_ended_hears_idle_kicked_and_shutdown_from_a_real_core(tmp_path: Path) -> None:
+    """The client library's Gateway(on_ended=...) (what an edge does by hand) against a real `idled serve`."""
+    from idled.client.trio import open_gateway
+
+    ended: list[tuple[Any, str]] = []
+    heard = trio.Event()
+
+    def on_ended(uid: Any, reason: str) -> None:
+        ended.append((uid, reason))
+        heard.set()
+
+    async def next_notice() -> tuple[Any, str]:
+        nonlocal heard
+        with trio.fail_after(10):
+            while not ended:
+                await heard.wait()
+                heard = trio.Event()
+        return ended.pop(0)
+
+    async with daemons(core(tmp_path, "--timeout", "30")) as (c,):
+        async with open_gateway("127.0.0.1", c.port, "lib-gw", on_ended=on_ended, flush_interval=0.01,
+                                reconnect=False) as gateway:
+            await gateway.attach(["quiet"], keepalive=1.0)  # timeout 1.5 s, never touched
+            await gateway.attach(["taken", "stays"], keepalive=30.0)
+            assert await next_notice() == ("quiet", "idle")
+            direct = await Client.login(c.port, "uid", "taken")  # newest wins: the gateway's session is kicked
+            assert await next_notice() == ("taken", "kicked")
+            assert gateway.live == 1  # idle and kicked uids are no longer live here
+            c.proc.send_signal(signal.SIGTERM)
+            assert await next_notice() == ("stays", "shutdown")
+            assert gateway.live == 1  # a shutdown uid stays live: re-attached when the server is back
+            await direct.expect_error("server_shutdown")
