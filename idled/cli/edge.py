@@ -15,6 +15,7 @@ from idled.ops import config as config_module
 from idled.ops import systemd
 from idled.ops.config import Config, ConfigError
 from idled.ops.fatal import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from idled.ops.gcpolicy import GcPolicy
 from idled.ops.logs import setup_logging
 from idled.ops.metrics import Metrics
 from idled.protocol import tokens
@@ -72,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         registry = _registry() if cfg.metrics_port else None
         edge = Edge(cfg, core=args.core, name=name, listen_fds=args.listen_fd,
                     metrics=Metrics(registry, tick=1.0) if registry is not None else None,
-                    reload_config=lambda: load(args), link_secret=link_secret)
+                    reload_config=lambda: load(args), link_secret=link_secret, gc_policy=GcPolicy())
     except (ConfigError, tokens.SecretError, ValueError, OSError) as exc:
         return _fatal(f"configuration: {exc}", EXIT_USAGE)
     try:

@@ -375,14 +375,21 @@ class Server:
             grace.shield = True
             ended = await sessions.end_all("shutdown", ErrorCode.SERVER_SHUTDOWN, "server is shutting down")
             log.info("shutdown: ended %s", plural(ended, "session"))
-            if self.workers is not None:
-                # After end_all: every session is logged `shutdown` before the edges close their users.
-                await self.workers.stop()
             self.bus.close_log()
             await self._writer_done.wait()
             # Observers get every shutdown event before their own server_shutdown.
             while self.bus.undelivered():
                 await trio.sleep(0.01)
+            if self.workers is not None:
+                # The gateways and observers the edges relay first: an edge exits only once its relays ended,
+                # and they must end with this server_shutdown, not with the edge's exit. Then the edges (after
+                # end_all: every session is logged `shutdown` before they close their users), their links last.
+                links = self.workers.is_link
+                for peer in [p for p in self._peers if not links(p)]:
+                    peer.close(ErrorCode.SERVER_SHUTDOWN, "server is shutting down")
+                while any(not links(p) for p in self._peers):
+                    await trio.sleep(0.01)
+                await self.workers.stop()
             for peer in list(self._peers):
                 peer.close(ErrorCode.SERVER_SHUTDOWN, "server is shutting down")
             # Let every logged-in connection send its server_shutdown frame and close (each send is bounded

@@ -140,10 +140,12 @@ class Doorway:
         if not first and self.front is not None:
             self.front.reload()
 
-    async def handle(self, stream: trio.abc.Stream) -> None:
-        """Serve one connection until it ends; never raises (but for cancellation)."""
+    async def handle(self, stream: trio.abc.Stream, counted: bool = False) -> None:
+        """Serve one connection until it ends; never raises (but for cancellation). ``counted``: the accept
+        loop already counted it as ``pending`` (an edge's, so that its next look at the limit sees it)."""
         role = "pending"
-        self.connections[role] += 1
+        if not counted:
+            self.connections[role] += 1
         raw = stream  # closed in the end, whatever was wrapped around it
         address = peer_address(stream)
         try:

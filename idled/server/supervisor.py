@@ -48,6 +48,7 @@ from idled.ops import config as config_module
 from idled.ops.config import Config, ConfigError
 from idled.ops.fatal import EXIT_FAILURE, Fatal
 from idled.protocol import Login
+from idled.server.gateways import Gateway
 from idled.server.internal import peer_pid
 
 __all__ = ["BACKOFF_MAX", "BACKOFF_MIN", "STARTUP_TIMEOUT", "STOP_TIMEOUT", "Supervisor", "Worker", "edge_command"]
@@ -220,6 +221,7 @@ class Supervisor:
         self.config = config
         self.peers = peers
         self.workers = [Worker(i, f"worker-{i}") for i in range(config.workers)]
+        self._names = frozenset(worker.name for worker in self.workers)
         self.core_address = ""
         self.socket_path: Path | None = None  # the internal socket, once bound (removed at exit)
         self.public: list[socket.socket] = []
@@ -246,6 +248,10 @@ class Supervisor:
             return False
         # Its own link is already up: a second token-less "worker-i" from that edge is a relayed client.
         return not any(getattr(peer, "name", None) == worker.name for peer in self.peers)
+
+    def is_link(self, peer: object) -> bool:
+        """Whether a peer of the core is one of its edges' own links (a gateway named after a worker)."""
+        return isinstance(peer, Gateway) and peer.name in self._names
 
     # -- running -----------------------------------------------------------------------------------------
 

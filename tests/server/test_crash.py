@@ -64,17 +64,10 @@ class Daemon(peers.Daemon):
         raise AssertionError("idled_eventlog_records_total not exported")
 
 
-# Fails with --workers 2 until idled edge survives its core's death (branch edge, ea16f3d): its core link
-# raises BrokenResourceError out of the process (a traceback in the log) instead of reconnecting or draining.
-EDGE_PENDING = {"test_sigkill_mid_stream_loses_nothing_durable": "edge: core link crash traceback when the core dies"}
-
-
 @pytest.fixture(autouse=True, params=["0", "2"], ids=lambda n: f"workers{n}")
 def workers(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Every test against a single-process daemon and against `--workers 2` (the core behind two edges)."""
     monkeypatch.setattr(Daemon, "workers", ("--workers", request.param))
-    if request.param == "2" and request.function.__name__ in EDGE_PENDING:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=EDGE_PENDING[request.function.__name__]))
     return str(request.param)
 
 

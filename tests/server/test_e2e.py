@@ -42,21 +42,10 @@ class Daemon(peers.Daemon):
         super().__init__(command, tmp_path / f"idled-{time.monotonic_ns()}.stderr", env=env)
 
 
-# Fail with --workers 2 until idled edge's drain is fixed (branch edge, ea16f3d): its core link raises
-# BrokenResourceError out of the edge during SIGTERM/core loss, so users get no server_shutdown frame.
-EDGE_PENDING = {
-    "test_bye_is_logout_and_close_is_closed": "edge: the close of a user through an edge is logged differently",
-    "test_sigterm_exits_0_with_shutdown_events": "edge: drain crashes on its core link, users get no server_shutdown",
-    "test_sigint_is_a_clean_shutdown_too": "edge: drain crashes on its core link",
-}
-
-
 @pytest.fixture(autouse=True, params=["0", "2"], ids=lambda n: f"workers{n}")
 def workers(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Every test against a single-process daemon and against `--workers 2` (the core behind two edges)."""
     monkeypatch.setattr(Daemon, "workers", ("--workers", request.param))
-    if request.param == "2" and request.function.__name__ in EDGE_PENDING:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=EDGE_PENDING[request.function.__name__]))
     return str(request.param)
 
 
@@ -70,6 +59,14 @@ def read_events(data_dir: Path) -> list[dict[str, Any]]:
 
 
 class Client(peers.Client):
+    async def subscribe_live(self) -> None:
+        """Subscribe from now on, and know it took effect: the server answers an observer's frames in order,
+        so the status that answers a query sent after the subscribe proves it was processed. (Through an
+        edge the subscribe is relayed, and a login on another edge may otherwise reach the core first.)"""
+        await self.send(Subscribe(None))
+        await self.send(Query(("-",)))
+        assert isinstance(await self.recv(), Status)
+
     async def next_event(self, timeout: float = 10.0) -> Event:
         message = await self.recv(timeout)
         assert isinstance(message, Event), message
@@ -86,7 +83,7 @@ async def test_login_ping_expiry_seen_by_a_subscriber(tmp_path: Path, workers: s
     try:
         port = await daemon.started()
         observer = await Client.login(port, "observer", "watch")
-        await observer.send(Subscribe(None))
+        await observer.subscribe_live()
         user = await Client.login(port, "uid", "alice", keepalive=1.0)  # timeout 1.5 (the smallest keepalive)
         online = await observer.next_event()
         assert (online.kind, online.uid, online.reason, online.extra["timeout"]) == ("online", "alice", "login", 1.5)
@@ -122,7 +119,7 @@ async def test_many_expiries_are_never_early_and_at_most_a_tick_late(tmp_path: P
     try:
         port = await daemon.started()
         observer = await Client.login(port, "observer", "watch")
-        await observer.send(Subscribe(None))
+        await observer.subscribe_live()
         users = []
         for i in range(30):
             users.append(await Client.login(port, "uid", i))
@@ -145,7 +142,7 @@ async def test_bye_is_logout_and_close_is_closed(tmp_path: Path) -> None:
     try:
         port = await daemon.started()
         observer = await Client.login(port, "observer", "watch")
-        await observer.send(Subscribe(None))
+        await observer.subscribe_live()
         polite = await Client.login(port, "uid", "polite")
         abrupt = await Client.login(port, "uid", "abrupt")
         await polite.send(BYE)
@@ -168,7 +165,7 @@ async def test_sigterm_exits_0_with_shutdown_events(tmp_path: Path) -> None:
     try:
         port = await daemon.started()
         observer = await Client.login(port, "observer", "watch")
-        await observer.send(Subscribe(None))
+        await observer.subscribe_live()
         users = [await Client.login(port, "uid", f"u{i}") for i in range(10)]
         for _ in users:
             assert (await observer.next_event()).kind == "online"

@@ -8,6 +8,7 @@ the edge's users.
 from __future__ import annotations
 
 import signal
+import socket
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -66,7 +67,7 @@ async def test_a_user_through_an_edge_sees_what_a_direct_user_sees(tmp_path: Pat
     async with daemons(core(tmp_path, "--timeout", "7")) as (c,):
         async with daemons((edge_command(c.port), tmp_path / "edge.err")) as (e,):
             obs = await observer(e.port)  # through the edge's relay
-            for keepalive in (None, 4.0, 1.0, 10_000.0):
+            for keepalive in (None, 4.0, 1.0, 10_000.0):  # 1 s: the smallest keepalive allowed
                 direct = await Client.connect(c.port)
                 await direct.send(Login("uid", "direct", None, keepalive))
                 via = await Client.connect(e.port)
@@ -193,3 +194,73 @@ async def test_gateway_through_the_edge_and_edge_drain(tmp_path: Path) -> None:
             assert await e.wait() == 0
             ev = await next_event(obs)
             assert (ev.uid, ev.kind, ev.reason) == ("leaving", "offline", "shutdown")
+
+
+async def test_edges_sharing_a_socket_leave_connections_to_the_one_with_room(tmp_path: Path) -> None:
+    """Two edges adopt one listening socket (--listen-fd, as --workers passes it). The small one (2 users)
+    stops accepting when full, so the others go to the big one instead of being refused ``busy``; only when
+    both are full is a connection refused (``busy``, at once rather than hanging in the backlog)."""
+    shared = socket.create_server(("127.0.0.1", 0))
+    port = shared.getsockname()[1]
+    try:
+        async with daemons(core(tmp_path)) as (c,):
+            specs = []
+            for name, limit in (("small", 2), ("big", 6)):
+                command = [sys.executable, "-m", "idled.cli.main", "edge", "--core", f"127.0.0.1:{c.port}",
+                           "--listen-fd", str(shared.fileno()), "--max-connections", str(limit), "--name", name]
+                specs.append(Daemon(command, tmp_path / f"{name}.err", pass_fds=(shared.fileno(),)))
+            try:
+                for edge in specs:
+                    assert await edge.started() == port
+                users = [await Client.login(port, "uid", f"u{i}") for i in range(8)]  # 2 + 6: nobody refused
+                extra = await Client.connect(port, reset_is_eof=True)  # closed unread: may be a reset
+                await extra.send(Login("uid", "one-too-many"))
+                await extra.expect_error("busy")
+                await users[0].send(BYE)
+                assert await users[0].recv() is None
+                with trio.fail_after(10):  # a freed slot is taken again (whichever edge it was on)
+                    while True:
+                        again = await Client.connect(port, reset_is_eof=True)
+                        await again.send(Login("uid", "again"))
+                        if isinstance(await again.recv(), Welcome):
+                            break
+                        await trio.sleep(0.1)
+            finally:
+                for edge in specs:
+                    edge.kill()
+    finally:
+        shared.close()
+
+
+async def test_client_gateway_on_ended_hears_idle_kicked_and_shutdown_from_a_real_core(tmp_path: Path) -> None:
+    """The client library's Gateway(on_ended=...) (what an edge does by hand) against a real `idled serve`."""
+    from idled.client.trio import open_gateway
+
+    ended: list[tuple[Any, str]] = []
+    heard = trio.Event()
+
+    def on_ended(uids: tuple[Any, ...], reason: str) -> None:  # once per notice frame
+        ended.extend((uid, reason) for uid in uids)
+        heard.set()
+
+    async def next_notice() -> tuple[Any, str]:
+        nonlocal heard
+        with trio.fail_after(10):
+            while not ended:
+                await heard.wait()
+                heard = trio.Event()
+        return ended.pop(0)
+
+    async with daemons(core(tmp_path, "--timeout", "30")) as (c,):
+        async with open_gateway("127.0.0.1", c.port, "lib-gw", on_ended=on_ended, flush_interval=0.01,
+                                reconnect=False) as gateway:
+            await gateway.attach(["quiet"], keepalive=1.0)  # timeout 1.5 s, never touched
+            await gateway.attach(["taken", "stays"], keepalive=30.0)
+            assert await next_notice() == ("quiet", "idle")
+            direct = await Client.login(c.port, "uid", "taken")  # newest wins: the gateway's session is kicked
+            assert await next_notice() == ("taken", "kicked")
+            assert gateway.live == 1  # idle and kicked uids are no longer live here
+            c.proc.send_signal(signal.SIGTERM)
+            assert await next_notice() == ("stays", "shutdown")
+            assert gateway.live == 1  # a shutdown uid stays live: re-attached when the server is back
+            await direct.expect_error("server_shutdown")

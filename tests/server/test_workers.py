@@ -17,7 +17,7 @@ import pytest
 import trio
 
 from idled.log.eventlog import iter_records
-from idled.protocol import PING, PONG, Event, Subscribe
+from idled.protocol import PING, PONG, Event, Query, Status, Subscribe
 
 from tests import peers
 
@@ -44,6 +44,14 @@ class Daemon(peers.Daemon):
         return out
 
 
+async def subscribe_live(observer: peers.Client) -> None:
+    """Subscribe, and know it took effect before any login is made: the relayed subscribe and a login on the
+    other edge race to the core; the status answering a later query proves the subscribe was processed."""
+    await observer.send(Subscribe(None))
+    await observer.send(Query(("-",)))
+    assert isinstance(await observer.recv(), Status)
+
+
 async def users(port: int, count: int, prefix: str = "u") -> list[peers.Client]:
     return [await peers.Client.login(port, "uid", f"{prefix}{i}", keepalive=60) for i in range(count)]
 
@@ -60,7 +68,7 @@ async def test_two_workers_serve_users_gateways_and_observers_on_one_port(tmp_pa
         port = await daemon.started()
         assert set(daemon.workers()) == {"worker-0", "worker-1"}
         observer = await peers.Client.login(port, "observer", "obs")  # relayed to the core by an edge
-        await observer.send(Subscribe(None))
+        await subscribe_live(observer)
         clients = await users(port, 40)
         for client in clients:
             await client.send(PING)
@@ -85,7 +93,7 @@ async def test_a_killed_worker_ends_its_sessions_and_comes_back(tmp_path: Path) 
     try:
         port = await daemon.started()
         observer = await peers.Client.login(port, "observer", "obs")
-        await observer.send(Subscribe(None))
+        await subscribe_live(observer)
         clients = await users(port, 30)
         for _ in range(30):
             assert (await observer.recv()).kind == "online"

@@ -9,6 +9,12 @@ observers). It prints ``IDLED_LISTENING host=H port=P`` once listening. Listener
 ``--host/--port`` or adopted from inherited descriptors (``--listen-fd``, the ``--workers`` supervisor passes
 the public socket to every edge and the kernel spreads the accepts).
 
+*Accepting when full.* The limit is ``max_connections`` capped to the descriptor budget
+(``idled.ops.fdbudget``; a relay counts twice). An edge at its limit stops accepting: on a socket shared by
+several edges the kernel then hands new connections to one with room. A connection still waiting
+``OVERFLOW_WAIT`` later means every edge is full (or the others are stalled): this edge accepts it and
+refuses it with ``busy``, so the client learns at once instead of hanging in the backlog.
+
 SIGTERM/SIGINT drain: stop accepting, close every user with ``server_shutdown`` (each task detaches its uid
 on the link), wait for them (bounded by the grace period), send the link's pending frames and ``bye``, exit.
 SIGHUP re-reads the configuration (file and environment; flags still win) and applies the log level and the
@@ -27,10 +33,13 @@ from collections.abc import Callable, Sequence
 import trio
 
 from idled.ops.config import Config, ConfigError
+from idled.ops.fdbudget import RESERVE, Budget, open_file_limit
+from idled.ops.gcpolicy import GcPolicy
 from idled.ops.http import serve_metrics
 from idled.ops.metrics import Metrics, NullMetrics
 from idled.protocol import ErrorCode
-from idled.server.conn import Doorway, auth_secret
+from idled.server.conn import Doorway, auth_secret, refuse
+from idled.server.listen import CAPACITY_ERRNOS, SHORTAGE_PAUSE
 from idled.server.edge.link import CoreLink
 from idled.server.edge.users import EdgeUsers
 
@@ -40,6 +49,8 @@ log = logging.getLogger("idled.server.edge")
 
 RELOADABLE = ("log_level", "max_connections", "login_timeout", "max_frame")
 GRACE = 5.0  # seconds a drain may take at most
+OVERFLOW_WAIT = 0.05  # seconds a full edge leaves a waiting connection to the others before refusing it (busy)
+THAW_CHECK = 60.0  # seconds between two looks at the GC policy's thaw time
 
 
 class Edge:
@@ -55,6 +66,7 @@ class Edge:
         metrics: Metrics | NullMetrics | None = None,
         reload_config: Callable[[], Config] | None = None,
         link_secret: bytes | None = None,
+        gc_policy: GcPolicy | None = None,
     ) -> None:
         self.config = config
         self.secret = auth_secret(config)
@@ -70,6 +82,9 @@ class Edge:
             roles={"uid": self.users.run, "gateway": relay, "observer": relay},
             secret=self.secret, metrics=self.metrics, connections=self.connections,
         )
+        self.gc_policy = gc_policy  # None: the interpreter's default (tests run many edges in one process)
+        self.door.limit = self._limit(config.max_connections)
+        self.overflow_refused = 0  # connections refused busy because every edge seemed full
         self.ports: list[int] = []
         self._accept_scope = trio.CancelScope()
         self._stop = trio.Event()
@@ -85,6 +100,12 @@ class Edge:
                 await nursery.start(serve_metrics, self.metrics.registry, cfg.metrics_host, cfg.metrics_port)
             log.info("waiting for the core at %s", self.link.address)
             await self.link.ready.wait()
+            if self.gc_policy is not None:
+                # As in the core (idled.ops.gcpolicy): without it, full collections walking every user's task
+                # and stream stop this loop for hundreds of ms during a login ramp, and every keepalive read
+                # meanwhile reaches the core that much later -- under load, late enough to be an offline.
+                self.gc_policy.start()
+                nursery.start_soon(self._thaw, self.gc_policy)
             listeners = self._listeners() if self.listen_fds else await trio.open_tcp_listeners(cfg.port, host=cfg.host)
             for listener in listeners:
                 host, port = listener.socket.getsockname()[:2]
@@ -97,6 +118,12 @@ class Edge:
             await self._drain()
             nursery.cancel_scope.cancel()
 
+    @staticmethod
+    async def _thaw(policy: GcPolicy) -> None:
+        while True:
+            await trio.sleep(THAW_CHECK)
+            policy.maybe_thaw()
+
     def _listeners(self) -> list[trio.SocketListener]:
         listeners = []
         for fd in self.listen_fds:
@@ -104,9 +131,61 @@ class Edge:
             listeners.append(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
         return listeners
 
+    def _limit(self, max_connections: int) -> int:
+        """``max_connections`` capped to the descriptor budget (``idled.ops.fdbudget``), with a warning."""
+        budget = Budget.of(open_file_limit(), listeners=max(1, len(self.listen_fds)) + 1)  # + the core link
+        if max_connections > budget.connections:
+            log.warning("max_connections %d is more than the descriptors allow (open-file limit %d - reserve %d - "
+                        "%d listener(s) and link = %d): capped to %d", max_connections, budget.nofile, RESERVE,
+                        budget.listeners, budget.connections, budget.connections)
+            return budget.connections
+        return max_connections
+
+    def full(self) -> bool:
+        """At the connection limit: every connection counts, a relay twice (it holds a second descriptor)."""
+        return sum(self.connections.values()) + self.users.relays >= self.door.limit
+
     async def _accept(self, listeners: list[trio.SocketListener], handlers: trio.Nursery) -> None:
         with self._accept_scope:
-            await trio.serve_listeners(self.door.handle, listeners, handler_nursery=handlers)
+            async with trio.open_nursery() as loops:
+                for listener in listeners:
+                    loops.start_soon(self._accept_loop, listener, handlers)
+
+    async def _accept_loop(self, listener: trio.SocketListener, handlers: trio.Nursery) -> None:
+        """Accept while there is room; when full, leave new connections to the other edges on the shared
+        socket (the kernel gives each to whichever accepts), and refuse one with ``busy`` only if it is still
+        waiting ``OVERFLOW_WAIT`` later -- every edge is full, or the others are not accepting -- so a client
+        learns at once rather than hanging in the backlog. See ``docs/edge.md``."""
+        async with listener:
+            while True:
+                if self.full():
+                    await trio.lowlevel.wait_readable(listener.socket)  # someone is waiting
+                    await trio.sleep(OVERFLOW_WAIT)  # an edge with room takes it meanwhile
+                    if not self.full():
+                        continue
+                    stream = None
+                    with trio.move_on_after(OVERFLOW_WAIT):  # gone to another edge meanwhile: don't wait
+                        stream = await self._accept_one(listener)
+                    if stream is not None:
+                        self.overflow_refused += 1
+                        handlers.start_soon(refuse, stream)
+                    continue
+                stream = await self._accept_one(listener)
+                if stream is not None:
+                    # Counted from now, not when its task starts: the loop's next look at full() must see it.
+                    self.connections["pending"] += 1
+                    handlers.start_soon(self.door.handle, stream, True)
+
+    @staticmethod
+    async def _accept_one(listener: trio.SocketListener) -> trio.SocketStream | None:
+        try:
+            return await listener.accept()
+        except OSError as exc:
+            if exc.errno not in CAPACITY_ERRNOS:
+                raise
+            log.warning("accept failed: %s; pausing %g s", exc, SHORTAGE_PAUSE)
+            await trio.sleep(SHORTAGE_PAUSE)
+            return None
 
     def stop(self) -> None:
         self._stop.set()
@@ -133,7 +212,10 @@ class Edge:
         with trio.move_on_after(GRACE) as grace:
             grace.shield = True
             closed = self.users.close_all(ErrorCode.SERVER_SHUTDOWN, "server is shutting down")
-            while any(self.connections.values()):
+            # Users and logins in progress only: relayed gateways and observers are the core's peers, ended
+            # by the core (under --workers it closes them before it stops the edges); a relay still open
+            # after the link's bye is cut when the nursery is cancelled.
+            while self.connections["user"] or self.connections["pending"]:
                 await trio.sleep(0.01)
             await self.link.close()
             log.info("drained: closed %d users", closed)
@@ -149,6 +231,8 @@ class Edge:
             return
         applied = {name: getattr(new, name) for name in RELOADABLE if getattr(new, name) != getattr(self.config, name)}
         self.config = self.door.config = dataclasses.replace(self.config, **applied)
+        if "max_connections" in applied:
+            self.door.limit = self._limit(self.config.max_connections)
         if "log_level" in applied:
             logging.getLogger().setLevel(self.config.log_level.upper())
         log.info("SIGHUP: reloaded %s", ", ".join(f"{k}={v}" for k, v in applied.items()) or "nothing changed")

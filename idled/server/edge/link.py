@@ -13,7 +13,13 @@ stops an edge from reading its users and answering their pings.
   covered by the attach). The flusher sends at most ``flush_interval`` (10 ms) after the first pending
   operation, or at once when ``flush_size`` touches are pending, all frames in one write. A keepalive's
   deadline at the core therefore moves by at most the batch interval plus transfer time.
-* *Reconnecting.* When the connection fails (refused, reset, the core's ``server_shutdown``), the link
+* *Attaches are acknowledged.* An attach is flushed at once, followed by a ping; the core handles a
+  gateway's frames in order, so its pong says the attach is done. ``attach`` returns the event that pong
+  sets (shared by every attach of that flush; released too if the connection ends): the edge sends the user's
+  welcome after it, so a welcome means "online in the record", as for a direct login.
+* *Reconnecting.* When the connection ends (refused, reset, end of stream, the core's ``server_shutdown``):
+  the reader or the flusher that saw it records why and ends the connection -- nothing is raised out of
+  ``run()``, whatever else is cancelled at the same time -- and the link
   sleeps a full-jitter backoff (``Backoff``: attempt n waits uniform(0, min(cap, base 2^n)), so a thousand
   edges do not return in lockstep) and connects again. While disconnected only the live uids are kept up to
   date (``touches`` are dropped: the re-attach is fresh activity for all of them). On every welcome the
@@ -34,7 +40,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 import trio
@@ -42,7 +49,7 @@ import trio
 from idled.client.core import Backoff, GatewayBatcher
 from idled.core.presence import Uid
 from idled.protocol import (
-    BYE_FRAME, PING_FRAME, Attach, Detach, Ended, Error, FrameDecoder, Login, ProtocolError, Welcome, encode,
+    BYE_FRAME, PING_FRAME, PONG, Attach, Detach, Ended, Error, FrameDecoder, Login, ProtocolError, Welcome, encode,
     parse_server_message, receive_message, tokens,
 )
 
@@ -84,6 +91,11 @@ class EdgeBatcher(GatewayBatcher):
     """The client library's batcher, with a reason on detaches (``logout``, ``closed``) so an edge's users
     leave the same offline record as direct connections. A detach group's reason rides in the slot that
     attach groups use for the keepalive: groups of different reasons stay apart and in order."""
+
+    @property
+    def attaching(self) -> bool:
+        """Whether an attach is pending (the next flush must be acknowledged: see ``CoreLink.attach``)."""
+        return any(op == "attach" for op, _, _ in self._groups)
 
     def detach_because(self, uid: Uid, reason: str) -> None:
         self.live.pop(uid, None)
@@ -149,16 +161,28 @@ class CoreLink:
         self._urgent = trio.Event()
         self._scope: trio.CancelScope | None = None  # the current connection's
         self._closing = False
-        self._bye_sent = trio.Event()
+        self._down = trio.Event()  # set when the current connection ended
+        self._lost = ""  # why it ended
+        self._attached = trio.Event()  # set when the attaches filed since the last flush are done at the core
+        # One entry per ping in flight, oldest first: the event its pong sets (None: a liveness ping only).
+        self._pongs: deque[trio.Event | None] = deque()
 
     # -- what user tasks call: synchronous, never waits ------------------------------------------------------
 
-    def attach(self, uid: Uid, keepalive: float | None) -> None:
+    def attach(self, uid: Uid, keepalive: float | None) -> trio.Event | None:
+        """File ``uid``'s attach; returns the event set once the core has processed it (None: no core now).
+
+        The attach is flushed at once (not after the batch interval: a login waits for it), followed by a
+        ping; the core answers frames in order, so its pong proves the attach is done -- the session is
+        online in the record before the user reads its ``welcome``, exactly as for a direct login. Attaches
+        filed meanwhile share the flush, the ping and the event."""
         if self.connected:
             self.batch.attach((uid,), keepalive, 0.0)
             self._pending()
-        else:
-            self.batch.live[uid] = keepalive
+            self._urgent.set()
+            return self._attached
+        self.batch.live[uid] = keepalive
+        return None
 
     def touch(self, uid: Uid) -> None:
         if self.connected:
@@ -195,25 +219,29 @@ class CoreLink:
     # -- the connection loop ---------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Connect, log in, serve; reconnect with backoff after any failure; until cancelled."""
+        """Connect, log in, serve; reconnect with backoff after any failure; until cancelled or closed.
+
+        Never raises a connection failure: a refused connect, a reset, the core's end of stream or error
+        frame all end one connection (``_connection`` returns why) and lead to the next attempt -- or, once
+        ``close()`` was called, to a plain return."""
         attempt = 0
         while not self._closing:
             try:
-                await self._connection()
-                attempt = 0
-                reason = "the core closed the connection"
-            except LINK_ERRORS as exc:
-                reason = f"{type(exc).__name__}: {exc}"
+                reason = await self._connection()
+                was_up, attempt = True, 0
+            except LINK_ERRORS as exc:  # connecting or logging in failed
+                reason, was_up = f"{type(exc).__name__}: {exc}", False
             if self._closing:
                 return
-            if self.connections and attempt == 0:
+            if was_up:
                 log.warning("core link to %s lost (%s); keeping %d users, reconnecting", self.address, reason, self.live)
             delay = self.backoff.delay(attempt)
             log.debug("core link: %s; next attempt in %.2f s", reason, delay)
             attempt += 1
             await trio.sleep(delay)
 
-    async def _connection(self) -> None:
+    async def _connection(self) -> str:
+        """One connection, from connect to its end; returns why it ended (raises only before the welcome)."""
         stream = await open_core_stream(self.address)
         try:
             token = None
@@ -227,6 +255,8 @@ class CoreLink:
                 raise _CoreSaid(f"expected welcome, got {type(welcome).__name__}")
             self.params = CoreParams(welcome)
             self.connections += 1
+            self._down = trio.Event()
+            self._lost = "the core closed the connection"
             with trio.CancelScope() as self._scope:
                 self.connected = True
                 # No checkpoint between here and take(): every operation from now on lands after the reattach.
@@ -236,22 +266,37 @@ class CoreLink:
                 log.info("core link to %s up (connection %d): re-attaching %d users",
                          self.address, self.connections, self.live)
                 self.ready.set()
-                if frames:
-                    self.frames_sent += len(frames)
-                    await stream.send_all(b"".join(frames))
-                try:
-                    async with trio.open_nursery() as nursery:
-                        nursery.start_soon(self._flusher, stream)
-                        await self._reader(stream, decoder)
-                        nursery.cancel_scope.cancel()
-                except BaseExceptionGroup as group:
-                    raise _unwrap(group) from None
+                async with trio.open_nursery() as nursery:
+                    # Each side ends the connection on its own failure instead of raising: a failure is
+                    # the normal end of a link (the core stopped, crashed or reset it), never an error of
+                    # the edge, and nothing may escape as an exception group next to a cancellation.
+                    nursery.start_soon(self._guard, self._flusher, stream, frames, nursery.cancel_scope)
+                    await self._guard(self._reader, stream, decoder, nursery.cancel_scope)
+            return self._lost
         finally:
             self.connected = False
             self._scope = None
             self.touches = {}
+            self._down.set()
+            # Logins waiting for an attach that will never be answered: the re-attach on the next welcome
+            # covers them, and their users are served meanwhile.
+            for waiting in (*self._pongs, self._attached):
+                if waiting is not None:
+                    waiting.set()
+            self._pongs.clear()
+            self._attached = trio.Event()
             with trio.CancelScope(shield=True):
                 await stream.aclose()
+
+    async def _guard(self, side: Callable[..., Awaitable[None]], stream: trio.abc.Stream, arg: Any,
+                     connection: trio.CancelScope) -> None:
+        """Run the reader or the flusher; its end (a failure, or the core's end of stream) ends the connection."""
+        try:
+            await side(stream, arg)
+        except LINK_ERRORS as exc:
+            if not connection.cancel_called:  # the first failure is the reason; the other side is cancelled
+                self._lost = f"{type(exc).__name__}: {exc}" if not isinstance(exc, _CoreClosed) else str(exc)
+        connection.cancel()
 
     async def _reader(self, stream: trio.abc.Stream, decoder: FrameDecoder) -> None:
         while True:
@@ -259,9 +304,16 @@ class CoreLink:
                 message = await _next(stream, decoder)
             if type(message) is Ended:
                 self.on_ended(message.uids, message.reason)
+            elif message is PONG and self._pongs:
+                attached = self._pongs.popleft()
+                if attached is not None:
+                    attached.set()
 
-    async def _flusher(self, stream: trio.abc.Stream) -> None:
-        """The only writer of the connection after the re-attach: batches, pings, and the final bye."""
+    async def _flusher(self, stream: trio.abc.Stream, first: list[bytes]) -> None:
+        """The only writer of the connection: the re-attach, then batches, pings, and the final bye."""
+        if first:
+            self.frames_sent += len(first)
+            await stream.send_all(b"".join(first))
         next_ping = trio.current_time() + self.ping_interval
         while True:
             with trio.move_on_after(max(0.0, next_ping - trio.current_time())):
@@ -270,17 +322,23 @@ class CoreLink:
                 with trio.move_on_after(self.flush_interval):
                     await self._urgent.wait()
                 self._wake, self._urgent = trio.Event(), trio.Event()
+            attaching = self.batch.attaching
             frames = self._take()
-            if trio.current_time() >= next_ping:  # the pong proves the core is alive (see _reader)
+            if attaching or trio.current_time() >= next_ping:  # the pong proves the core is alive (see _reader)
                 frames.append(PING_FRAME)
                 next_ping = trio.current_time() + self.ping_interval
-            if self._closing:
+                if attaching:
+                    self._pongs.append(self._attached)
+                    self._attached = trio.Event()
+                else:
+                    self._pongs.append(None)
+            closing = self._closing
+            if closing:
                 frames.append(BYE_FRAME)
             if frames:
                 self.frames_sent += len(frames)
                 await stream.send_all(b"".join(frames))
-            if self._closing:
-                self._bye_sent.set()
+            if closing:
                 await trio.sleep_forever()  # the core closes the connection after the bye
 
     def _take(self) -> list[bytes]:
@@ -292,46 +350,33 @@ class CoreLink:
 
     async def close(self, timeout: float = 2.0) -> None:
         """Drain: send what is pending (the users' detaches), then ``bye``, and stop reconnecting; bounded in
-        time. The caller cancels ``run()`` afterwards."""
+        time. Returns as soon as the connection is gone -- the core read the bye and closed it, or the link
+        failed meanwhile (the core is gone: nothing more can be sent). The caller cancels ``run()`` afterwards."""
         self._closing = True
         if not self.connected:
             return
         self._wake.set()
         self._urgent.set()
         with trio.move_on_after(timeout):
-            await self._bye_sent.wait()
-            while self.connected:  # the core read the bye and closed: nothing we sent is lost to a reset
-                await trio.sleep(0.005)
+            await self._down.wait()
 
 
 class _CoreSaid(Exception):
     """The core refused or ended the link (an error frame, or an unexpected message)."""
 
 
-LINK_ERRORS: Final = (OSError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, _CoreSaid,
-                      ProtocolError)
+class _CoreClosed(Exception):
+    """The core closed the connection (end of stream): it stopped, restarted, or read our bye."""
 
 
-def _unwrap(group: BaseExceptionGroup) -> BaseException:
-    """The reader's or flusher's own failure out of the nursery's group (anything else stays a group)."""
-    leaves = list(_leaves(group))
-    if leaves and all(isinstance(exc, LINK_ERRORS) for exc in leaves):
-        return leaves[0]
-    return group
-
-
-def _leaves(group: BaseExceptionGroup) -> Any:
-    for exc in group.exceptions:
-        if isinstance(exc, BaseExceptionGroup):
-            yield from _leaves(exc)
-        else:
-            yield exc
+LINK_ERRORS: Final = (OSError, trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError,
+                      trio.TooSlowError, _CoreSaid, _CoreClosed, ProtocolError)
 
 
 async def _next(stream: trio.abc.Stream, decoder: FrameDecoder) -> Any:
     message = await receive_message(stream, decoder)
     if message is None:
-        raise trio.BrokenResourceError("the core closed the connection")
+        raise _CoreClosed("the core closed the connection")
     if type(message) is Error:
         raise _CoreSaid(f"the core said {message.code}: {message.reason}")
     return message

@@ -45,6 +45,7 @@ __all__ = ["EdgeUser", "EdgeUsers", "RELAY_BYTES"]
 log = logging.getLogger("idled.server.edge.users")
 
 RELAY_BYTES = 65536  # one read of a relayed connection: the only buffer a relay holds per direction
+ATTACH_WAIT = 2.0  # seconds a login waits for the core to process its attach before the welcome is sent anyway
 
 
 class EdgeUser(Connection):
@@ -82,13 +83,20 @@ class EdgeUsers:
         conn = EdgeUser(trio.current_time(), timeout)
         previous = users.get(uid)
         users[uid] = conn
-        link.attach(uid, login.keepalive)  # also for a local duplicate: the new keepalive, a fresh deadline
+        attached = link.attach(uid, login.keepalive)  # also for a local duplicate: new keepalive, fresh deadline
         if previous is not None:
             previous.close(ErrorCode.KICKED, "logged in elsewhere")
+            previous = None
         touch = link.touch
         reason = "closed"
         try:
             with conn.scope:
+                if attached is not None:
+                    # The welcome follows the core's online record, as for a direct login (bounded: a core
+                    # that does not answer is the link's liveness check's business, not this user's).
+                    with trio.move_on_after(ATTACH_WAIT):
+                        await attached.wait()
+                    attached = None  # this frame lives as long as the connection: hold nothing it no longer needs
                 await stream.send_all(encode(Welcome("uid", uid, timeout)))
                 while (message := await receive_message(stream, decoder)) is not None:
                     if conn.end is None:  # a kicked connection's last frames are not the new owner's activity

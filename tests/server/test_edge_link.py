@@ -1,0 +1,251 @@
+"""The edge's core link (idled.server.edge.link) against a scripted core on a real loopback socket.
+
+The scripted core speaks the gateway side of the protocol by hand, so each test decides exactly when the core
+answers, closes or vanishes: the link must treat every end of a connection as a reason to reconnect (or, once
+closing, to return) -- never raise out of ``run()`` -- and a login's attach must be done at the core before
+the edge may welcome the user.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+
+from idled.client.core import Backoff
+from idled.protocol import BYE, PING, PONG_FRAME, Attach, Detach, FrameDecoder, Login, Touch, Welcome, encode, receive_message
+from idled.server.edge.link import CoreLink
+
+Script = Callable[[trio.SocketStream, FrameDecoder, list[Any]], Awaitable[None]]
+
+
+class ScriptedCore:
+    """A listener whose n-th connection runs ``scripts[n]`` after the login and welcome; ``seen`` records
+    every frame each connection sent, in order."""
+
+    def __init__(self, *scripts: Script) -> None:
+        self.scripts = list(scripts)
+        self.seen: list[list[Any]] = []
+        self.port = 0
+
+    async def serve(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        self.port = listeners[0].socket.getsockname()[1]
+        task_status.started()
+        await trio.serve_listeners(self._handle, listeners)
+
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        decoder = FrameDecoder(1 << 20)
+        seen: list[Any] = []
+        self.seen.append(seen)
+        script = self.scripts.pop(0) if self.scripts else serve_forever
+        try:
+            login = await receive_message(stream, decoder)
+            assert isinstance(login, Login) and login.role == "gateway" and login.ended
+            await stream.send_all(encode(Welcome("gateway", login.name, 3.0, 1 << 20, 0.1, 60.0)))
+            await script(stream, decoder, seen)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            await stream.aclose()
+
+
+async def serve_forever(stream: trio.SocketStream, decoder: FrameDecoder, seen: list[Any]) -> None:
+    """What the real core does with a gateway: read frames in order, pong the pings, end at bye."""
+    while (message := await receive_message(stream, decoder)) is not None:
+        seen.append(message)
+        if message is PING:
+            await stream.send_all(PONG_FRAME)
+        if message is BYE:
+            return
+
+
+def vanish_after(frames: int) -> Script:
+    """Read ``frames`` frames, then close the connection without a word (a crash, as the link sees it)."""
+
+    async def script(stream: trio.SocketStream, decoder: FrameDecoder, seen: list[Any]) -> None:
+        while len(seen) < frames and (message := await receive_message(stream, decoder)) is not None:
+            seen.append(message)
+
+    return script
+
+
+def link_to(core: ScriptedCore, **options: Any) -> CoreLink:
+    ended: list[tuple[Any, str]] = []
+    return CoreLink(f"127.0.0.1:{core.port}", "edge-test", secret=None, on_ended=lambda u, r: ended.append((u, r)),
+                    backoff=Backoff(base=0.01, cap=0.05), **options)
+
+
+async def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    with trio.fail_after(timeout):
+        while not condition():
+            await trio.sleep(0.005)
+
+
+async def test_a_core_that_closes_the_link_is_reconnected_and_every_live_user_reattached() -> None:
+    core = ScriptedCore(vanish_after(2))  # the first connection ends right after the attach and its ping
+    async with trio.open_nursery() as nursery:
+        await nursery.start(core.serve)
+        link = link_to(core)
+        nursery.start_soon(link.run)  # must not raise: a closed link is the normal end of a connection
+        await link.ready.wait()
+        link.attach("alice", 30.0)
+        link.attach("bob", None)
+        await wait_for(lambda: link.connections == 2 and link.connected)
+        await wait_for(lambda: len(core.seen) == 2 and len(core.seen[1]) >= 2)
+        reattached = {uid for message in core.seen[1] if type(message) is Attach for uid in message.uids}
+        assert reattached == {"alice", "bob"}
+        await link.close()
+        nursery.cancel_scope.cancel()
+    assert core.seen[1][-1] is BYE
+
+
+async def test_close_returns_at_once_when_the_core_vanishes_during_the_drain() -> None:
+    """The core dies while the edge drains (it reads the detaches, never answers the bye): close() returns
+    as soon as the connection is gone, not after its timeout, and run() returns without an error."""
+    core = ScriptedCore(vanish_after(1))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(core.serve)
+        link = link_to(core)
+        done = trio.Event()
+
+        async def run() -> None:
+            await link.run()
+            done.set()
+
+        nursery.start_soon(run)
+        await link.ready.wait()
+        link.detach("carol", "shutdown")
+        started = trio.current_time()
+        await link.close(timeout=30.0)
+        assert trio.current_time() - started < 5.0  # not the 30 s timeout
+        with trio.fail_after(5):
+            await done.wait()  # no reconnect once closing, and nothing raised
+        nursery.cancel_scope.cancel()
+    assert core.seen[0][0] == Detach(("carol",), "shutdown") and len(core.seen) == 1
+
+
+async def test_close_during_a_live_link_sends_the_pending_detaches_then_bye() -> None:
+    core = ScriptedCore(serve_forever)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(core.serve)
+        link = link_to(core)
+        nursery.start_soon(link.run)
+        await link.ready.wait()
+        attached = link.attach("dave", 10.0)
+        assert attached is not None
+        await attached.wait()
+        link.touch("dave")
+        link.detach("dave", "shutdown")
+        with trio.fail_after(10):
+            await link.close(timeout=10.0)
+        assert not link.connected
+        nursery.cancel_scope.cancel()
+    kinds = [type(m).__name__ if m not in (PING, BYE) else repr(m) for m in core.seen[0]]
+    assert [m for m in core.seen[0] if type(m) in (Attach, Detach)] == [Attach(("dave",), 10.0), Detach(("dave",), "shutdown")]
+    assert core.seen[0][-1] is BYE, kinds
+
+
+async def test_an_attach_is_done_at_the_core_before_its_event_is_set() -> None:
+    """The welcome waits for this event: the core has read the attach (and answered the ping after it)."""
+    gate = trio.Event()
+
+    async def slow_core(stream: trio.SocketStream, decoder: FrameDecoder, seen: list[Any]) -> None:
+        while (message := await receive_message(stream, decoder)) is not None:
+            seen.append(message)
+            if message is PING:
+                await gate.wait()  # the core is busy: no pong yet
+                await stream.send_all(PONG_FRAME)
+
+    core = ScriptedCore(slow_core)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(core.serve)
+        link = link_to(core)
+        nursery.start_soon(link.run)
+        await link.ready.wait()
+        attached = link.attach("erin", None)
+        assert attached is not None
+        await wait_for(lambda: PING in core.seen[0])
+        assert Attach(("erin",), None) in core.seen[0][: core.seen[0].index(PING)]
+        await trio.sleep(0.05)
+        assert not attached.is_set()  # the ping is not answered yet
+        gate.set()
+        with trio.fail_after(5):
+            await attached.wait()
+        later = link.attach("frank", None)
+        assert later is not None and not later.is_set()  # a new login waits for its own flush
+        with trio.fail_after(5):
+            await later.wait()
+        nursery.cancel_scope.cancel()
+
+
+async def test_logins_waiting_for_an_attach_are_released_when_the_link_is_lost() -> None:
+    async def silent_core(stream: trio.SocketStream, decoder: FrameDecoder, seen: list[Any]) -> None:
+        while (message := await receive_message(stream, decoder)) is not None:
+            seen.append(message)
+            if message is PING:
+                return  # gone before answering
+
+    core = ScriptedCore(silent_core)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(core.serve)
+        link = link_to(core)
+        nursery.start_soon(link.run)
+        await link.ready.wait()
+        attached = link.attach("gina", None)
+        assert attached is not None
+        with trio.fail_after(5):
+            await attached.wait()  # released by the loss; the next welcome re-attaches gina
+        await wait_for(lambda: link.connections == 2)
+        await wait_for(lambda: any(type(m) is Attach and "gina" in m.uids for m in core.seen[1]))
+        nursery.cancel_scope.cancel()
+
+
+async def test_touches_are_sent_within_the_batch_interval() -> None:
+    core = ScriptedCore(serve_forever)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(core.serve)
+        link = link_to(core)
+        nursery.start_soon(link.run)
+        await link.ready.wait()
+        attached = link.attach("hank", 30.0)
+        assert attached is not None
+        await attached.wait()
+        link.touch("hank")
+        await wait_for(lambda: any(type(m) is Touch for m in core.seen[0]), timeout=2.0)
+        nursery.cancel_scope.cancel()
+
+
+async def test_the_edge_freezes_its_long_lived_objects_like_the_core(tmp_path: Any) -> None:
+    """Full collections walking every user's task and stream stop the edge's loop (hundreds of ms at 10k+
+    connections), and every keepalive read meanwhile reaches the core that much later: the edge runs the
+    core's GC policy (idled.ops.gcpolicy)."""
+    import gc
+
+    from idled.ops.config import Config
+    from idled.ops.gcpolicy import GcPolicy
+    from idled.server.edge import Edge
+
+    core = ScriptedCore(serve_forever)
+    policy = GcPolicy()
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(core.serve)
+            config = Config(port=0, host="127.0.0.1", metrics_port=0, data_dir=str(tmp_path)).validate()
+            edge = Edge(config, core=f"127.0.0.1:{core.port}", name="gc-test", gc_policy=policy)
+            done = trio.Event()
+
+            async def serve(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+                await edge.serve(task_status=task_status)
+                done.set()
+
+            await nursery.start(serve)
+            assert gc.get_freeze_count() > 0 and policy._on_gc in gc.callbacks
+            edge.stop()
+            with trio.fail_after(10):
+                await done.wait()  # drained: the link said bye
+            nursery.cancel_scope.cancel()
+        assert core.seen[0][-1] is BYE
+    finally:
+        policy.stop()
