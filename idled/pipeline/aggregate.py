@@ -15,6 +15,7 @@ lateness by detector, the concurrency bounds); `Laps` records what each step cos
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -188,13 +189,16 @@ def _sessions_out(sessions: DataFrame, names: Sequence[str]) -> DataFrame:
 class Laps:
     """Named wall-clock laps between consecutive marks (which Spark actions cost what)."""
 
-    def __init__(self) -> None:
+    def __init__(self, echo: bool = False) -> None:
         self.last = time.perf_counter()
         self.laps: dict[str, float] = {}
+        self.echo = echo  # a line per step on stderr (progress on a terminal)
 
     def mark(self, name: str) -> None:
         now = time.perf_counter()
         self.laps[name] = round(self.laps.get(name, 0.0) + now - self.last, 3)
+        if self.echo:
+            print(f"idled pipeline: {name.replace('_', ' ')} done in {now - self.last:.1f} s", file=sys.stderr, flush=True)
         self.last = now
 
 

@@ -25,6 +25,7 @@ this one runs them in order and times them.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -59,6 +60,8 @@ class JobConfig:
     flap: FlapParams = FlapParams()
     chart: bool = True
     extra_conf: tuple[tuple[str, str], ...] = ()  # --conf KEY=VALUE, applied last
+    # Spark's console progress bar plus a line per finished step on stderr (the CLI sets it on a terminal)
+    progress: bool = False
 
 
 @dataclass
@@ -76,7 +79,7 @@ def run_job(config: JobConfig, spark: SparkSession | None = None) -> JobResult:
     if spark is None:
         spark = start_spark(
             config.master, driver_memory=config.driver_memory, shuffle_partitions=config.shuffle_partitions,
-            extra_conf=config.extra_conf,
+            extra_conf=config.extra_conf, progress=config.progress,
         )
     try:
         return _run(config, spark, t0)
@@ -103,7 +106,9 @@ def _run(config: JobConfig, spark: SparkSession, t0: float) -> JobResult:
     t_decoded = time.perf_counter()
     event_count = files["records"] - files["malformed"]
 
-    laps = Laps()
+    if config.progress:
+        print(f"idled pipeline: decoded {event_count:,} events in {t_decoded - t_started:.1f} s", file=sys.stderr, flush=True)
+    laps = Laps(echo=config.progress)
     dedupe = files["daemons_with_overlapping_files"] > 0
     tables = build_tables(spark, events, names, config.flap, event_count=event_count, dedupe=dedupe, laps=laps)
     written = write_tables(tables.frames, config.out, laps)

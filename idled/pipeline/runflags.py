@@ -101,7 +101,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     config = JobConfig(
         events=tuple(args.events), out=args.out, master=args.master, driver_memory=args.driver_memory,
         shuffle_partitions=args.shuffle_partitions, min_partitions=args.min_partitions, flap=flap, chart=args.chart,
-        extra_conf=tuple(args.conf),
+        extra_conf=tuple(args.conf), progress=sys.stderr.isatty(),
     )
     result = run_job(config)
     if args.json:

@@ -17,7 +17,6 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -174,16 +173,6 @@ VARIANTS = {"all": slice(0, 3), "generated": slice(0, 2)}
 def variant(request: pytest.FixtureRequest, dataset: dict[str, Any]) -> dict[str, Any]:
     dirs = dataset["dirs"][VARIANTS[request.param]]
     return {"name": request.param, "dirs": dirs, "reference": run_reference(dirs)}
-
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
-    pytest.importorskip("pyspark")
-    from idled.pipeline.job import start_spark
-
-    session = start_spark("local[2]", driver_memory="2g", shuffle_partitions=2)
-    yield session
-    session.stop()
 
 
 # ---------------------------------------------------------------------------------------------- decode
@@ -457,7 +446,7 @@ def test_every_pipeline_flag_has_help() -> None:
     add_arguments(parser)
     actions = {name: sub for action in parser._actions if isinstance(action, argparse._SubParsersAction)
                for name, sub in action.choices.items()}
-    assert set(actions) == {"run", "generate"}
+    assert set(actions) == {"run", "generate", "cluster"}
     for name, sub in actions.items():
         for action in sub._actions:
             assert action.help, f"pipeline {name} {action.option_strings}: no help"
