@@ -50,6 +50,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
+from idled.pipeline.aggregate import Laps
 from idled.pipeline.decode import EVENT_SCHEMA, PerFileStats
 from idled.pipeline.records import FileStats, Row, iter_rows, seq_ranges_overlap
 from idled.pipeline.rules import FlapParams
@@ -247,7 +248,7 @@ class Batch:
 
 
 def _plan(spark: SparkSession, state: State, out: str, names: Sequence[str], flap: FlapParams,
-          work: list[tuple[int, str, int, int]]) -> Batch:
+          work: list[tuple[int, str, int, int]], laps: Laps) -> Batch:
     from pyspark.sql import functions as F
 
     from idled.pipeline.aggregate import _concurrency, _dau, _flappers, _lateness, _session_lengths, _sessions_out
@@ -266,6 +267,7 @@ def _plan(spark: SparkSession, state: State, out: str, names: Sequence[str], fla
         F.lit(None).cast("double").alias("deadline"), F.lit(None).cast("string").alias("detector"),
     )
     events = materialize(batch.unionByName(carried_events).repartition("uid_key").withColumn("uid_hash", F.xxhash64("uid_key")))
+    laps.mark("decode")
 
     # Per-file counters; the new watermark and data end of each daemon.
     per_file = accumulator.value
@@ -316,6 +318,7 @@ def _plan(spark: SparkSession, state: State, out: str, names: Sequence[str], fla
     counts["open_sessions"] = totals[1]
     counts["superseded"] += totals[2]
     counts["orphans"] += pairs.where(F.col("orphan")).count()
+    laps.mark("pair")
 
     # The timeline's extent: first minute of any session, last minute of any (open ones are all in B).
     old_first, old_last = data["first_minute"], data["last_minute"]
@@ -351,12 +354,26 @@ def _plan(spark: SparkSession, state: State, out: str, names: Sequence[str], fla
     lateness_new = lateness_input_of(pairs).withColumn("date", F.date_from_unix_date(_days(F.col("hour_start")).cast("int")))
     lateness_days = _day_set(lateness_new, _days(F.col("hour_start")))
 
+    laps.mark("changed_days")
     names_list = list(names)
-    closed_old = functools.partial(_old_closed, spark, out, names_list)
     base = sessions.select(*_SESSION_COLUMNS)
 
     def with_days(frame: DataFrame) -> DataFrame:
         return frame.withColumn("d0", d0).withColumn("d1", d1)
+
+    # The old closed sessions of every day any table re-reads, read from --out once.
+    back = -(-flap.window_s // _DAY)
+    flap_read = set(range(min(flap_days) - back, max(flap_days) + 1)) if flap_days else set()
+    wanted = session_days | closed_days | flap_read | cover_days
+    old_rows = materialize(with_days(_old_closed(spark, out, names_list, _date_strings(wanted)))) if wanted else None
+    laps.mark("read_old_sessions")
+
+    def closed_old(dates: list[str]) -> DataFrame:
+        assert old_rows is not None
+        from idled.pipeline.rules import unix_date
+
+        days = [d for d in wanted if str(unix_date(d)) in set(dates)]
+        return old_rows.where(F.col("d0").isin(*days)).drop("d0", "d1")
 
     def in_days(frame: DataFrame, days: set[int]) -> DataFrame:
         return frame.where(F.col("d0").isin(*sorted(days))) if days else frame.limit(0)
@@ -372,9 +389,7 @@ def _plan(spark: SparkSession, state: State, out: str, names: Sequence[str], fla
         frames["session_lengths"] = _session_lengths(rows)
     dates["session_lengths"] = _date_strings(closed_days)
     if flap_days:
-        back = -(-flap.window_s // _DAY)
-        read = set(range(min(flap_days) - back, max(flap_days) + 1))
-        rows = closed_old(_date_strings(read)).unionByName(base)
+        rows = closed_old(_date_strings(flap_read)).unionByName(base)
         frames["flappers"] = _flappers(rows, flap).where(F.col("date").isin(*_date_strings(flap_days)))
     dates["flappers"] = _date_strings(flap_days)
     if cover_days:
@@ -410,7 +425,7 @@ def _read_or_empty(spark: SparkSession, path: str, schema: str) -> DataFrame:
     return spark.createDataFrame([], schema)
 
 
-def _commit(state: State, batch: Batch, out: str) -> None:
+def _commit(state: State, batch: Batch, out: str, laps: Laps) -> None:
     """Stage every changed partition and the new state, journal the moves, then apply the journal."""
     staging = os.path.join(state.path, "staging")
     shutil.rmtree(staging, ignore_errors=True)
@@ -429,6 +444,7 @@ def _commit(state: State, batch: Batch, out: str) -> None:
             if table != "sessions":
                 frame = frame.coalesce(1)
             frame.write.partitionBy("date").parquet(staged_root)
+            laps.mark(f"write_{table}")
         for date in dates:
             staged = os.path.join(staged_root, f"date={date}")
             moves.append((staged if os.path.isdir(staged) else None, os.path.join(target_root, f"date={date}")))
@@ -436,13 +452,14 @@ def _commit(state: State, batch: Batch, out: str) -> None:
         os.makedirs(os.path.join(out, table), exist_ok=True)
     _replace_json(os.path.join(state.path, "journal.json"), {"moves": moves, "state": batch.state})
     _apply_journal(state.path)
+    laps.mark("commit")
 
 
 def run_incremental(spark: SparkSession, state: State, out: str, names: Sequence[str], flap: FlapParams,
-                    work: list[tuple[int, str, int, int]]) -> dict[str, Any]:
+                    work: list[tuple[int, str, int, int]], laps: Laps) -> dict[str, Any]:
     """Process `work`, rewrite the changed partitions of `out`; returns the new state's data."""
-    batch = _plan(spark, state, out, names, flap, work)
-    _commit(state, batch, out)
+    batch = _plan(spark, state, out, names, flap, work, laps)
+    _commit(state, batch, out, laps)
     return batch.state
 
 

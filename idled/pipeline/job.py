@@ -169,7 +169,8 @@ def _run_incremental(config: JobConfig, spark: SparkSession | None, t0: float) -
         )
     try:
         t_started = time.perf_counter()
-        data = run_incremental(spark, state, config.out, names, config.flap, work) if work else state.data
+        laps = Laps(echo=config.progress)
+        data = run_incremental(spark, state, config.out, names, config.flap, work, laps) if work else state.data
         t_done = time.perf_counter()
         counts = data["counts"]
         frames = _table_schemas(spark)
@@ -180,7 +181,8 @@ def _run_incremental(config: JobConfig, spark: SparkSession | None, t0: float) -
                      "orphans": counts["orphans"], "unique": counts["events"] - counts["duplicates"]},
             lateness_by_detector(spark, state),
         )
-        timings: dict[str, Any] = {"spark_start": round(t_started - t0, 3), "incremental": round(t_done - t_started, 3)}
+        timings: dict[str, Any] = {"spark_start": round(t_started - t0, 3), "incremental": round(t_done - t_started, 3),
+                                   "incremental_steps": laps.laps}
         summary = summarize(
             names=names, out=config.out, master=spark.sparkContext.master, flap=config.flap, files=file_totals_of(data),
             event_count=counts["events"], tables=tables, small=small, written=written, timings=timings,
