@@ -54,113 +54,20 @@ from idled.pipeline.aggregate import Laps
 from idled.pipeline.decode import EVENT_SCHEMA, PerFileStats
 from idled.pipeline.records import FileStats, Row, iter_rows, seq_ranges_overlap
 from idled.pipeline.rules import FlapParams
+from idled.pipeline.statedir import State, StateError, apply_journal, file_totals_of, load_state, pending_work, replace_json
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
-__all__ = ["StateError", "State", "load_state", "pending_work", "run_incremental", "SESSION_TABLES"]
+# State handling lives in `statedir`; re-exported here, the one import for callers.
+__all__ = [
+    "StateError", "State", "load_state", "pending_work", "apply_journal", "file_totals_of", "run_incremental",
+    "lateness_by_detector", "SESSION_TABLES",
+]
 
-VERSION: Final = 1
 SESSION_TABLES: Final = ("sessions", "concurrency", "lateness", "flappers", "dau", "session_lengths")
 LATENESS_VALUES: Final = "lateness_values"  # a state table, staged and swapped like the output tables
 _DAY: Final = 86400
-
-
-class StateError(Exception):
-    """The state directory does not fit this run (other inputs, flap parameters or --out)."""
-
-
-@dataclass
-class State:
-    path: str
-    data: dict[str, Any]
-
-    @property
-    def generation(self) -> int:
-        return int(self.data.get("generation", 0))
-
-    def gen_dir(self, generation: int | None = None) -> str:
-        return os.path.join(self.path, f"gen-{self.generation if generation is None else generation}")
-
-
-def _empty_state(names: Sequence[str], out: str, flap: FlapParams) -> dict[str, Any]:
-    return {
-        "version": VERSION, "generation": 0, "inputs": list(names), "out": os.path.abspath(out),
-        "flap": [flap.k, flap.short_s, flap.window_s],
-        "daemons": {str(i): {"files": {}, "max_seq": None, "data_end": None} for i in range(len(names))},
-        "counts": {"events": 0, "duplicates": 0, "sessions": 0, "open_sessions": 0, "superseded": 0, "orphans": 0},
-        "first_minute": None, "closed_last_minute": None, "last_minute": None,
-    }
-
-
-def _replace_json(path: str, data: dict[str, Any]) -> None:
-    with open(path + ".tmp", "w") as file:
-        json.dump(data, file, indent=1)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(path + ".tmp", path)
-
-
-def _apply_journal(state_dir: str) -> None:
-    """Finish a committed run: move staged partitions into place, then install the new state. Idempotent."""
-    journal_path = os.path.join(state_dir, "journal.json")
-    if not os.path.exists(journal_path):
-        return
-    with open(journal_path) as file:
-        journal = json.load(file)
-    for source, target in journal["moves"]:
-        if source is not None and not os.path.exists(source):
-            continue  # moved before an interruption
-        if os.path.exists(target):
-            shutil.rmtree(target)
-        if source is not None:
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            os.rename(source, target)
-    _replace_json(os.path.join(state_dir, "state.json"), journal["state"])
-    os.remove(journal_path)
-    for name in os.listdir(state_dir):
-        if name == "staging" or (name.startswith("gen-") and name != f"gen-{journal['state']['generation']}"):
-            shutil.rmtree(os.path.join(state_dir, name), ignore_errors=True)
-
-
-def load_state(state_dir: str, names: Sequence[str], out: str, flap: FlapParams) -> State:
-    """The state in `state_dir` (new if there is none), after finishing an interrupted run's journal."""
-    os.makedirs(state_dir, exist_ok=True)
-    _apply_journal(state_dir)
-    path = os.path.join(state_dir, "state.json")
-    if not os.path.exists(path):
-        return State(state_dir, _empty_state(names, out, flap))
-    with open(path) as file:
-        data = json.load(file)
-    if data.get("version") != VERSION:
-        raise StateError(f"{state_dir}: state version {data.get('version')}, expected {VERSION}")
-    if data["inputs"] != list(names):
-        raise StateError(f"{state_dir}: made for --events {' '.join(data['inputs'])}; use a new --state for other inputs")
-    if data["out"] != os.path.abspath(out):
-        raise StateError(f"{state_dir}: made for --out {data['out']}")
-    if data["flap"] != [flap.k, flap.short_s, flap.window_s]:
-        raise StateError(f"{state_dir}: made with flap parameters k, short, window = {data['flap']}")
-    return State(state_dir, data)
-
-
-def pending_work(state: State) -> list[tuple[int, str, int, int]]:
-    """(daemon, path, offset, seq watermark) for every file with bytes not yet decoded."""
-    work = []
-    for index, name in enumerate(state.data["inputs"]):
-        daemon = state.data["daemons"][str(index)]
-        watermark = daemon["max_seq"] if daemon["max_seq"] is not None else -1
-        for entry in sorted(os.scandir(name), key=lambda e: e.name):
-            if not (entry.name.endswith(".seg") and entry.is_file()):
-                continue
-            size = entry.stat().st_size
-            known = daemon["files"].get(entry.name)
-            if known is None:
-                work.append((index, entry.path, 0, watermark))
-            elif size < known["consumed"]:
-                work.append((index, entry.path, 0, watermark))  # rewritten: decode again, the watermark filters
-            elif size > known["consumed"] and size != known["size"]:  # grown (or its torn tail rewritten)
-                work.append((index, entry.path, known["consumed"], watermark))
-    return work
 
 
 def _decode_tails(accumulator: Any, items: Iterator[tuple[int, str, int, int]]) -> Iterator[Row]:
@@ -247,30 +154,8 @@ class Batch:
     spanning: DataFrame
 
 
-def _plan(spark: SparkSession, state: State, out: str, names: Sequence[str], flap: FlapParams,
-          work: list[tuple[int, str, int, int]], laps: Laps) -> Batch:
-    from pyspark.sql import functions as F
-
-    from idled.pipeline.aggregate import _concurrency, _dau, _flappers, _lateness, _session_lengths, _sessions_out
-    from idled.pipeline.pairing import lateness_input_of, pair, sessions_of, span
-    from idled.pipeline.spark import materialize
-
-    sc = spark.sparkContext
-    data = json.loads(json.dumps(state.data))  # the new state, a deep copy
-    accumulator = sc.accumulator({}, PerFileStats())
-    rdd = sc.parallelize(work, max(1, min(len(work), 2 * sc.defaultParallelism)))
-    batch = spark.createDataFrame(rdd.mapPartitions(functools.partial(_decode_tails, accumulator)), EVENT_SCHEMA)
-    old_gen = state.gen_dir()
-    carried = _read_or_empty(spark, os.path.join(old_gen, "open"), "daemon INT, uid_key STRING, seq BIGINT, ts DOUBLE")
-    carried_events = carried.select(
-        "daemon", "seq", F.lit(True).alias("online"), "uid_key", "ts", F.lit(None).cast("string").alias("reason"),
-        F.lit(None).cast("double").alias("deadline"), F.lit(None).cast("string").alias("detector"),
-    )
-    events = materialize(batch.unionByName(carried_events).repartition("uid_key").withColumn("uid_hash", F.xxhash64("uid_key")))
-    laps.mark("decode")
-
-    # Per-file counters; the new watermark and data end of each daemon.
-    per_file = accumulator.value
+def _count_files(data: dict[str, Any], per_file: dict[str, tuple]) -> bool:
+    """Fold the run's per-file counters into the new state; True if two new files of a daemon overlap in seq."""
     ranges: dict[int, list[tuple[int | None, int | None, int]]] = {}
     counts = data["counts"]
     for path, (daemon, offset, dropped, size, records, corrupt, malformed, torn, broken, low, high, unordered) in per_file.items():
@@ -286,42 +171,12 @@ def _plan(spark: SparkSession, state: State, out: str, names: Sequence[str], fla
         counts["events"] += records - malformed
         counts["duplicates"] += dropped
         ranges.setdefault(daemon, []).append((low, high, unordered))
-    dedupe = any(seq_ranges_overlap(r) for r in ranges.values())
-    for row in events.groupBy("daemon").agg(F.max("seq"), F.max("ts")).collect():
-        entry = data["daemons"][str(row[0])]
-        entry["max_seq"] = row[1] if entry["max_seq"] is None else max(entry["max_seq"], row[1])
-        entry["data_end"] = row[2] if entry["data_end"] is None else max(entry["data_end"], row[2])
-    data_end = {int(k): v["data_end"] for k, v in data["daemons"].items() if v["data_end"] is not None}
+    return any(seq_ranges_overlap(r) for r in ranges.values())
 
-    pairs = materialize(pair(events, dedupe))
-    if dedupe:
-        counts["duplicates"] += events.count() - events.dropDuplicates(["daemon", "uid_key", "seq"]).count()
-    m0, m1 = span(F.col("online_ts"), F.col("end"), 60)
-    d0, d1 = span(F.col("online_ts"), F.col("end"), _DAY)
-    # The carried sessions, with the end they had: the previous data end of their daemon.
-    old_ends = state.data["daemons"]
-    old_end_map = F.create_map(*[F.lit(x) for k, v in old_ends.items() if v["data_end"] is not None for x in (int(k), v["data_end"])]) \
-        if any(v["data_end"] is not None for v in old_ends.values()) else None
-    marks = carried.select("daemon", "uid_key", F.col("seq").alias("online_seq"), F.lit(True).alias("carried"))
-    sessions = materialize(
-        sessions_of(pairs, data_end).join(marks, ["daemon", "uid_key", "online_seq"], "left")
-        .withColumn("carried", F.coalesce(F.col("carried"), F.lit(False)))
-        .withColumn("old_end", F.greatest(old_end_map[F.col("daemon")], F.col("online_ts")) if old_end_map is not None
-                    else F.lit(None).cast("double"))
-        .withColumn("m0", m0).withColumn("m1", m1).withColumn("d0", d0).withColumn("d1", d1)
-    )
-    totals = sessions.agg(
-        F.count("*"), F.count(F.when(F.col("open"), 1)), F.count(F.when(F.col("end_reason") == "superseded", 1)),
-        F.count(F.when(F.col("carried"), 1)), F.min("m0"), F.max("m1"), F.max(F.when(~F.col("open"), F.col("m1"))),
-    ).first()
-    counts["sessions"] += totals[0] - totals[3]
-    counts["open_sessions"] = totals[1]
-    counts["superseded"] += totals[2]
-    counts["orphans"] += pairs.where(F.col("orphan")).count()
-    laps.mark("pair")
 
-    # The timeline's extent: first minute of any session, last minute of any (open ones are all in B).
-    old_first, old_last = data["first_minute"], data["last_minute"]
+def _extent(data: dict[str, Any], totals: Any) -> tuple[int | None, int | None]:
+    """The timeline's new (first, last) minute: first of any session, last of any (open ones are all in B)."""
+    old_first = data["first_minute"]
     first = totals[4] if old_first is None else (old_first if totals[4] is None else min(old_first, totals[4]))
     closed_last = data["closed_last_minute"]
     if totals[6] is not None:
@@ -329,8 +184,27 @@ def _plan(spark: SparkSession, state: State, out: str, names: Sequence[str], fla
     candidates = [x for x in (closed_last, totals[5]) if x is not None]
     last = max(candidates) if candidates else None
     data.update(first_minute=first, closed_last_minute=closed_last, last_minute=last)
+    return first, last
 
-    # Which days each table rewrites.
+
+@dataclass
+class Days:
+    """Day numbers (unix days) each table rewrites."""
+
+    sessions: set[int]
+    closed: set[int]  # session_lengths
+    flap: set[int]
+    cover: set[int]  # dau and concurrency
+    lateness: set[int]
+    lateness_new: DataFrame
+
+
+def _changed_days(sessions: DataFrame, pairs: DataFrame, flap: FlapParams, firsts: tuple[int | None, int | None],
+                  lasts: tuple[int | None, int | None]) -> Days:
+    from pyspark.sql import functions as F
+
+    from idled.pipeline.pairing import lateness_input_of
+
     carried_col, is_open = F.col("carried"), F.col("open")
     session_days = _day_set(sessions.where(~(carried_col & is_open)), F.col("d0"))
     closed_days = _day_set(sessions.where(~is_open), F.col("d0"))
@@ -346,16 +220,30 @@ def _plan(spark: SparkSession, state: State, out: str, names: Sequence[str], fla
     cover = sessions.select(F.explode(F.when(carried_col, F.sequence(_days(low_end), _days(high_end)))
                                       .otherwise(F.sequence(F.col("d0"), F.col("d1")))).alias("d"))
     cover_days = _day_set(cover, F.col("d"))
-    for before, after in ((old_first, first), (old_last, last)):
+    lateness_new = lateness_input_of(pairs).withColumn("date", F.date_from_unix_date(_days(F.col("hour_start")).cast("int")))
+    lateness_days = _day_set(lateness_new, _days(F.col("hour_start")))
+    for before, after in (firsts, lasts):
         if before is not None and after is not None and before != after:
             cover_days.update(range(min(before, after) * 60 // _DAY, max(before, after) * 60 // _DAY + 1))
         elif before is None and after is not None:
             cover_days.add(after * 60 // _DAY)
-    lateness_new = lateness_input_of(pairs).withColumn("date", F.date_from_unix_date(_days(F.col("hour_start")).cast("int")))
-    lateness_days = _day_set(lateness_new, _days(F.col("hour_start")))
+    return Days(session_days, closed_days, flap_days, cover_days, lateness_days, lateness_new)
 
-    laps.mark("changed_days")
-    names_list = list(names)
+
+def _frames(spark: SparkSession, state: State, out: str, names_list: list[str], flap: FlapParams, sessions: DataFrame,
+            days: Days, extent: tuple[int | None, int | None], laps: Laps) -> tuple[dict[str, DataFrame], dict[str, list[str]]]:
+    """Each table's rows for the days it rewrites, and those days' dates (a date absent from the rows: deleted)."""
+    from pyspark.sql import functions as F
+
+    from idled.pipeline.aggregate import _concurrency, _dau, _flappers, _lateness, _session_lengths, _sessions_out
+    from idled.pipeline.pairing import span
+    from idled.pipeline.spark import materialize
+
+    d0, d1 = span(F.col("online_ts"), F.col("end"), _DAY)
+    first, last = extent
+    session_days, closed_days, flap_days, cover_days, lateness_days = days.sessions, days.closed, days.flap, days.cover, days.lateness
+    lateness_new = days.lateness_new
+    old_gen = state.gen_dir()
     base = sessions.select(*_SESSION_COLUMNS)
 
     def with_days(frame: DataFrame) -> DataFrame:
@@ -411,7 +299,71 @@ def _plan(spark: SparkSession, state: State, out: str, names: Sequence[str], fla
         frames[LATENESS_VALUES] = values
         frames["lateness"] = _lateness(values.drop("date"))
     dates["lateness"] = dates[LATENESS_VALUES] = _date_strings(lateness_days)
+    return frames, dates
 
+
+def _plan(spark: SparkSession, state: State, out: str, names: Sequence[str], flap: FlapParams,
+          work: list[tuple[int, str, int, int]], laps: Laps) -> Batch:
+    from pyspark.sql import functions as F
+
+    from idled.pipeline.pairing import pair, sessions_of, span
+    from idled.pipeline.spark import materialize
+
+    sc = spark.sparkContext
+    data = json.loads(json.dumps(state.data))  # the new state, a deep copy
+    accumulator = sc.accumulator({}, PerFileStats())
+    rdd = sc.parallelize(work, max(1, min(len(work), 2 * sc.defaultParallelism)))
+    batch = spark.createDataFrame(rdd.mapPartitions(functools.partial(_decode_tails, accumulator)), EVENT_SCHEMA)
+    old_gen = state.gen_dir()
+    carried = _read_or_empty(spark, os.path.join(old_gen, "open"), "daemon INT, uid_key STRING, seq BIGINT, ts DOUBLE")
+    carried_events = carried.select(
+        "daemon", "seq", F.lit(True).alias("online"), "uid_key", "ts", F.lit(None).cast("string").alias("reason"),
+        F.lit(None).cast("double").alias("deadline"), F.lit(None).cast("string").alias("detector"),
+    )
+    events = materialize(batch.unionByName(carried_events).repartition("uid_key").withColumn("uid_hash", F.xxhash64("uid_key")))
+    laps.mark("decode")
+
+    dedupe = _count_files(data, accumulator.value)
+    counts = data["counts"]
+    for row in events.groupBy("daemon").agg(F.max("seq"), F.max("ts")).collect():
+        entry = data["daemons"][str(row[0])]
+        entry["max_seq"] = row[1] if entry["max_seq"] is None else max(entry["max_seq"], row[1])
+        entry["data_end"] = row[2] if entry["data_end"] is None else max(entry["data_end"], row[2])
+    data_end = {int(k): v["data_end"] for k, v in data["daemons"].items() if v["data_end"] is not None}
+
+    pairs = materialize(pair(events, dedupe))
+    if dedupe:
+        counts["duplicates"] += events.count() - events.dropDuplicates(["daemon", "uid_key", "seq"]).count()
+    m0, m1 = span(F.col("online_ts"), F.col("end"), 60)
+    d0, d1 = span(F.col("online_ts"), F.col("end"), _DAY)
+    # The carried sessions, with the end they had: the previous data end of their daemon.
+    old_ends = state.data["daemons"]
+    old_end_map = F.create_map(*[F.lit(x) for k, v in old_ends.items() if v["data_end"] is not None for x in (int(k), v["data_end"])]) \
+        if any(v["data_end"] is not None for v in old_ends.values()) else None
+    marks = carried.select("daemon", "uid_key", F.col("seq").alias("online_seq"), F.lit(True).alias("carried"))
+    sessions = materialize(
+        sessions_of(pairs, data_end).join(marks, ["daemon", "uid_key", "online_seq"], "left")
+        .withColumn("carried", F.coalesce(F.col("carried"), F.lit(False)))
+        .withColumn("old_end", F.greatest(old_end_map[F.col("daemon")], F.col("online_ts")) if old_end_map is not None
+                    else F.lit(None).cast("double"))
+        .withColumn("m0", m0).withColumn("m1", m1).withColumn("d0", d0).withColumn("d1", d1)
+    )
+    totals = sessions.agg(
+        F.count("*"), F.count(F.when(F.col("open"), 1)), F.count(F.when(F.col("end_reason") == "superseded", 1)),
+        F.count(F.when(F.col("carried"), 1)), F.min("m0"), F.max("m1"), F.max(F.when(~F.col("open"), F.col("m1"))),
+    ).first()
+    counts["sessions"] += totals[0] - totals[3]
+    counts["open_sessions"] = totals[1]
+    counts["superseded"] += totals[2]
+    counts["orphans"] += pairs.where(F.col("orphan")).count()
+    laps.mark("pair")
+
+    old_first, old_last = data["first_minute"], data["last_minute"]
+    first, last = _extent(data, totals)
+    days = _changed_days(sessions, pairs, flap, (old_first, first), (old_last, last))
+    laps.mark("changed_days")
+    frames, dates = _frames(spark, state, out, list(names), flap, sessions, days, (first, last), laps)
+    is_open = F.col("open")
     spanning_new = sessions.where(~is_open & (F.col("d1") > F.col("d0"))).select(*_SESSION_COLUMNS)
     spanning = _read_or_empty(spark, os.path.join(old_gen, "spanning"), _SESSION_SCHEMA).unionByName(spanning_new)
     open_rows = sessions.where(is_open).select("daemon", "uid_key", F.col("online_seq").alias("seq"), F.col("online_ts").alias("ts"))
@@ -450,8 +402,8 @@ def _commit(state: State, batch: Batch, out: str, laps: Laps) -> None:
             moves.append((staged if os.path.isdir(staged) else None, os.path.join(target_root, f"date={date}")))
     for table in SESSION_TABLES:
         os.makedirs(os.path.join(out, table), exist_ok=True)
-    _replace_json(os.path.join(state.path, "journal.json"), {"moves": moves, "state": batch.state})
-    _apply_journal(state.path)
+    replace_json(os.path.join(state.path, "journal.json"), {"moves": moves, "state": batch.state})
+    apply_journal(state.path)
     laps.mark("commit")
 
 
@@ -463,19 +415,6 @@ def run_incremental(spark: SparkSession, state: State, out: str, names: Sequence
     return batch.state
 
 
-def file_totals_of(data: dict[str, Any]) -> dict[str, int]:
-    """The summary's file counters from the state (every file ever decoded, deleted ones included)."""
-    totals = {"files": 0, "bytes": 0, "records": 0, "corrupt": 0, "malformed": 0, "torn_bytes": 0, "broken_files": 0,
-              "daemons_with_overlapping_files": 0}
-    for daemon in data["daemons"].values():
-        for entry in daemon["files"].values():
-            totals["files"] += 1
-            totals["bytes"] += entry["size"]
-            totals["torn_bytes"] += entry["torn_bytes"]
-            totals["broken_files"] += int(entry["broken"])
-            for name in ("records", "corrupt", "malformed"):
-                totals[name] += entry[name]
-    return totals
 
 
 def lateness_by_detector(spark: SparkSession, state: State) -> list[dict[str, Any]]:

@@ -156,7 +156,7 @@ def test_state_is_small_and_refuses_other_inputs(grown: dict[str, Any], tmp_path
 
 
 def test_an_interrupted_commit_is_finished_by_the_next_run(tmp_path: Path) -> None:
-    from idled.pipeline.incremental import _apply_journal
+    from idled.pipeline.incremental import apply_journal
 
     state, out = tmp_path / "state", tmp_path / "out"
     (state / "staging" / "dau" / "date=2026-05-01").mkdir(parents=True)
@@ -168,8 +168,8 @@ def test_an_interrupted_commit_is_finished_by_the_next_run(tmp_path: Path) -> No
              [None, str(out / "dau" / "date=2026-04-30")]]
     (state / "journal.json").write_text(json.dumps({"moves": moves, "state": {"generation": 3}}))
     (state / "gen-2").mkdir()
-    _apply_journal(str(state))
-    _apply_journal(str(state))  # idempotent
+    apply_journal(str(state))
+    apply_journal(str(state))  # idempotent
     assert (out / "dau" / "date=2026-05-01" / "part.parquet").read_text() == "new"
     assert not (out / "dau" / "date=2026-04-30").exists()
     assert json.loads((state / "state.json").read_text()) == {"generation": 3}
