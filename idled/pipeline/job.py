@@ -24,10 +24,12 @@ this one runs them in order and times them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -74,12 +76,19 @@ class JobResult:
 
 def run_job(config: JobConfig, spark: SparkSession | None = None) -> JobResult:
     """Decode, aggregate, write Parquet + summary.json (+ chart). Starts Spark unless one is given or active."""
-    from pyspark.sql import SparkSession as _SparkSession
-
     t0 = time.perf_counter()
     if config.state is not None:
         return _run_incremental(config, spark, t0)
-    # Stop Spark at the end only if this call started it (a caller's session, e.g. a test's, lives on).
+    with _session(config, spark) as session:
+        return _run(config, session, t0)
+
+
+@contextlib.contextmanager
+def _session(config: JobConfig, spark: SparkSession | None) -> Iterator[SparkSession]:
+    """`spark`, or a session started for `config`; stopped at the end only if started here (a caller's
+    session, e.g. a test's, lives on)."""
+    from pyspark.sql import SparkSession as _SparkSession
+
     own_spark = spark is None and _SparkSession.getActiveSession() is None
     if spark is None:
         spark = start_spark(
@@ -87,7 +96,7 @@ def run_job(config: JobConfig, spark: SparkSession | None = None) -> JobResult:
             extra_conf=config.extra_conf, progress=config.progress,
         )
     try:
-        return _run(config, spark, t0)
+        yield spark
     finally:
         if own_spark:
             spark.stop()
@@ -146,9 +155,7 @@ def _run(config: JobConfig, spark: SparkSession, t0: float) -> JobResult:
 
 def _run_incremental(config: JobConfig, spark: SparkSession | None, t0: float) -> JobResult:
     """`incremental.run_incremental` between the state's check (no Spark if nothing is new) and the summary."""
-    from pyspark.sql import SparkSession as _SparkSession
-
-    from idled.pipeline.incremental import file_totals_of, lateness_by_detector, load_state, pending_work, run_incremental
+    from idled.pipeline.incremental import load_state, pending_work
 
     assert config.state is not None
     names = daemon_names(config.events)
@@ -161,45 +168,43 @@ def _run_incremental(config: JobConfig, spark: SparkSession | None, t0: float) -
             summary = json.load(file)
         summary["incremental"] = {"files_decoded": 0, "nothing_new": True}
         return JobResult(summary)
-    own_spark = spark is None and _SparkSession.getActiveSession() is None
-    if spark is None:
-        spark = start_spark(
-            config.master, driver_memory=config.driver_memory, shuffle_partitions=config.shuffle_partitions,
-            extra_conf=config.extra_conf, progress=config.progress,
-        )
-    try:
-        t_started = time.perf_counter()
-        laps = Laps(echo=config.progress)
-        data = run_incremental(spark, state, config.out, names, config.flap, work, laps) if work else state.data
-        t_done = time.perf_counter()
-        counts = data["counts"]
-        frames = _table_schemas(spark)
-        written = {name: os.path.join(config.out, name) for name in TABLES}
-        small = read_small_tables(spark, frames, written)
-        tables = Tables(
-            frames, {"sessions": counts["sessions"], "open_sessions": counts["open_sessions"], "superseded": counts["superseded"],
-                     "orphans": counts["orphans"], "unique": counts["events"] - counts["duplicates"]},
-            lateness_by_detector(spark, state),
-        )
-        timings: dict[str, Any] = {"spark_start": round(t_started - t0, 3), "incremental": round(t_done - t_started, 3),
-                                   "incremental_steps": laps.laps}
-        summary = summarize(
-            names=names, out=config.out, master=spark.sparkContext.master, flap=config.flap, files=file_totals_of(data),
-            event_count=counts["events"], tables=tables, small=small, written=written, timings=timings,
-        )
-        summary["incremental"] = {"files_decoded": len(work), "nothing_new": False, "state": os.path.abspath(config.state)}
-        if config.chart:
-            from idled.pipeline.report import write_chart
+    with _session(config, spark) as session:
+        return _incremental_in(config, session, t0, state, work)
 
-            summary["chart"] = write_chart(small.concurrency, os.path.join(config.out, "concurrency.png"))
-        total = time.perf_counter() - t0
-        timings["total"] = round(total, 3)
-        summary["events_per_s"] = {"end_to_end": None, "decode": None}
-        write_summary(summary, config.out)
-        return JobResult(summary)
-    finally:
-        if own_spark:
-            spark.stop()
+
+def _incremental_in(config: JobConfig, spark: SparkSession, t0: float, state: Any, work: list[Any]) -> JobResult:
+    from idled.pipeline.incremental import file_totals_of, lateness_by_detector, run_incremental
+
+    names = daemon_names(config.events)
+    t_started = time.perf_counter()
+    laps = Laps(echo=config.progress)
+    data = run_incremental(spark, state, config.out, names, config.flap, work, laps) if work else state.data
+    t_done = time.perf_counter()
+    counts = data["counts"]
+    frames = _table_schemas(spark)
+    written = {name: os.path.join(config.out, name) for name in TABLES}
+    small = read_small_tables(spark, frames, written)
+    tables = Tables(
+        frames, {"sessions": counts["sessions"], "open_sessions": counts["open_sessions"], "superseded": counts["superseded"],
+                 "orphans": counts["orphans"], "unique": counts["events"] - counts["duplicates"]},
+        lateness_by_detector(spark, state),
+    )
+    timings: dict[str, Any] = {"spark_start": round(t_started - t0, 3), "incremental": round(t_done - t_started, 3),
+                               "incremental_steps": laps.laps}
+    summary = summarize(
+        names=names, out=config.out, master=spark.sparkContext.master, flap=config.flap, files=file_totals_of(data),
+        event_count=counts["events"], tables=tables, small=small, written=written, timings=timings,
+    )
+    summary["incremental"] = {"files_decoded": len(work), "nothing_new": False, "state": os.path.abspath(config.state)}
+    if config.chart:
+        from idled.pipeline.report import write_chart
+
+        summary["chart"] = write_chart(small.concurrency, os.path.join(config.out, "concurrency.png"))
+    total = time.perf_counter() - t0
+    timings["total"] = round(total, 3)
+    summary["events_per_s"] = {"end_to_end": None, "decode": None}
+    write_summary(summary, config.out)
+    return JobResult(summary)
 
 
 def _table_schemas(spark: SparkSession) -> dict[str, DataFrame]:
