@@ -1,4 +1,5 @@
-"""`idled pipeline run | generate`: presence analytics on Spark, and synthetic event logs to run it on.
+"""`idled pipeline run | generate | cluster`: presence analytics on Spark, synthetic event logs to run it on,
+and a standalone Spark cluster on this machine to run it against.
 
 ``run``'s flags and body are `idled.pipeline.runflags`, shared with the spark-submit entry
 (`idled/pipeline/submit.py`), which cannot import this layer. pyspark is imported only when ``run``
@@ -12,6 +13,7 @@ import datetime as dt
 import sys
 import time
 
+from idled.pipeline.cluster import add_cluster_arguments, run_cluster
 from idled.pipeline.generate import DEFAULT_START, GenConfig, generate
 from idled.pipeline.runflags import add_run_arguments, positive_int, run_from_args
 
@@ -63,6 +65,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     gen = sub.add_parser("generate", help="write synthetic event logs with the real EventLog writer",
                          description="Write realistic synthetic presence event logs (see idled.pipeline.generate).")
     _add_generate_arguments(gen)
+    cluster = sub.add_parser("cluster", help="start a Spark standalone cluster on this machine (127.0.0.1) until Ctrl-C",
+                             description="Start a Spark master and workers from the installed pyspark package, "
+                                         "bound to 127.0.0.1, print the spark:// URL, and stop them on Ctrl-C/SIGTERM.")
+    add_cluster_arguments(cluster)
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -96,4 +102,6 @@ def _generate(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     if args.pipeline_command == "run":
         return run_from_args(args)
+    if args.pipeline_command == "cluster":
+        return run_cluster(args)
     return _generate(args)

@@ -15,6 +15,7 @@ lateness by detector, the concurrency bounds); `Laps` records what each step cos
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,7 +33,10 @@ __all__ = ["TABLES", "Laps", "Tables", "build_tables"]
 TABLES: Final = ("sessions", "concurrency", "lateness", "flappers", "dau", "session_lengths")
 
 
-def _concurrency(spark: SparkSession, sessions: DataFrame) -> DataFrame:
+def _concurrency(spark: SparkSession, sessions: DataFrame, bounds: tuple[int, int] | None = None) -> DataFrame:
+    """Users online per minute. `bounds` (first, last minute, inclusive) fixes the timeline's extent instead
+    of taking it from `sessions`: the incremental run recomputes a few days from the sessions covering them,
+    while the extent is the whole history's (rows outside the days it rewrites are discarded by the caller)."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
@@ -55,11 +59,17 @@ def _concurrency(spark: SparkSession, sessions: DataFrame) -> DataFrame:
         .agg(F.sum("d").alias("d"))
     )
     deltas = materialize(deltas)  # a few thousand rows; without it the write below would redo the merge
-    bounds = deltas.agg(F.min("minute"), F.max("minute")).first()
-    if bounds is None or bounds[0] is None:
+    found = deltas.agg(F.min("minute"), F.max("minute")).first()
+    if bounds is not None:
+        # From the first delta (the running sum needs every earlier one) to the fixed last minute.
+        low = bounds[0] if found is None or found[0] is None else min(bounds[0], found[0])
+        extent: tuple[int, int] | None = (low, bounds[1] + 1)
+    else:
+        extent = None if found is None or found[0] is None else (found[0], found[1])
+    if extent is None:
         return spark.createDataFrame([], "date DATE, minute_start BIGINT, users_online BIGINT")
     # Every minute from the first to the one before the last delta (which brings the count back to 0).
-    minutes = spark.range(bounds[0], bounds[1], 1, 1).withColumnRenamed("id", "minute")
+    minutes = spark.range(extent[0], extent[1], 1, 1).withColumnRenamed("id", "minute")
     timeline = Window.orderBy("minute").rowsBetween(Window.unboundedPreceding, 0)
     return (
         minutes.join(F.broadcast(deltas), "minute", "left")
@@ -188,13 +198,16 @@ def _sessions_out(sessions: DataFrame, names: Sequence[str]) -> DataFrame:
 class Laps:
     """Named wall-clock laps between consecutive marks (which Spark actions cost what)."""
 
-    def __init__(self) -> None:
+    def __init__(self, echo: bool = False) -> None:
         self.last = time.perf_counter()
         self.laps: dict[str, float] = {}
+        self.echo = echo  # a line per step on stderr (progress on a terminal)
 
     def mark(self, name: str) -> None:
         now = time.perf_counter()
         self.laps[name] = round(self.laps.get(name, 0.0) + now - self.last, 3)
+        if self.echo:
+            print(f"idled pipeline: {name.replace('_', ' ')} done in {now - self.last:.1f} s", file=sys.stderr, flush=True)
         self.last = now
 
 

@@ -24,12 +24,16 @@ this one runs them in order and times them.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from idled.pipeline.aggregate import TABLES, Laps, build_tables
+from idled.pipeline.aggregate import TABLES, Laps, Tables, build_tables
 from idled.pipeline.decode import EVENT_SCHEMA, daemon_names, file_totals, read_events
 from idled.pipeline.output import read_small_tables, summarize, write_summary, write_tables
 from idled.pipeline.rules import FlapParams
@@ -59,6 +63,10 @@ class JobConfig:
     flap: FlapParams = FlapParams()
     chart: bool = True
     extra_conf: tuple[tuple[str, str], ...] = ()  # --conf KEY=VALUE, applied last
+    # Spark's console progress bar plus a line per finished step on stderr (the CLI sets it on a terminal)
+    progress: bool = False
+    # --incremental --state DIR: process only what is new since the last run with this state (`incremental`)
+    state: str | None = None
 
 
 @dataclass
@@ -68,18 +76,27 @@ class JobResult:
 
 def run_job(config: JobConfig, spark: SparkSession | None = None) -> JobResult:
     """Decode, aggregate, write Parquet + summary.json (+ chart). Starts Spark unless one is given or active."""
+    t0 = time.perf_counter()
+    if config.state is not None:
+        return _run_incremental(config, spark, t0)
+    with _session(config, spark) as session:
+        return _run(config, session, t0)
+
+
+@contextlib.contextmanager
+def _session(config: JobConfig, spark: SparkSession | None) -> Iterator[SparkSession]:
+    """`spark`, or a session started for `config`; stopped at the end only if started here (a caller's
+    session, e.g. a test's, lives on)."""
     from pyspark.sql import SparkSession as _SparkSession
 
-    t0 = time.perf_counter()
-    # Stop Spark at the end only if this call started it (a caller's session, e.g. a test's, lives on).
     own_spark = spark is None and _SparkSession.getActiveSession() is None
     if spark is None:
         spark = start_spark(
             config.master, driver_memory=config.driver_memory, shuffle_partitions=config.shuffle_partitions,
-            extra_conf=config.extra_conf,
+            extra_conf=config.extra_conf, progress=config.progress,
         )
     try:
-        return _run(config, spark, t0)
+        yield spark
     finally:
         if own_spark:
             spark.stop()
@@ -103,7 +120,9 @@ def _run(config: JobConfig, spark: SparkSession, t0: float) -> JobResult:
     t_decoded = time.perf_counter()
     event_count = files["records"] - files["malformed"]
 
-    laps = Laps()
+    if config.progress:
+        print(f"idled pipeline: decoded {event_count:,} events in {t_decoded - t_started:.1f} s", file=sys.stderr, flush=True)
+    laps = Laps(echo=config.progress)
     dedupe = files["daemons_with_overlapping_files"] > 0
     tables = build_tables(spark, events, names, config.flap, event_count=event_count, dedupe=dedupe, laps=laps)
     written = write_tables(tables.frames, config.out, laps)
@@ -132,3 +151,67 @@ def _run(config: JobConfig, spark: SparkSession, t0: float) -> JobResult:
     }
     write_summary(summary, config.out)
     return JobResult(summary)
+
+
+def _run_incremental(config: JobConfig, spark: SparkSession | None, t0: float) -> JobResult:
+    """`incremental.run_incremental` between the state's check (no Spark if nothing is new) and the summary."""
+    from idled.pipeline.incremental import load_state, pending_work
+
+    assert config.state is not None
+    names = daemon_names(config.events)
+    state = load_state(config.state, names, config.out, config.flap)
+    work = pending_work(state)
+    summary_path = os.path.join(config.out, "summary.json")
+    if not work and os.path.exists(summary_path):
+        # Nothing new: no Spark, nothing written; the last run's summary stands.
+        with open(summary_path) as file:
+            summary = json.load(file)
+        summary["incremental"] = {"files_decoded": 0, "nothing_new": True}
+        return JobResult(summary)
+    with _session(config, spark) as session:
+        return _incremental_in(config, session, t0, state, work)
+
+
+def _incremental_in(config: JobConfig, spark: SparkSession, t0: float, state: Any, work: list[Any]) -> JobResult:
+    from idled.pipeline.incremental import file_totals_of, lateness_by_detector, run_incremental
+
+    names = daemon_names(config.events)
+    t_started = time.perf_counter()
+    laps = Laps(echo=config.progress)
+    data = run_incremental(spark, state, config.out, names, config.flap, work, laps) if work else state.data
+    t_done = time.perf_counter()
+    counts = data["counts"]
+    frames = _table_schemas(spark)
+    written = {name: os.path.join(config.out, name) for name in TABLES}
+    small = read_small_tables(spark, frames, written)
+    tables = Tables(
+        frames, {"sessions": counts["sessions"], "open_sessions": counts["open_sessions"], "superseded": counts["superseded"],
+                 "orphans": counts["orphans"], "unique": counts["events"] - counts["duplicates"]},
+        lateness_by_detector(spark, state),
+    )
+    timings: dict[str, Any] = {"spark_start": round(t_started - t0, 3), "incremental": round(t_done - t_started, 3),
+                               "incremental_steps": laps.laps}
+    summary = summarize(
+        names=names, out=config.out, master=spark.sparkContext.master, flap=config.flap, files=file_totals_of(data),
+        event_count=counts["events"], tables=tables, small=small, written=written, timings=timings,
+    )
+    summary["incremental"] = {"files_decoded": len(work), "nothing_new": False, "state": os.path.abspath(config.state)}
+    if config.chart:
+        from idled.pipeline.report import write_chart
+
+        summary["chart"] = write_chart(small.concurrency, os.path.join(config.out, "concurrency.png"))
+    total = time.perf_counter() - t0
+    timings["total"] = round(total, 3)
+    summary["events_per_s"] = {"end_to_end": None, "decode": None}
+    write_summary(summary, config.out)
+    return JobResult(summary)
+
+
+def _table_schemas(spark: SparkSession) -> dict[str, DataFrame]:
+    """Empty frames with each small table's schema, for reading them back (`output.read_small_tables`)."""
+    return {
+        "concurrency": spark.createDataFrame([], "minute_start BIGINT, users_online BIGINT, date DATE"),
+        "dau": spark.createDataFrame([], "active_users BIGINT, sessions_started BIGINT, date DATE"),
+        "flappers": spark.createDataFrame([], "uid STRING, uid_type STRING, short_sessions BIGINT, max_in_window BIGINT, "
+                                              "first_flagged_ts DOUBLE, date DATE"),
+    }

@@ -44,10 +44,19 @@ def format_report(summary: dict[str, Any]) -> str:
             [(r["detector"], r["offlines"], r["early"], r["p50_s"], r["p99_s"], r["max_s"]) for r in summary["lateness_by_detector"]],
         )
     rate = summary["events_per_s"]["end_to_end"]
-    lines.append(
-        f"  time: spark start {t['spark_start']:.1f} s, decode {t['decode']:.1f} s, aggregate+write {t['aggregate']:.1f} s, "
-        f"total {t['total']:.1f} s -> {rate or 0:,} events/s end to end"
-    )
+    step = summary.get("incremental")
+    if step and step["nothing_new"]:
+        lines.append("  incremental: nothing new since the last run; nothing rewritten")
+    elif step:
+        lines.append(
+            f"  incremental: {step['files_decoded']:,} file(s) decoded; time: spark start {t['spark_start']:.1f} s, "
+            f"run {t['incremental']:.1f} s, total {t['total']:.1f} s"
+        )
+    else:
+        lines.append(
+            f"  time: spark start {t['spark_start']:.1f} s, decode {t['decode']:.1f} s, aggregate+write {t['aggregate']:.1f} s, "
+            f"total {t['total']:.1f} s -> {rate or 0:,} events/s end to end"
+        )
     lines.append(f"  output: {summary['out']}")
     return "\n".join(lines)
 

@@ -63,6 +63,12 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, default_master: str | 
                         help="extra Spark setting, as spark-submit --conf (repeatable)")
     parser.add_argument("--no-chart", dest="chart", action="store_false", help="skip the concurrency PNG")
     parser.add_argument("--json", action="store_true", help="print summary.json instead of the table")
+    parser.add_argument("--incremental", action="store_true",
+                        help="process only the log written since the last run with the same --state, rewriting only "
+                             "the date partitions that changed (needs --state; --events must be readable at the same "
+                             "path by the driver and the executors)")
+    parser.add_argument("--state", metavar="DIR", default=None,
+                        help="state directory of --incremental runs (files processed, open sessions, lateness values)")
 
 
 def check_inputs(dirs: Sequence[str]) -> str | None:
@@ -98,12 +104,24 @@ def run_from_args(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"idled pipeline run: {exc}", file=sys.stderr)
         return 2
+    if args.incremental != (args.state is not None):
+        print("idled pipeline run: --incremental and --state DIR go together", file=sys.stderr)
+        return 2
+    if args.incremental and any("://" in d for d in args.events):
+        print("idled pipeline run: --incremental reads local (or mounted) directories, not URLs", file=sys.stderr)
+        return 2
     config = JobConfig(
         events=tuple(args.events), out=args.out, master=args.master, driver_memory=args.driver_memory,
         shuffle_partitions=args.shuffle_partitions, min_partitions=args.min_partitions, flap=flap, chart=args.chart,
-        extra_conf=tuple(args.conf),
+        extra_conf=tuple(args.conf), progress=sys.stderr.isatty(), state=args.state,
     )
-    result = run_job(config)
+    from idled.pipeline.incremental import StateError
+
+    try:
+        result = run_job(config)
+    except StateError as exc:
+        print(f"idled pipeline run: {exc}", file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps(result.summary, indent=2, default=str))
     else:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Final
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["spark_conf", "start_spark", "materialize", "is_local"]
+__all__ = ["spark_conf", "start_spark", "materialize", "is_local", "is_loopback"]
 
 # Root at WARN: Spark compares the root level with its own default (WARN) when the driver is Python and
 # prints "Setting default log level to ..." if they differ. The chatty WARN sources are raised to ERROR.
@@ -44,12 +44,25 @@ def is_local(master: str | None) -> bool:
     return master is not None and master.startswith("local")
 
 
-def spark_conf(master: str | None, *, driver_memory: str = "6g", shuffle_partitions: int = 4) -> dict[str, str]:
-    """Settings for a small machine: quiet, no UI, few shuffle partitions, UTC."""
+def is_loopback(master: str | None) -> bool:
+    """A standalone master on this machine (spark://127.x or localhost): the driver must listen there too."""
+    if master is None or not master.startswith("spark://"):
+        return False
+    hosts = [h.rsplit(":", 1)[0] for h in master[len("spark://"):].split(",")]
+    return all(h == "localhost" or h.startswith("127.") for h in hosts)
+
+
+def spark_conf(
+    master: str | None, *, driver_memory: str = "6g", shuffle_partitions: int = 4, progress: bool = False
+) -> dict[str, str]:
+    """Settings for a small machine: quiet, no UI, few shuffle partitions, UTC.
+
+    `progress`: Spark's console progress bar (stages and task counts, redrawn in place on stderr); the
+    caller asks for it only when stderr is a terminal, so piped output carries nothing extra."""
     conf = {
         "spark.app.name": "idled-pipeline",
         "spark.ui.enabled": "false",
-        "spark.ui.showConsoleProgress": "false",
+        "spark.ui.showConsoleProgress": "true" if progress else "false",
         "spark.sql.shuffle.partitions": str(shuffle_partitions),
         "spark.sql.session.timeZone": "UTC",
         "spark.driver.memory": driver_memory,
@@ -67,7 +80,7 @@ def spark_conf(master: str | None, *, driver_memory: str = "6g", shuffle_partiti
             file.write(_LOG4J)
         os.replace(log4j + ".tmp", log4j)
     conf["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{log4j}"
-    if is_local(master):
+    if is_local(master) or is_loopback(master):
         conf["spark.driver.host"] = "127.0.0.1"
         conf["spark.driver.bindAddress"] = "127.0.0.1"
     return conf
@@ -79,6 +92,7 @@ def start_spark(
     driver_memory: str = "6g",
     shuffle_partitions: int = 4,
     extra_conf: Sequence[tuple[str, str]] = (),
+    progress: bool = False,
 ) -> SparkSession:
     """A SparkSession for the job. master None: whatever spark-submit configured."""
     if is_local(master):
@@ -94,7 +108,7 @@ def start_spark(
     builder = SparkSession.builder
     if master is not None:
         builder = builder.master(master)
-    conf = spark_conf(master, driver_memory=driver_memory, shuffle_partitions=shuffle_partitions)
+    conf = spark_conf(master, driver_memory=driver_memory, shuffle_partitions=shuffle_partitions, progress=progress)
     conf.update(extra_conf)
     for key, value in conf.items():
         builder = builder.config(key, value)

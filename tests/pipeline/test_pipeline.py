@@ -17,7 +17,6 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -174,16 +173,6 @@ VARIANTS = {"all": slice(0, 3), "generated": slice(0, 2)}
 def variant(request: pytest.FixtureRequest, dataset: dict[str, Any]) -> dict[str, Any]:
     dirs = dataset["dirs"][VARIANTS[request.param]]
     return {"name": request.param, "dirs": dirs, "reference": run_reference(dirs)}
-
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
-    pytest.importorskip("pyspark")
-    from idled.pipeline.job import start_spark
-
-    session = start_spark("local[2]", driver_memory="2g", shuffle_partitions=2)
-    yield session
-    session.stop()
 
 
 # ---------------------------------------------------------------------------------------------- decode
@@ -382,8 +371,10 @@ def test_run_command_end_to_end(spark: Any, dataset: dict[str, Any], tmp_path: P
     for directory in dataset["dirs"][:2]:
         argv += ["--events", directory]
     assert main(argv) == 0
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
     assert "events from 2 daemon(s)" in printed and "idle-offline lateness" in printed
+    assert "done in" not in captured.err and "[Stage" not in captured.err  # not a terminal: no progress
     summary = json.loads((out / "summary.json").read_text())
     assert summary["counts"]["corrupt"] == 2 and summary["flap_params"]["k"] == 3
     assert summary["counts"]["events"] == sum(s.events for s in dataset["stats"]) - 2
@@ -457,7 +448,7 @@ def test_every_pipeline_flag_has_help() -> None:
     add_arguments(parser)
     actions = {name: sub for action in parser._actions if isinstance(action, argparse._SubParsersAction)
                for name, sub in action.choices.items()}
-    assert set(actions) == {"run", "generate"}
+    assert set(actions) == {"run", "generate", "cluster"}
     for name, sub in actions.items():
         for action in sub._actions:
             assert action.help, f"pipeline {name} {action.option_strings}: no help"
@@ -477,3 +468,35 @@ def test_importing_the_package_imports_neither_pyspark_nor_the_cli() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     # The package never imports the cli layer above it; neither layer imports pyspark or matplotlib.
     assert out.split() == ["[]", "[]"]
+
+
+@pytest.mark.slow
+def test_run_shows_progress_on_a_terminal(dataset: dict[str, Any], tmp_path: Path) -> None:
+    """stderr a pty: a line per finished step (and Spark's progress bar for stages longer than 0.5 s)."""
+    import pty
+    import select
+
+    pytest.importorskip("pyspark")
+    controller, terminal = pty.openpty()
+    argv = [sys.executable, "-m", "idled.cli.main", "pipeline", "run", "--master", "local[2]", "--no-chart",
+            "--driver-memory", "1g", "--out", str(tmp_path / "out"), "--events", dataset["dirs"][0]]
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=terminal)
+    os.close(terminal)
+    shown = b""
+    while True:
+        ready, _, _ = select.select([controller], [], [], 300)
+        if not ready:
+            break
+        try:
+            chunk = os.read(controller, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        shown += chunk
+    stdout = proc.stdout.read() if proc.stdout else b""
+    assert proc.wait(60) == 0
+    os.close(controller)
+    text = shown.decode(errors="replace")
+    assert "idled pipeline: decoded" in text and "pair done in" in text and "write sessions done in" in text
+    assert b"events from 1 daemon(s)" in stdout and b"done in" not in stdout

@@ -1,0 +1,177 @@
+"""Incremental runs (`--incremental --state DIR`) against one full computation over everything.
+
+A generated two-daemon log (crashes with restart offlines, a graceful restart, flappers) is replayed as it
+grew: hourly snapshots made from byte prefixes of its final segments (the active segment cut at a record
+boundary, once in the middle of a record, as a reader sees a write in progress or a crash's torn tail),
+retention deleting the oldest segments half way. After every snapshot an incremental run updates ``--out``;
+at the end its tables must equal the reference over the complete log, row for row.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from idled.log.eventlog import decode_buffer, encode_record, list_segments
+from idled.pipeline.generate import DEFAULT_START, GenConfig, generate
+from idled.pipeline.reference import compute, load_dirs
+from idled.pipeline.rules import FlapParams
+from tests.pipeline.test_pipeline import KEYS, assert_tables_equal
+
+HOURS = 4
+START = DEFAULT_START + 22 * 3600  # 22:00 UTC: the log crosses midnight, so runs rewrite a day they wrote before
+
+
+def record_offsets(data: bytes) -> list[tuple[int, float]]:
+    """(start offset, ts) of every record of a clean segment."""
+    out = []
+    offset = 0
+    for record in decode_buffer(data).records:
+        frame = encode_record(record)
+        assert data.startswith(frame, offset), "records re-encode byte for byte"
+        out.append((offset, record["ts"]))
+        offset += len(frame)
+    assert offset == len(data)
+    return out
+
+
+class GrowingLog:
+    """A daemon directory replayed from a final one: `advance(t)` makes it hold what was written by time t."""
+
+    def __init__(self, final: str, live: Path) -> None:
+        self.segments = [(Path(path), record_offsets(Path(path).read_bytes())) for _, path in list_segments(final)]
+        self.live = live
+        live.mkdir(parents=True)
+        self.deleted: set[str] = set()
+
+    def advance(self, until: float, torn: int = 0) -> None:
+        for path, offsets in self.segments:
+            if path.name in self.deleted:
+                continue
+            data = path.read_bytes()
+            cut = next((offset for offset, ts in offsets if ts > until), None)
+            if cut is None:
+                content = data
+            else:
+                content = data[: cut + torn]  # `torn` bytes of the next record: a write in progress
+            if cut == 0 and not torn:
+                break
+            target = self.live / path.name
+            if not target.exists() or target.read_bytes() != content:
+                target.write_bytes(content)
+            if cut is not None:
+                break
+
+    def retention(self, keep: int) -> None:
+        """Delete all but the newest `keep` segments, as the daemon's retention does."""
+        present = sorted(p.name for p in self.live.iterdir())
+        for name in present[:-keep]:
+            (self.live / name).unlink()
+            self.deleted.add(name)
+
+
+def snapshot(out: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(out)): (p.stat().st_size, p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def grown(tmp_path_factory: pytest.TempPathFactory, spark: Any) -> dict[str, Any]:
+    from idled.pipeline.job import JobConfig, run_job
+
+    root = tmp_path_factory.mktemp("incremental")
+    config = GenConfig(out=str(root / "final"), users=150, hours=HOURS, daemons=2, seed=5, segment_bytes=60_000,
+                       flappers=0.05, start=START)
+    generate(config, processes=1)
+    finals = [config.daemon_dir(0), config.daemon_dir(1)]
+    logs = [GrowingLog(final, root / "live" / f"daemon-{i}") for i, final in enumerate(finals)]
+    live = [str(log.live) for log in logs]
+    out, state = root / "out", root / "state"
+    job = JobConfig(events=tuple(live), out=str(out), state=str(state), chart=False, flap=FlapParams())
+    runs: list[dict[str, Any]] = []
+
+    def run() -> dict[str, Any]:
+        summary = run_job(job, spark=spark).summary
+        runs.append(summary)
+        return summary
+
+    again = {}
+    for step, hours in enumerate((1, 2, 2.5, 3, HOURS + 1)):
+        for log in logs:
+            log.advance(START + hours * 3600, torn=7 if hours == 2.5 else 0)
+        if hours == 3:
+            for log in logs:
+                log.retention(keep=2)
+        run()
+        if hours == 2:  # the same input again: nothing is decoded, nothing rewritten
+            before = snapshot(out)
+            again = run()
+            again["unchanged"] = snapshot(out) == before
+    rows, _ = load_dirs(finals)
+    reference = compute(rows, [os.path.abspath(p) for p in live])
+    return {"out": out, "state": state, "runs": runs, "again": again, "reference": reference, "logs": logs}
+
+
+def test_incremental_runs_equal_one_full_run(spark: Any, grown: dict[str, Any]) -> None:
+    assert any(log.deleted for log in grown["logs"])  # retention deleted segments the first runs read
+    for table in KEYS:
+        rows = [r.asDict() for r in spark.read.parquet(str(grown["out"] / table)).collect()]
+        assert rows, table
+        if table != "flappers":
+            assert len({r["date"] for r in rows}) == 2, table  # both days, the first rewritten after midnight
+        assert_tables_equal(rows, grown["reference"].tables[table], table)
+
+
+def test_incremental_counts_equal_one_full_run(grown: dict[str, Any]) -> None:
+    counts = grown["runs"][-1]["counts"]
+    ref = grown["reference"].counts
+    assert counts["events"] == ref["events"] and counts["duplicates"] == 0
+    assert counts["sessions"] == ref["sessions"] and counts["open_sessions"] == ref["open_sessions"]
+    assert counts["orphan_offlines"] == ref["orphans"] and counts["superseded_sessions"] == ref["superseded"]
+    reasons = {s["end_reason"] for s in grown["reference"].tables["sessions"]}
+    assert {"restart", "shutdown"} <= reasons  # a crash and a graceful restart happened in between
+
+
+def test_running_twice_on_the_same_input_changes_nothing(grown: dict[str, Any]) -> None:
+    again = grown["again"]
+    assert again["incremental"]["nothing_new"] and again["unchanged"]
+    decoded = [r["incremental"]["files_decoded"] for r in grown["runs"]]
+    assert decoded[2] == 0 and all(n > 0 for i, n in enumerate(decoded) if i != 2)
+
+
+def test_state_is_small_and_refuses_other_inputs(grown: dict[str, Any], tmp_path: Path) -> None:
+    from idled.pipeline.incremental import StateError, load_state
+
+    data = json.loads((grown["state"] / "state.json").read_text())
+    assert not (grown["state"] / "journal.json").exists() and not (grown["state"] / "staging").exists()
+    assert [n for n in os.listdir(grown["state"]) if n.startswith("gen-")] == [f"gen-{data['generation']}"]
+    with pytest.raises(StateError):
+        load_state(str(grown["state"]), ["/elsewhere"], str(grown["out"]), FlapParams())
+    with pytest.raises(StateError):
+        load_state(str(grown["state"]), data["inputs"], str(grown["out"]), FlapParams(k=2))
+
+
+def test_an_interrupted_commit_is_finished_by_the_next_run(tmp_path: Path) -> None:
+    from idled.pipeline.incremental import apply_journal
+
+    state, out = tmp_path / "state", tmp_path / "out"
+    (state / "staging" / "dau" / "date=2026-05-01").mkdir(parents=True)
+    (state / "staging" / "dau" / "date=2026-05-01" / "part.parquet").write_text("new")
+    (out / "dau" / "date=2026-05-01").mkdir(parents=True)
+    (out / "dau" / "date=2026-05-01" / "part.parquet").write_text("old")
+    (out / "dau" / "date=2026-04-30").mkdir(parents=True)
+    moves = [[str(state / "staging" / "dau" / "date=2026-05-01"), str(out / "dau" / "date=2026-05-01")],
+             [None, str(out / "dau" / "date=2026-04-30")]]
+    (state / "journal.json").write_text(json.dumps({"moves": moves, "state": {"generation": 3}}))
+    (state / "gen-2").mkdir()
+    apply_journal(str(state))
+    apply_journal(str(state))  # idempotent
+    assert (out / "dau" / "date=2026-05-01" / "part.parquet").read_text() == "new"
+    assert not (out / "dau" / "date=2026-04-30").exists()
+    assert json.loads((state / "state.json").read_text()) == {"generation": 3}
+    assert sorted(os.listdir(state)) == ["state.json"]
+    shutil.rmtree(tmp_path)
