@@ -7,7 +7,6 @@ pytest-trio runs `async def` tests under trio, so each test here is synchronous 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,13 +16,6 @@ from tests.client import scenarios
 from tests.client.support import Idled
 
 pytestmark = pytest.mark.slow  # real idled daemons
-
-
-@pytest.fixture
-def idled(tmp_path: Path) -> Iterator[Idled]:
-    daemon = Idled(tmp_path).start()
-    yield daemon
-    daemon.kill()
 
 
 def test_session_keepalive_and_bye(idled: Idled) -> None:

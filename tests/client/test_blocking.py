@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,13 +12,6 @@ from idled.client.blocking import connect_session, watch
 from tests.client.support import HOST, Idled
 
 pytestmark = pytest.mark.slow  # real idled daemons
-
-
-@pytest.fixture
-def idled(tmp_path: Path) -> Iterator[Idled]:
-    daemon = Idled(tmp_path).start()
-    yield daemon
-    daemon.kill()
 
 
 def test_blocking_session_and_watch(idled: Idled) -> None:

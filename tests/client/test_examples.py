@@ -6,7 +6,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,13 +18,6 @@ from tests.client.support import HOST, Idled
 pytestmark = pytest.mark.slow  # real idled daemons
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-
-
-@pytest.fixture
-def idled(tmp_path: Path) -> Iterator[Idled]:
-    daemon = Idled(tmp_path).start()
-    yield daemon
-    daemon.kill()
 
 
 def example(name: str, *args: str, out: Path) -> subprocess.Popen[bytes]:

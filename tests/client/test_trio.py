@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,13 +12,6 @@ from tests.client import scenarios
 from tests.client.support import Idled
 
 pytestmark = pytest.mark.slow  # real idled daemons
-
-
-@pytest.fixture
-def idled(tmp_path: Path) -> Iterator[Idled]:
-    daemon = Idled(tmp_path).start()
-    yield daemon
-    daemon.kill()
 
 
 async def test_session_keepalive_and_bye(idled: Idled) -> None:
