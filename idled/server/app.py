@@ -38,7 +38,6 @@ import dataclasses
 import functools
 import logging
 import os
-import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -70,6 +69,7 @@ from idled.server.monitor import Monitor
 from idled.server.observers import Observers
 from idled.server.seqs import SeqBlocks
 from idled.server.sessions import Sessions
+from idled.server.signals import until_stopped
 from idled.server.supervisor import STOP_TIMEOUT, Supervisor
 from idled.server import internal
 from idled.server.workermetrics import WorkerCollector
@@ -298,24 +298,13 @@ class Server:
         return await open_listeners(cfg.host, cfg.port, self.env)
 
     async def _until_stopped(self) -> None:
-        """Wait for SIGTERM/SIGINT (or ``stop()``). Once shutdown begins the default handlers are back, so a
-        second Ctrl-C interrupts the shutdown itself."""
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
-            async with trio.open_nursery() as watch:
+        """Wait for SIGTERM/SIGINT (or ``stop()``); SIGHUP reloads, here and in every worker."""
+        await until_stopped(self._stop_event, self._hangup)
 
-                async def on_signals() -> None:
-                    async for signum in signals:
-                        if signum == signal.SIGHUP:
-                            self._reload()
-                            if self.workers is not None:
-                                self.workers.hangup()
-                        else:
-                            log.info("%s: shutting down", signal.Signals(signum).name)
-                            self._stop_event.set()
-
-                watch.start_soon(on_signals)
-                await self._stop_event.wait()
-                watch.cancel_scope.cancel()
+    def _hangup(self) -> None:
+        self._reload()
+        if self.workers is not None:
+            self.workers.hangup()
 
     def stop(self) -> None:
         """Begin a clean shutdown (what SIGTERM does)."""

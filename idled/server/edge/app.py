@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import signal
 import socket
 import sys
 from collections.abc import Callable, Sequence
@@ -42,6 +41,7 @@ from idled.server.conn import Doorway, auth_secret, refuse
 from idled.server.listen import CAPACITY_ERRNOS, SHORTAGE_PAUSE
 from idled.server.edge.link import CoreLink
 from idled.server.edge.users import EdgeUsers
+from idled.server.signals import until_stopped
 
 __all__ = ["Edge", "RELOADABLE"]
 
@@ -191,20 +191,7 @@ class Edge:
         self._stop.set()
 
     async def _until_stopped(self) -> None:
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
-            async with trio.open_nursery() as watch:
-
-                async def on_signals() -> None:
-                    async for signum in signals:
-                        if signum == signal.SIGHUP:
-                            self._reload()
-                        else:
-                            log.info("%s: draining", signal.Signals(signum).name)
-                            self._stop.set()
-
-                watch.start_soon(on_signals)
-                await self._stop.wait()
-                watch.cancel_scope.cancel()
+        await until_stopped(self._stop, self._reload, stopping="draining")
 
     async def _drain(self) -> None:
         self.users.stopping = True
