@@ -3,7 +3,7 @@
 
 The machinery is in `idled.tools.bench` (`schedule`, `detectors`, `table`; `writer`); this module reads
 the flags, checks them -- and the output files, and matplotlib for ``--plot`` -- before minutes of
-benchmarking, runs, prints, and returns the exit status of the epilog (`idled.tools.EXIT_STATUS_EPILOG`):
+benchmarking, runs, prints, and returns the exit status of the one table (`idled.ops.fatal`, shown in `--help`):
 3 when a target FAILED (a detector expired a key early, late or never at any size; a performance target
 missed at the target size).
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from idled.core.detector import DEFAULT_CHUNK
 from idled.core.factory import DETECTOR_KINDS
-from idled.tools import EXIT_ERROR, EXIT_FAILED, EXIT_OK, EXIT_STATUS_EPILOG, EXIT_USAGE
+from idled.ops.fatal import EXIT_FAILURE, EXIT_OK, EXIT_TARGET_FAILED, EXIT_USAGE
 from idled.tools.bench.detectors import (
     CLOCKS, DEFAULT_SECONDS, DEFAULT_SILENT_FRACTION, DEFAULT_SIZES, DEFAULT_SLOTS, DEFAULT_TIMEOUT, SizeReport,
     bench_size,
@@ -56,7 +56,6 @@ def _kinds(text: str) -> list[str]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.epilog = EXIT_STATUS_EPILOG
     parser.add_argument(
         "--sizes", type=_sizes, default=list(DEFAULT_SIZES), help="comma-separated key counts (default: %(default)s)"
     )
@@ -160,11 +159,11 @@ def run(args: argparse.Namespace) -> int:
         return 130
     except (OSError, RuntimeError, MemoryError) as exc:  # RuntimeError: a detector that never stops being due
         print(f"idled bench: {exc}", file=sys.stderr)
-        return EXIT_ERROR
+        return EXIT_FAILURE
     bad = failed(target_checks(reports))
     if bad:
         print(f"idled bench: FAILED: {'; '.join(c.label for c in bad)}", file=sys.stderr)
-        return EXIT_FAILED
+        return EXIT_TARGET_FAILED
     return EXIT_OK
 
 
@@ -251,7 +250,7 @@ def _writer(args: argparse.Namespace) -> int:
         return 130
     except OSError as exc:
         print(f"idled bench: {exc}", file=sys.stderr)
-        return EXIT_ERROR
+        return EXIT_FAILURE
     return EXIT_OK
 
 

@@ -10,7 +10,7 @@ presence-event rate (`idled.tools.loadtest.eventrate`).
 The JSON document (``--json``) holds the configuration, the verdict, the targets, the percentile summaries
 and an ``.hgrm``-style table of both lateness measures, and the time series. The verdict is OK only when
 the run completed, every event was right, and no target FAILED; the exit status says the same (see the
-epilog, `idled.tools.EXIT_STATUS_EPILOG`).
+table, `idled.ops.fatal`, shown in `--help`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any
 import trio
 
 from idled.protocol import MAX_KEEPALIVE, MIN_KEEPALIVE
-from idled.tools import EXIT_ERROR, EXIT_FAILED, EXIT_OK, EXIT_STATUS_EPILOG, EXIT_USAGE
+from idled.ops.fatal import EXIT_FAILURE, EXIT_OK, EXIT_TARGET_FAILED, EXIT_USAGE
 from idled.tools.loadtest.ipc import IpcError
 from idled.tools.loadtest.observer import ObserverLost
 from idled.tools.loadtest.report import clean_json, compare_ratios, compare_text, plot_results, summary_text
@@ -55,7 +55,6 @@ class UsageError(Exception):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.epilog = EXIT_STATUS_EPILOG
     _server_flags(parser.add_argument_group("server under test (one of)"))
     _load_flags(parser.add_argument_group("load"))
     out = parser.add_argument_group("output")
@@ -337,8 +336,8 @@ def _check_writable(path: str, flag: str) -> None:
 def exit_status(results: list[dict[str, Any]]) -> int:
     """1 if a run broke off, else 3 if a run FAILED (an event wrong, a login failed, a target missed), else 0."""
     if any(r.get("aborted") for r in results):
-        return EXIT_ERROR
-    return EXIT_OK if all(r["ok"] for r in results) else EXIT_FAILED
+        return EXIT_FAILURE
+    return EXIT_OK if all(r["ok"] for r in results) else EXIT_TARGET_FAILED
 
 
 def run(args: argparse.Namespace) -> int:
@@ -373,7 +372,7 @@ def run(args: argparse.Namespace) -> int:
     except (RuntimeError, OSError, ObserverLost, IpcError) as exc:  # RunFailed is a RuntimeError
         # one line, no traceback (a spawned server that failed to start adds its last output lines)
         print(f"idled loadtest: {exc or type(exc).__name__}", file=sys.stderr)
-        return EXIT_ERROR
+        return EXIT_FAILURE
     return exit_status(results)
 
 
@@ -422,10 +421,10 @@ def _event_rate(args: argparse.Namespace) -> int:
         return 130
     except (OSError, eventrate.EventRateError) as exc:
         print(f"idled loadtest: {exc}", file=sys.stderr)
-        return EXIT_ERROR
+        return EXIT_FAILURE
     if not latencies:
         print("idled loadtest: no events received", file=sys.stderr)
-        return EXIT_ERROR
+        return EXIT_FAILURE
     print(eventrate.summary(latencies, seconds))
     return EXIT_OK
 

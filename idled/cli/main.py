@@ -73,11 +73,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         _add_version(command_parser)
         if name == command:
             importlib.import_module(module_name).add_arguments(command_parser)
-        # The command's own epilog (serve: where settings come from) stays; an exit-status table of its own
-        # gives way to the one table, so every --help says the same thing.
+        # The command's own epilog (serve: where settings come from) stays, then the one exit-status table.
         own = command_parser.epilog
-        if own and own.lstrip().startswith("exit status"):
-            own = None
         command_parser.epilog = (own + "\n\n" if own else "") + EXIT_STATUS_HELP
         command_parser.formatter_class = argparse.RawDescriptionHelpFormatter
     return parser

@@ -18,7 +18,7 @@ import pytest
 
 from idled.cli import bench as bench_cli
 from idled.cli import main as cli
-from idled.tools import EXIT_ERROR, EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from idled.ops.fatal import EXIT_FAILURE, EXIT_OK, EXIT_TARGET_FAILED, EXIT_USAGE
 from idled.tools.bench.detectors import RunResult, SizeReport
 from idled.tools.bench.table import TARGET_SIZE, failed, format_table, target_checks
 
@@ -49,10 +49,10 @@ def test_loadtest_target_not_running_is_one_line_and_exit_1(tmp_path: Path) -> N
     port = unused_port()
     proc = idled(["loadtest", "--target", f"127.0.0.1:{port}", "--keepalive", "1", "--duration", "10",
                   "--quiet"], tmp_path)
-    assert proc.returncode == EXIT_ERROR
+    assert proc.returncode == EXIT_FAILURE
     assert one_line(proc.stderr) == f"idled loadtest: cannot connect to 127.0.0.1:{port}: Connection refused"
     proc = idled(["loadtest", "--event-rate", "100", "--target", f"127.0.0.1:{port}"], tmp_path)
-    assert proc.returncode == EXIT_ERROR
+    assert proc.returncode == EXIT_FAILURE
     assert one_line(proc.stderr) == f"idled loadtest: cannot connect to 127.0.0.1:{port}: Connection refused"
 
 
@@ -104,7 +104,7 @@ def test_loadtest_with_a_failed_target_says_failed_and_exits_3(tmp_path: Path) -
                   "--duration", "6", "--quiet", "--json", str(out), "--", "--max-timeout", "1", "--timeout", "1"],
                  tmp_path)
     result = json.loads(out.read_text())
-    assert proc.returncode == EXIT_FAILED, proc.stderr
+    assert proc.returncode == EXIT_TARGET_FAILED, proc.stderr
     assert result["aborted"] is None
     assert result["ok"] is False and result["verdict"]["false_offlines"] > 0
     assert "false_offlines == 0" in result["targets_failed"]
@@ -163,7 +163,7 @@ def test_bench_exit_status_follows_the_printed_verdict(monkeypatch: pytest.Monke
     # the command's mapping from the verdict it prints to its exit status (the reports themselves are
     # stand-ins: a real FAIL needs a million keys or a broken detector)
     monkeypatch.setattr(bench_cli, "bench_size", lambda size, **_: _report(size, early=1))
-    assert cli.main(["bench", "--sizes", "500", "--quiet"]) == EXIT_FAILED
+    assert cli.main(["bench", "--sizes", "500", "--quiet"]) == EXIT_TARGET_FAILED
     captured = capsys.readouterr()
     assert "FAIL  ring-eager exact" in captured.out and "verdict: FAILED" in captured.out
     assert "idled bench: FAILED: ring-eager exact" in captured.err
