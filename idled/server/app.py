@@ -9,8 +9,8 @@ touches sockets and handles signals, and this module wires its pieces together r
 * ``seqs.SeqBlocks``: the durable seq reservation, extended ahead of need;
 * ``sessions.Sessions``: the presence table as connections and the tick task change it (room, publish,
   take-over, the shutdown flag);
-* ``conn.Doorway``: admission, login and dispatch of each connection to its role -- ``users.run_user``,
-  ``gateways.Gateways``, ``observers.Observers``;
+* ``conn.Doorway``: admission, login and dispatch of each connection to its role -- ``users.run_user`` (the
+  user loop, on the presence table through ``users.CoreUsers``), ``gateways.Gateways``, ``observers.Observers``;
 * ``ticker.Ticker``: expiry; ``monitor.Monitor``: loop lag, the watchdog, periodic hooks;
 * the log writer (``idled.log.writer.run_writer``), which group-commits the records the bus queues.
 
@@ -74,7 +74,7 @@ from idled.server.supervisor import STOP_TIMEOUT, Supervisor
 from idled.server import internal
 from idled.server.workermetrics import WorkerCollector
 from idled.server.ticker import Ticker
-from idled.server.users import run_user
+from idled.server.users import CoreUsers, run_user
 
 __all__ = ["RELOADABLE", "Server"]
 
@@ -206,7 +206,7 @@ class Server:
         self._gateways = Gateways(sessions, self._peers, max_frame=cfg.max_gateway_frame)
         self._observers = observers = Observers(presence, self.bus, self.log, first_seq=self.seqs.first, peers=self._peers)
         self._damage = (recovery.skipped_bytes + recovery.truncated_bytes, recovery.corrupt_records)
-        roles = {"uid": functools.partial(run_user, sessions), "gateway": self._gateways.run, "observer": observers.run}
+        roles = {"uid": functools.partial(run_user, CoreUsers(sessions)), "gateway": self._gateways.run, "observer": observers.run}
         self._door = Doorway(
             cfg, sessions=sessions, roles=roles, secret=self.secret, metrics=self.metrics, connections=self.connections,
             trusts=self.workers.trusts if self.workers is not None else None, public=self.workers is None,

@@ -1,12 +1,29 @@
-"""The user role: one connection, one uid; any frame is activity.
+"""The user role: one connection, one uid; any frame is activity -- for the core and the edge alike.
 
 Theory of operation
 -------------------
-After the login the task is one loop -- read a message, ``presence.touch``, answer a ping -- and that loop is
-the per-packet path of the whole daemon (~3.3k packets/s at 100k users), so it holds the table's ``touch``
-and the clock's ``now`` in locals: no attribute chain, no extra call per packet. No per-connection timer
-exists: idleness is the detector's job, and its tick task ends an idle session by cancelling the
-connection's scope (``Connection.release``), after which this task sends the error frame and closes.
+After the login the task is one loop -- read a message, touch, answer a ping -- and that loop is the per-packet
+path of the whole daemon (~3.3k packets/s at 100k users). What a session does beyond its connection is a
+``UserSessions``, the one thing that differs between a user served by the core and one served by an edge:
+
+* ``begin(login)``, before the welcome. Core: wait for the log's room, ``presence.login``, tell a previous
+  owner ``kicked``, publish the online event. Edge: ``link.attach``, tell a previous connection here ``kicked``.
+* ``ready(uid, conn)``, inside the connection's scope: the welcome's timeout. Core: the table's. Edge: the
+  core's rule; first it waits (at most 2 s) for the core to acknowledge the attach.
+* ``touch(uid, now())``, per frame. Core: ``presence.touch`` at the stall-guarded clock. Edge: ``link.touch``,
+  a dict store.
+* ``end(uid, conn, reason)``. Core: the offline event (``logout``, ``closed``). Edge: ``link.detach``. Either
+  only if the connection still owns the session.
+
+The loop holds ``touch`` and ``now`` in locals -- for the core, the table's own ``touch`` and the clock's
+``now``: no attribute chain, no wrapper call per packet. ``ready`` runs inside the connection's scope, so a
+connection closed while it waits (kicked, shut down) stops waiting.
+
+No per-connection timer exists: idleness is the detector's job (at an edge, the core's), which ends an idle
+session by cancelling the connection's scope (``Connection.release``); this task then sends the error frame
+and closes. ``end`` is called however the connection ends but by cancellation -- bye (``logout``), end of
+stream, a broken stream or a protocol error (``closed``), or the server closing it -- and does nothing unless
+the connection still owns its session: one the server ended (idle, kicked, shutdown) was already replaced.
 
 Memory: one frame is read at a time (``max_frame``) and its only reply, ``pong``, is written inline by this
 task, so nothing is ever queued for a user. A user that pings without reading blocks its own task once its
@@ -17,32 +34,76 @@ the session (``idle_timeout``; the error frame's write is bounded by ``SEND_ERRO
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
 
 import trio
 
+from idled.core.presence import Uid
 from idled.protocol import BYE, PING, PONG_FRAME, ErrorCode, FrameDecoder, Login, Msg, ProtocolError, Welcome, encode, receive_message
 from idled.server.conn import Connection, close_with
 from idled.server.sessions import Sessions
 
-__all__ = ["run_user"]
+__all__ = ["CoreUsers", "UserSessions", "run_user"]
+
+C = TypeVar("C", bound=Connection)
 
 
-async def run_user(sessions: Sessions, stream: trio.abc.Stream, decoder: FrameDecoder, login: Login) -> None:
-    """Serve a logged-in user (bind ``sessions`` with functools.partial to make it a role)."""
-    presence, publish, now = sessions.presence, sessions.publish, sessions.clock.now
-    touch = presence.touch
+class UserSessions(Protocol[C]):
+    """What happens to a user's session as its connection goes (see the module docstring)."""
+
+    touch: Callable[[Uid, float], None]  # activity at ``now()``: the per-packet path
+    now: Callable[[], float]
+
+    async def begin(self, login: Login) -> C:
+        """The session of ``login.name`` starts, owned by the connection returned. May raise ProtocolError."""
+
+    async def ready(self, uid: Uid, conn: C) -> float:
+        """Just before the welcome, inside the connection's scope: the timeout the welcome announces."""
+
+    def end(self, uid: Uid, conn: C, reason: str) -> None:
+        """The connection ended (``logout`` or ``closed``); nothing happens unless it still owns the session."""
+
+
+class CoreUsers:
+    """The core's ``UserSessions``: the presence table, changed through ``Sessions``."""
+
+    __slots__ = ("sessions", "touch", "now")
+
+    def __init__(self, sessions: Sessions) -> None:
+        self.sessions = sessions
+        self.touch = sessions.presence.touch
+        self.now = sessions.clock.now
+
+    async def begin(self, login: Login) -> Connection:
+        sessions = self.sessions
+        await sessions.room()
+        sessions.refuse_if_stopping()  # again after the wait
+        uid, conn = login.name, Connection()
+        previous, event = sessions.presence.login(uid, conn, self.now(), time.time(), login.keepalive)
+        sessions.take_over(uid, previous, conn)
+        sessions.publish(event)
+        sessions.wake_ticker()
+        return conn
+
+    async def ready(self, uid: Uid, conn: Connection) -> float:
+        return self.sessions.presence.timeout_of(uid)
+
+    def end(self, uid: Uid, conn: Connection, reason: str) -> None:
+        sessions = self.sessions
+        sessions.publish(sessions.presence.logout(uid, conn, self.now(), time.time(), reason))
+
+
+async def run_user(users: UserSessions[Any], stream: trio.abc.Stream, decoder: FrameDecoder, login: Login) -> None:
+    """Serve a logged-in user (bind ``users`` with functools.partial to make it a role)."""
     uid = login.name
-    conn = Connection()
-    await sessions.room()
-    sessions.refuse_if_stopping()  # again after the wait
-    previous, event = presence.login(uid, conn, now(), time.time(), login.keepalive)
-    sessions.take_over(uid, previous, conn)
-    publish(event)
-    sessions.wake_ticker()
+    conn = await users.begin(login)
+    touch, now = users.touch, users.now
     reason = "closed"
     try:
         with conn.scope:
-            await stream.send_all(encode(Welcome("uid", uid, presence.timeout_of(uid))))
+            timeout = await users.ready(uid, conn)
+            await stream.send_all(encode(Welcome("uid", uid, timeout)))
             while (message := await receive_message(stream, decoder)) is not None:
                 if conn.end is None:  # a kicked connection's last frames are not the new owner's activity
                     touch(uid, now())  # any frame is activity
@@ -53,13 +114,12 @@ async def run_user(sessions: Sessions, stream: trio.abc.Stream, decoder: FrameDe
                     break
                 elif type(message) is not Msg:
                     raise ProtocolError(ErrorCode.NOT_ALLOWED, f"{type(message).__name__.lower()} is not for users")
-    except ProtocolError:
-        # The session ends here; the doorway counts the error and sends its frame.
-        publish(presence.logout(uid, conn, now(), time.time(), "closed"))
-        raise
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         pass
+    except Exception:
+        # A protocol error (the doorway counts it and sends its frame) -- or a bug: either way the session ends.
+        users.end(uid, conn, "closed")
+        raise
+    users.end(uid, conn, reason)
     if conn.end is not None:
         await close_with(stream, *conn.end)
-    else:
-        publish(presence.logout(uid, conn, now(), time.time(), reason))

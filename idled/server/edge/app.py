@@ -4,10 +4,10 @@ Theory of operation
 -------------------
 ``serve()`` runs one nursery: the core link (``CoreLink.run``, reconnecting for ever), then -- once the
 core's first welcome has told the edge its parameters -- the accept loop, whose handler is the server's own
-``Doorway`` with the edge's roles (``EdgeUsers.run`` for users, ``EdgeUsers.relay`` for gateways and
-observers). It prints ``IDLED_LISTENING host=H port=P`` once listening. Listeners are opened from
-``--host/--port`` or adopted from inherited descriptors (``--listen-fd``, the ``--workers`` supervisor passes
-the public socket to every edge and the kernel spreads the accepts).
+``Doorway`` with the edge's roles (the server's user loop ``run_user`` on ``EdgeUsers`` for users,
+``EdgeUsers.relay`` for gateways and observers). It prints ``IDLED_LISTENING host=H port=P`` once
+listening. Listeners are opened from ``--host/--port`` or adopted from inherited descriptors (``--listen-fd``,
+the ``--workers`` supervisor passes the public socket to every edge and the kernel spreads the accepts).
 
 *Accepting when full.* The limit is ``max_connections`` capped to the descriptor budget
 (``idled.ops.fdbudget``; a relay counts twice). An edge at its limit stops accepting: on a socket shared by
@@ -24,6 +24,7 @@ doorway's limits (``max_connections``, ``login_timeout``, ``max_frame``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import socket
 import sys
@@ -42,6 +43,7 @@ from idled.server.listen import CAPACITY_ERRNOS, SHORTAGE_PAUSE
 from idled.server.edge.link import CoreLink
 from idled.server.edge.users import EdgeUsers
 from idled.server.signals import until_stopped
+from idled.server.users import run_user
 
 __all__ = ["Edge", "RELOADABLE"]
 
@@ -79,7 +81,7 @@ class Edge:
         relay = self.users.relay
         self.door = Doorway(
             config, sessions=self.users,  # type: ignore[arg-type]  # it needs only stopping/refuse_if_stopping
-            roles={"uid": self.users.run, "gateway": relay, "observer": relay},
+            roles={"uid": functools.partial(run_user, self.users), "gateway": relay, "observer": relay},
             secret=self.secret, metrics=self.metrics, connections=self.connections,
         )
         self.gc_policy = gc_policy  # None: the interpreter's default (tests run many edges in one process)

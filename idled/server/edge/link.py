@@ -184,7 +184,9 @@ class CoreLink:
         self.batch.live[uid] = keepalive
         return None
 
-    def touch(self, uid: Uid) -> None:
+    def touch(self, uid: Uid, now: float = 0.0) -> None:
+        """Activity from ``uid``. ``now`` is not used: the core stamps a touch when it arrives (the argument
+        makes this the user loop's ``touch(uid, now())``, as the core's presence table is)."""
         if self.connected:
             touches = self.touches
             touches[uid] = None

@@ -3,8 +3,9 @@
 Theory of operation
 -------------------
 *Users.* After the doorway's login (``idled.server.conn.Doorway``: admission, login timeout, auth, error
-frames -- the server's own code), a user is one task, exactly like a direct connection: read a message,
-``link.touch(uid)`` (a dict store), answer a ping with a pong from here, ``bye`` or end of stream ends it
+frames -- the server's own code), a user runs the server's own user loop (``idled.server.users.run_user``)
+with this object as its ``UserSessions``: the login is ``link.attach``, every frame ``link.touch(uid)`` (a
+dict store), a ping is answered with a pong from here, and ``bye`` or the end of the stream ends it
 (``link.detach``). Its ``welcome`` carries the timeout the core would give (``CoreParams.timeout_for``). There
 is no per-connection timer or buffer beyond the decoder: idleness is the core's job, and the core says when
 (``ended``). ``users`` maps each uid to its one connection here.
@@ -29,15 +30,14 @@ one read in flight per direction) until either side closes. Tokens are checked b
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 import trio
 
 from idled.core.presence import Uid
-from idled.protocol import (
-    BYE, PING, PONG_FRAME, ErrorCode, FrameDecoder, Login, Msg, ProtocolError, Welcome, encode, receive_message,
-)
-from idled.server.conn import Connection, close_with
+from idled.protocol import ErrorCode, FrameDecoder, Login, ProtocolError, encode
+from idled.server.conn import Connection
 from idled.server.edge.link import CoreLink, open_core_stream
 
 __all__ = ["EdgeUser", "EdgeUsers", "RELAY_BYTES"]
@@ -51,19 +51,26 @@ ATTACH_WAIT = 2.0  # seconds a login waits for the core to process its attach be
 class EdgeUser(Connection):
     """A user connection at the edge: the login time and timeout (for crossed notices) beside the scope."""
 
-    __slots__ = ("since", "timeout")
+    __slots__ = ("since", "timeout", "attached")
 
     def __init__(self, since: float, timeout: float) -> None:
         super().__init__()
         self.since = since
         self.timeout = timeout
+        self.attached: trio.Event | None = None  # set once the core has processed the login's attach
 
 
 class EdgeUsers:
-    """The ``uid`` role at the edge (``run``), the relay for the others (``relay``), and ``ended`` notices."""
+    """The edge's ``UserSessions`` for the shared user loop (``idled.server.users.run_user``), the relay for
+    the other roles (``relay``), and ``ended`` notices."""
+
+    # The link stamps nothing (the core stamps a touch when it arrives): any cheap clock fills the loop's
+    # ``touch(uid, now())``, and a C function costs no Python frame per packet.
+    now = staticmethod(time.monotonic)
 
     def __init__(self, link: CoreLink, core_address: str) -> None:
         self.link = link
+        self.touch = link.touch
         self.core_address = core_address
         self.users: dict[Uid, EdgeUser] = {}
         self.relays = 0
@@ -74,52 +81,35 @@ class EdgeUsers:
         if self.stopping:
             raise ProtocolError(ErrorCode.SERVER_SHUTDOWN, "server is shutting down")
 
-    async def run(self, stream: trio.abc.Stream, decoder: FrameDecoder, login: Login) -> None:
+    # -- the user role: run_user(self, ...) (idled.server.users) --------------------------------------------
+
+    async def begin(self, login: Login) -> EdgeUser:
         link, users = self.link, self.users
         uid = login.name
         params = link.params
         assert params is not None  # the edge accepts only after the core's first welcome
-        timeout = params.timeout_for(login.keepalive)
-        conn = EdgeUser(trio.current_time(), timeout)
+        conn = EdgeUser(trio.current_time(), params.timeout_for(login.keepalive))
         previous = users.get(uid)
         users[uid] = conn
-        attached = link.attach(uid, login.keepalive)  # also for a local duplicate: new keepalive, fresh deadline
+        conn.attached = link.attach(uid, login.keepalive)  # also for a local duplicate: new keepalive, fresh deadline
         if previous is not None:
             previous.close(ErrorCode.KICKED, "logged in elsewhere")
-            previous = None
-        touch = link.touch
-        reason = "closed"
-        try:
-            with conn.scope:
-                if attached is not None:
-                    # The welcome follows the core's online record, as for a direct login (bounded: a core
-                    # that does not answer is the link's liveness check's business, not this user's).
-                    with trio.move_on_after(ATTACH_WAIT):
-                        await attached.wait()
-                    attached = None  # this frame lives as long as the connection: hold nothing it no longer needs
-                await stream.send_all(encode(Welcome("uid", uid, timeout)))
-                while (message := await receive_message(stream, decoder)) is not None:
-                    if conn.end is None:  # a kicked connection's last frames are not the new owner's activity
-                        touch(uid)
-                    if message is PING:
-                        await stream.send_all(PONG_FRAME)
-                    elif message is BYE:
-                        reason = "logout"
-                        break
-                    elif type(message) is not Msg:
-                        raise ProtocolError(ErrorCode.NOT_ALLOWED, f"{type(message).__name__.lower()} is not for users")
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
-        finally:
-            if conn.end is not None and conn.end[0] == ErrorCode.SERVER_SHUTDOWN:
-                reason = "shutdown"  # the edge is draining: the record a direct user gets at shutdown
-            self._gone(uid, conn, reason)
-        if conn.end is not None:
-            await close_with(stream, *conn.end)
+        return conn
 
-    def _gone(self, uid: Uid, conn: EdgeUser, reason: str) -> None:
+    async def ready(self, uid: Uid, conn: EdgeUser) -> float:
+        if conn.attached is not None:
+            # The welcome follows the core's online record, as for a direct login (bounded: a core that does
+            # not answer is the link's liveness check's business, not this user's).
+            with trio.move_on_after(ATTACH_WAIT):
+                await conn.attached.wait()
+            conn.attached = None  # the connection lives on: hold nothing it no longer needs
+        return conn.timeout
+
+    def end(self, uid: Uid, conn: EdgeUser, reason: str) -> None:
         if self.users.get(uid) is conn:
             del self.users[uid]
+            if conn.end is not None and conn.end[0] == ErrorCode.SERVER_SHUTDOWN:
+                reason = "shutdown"  # the edge is draining: the record a direct user gets at shutdown
             self.link.detach(uid, reason)
 
     def on_ended(self, uids: tuple[Uid, ...], reason: str) -> None:
