@@ -20,7 +20,7 @@ touched. It fixes the connection limit: ``max_connections``, capped to the descr
 (``idled.ops.fdbudget``: the open-file limit less a reserve for the log, metrics and the rest) with a warning,
 so descriptors never run out under the log's feet. Then it recovers the log (which fixes the first seq),
 builds the presence table and the pieces above, and runs one nursery: the writer, the /metrics endpoint, the
-tick task, one accept loop per listener (``listen.accept_loop``; handlers run in this nursery, under the
+tick task, one accept loop per listener (``listen.accept_all``; handlers run in this nursery, under the
 accept loops' own scope so stopping to accept leaves them running), the monitor.
 With ``--workers N`` the core accepts only on its internal unix socket (``internal``) and a
 ``supervisor.Supervisor`` task runs N ``idled edge`` children on the public port (READY=1 once they listen).
@@ -62,9 +62,9 @@ from idled.ops.metrics import Metrics, NullMetrics
 from idled.protocol import ErrorCode
 from idled.server.bus import EventBus
 from idled.server.clock import Clock
-from idled.server.conn import Connection, Doorway, auth_secret, refuse
+from idled.server.conn import Connection, Doorway, auth_secret, refuse_out_of_descriptors
 from idled.server.gateways import Gateways
-from idled.server.listen import Shortage, accept_loop, bound_address, display, open_listeners, precheck_host, require_auth
+from idled.server.listen import Shortage, accept_all, bound_address, display, open_listeners, precheck_host, require_auth
 from idled.server.monitor import Monitor
 from idled.server.observers import Observers
 from idled.server.seqs import SeqBlocks
@@ -275,13 +275,9 @@ class Server:
         # Accept loops under their own scope, handlers in the main nursery: stopping to accept
         # (shutdown) closes the listeners and leaves the connections to end cleanly. With no listener
         # (connections are handed to handle() directly) the scope is just held.
-        refuse_busy = functools.partial(refuse, code=ErrorCode.BUSY, reason="out of file descriptors")
         with self._accept_scope:
-            async with trio.open_nursery() as loops:
-                for listener in listeners:
-                    loops.start_soon(accept_loop, listener, self.handle, handlers, refuse_busy, self.shortage)
-                task_status.started()
-                await trio.sleep_forever()
+            await accept_all(listeners, self.handle, handlers, refuse_out_of_descriptors, self.shortage,
+                             task_status=task_status)
 
     async def _open_internal(self, public: Sequence[trio.SocketListener]) -> trio.SocketListener:
         """--workers: keep the public sockets for the edges, and listen on the internal unix socket."""

@@ -36,7 +36,10 @@ from idled.protocol import Error, ErrorCode, FrameDecoder, Login, ProtocolError,
 from idled.server.sessions import Sessions
 from idled.server.tls import Front, HandshakeFailed
 
-__all__ = ["ROLE_LABELS", "SEND_ERROR_TIMEOUT", "Connection", "Doorway", "Role", "auth_secret", "close_with", "refuse"]
+__all__ = [
+    "ROLE_LABELS", "SEND_ERROR_TIMEOUT", "Connection", "Doorway", "Role", "auth_secret", "close_with", "refuse",
+    "refuse_out_of_descriptors",
+]
 
 log = logging.getLogger("idled.server.conn")
 peer_log = PeerLog(logging.getLogger("idled.server.peers"))  # debug lines, rate-limited per kind
@@ -91,6 +94,11 @@ async def refuse(stream: trio.abc.Stream, code: str = ErrorCode.BUSY, reason: st
         await close_with(stream, code, reason)
     finally:
         await stream.aclose()
+
+
+async def refuse_out_of_descriptors(stream: trio.abc.Stream) -> None:
+    """The accept loop's refusal when descriptors ran out (``idled.server.listen``: the spare descriptor)."""
+    await refuse(stream, ErrorCode.BUSY, "out of file descriptors")
 
 
 class Doorway:

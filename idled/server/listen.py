@@ -21,6 +21,15 @@ the spare, accepts the waiting connection, refuses it with ``busy``, closes it a
 client learns at once, rather than hanging. Without a spare (or for ENOMEM/ENOBUFS) it pauses briefly and
 retries; other connections are served meanwhile. ``Shortage`` logs the first failure of an episode as one
 warning with the descriptor arithmetic, then at most one line per ``REPORT_EVERY`` seconds with the count.
+
+**At the connection limit: refuse, or pause.** The core accepts every connection, and its doorway refuses
+those beyond the limit with ``busy``: nobody else accepts on its sockets, so a connection left in the backlog
+would only hang there. An edge shares its socket with the other edges under ``--workers`` (the kernel gives
+each connection to whichever accepts first), so it passes a ``Room`` and pauses at its limit instead: a new
+connection then goes to an edge with room. One still waiting ``OVERFLOW_WAIT`` later means every edge is full
+(or the others are stalled): it is accepted and refused with ``busy`` (``Room.overflow``), so the client learns
+at once. A room counts a connection the moment it is accepted (``Room.enter``): the loop's next look at the
+limit must see it, and its handler's task has not started yet.
 """
 
 from __future__ import annotations
@@ -30,7 +39,7 @@ import ipaddress
 import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
-from typing import Final
+from typing import Final, Protocol
 
 import trio
 
@@ -38,8 +47,8 @@ from idled.ops import systemd
 from idled.ops.fatal import EXIT_LISTEN, EXIT_USAGE, Fatal, fatal_on_oserror
 
 __all__ = [
-    "CAPACITY_ERRNOS", "REPORT_EVERY", "SHORTAGE_PAUSE", "Shortage", "accept_loop", "bound_address", "display",
-    "is_local", "open_listeners", "precheck_host", "require_auth",
+    "CAPACITY_ERRNOS", "OVERFLOW_WAIT", "REPORT_EVERY", "SHORTAGE_PAUSE", "Room", "Shortage", "accept_all",
+    "accept_loop", "bound_address", "display", "is_local", "open_listeners", "precheck_host", "require_auth",
 ]
 
 log = logging.getLogger("idled.server.listen")
@@ -48,6 +57,7 @@ CAPACITY_ERRNOS: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, er
 SHORTAGE_PAUSE: Final = 0.1  # seconds before accepting again when a connection could not even be refused
 REPORT_EVERY: Final = 10.0  # seconds between two lines counting accepts that failed for lack of descriptors
 SPARE_ACCEPT_WAIT: Final = 0.05  # the connection is already queued; if it is gone meanwhile, don't wait for another
+OVERFLOW_WAIT: Final = 0.05  # seconds a full Room leaves a waiting connection to the others before refusing it
 
 Handler = Callable[[trio.SocketStream], Awaitable[None]]
 
@@ -167,6 +177,21 @@ class Shortage:
         self._window = now
 
 
+class Room(Protocol):
+    """A server that *pauses* accepting at its connection limit instead of accepting and refusing (an edge:
+    the edges under ``--workers`` share one listening socket, so a connection it leaves in the backlog goes
+    to one with room). See the module docstring."""
+
+    def full(self) -> bool:
+        """At the limit: leave new connections to the others."""
+
+    def enter(self) -> None:
+        """Count a connection just accepted, before its handler starts: the next ``full()`` must see it."""
+
+    async def overflow(self, stream: trio.SocketStream) -> None:
+        """Refuse a connection still waiting ``OVERFLOW_WAIT`` after the room was found full (busy)."""
+
+
 def _open_spare() -> int | None:
     try:
         return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
@@ -174,47 +199,108 @@ def _open_spare() -> int | None:
         return None
 
 
+async def accept_all(
+    listeners: Sequence[trio.SocketListener], handler: Handler, handlers: trio.Nursery, refuse: Handler,
+    shortage: Shortage, room: Room | None = None, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """One ``accept_loop`` per listener, until cancelled (with no listener, just until cancelled)."""
+    async with trio.open_nursery() as loops:
+        for listener in listeners:
+            loops.start_soon(accept_loop, listener, handler, handlers, refuse, shortage, room)
+        task_status.started()
+        await trio.sleep_forever()
+
+
 async def accept_loop(
-    listener: trio.SocketListener, handler: Handler, handlers: trio.Nursery, refuse: Handler, shortage: Shortage
+    listener: trio.SocketListener, handler: Handler, handlers: trio.Nursery, refuse: Handler, shortage: Shortage,
+    room: Room | None = None,
 ) -> None:
     """Accept on ``listener`` until cancelled (then close it), each connection served by ``handler`` in
-    ``handlers``; out of descriptors, refuse with ``refuse`` (see the module docstring). Other errors raise."""
-    spare = _open_spare()
-    waited = False  # the last accept failed, and a connection has been waiting since
+    ``handlers``; out of descriptors, refuse with ``refuse``; with a ``room``, pause while it is full (see the
+    module docstring). Other errors raise."""
+    acceptor = _Acceptor(listener, refuse, shortage)
     try:
         async with listener:
             while True:
-                try:
-                    stream = await listener.accept()
-                except OSError as exc:
-                    if exc.errno not in CAPACITY_ERRNOS:
-                        raise
-                    if not waited:
-                        # The kernel takes the new descriptor before it looks at the queue: EMFILE says
-                        # nothing about a connection waiting. Wait for one (or the spare would be spent on
-                        # nobody), then try a plain accept again: a descriptor may have been freed meanwhile.
-                        await trio.lowlevel.wait_readable(listener.socket)
-                        waited = True
-                        continue
-                    waited = False
-                    refused = False
-                    if spare is None:
-                        spare = _open_spare()
-                    if spare is not None and exc.errno in (errno.EMFILE, errno.ENFILE):
-                        os.close(spare)
-                        spare = None
-                        refused = await _refuse_one(listener, refuse)
-                        spare = _open_spare()
-                    shortage.note(exc, refused=refused, now=trio.current_time())
-                    if not refused:
-                        await trio.sleep(SHORTAGE_PAUSE)
+                if room is not None and room.full():
+                    await _overflow(acceptor, room, handlers)
                     continue
-                waited = False
-                shortage.report(trio.current_time())
-                handlers.start_soon(handler, stream)
+                stream = await acceptor.accept()
+                if stream is not None:
+                    if room is not None:
+                        room.enter()
+                    handlers.start_soon(handler, stream)
     finally:
-        if spare is not None:
-            os.close(spare)
+        acceptor.close()
+
+
+async def _overflow(acceptor: _Acceptor, room: Room, handlers: trio.Nursery) -> None:
+    """The room is full: wait for a connection, leave it to the others for ``OVERFLOW_WAIT`` (the kernel gives
+    it to whichever accepts), and refuse it if it is still waiting and the room still full -- every process
+    on the socket is full, or the others are not accepting -- so the client learns at once."""
+    await trio.lowlevel.wait_readable(acceptor.listener.socket)  # someone is waiting
+    if not room.full():
+        return  # room was made while we waited: take it at once, not after the others had their chance
+    await trio.sleep(OVERFLOW_WAIT)  # one with room takes it meanwhile
+    if not room.full():
+        return
+    stream = None
+    # Gone to another meanwhile: wait no longer than this for it (one arriving meanwhile is refused in its
+    # place: a loop cannot tell them apart).
+    with trio.move_on_after(OVERFLOW_WAIT):
+        stream = await acceptor.accept()
+    if stream is not None:
+        handlers.start_soon(room.overflow, stream)
+
+
+class _Acceptor:
+    """``listener.accept()``, meeting a shortage of descriptors as the module docstring says: the spare."""
+
+    def __init__(self, listener: trio.SocketListener, refuse: Handler, shortage: Shortage) -> None:
+        self.listener = listener
+        self.refuse = refuse
+        self.shortage = shortage
+        self.spare = _open_spare()
+        self.waited = False  # the last accept failed, and a connection has been waiting since
+
+    async def accept(self) -> trio.SocketStream | None:
+        """The next connection to serve; None if it could not be accepted (refused with busy, or retried)."""
+        try:
+            stream = await self.listener.accept()
+        except OSError as exc:
+            if exc.errno not in CAPACITY_ERRNOS:
+                raise
+            await self._short(exc)
+            return None
+        self.waited = False
+        self.shortage.report(trio.current_time())
+        return stream
+
+    async def _short(self, exc: OSError) -> None:
+        if not self.waited:
+            # The kernel takes the new descriptor before it looks at the queue: EMFILE says nothing about a
+            # connection waiting. Wait for one (or the spare would be spent on nobody), then try a plain
+            # accept again: a descriptor may have been freed meanwhile.
+            await trio.lowlevel.wait_readable(self.listener.socket)
+            self.waited = True
+            return
+        self.waited = False
+        refused = False
+        if self.spare is None:
+            self.spare = _open_spare()
+        if self.spare is not None and exc.errno in (errno.EMFILE, errno.ENFILE):
+            os.close(self.spare)
+            self.spare = None
+            refused = await _refuse_one(self.listener, self.refuse)
+            self.spare = _open_spare()
+        self.shortage.note(exc, refused=refused, now=trio.current_time())
+        if not refused:
+            await trio.sleep(SHORTAGE_PAUSE)
+
+    def close(self) -> None:
+        if self.spare is not None:
+            os.close(self.spare)
+            self.spare = None
 
 
 async def _refuse_one(listener: trio.SocketListener, refuse: Handler) -> bool:

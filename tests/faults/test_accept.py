@@ -22,7 +22,8 @@ pytestmark = pytest.mark.slow
 FREE = 4  # descriptors left free after the squeeze: the spare, and three connections
 
 # Runs accept_loop with every descriptor but FREE in use; a served connection gets b"served" and is held
-# until its client closes. The Shortage window is 0.5 s so its count line shows up within the test.
+# until its client closes. The Shortage window is 0.5 s so its count line shows up within the test. With
+# "room", the loop is given a Room (as an edge's is) that is never full: descriptors run out first.
 SQUEEZED = r"""
 import logging, os, resource, sys, trio
 from idled.server.conn import refuse
@@ -30,6 +31,16 @@ from idled.server.listen import Shortage, accept_loop
 
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
 FREE = int(sys.argv[1])
+
+class Unlimited:
+    def full(self):
+        return False
+    def enter(self):
+        pass
+    async def overflow(self, stream):
+        raise AssertionError("never full")
+
+ROOM = Unlimited() if sys.argv[2:] == ["room"] else None
 
 async def hold(stream):
     async with stream:
@@ -43,7 +54,7 @@ async def main():
     resource.setrlimit(resource.RLIMIT_NOFILE, (in_use + FREE, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
     print(listener.socket.getsockname()[1], flush=True)
     async with trio.open_nursery() as handlers:
-        await accept_loop(listener, hold, handlers, refuse, Shortage(lambda: "the test's squeeze", every=0.5))
+        await accept_loop(listener, hold, handlers, refuse, Shortage(lambda: "the test's squeeze", every=0.5), ROOM)
     print("done", file=sys.stderr)
 
 trio.run(main)
@@ -61,9 +72,11 @@ def reply(sock: socket.socket) -> bytes:
     return data
 
 
-def test_out_of_descriptors_refuses_with_busy_and_keeps_serving() -> None:
-    child = subprocess.Popen([sys.executable, "-c", SQUEEZED, str(FREE)], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+@pytest.mark.parametrize("room", [False, True], ids=["core", "edge-room"])
+def test_out_of_descriptors_refuses_with_busy_and_keeps_serving(room: bool) -> None:
+    """The same for the core's loop and for an edge's (which passes a Room): one accept loop for both."""
+    child = subprocess.Popen([sys.executable, "-c", SQUEEZED, str(FREE), *(["room"] if room else [])],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     clients: list[socket.socket] = []
     refused: list[bytes] = []
     try:

@@ -10,10 +10,12 @@ listening. Listeners are opened from ``--host/--port`` or adopted from inherited
 the ``--workers`` supervisor passes the public socket to every edge and the kernel spreads the accepts).
 
 *Accepting when full.* The limit is ``max_connections`` capped to the descriptor budget
-(``idled.ops.fdbudget``; a relay counts twice). An edge at its limit stops accepting: on a socket shared by
-several edges the kernel then hands new connections to one with room. A connection still waiting
-``OVERFLOW_WAIT`` later means every edge is full (or the others are stalled): this edge accepts it and
-refuses it with ``busy``, so the client learns at once instead of hanging in the backlog.
+(``idled.ops.fdbudget``; a relay counts twice). The accept loop is the core's (``idled.server.listen``: the
+spare descriptor, ``busy`` when descriptors run out anyway), with this edge as its ``Room``: at its limit the
+edge stops accepting, so on a socket shared by several edges the kernel hands new connections to one with
+room; a connection still waiting ``OVERFLOW_WAIT`` later means every edge is full (or the others are stalled):
+this edge accepts it and refuses it with ``busy``, so the client learns at once instead of hanging in the
+backlog.
 
 SIGTERM/SIGINT drain: stop accepting, close every user with ``server_shutdown`` (each task detaches its uid
 on the link), wait for them (bounded by the grace period), send the link's pending frames and ``bye``, exit.
@@ -38,8 +40,8 @@ from idled.ops.gcpolicy import GcPolicy
 from idled.ops.http import serve_metrics
 from idled.ops.metrics import Metrics, NullMetrics
 from idled.protocol import ErrorCode
-from idled.server.conn import Doorway, auth_secret, refuse
-from idled.server.listen import CAPACITY_ERRNOS, SHORTAGE_PAUSE
+from idled.server.conn import Doorway, auth_secret, refuse, refuse_out_of_descriptors
+from idled.server.listen import Shortage, accept_all
 from idled.server.edge.link import CoreLink
 from idled.server.edge.users import EdgeUsers
 from idled.server.signals import until_stopped
@@ -51,7 +53,6 @@ log = logging.getLogger("idled.server.edge")
 
 RELOADABLE = ("log_level", "max_connections", "login_timeout", "max_frame")
 GRACE = 5.0  # seconds a drain may take at most
-OVERFLOW_WAIT = 0.05  # seconds a full edge leaves a waiting connection to the others before refusing it (busy)
 THAW_CHECK = 60.0  # seconds between two looks at the GC policy's thaw time
 
 
@@ -85,7 +86,9 @@ class Edge:
             secret=self.secret, metrics=self.metrics, connections=self.connections,
         )
         self.gc_policy = gc_policy  # None: the interpreter's default (tests run many edges in one process)
+        self.budget: Budget | None = None  # set by _limit
         self.door.limit = self._limit(config.max_connections)
+        self.shortage = Shortage(lambda: str(self.budget))
         self.overflow_refused = 0  # connections refused busy because every edge seemed full
         self.ports: list[int] = []
         self._accept_scope = trio.CancelScope()
@@ -136,6 +139,7 @@ class Edge:
     def _limit(self, max_connections: int) -> int:
         """``max_connections`` capped to the descriptor budget (``idled.ops.fdbudget``), with a warning."""
         budget = Budget.of(open_file_limit(), listeners=max(1, len(self.listen_fds)) + 1)  # + the core link
+        self.budget = budget
         if max_connections > budget.connections:
             log.warning("max_connections %d is more than the descriptors allow (open-file limit %d - reserve %d - "
                         "%d listener(s) and link = %d): capped to %d", max_connections, budget.nofile, RESERVE,
@@ -143,51 +147,24 @@ class Edge:
             return budget.connections
         return max_connections
 
+    # -- the accept loop's Room (idled.server.listen): pause when full, so a shared socket's connections go to
+    # an edge with room
+
     def full(self) -> bool:
         """At the connection limit: every connection counts, a relay twice (it holds a second descriptor)."""
         return sum(self.connections.values()) + self.users.relays >= self.door.limit
 
+    def enter(self) -> None:
+        self.connections["pending"] += 1  # the doorway is told so (handle(counted=True))
+
+    async def overflow(self, stream: trio.SocketStream) -> None:
+        self.overflow_refused += 1
+        await refuse(stream)
+
     async def _accept(self, listeners: list[trio.SocketListener], handlers: trio.Nursery) -> None:
+        handle = functools.partial(self.door.handle, counted=True)
         with self._accept_scope:
-            async with trio.open_nursery() as loops:
-                for listener in listeners:
-                    loops.start_soon(self._accept_loop, listener, handlers)
-
-    async def _accept_loop(self, listener: trio.SocketListener, handlers: trio.Nursery) -> None:
-        """Accept while there is room; when full, leave new connections to the other edges on the shared
-        socket (the kernel gives each to whichever accepts), and refuse one with ``busy`` only if it is still
-        waiting ``OVERFLOW_WAIT`` later -- every edge is full, or the others are not accepting -- so a client
-        learns at once rather than hanging in the backlog. See ``docs/edge.md``."""
-        async with listener:
-            while True:
-                if self.full():
-                    await trio.lowlevel.wait_readable(listener.socket)  # someone is waiting
-                    await trio.sleep(OVERFLOW_WAIT)  # an edge with room takes it meanwhile
-                    if not self.full():
-                        continue
-                    stream = None
-                    with trio.move_on_after(OVERFLOW_WAIT):  # gone to another edge meanwhile: don't wait
-                        stream = await self._accept_one(listener)
-                    if stream is not None:
-                        self.overflow_refused += 1
-                        handlers.start_soon(refuse, stream)
-                    continue
-                stream = await self._accept_one(listener)
-                if stream is not None:
-                    # Counted from now, not when its task starts: the loop's next look at full() must see it.
-                    self.connections["pending"] += 1
-                    handlers.start_soon(self.door.handle, stream, True)
-
-    @staticmethod
-    async def _accept_one(listener: trio.SocketListener) -> trio.SocketStream | None:
-        try:
-            return await listener.accept()
-        except OSError as exc:
-            if exc.errno not in CAPACITY_ERRNOS:
-                raise
-            log.warning("accept failed: %s; pausing %g s", exc, SHORTAGE_PAUSE)
-            await trio.sleep(SHORTAGE_PAUSE)
-            return None
+            await accept_all(listeners, handle, handlers, refuse_out_of_descriptors, self.shortage, self)
 
     def stop(self) -> None:
         self._stop.set()
