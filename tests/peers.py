@@ -80,15 +80,16 @@ class Client:
         self._eof = False
 
     @classmethod
-    async def connect(cls, port: int, recv_timeout: float = 10.0, reset_is_eof: bool = False) -> Self:
+    async def connect(cls, port: int, recv_timeout: float = 10.0, reset_is_eof: bool = False,
+                      host: str = "127.0.0.1") -> Self:
         """A TCP connection to a loopback port."""
-        return cls(await trio.open_tcp_stream("127.0.0.1", port), recv_timeout, reset_is_eof)
+        return cls(await trio.open_tcp_stream(host, port), recv_timeout, reset_is_eof)
 
     @classmethod
     async def login(cls, port: int, role: str, name: Any, keepalive: float | None = None, token: str | None = None,
-                    recv_timeout: float = 10.0, reset_is_eof: bool = False) -> Self:
+                    recv_timeout: float = 10.0, reset_is_eof: bool = False, host: str = "127.0.0.1") -> Self:
         """Connect and log in as `role` `name`; the server must answer with a welcome."""
-        client = await cls.connect(port, recv_timeout, reset_is_eof)
+        client = await cls.connect(port, recv_timeout, reset_is_eof, host)
         await client.send(Login(role, name, token, keepalive))  # type: ignore[arg-type]
         welcome = await client.recv()
         assert isinstance(welcome, Welcome), welcome
@@ -274,7 +275,8 @@ def serve_command(data_dir: Path, *options: str) -> list[str]:
 class Daemon:
     """An `idled serve` subprocess; its stderr goes to `stderr_path`, polled for the IDLED_LISTENING line.
 
-    `timeout` is the default limit of waiting for it to start listening, or to exit.
+    `timeout` is the default limit of waiting for it to start listening, or to exit. `async with Daemon(...)
+    as daemon:` waits until it listens (`daemon.port`) and kills it when the block ends, however it ends.
     """
 
     def __init__(self, command: list[str], stderr_path: Path, env: dict[str, str] | None = None,
@@ -296,6 +298,17 @@ class Daemon:
                         return self.port
                 assert self.proc.poll() is None, f"idled exited early:\n{self.stderr()}"
                 await trio.sleep(0.02)
+
+    async def __aenter__(self) -> Self:
+        try:
+            await self.started()
+        except BaseException:
+            self.kill()
+            raise
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.kill()
 
     def stderr(self) -> str:
         return self.stderr_path.read_text(errors="replace")

@@ -8,9 +8,11 @@ listener), so the test can also read its counters; the clients are plain TCP con
 
 from __future__ import annotations
 
+import functools
 import random
 import struct
-import functools
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import msgpack
@@ -125,13 +127,15 @@ async def run_case(port: int, role: str | None, data: bytes, half_close: bool) -
     return message
 
 
-class GoodUser:
-    """Pings every 0.2 s (timeout 1 s) and checks every pong comes back."""
+class Bystander:
+    """A well-behaved user ("good") pinging every 0.2 s (timeout 1 s) and checking every pong comes back, and
+    an observer noting every offline, throughout a test's abuse of the server."""
 
     def __init__(self) -> None:
         self.pongs = 0
+        self.offline: list[Event] = []
 
-    async def run(self, port: int, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def ping(self, port: int, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         client = await login(port, "uid", "good")
         task_status.started()
         while True:
@@ -141,53 +145,54 @@ class GoodUser:
             assert reply is PONG, f"well-behaved user got {reply!r}"
             self.pongs += 1
 
+    async def watch(self, port: int, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        observer = await login(port, "observer", "watch")
+        await observer.stream.send_all(encode(Subscribe(None)))
+        task_status.started()
+        while (message := await observer.recv(timeout=3600)) is not None:
+            if isinstance(message, Event) and message.kind == "offline":
+                self.offline.append(message)
 
-async def watch_offlines(port: int, offline: list[Event], task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-    observer = await login(port, "observer", "watch")
-    await observer.stream.send_all(encode(Subscribe(None)))
-    task_status.started()
-    while True:
-        message = await observer.recv(timeout=3600)
-        if message is None:
-            return
-        if isinstance(message, Event) and message.kind == "offline":
-            offline.append(message)
+    async def still_served(self) -> None:
+        """Pongs still come back, and the good user never went offline."""
+        pongs = self.pongs
+        await trio.sleep(0.5)
+        assert self.pongs > pongs
+        assert "good" not in {e.uid for e in self.offline}
+
+
+@asynccontextmanager
+async def abused(tmp_path: Path) -> AsyncIterator[tuple[peers.Harness, Bystander]]:
+    """A listening server with a bystander connected (both stopped when the block ends)."""
+    async with running(tmp_path) as h:
+        bystander = Bystander()
+        async with trio.open_nursery() as background:
+            await background.start(bystander.watch, h.port)
+            await background.start(bystander.ping, h.port)
+            yield h, bystander
+            background.cancel_scope.cancel()
 
 
 @pytest.mark.slow  # real clock: seconds of real time
 async def test_every_bad_input_gets_its_error_and_the_server_keeps_serving(tmp_path: Path) -> None:
-    async with running(tmp_path) as h:
+    async with abused(tmp_path) as (h, bystander):
         server, port = h.server, h.port
-        good = GoodUser()
-        offline: list[Event] = []
-        async with trio.open_nursery() as background:
-            await background.start(watch_offlines, port, offline)
-            await background.start(good.run, port)
-            failures = []
-            for name, role, data, code, half_close in CASES:
-                try:
-                    error = await run_case(port, role, data, half_close)
-                except AssertionError as exc:
-                    failures.append(f"{name}: {exc}")
-                    continue
-                if error.code != code:
-                    failures.append(f"{name}: expected {code}, got {error.code} ({error.reason})")
-            assert not failures, "\n".join(failures)
-            pongs_before = good.pongs
-            await trio.sleep(0.5)
-            assert good.pongs > pongs_before  # still answered after everything
-            fresh = await login(port, "uid", "fresh")
-            await fresh.stream.send_all(encode(PING))
-            assert await fresh.recv() is PONG
-            assert "good" not in {e.uid for e in offline}
-            assert server.presence is not None and server.presence.is_online("good")
-            background.cancel_scope.cancel()
-        registry = server.metrics.registry
-        assert registry is not None
-        rejected = {
-            code: registry.get_sample_value("idled_frames_rejected_total", {"reason": code})
-            for code in {case[3] for case in CASES}
-        }
+        failures = []
+        for name, role, data, code, half_close in CASES:
+            try:
+                error = await run_case(port, role, data, half_close)
+            except AssertionError as exc:
+                failures.append(f"{name}: {exc}")
+                continue
+            if error.code != code:
+                failures.append(f"{name}: expected {code}, got {error.code} ({error.reason})")
+        assert not failures, "\n".join(failures)
+        await bystander.still_served()  # still answered after everything
+        fresh = await login(port, "uid", "fresh")
+        await fresh.stream.send_all(encode(PING))
+        assert await fresh.recv() is PONG
+        assert server.presence is not None and server.presence.is_online("good")
+        rejected = {code: h.metric("idled_frames_rejected_total", reason=code) for code in {case[3] for case in CASES}}
         expected = {code: float(sum(1 for case in CASES if case[3] == code)) for code in rejected}
         assert rejected == expected
 
@@ -203,31 +208,21 @@ async def test_random_bytes_from_many_connections(tmp_path: Path) -> None:
             data = struct.pack(">I", rng.randrange(1, 200)) + data
         payloads.append(data)
     codes: list[str] = []
-    async with running(tmp_path) as h:
-        server, port = h.server, h.port
-        good = GoodUser()
-        offline: list[Event] = []
-        async with trio.open_nursery() as background:
-            await background.start(watch_offlines, port, offline)
-            await background.start(good.run, port)
-            limiter = trio.CapacityLimiter(20)
+    async with abused(tmp_path) as (h, bystander):
+        limiter = trio.CapacityLimiter(20)
 
-            async def one(data: bytes) -> None:
-                async with limiter:
-                    error = await run_case(port, None, data, half_close=True)
-                    codes.append(error.code)
+        async def one(data: bytes) -> None:
+            async with limiter:
+                error = await run_case(h.port, None, data, half_close=True)
+                codes.append(error.code)
 
-            async with trio.open_nursery() as clients:
-                for data in payloads:
-                    clients.start_soon(one, data)
-            pongs = good.pongs
-            await trio.sleep(0.5)
-            assert good.pongs > pongs
-            assert "good" not in {e.uid for e in offline}
-            background.cancel_scope.cancel()
+        async with trio.open_nursery() as clients:
+            for data in payloads:
+                clients.start_soon(one, data)
+        await bystander.still_served()
         assert len(codes) == len(payloads)
         assert set(codes) <= {"bad_frame", "too_large", "bad_message", "not_logged_in"}
-        assert server.connections["pending"] == 0
+        assert h.server.connections["pending"] == 0
     # nothing but the good user's own session reached the log
     assert {r["uid"] for r in iter_records(tmp_path / "data")} == {"good"}
 

@@ -59,13 +59,16 @@ def read_events(data_dir: Path) -> list[dict[str, Any]]:
 
 
 class Client(peers.Client):
-    async def subscribe_live(self) -> None:
-        """Subscribe from now on, and know it took effect: the server answers an observer's frames in order,
-        so the status that answers a query sent after the subscribe proves it was processed. (Through an
-        edge the subscribe is relayed, and a login on another edge may otherwise reach the core first.)"""
-        await self.send(Subscribe(None))
-        await self.send(Query(("-",)))
-        assert isinstance(await self.recv(), Status)
+    @classmethod
+    async def watching(cls, port: int) -> Client:
+        """An observer subscribed from now on, and known to be: the server answers an observer's frames in
+        order, so the status that answers a query sent after the subscribe proves it was processed. (Through
+        an edge the subscribe is relayed, and a login on another edge may otherwise reach the core first.)"""
+        observer = await cls.login(port, "observer", "watch")
+        await observer.send(Subscribe(None))
+        await observer.send(Query(("-",)))
+        assert isinstance(await observer.recv(), Status)
+        return observer
 
     async def next_event(self, timeout: float = 10.0) -> Event:
         message = await self.recv(timeout)
@@ -79,12 +82,9 @@ def lateness_ok(event: Event) -> bool:
 
 @pytest.mark.slow  # a real `idled serve` subprocess, real time
 async def test_login_ping_expiry_seen_by_a_subscriber(tmp_path: Path, workers: str) -> None:
-    daemon = Daemon(tmp_path)
-    try:
-        port = await daemon.started()
-        observer = await Client.login(port, "observer", "watch")
-        await observer.subscribe_live()
-        user = await Client.login(port, "uid", "alice", keepalive=1.0)  # timeout 1.5 (the smallest keepalive)
+    async with Daemon(tmp_path) as daemon:
+        observer = await Client.watching(daemon.port)
+        user = await Client.login(daemon.port, "uid", "alice", keepalive=1.0)  # timeout 1.5 (the smallest keepalive)
         online = await observer.next_event()
         assert (online.kind, online.uid, online.reason, online.extra["timeout"]) == ("online", "alice", "login", 1.5)
         for _ in range(4):
@@ -107,22 +107,17 @@ async def test_login_ping_expiry_seen_by_a_subscriber(tmp_path: Path, workers: s
         batch = 0.0 if workers == "0" else EDGE_BATCH + SLACK
         assert ping_sent - 0.005 <= offline.last_seen <= pong_received + 0.005 + batch
         assert await daemon.stop() == 0
-    finally:
-        daemon.kill()
     records = read_events(daemon.data_dir)
     assert [(r["kind"], r["reason"]) for r in records] == [("online", "login"), ("offline", "idle")]
 
 
 @pytest.mark.slow  # a real `idled serve` subprocess, real time
 async def test_many_expiries_are_never_early_and_at_most_a_tick_late(tmp_path: Path) -> None:
-    daemon = Daemon(tmp_path)
-    try:
-        port = await daemon.started()
-        observer = await Client.login(port, "observer", "watch")
-        await observer.subscribe_live()
+    async with Daemon(tmp_path) as daemon:
+        observer = await Client.watching(daemon.port)
         users = []
         for i in range(30):
-            users.append(await Client.login(port, "uid", i))
+            users.append(await Client.login(daemon.port, "uid", i))
             await trio.sleep(0.013)
         offline = []
         while len(offline) < 30:
@@ -132,19 +127,14 @@ async def test_many_expiries_are_never_early_and_at_most_a_tick_late(tmp_path: P
         assert sorted(e.uid for e in offline) == list(range(30))
         late = [(e.uid, round(e.ts - e.deadline, 4)) for e in offline if not lateness_ok(e)]
         assert not late, late
-    finally:
-        daemon.kill()
 
 
 @pytest.mark.slow  # a real `idled serve` subprocess, real time
 async def test_bye_is_logout_and_close_is_closed(tmp_path: Path) -> None:
-    daemon = Daemon(tmp_path)
-    try:
-        port = await daemon.started()
-        observer = await Client.login(port, "observer", "watch")
-        await observer.subscribe_live()
-        polite = await Client.login(port, "uid", "polite")
-        abrupt = await Client.login(port, "uid", "abrupt")
+    async with Daemon(tmp_path) as daemon:
+        observer = await Client.watching(daemon.port)
+        polite = await Client.login(daemon.port, "uid", "polite")
+        abrupt = await Client.login(daemon.port, "uid", "abrupt")
         await polite.send(BYE)
         assert await polite.recv() is None
         await abrupt.stream.aclose()
@@ -155,18 +145,13 @@ async def test_bye_is_logout_and_close_is_closed(tmp_path: Path) -> None:
         ]
         await observer.send(Query(("polite", "abrupt")))
         assert await observer.recv() == Status({"polite": False, "abrupt": False})
-    finally:
-        daemon.kill()
 
 
 @pytest.mark.slow  # a real `idled serve` subprocess, real time
 async def test_sigterm_exits_0_with_shutdown_events(tmp_path: Path) -> None:
-    daemon = Daemon(tmp_path)
-    try:
-        port = await daemon.started()
-        observer = await Client.login(port, "observer", "watch")
-        await observer.subscribe_live()
-        users = [await Client.login(port, "uid", f"u{i}") for i in range(10)]
+    async with Daemon(tmp_path) as daemon:
+        observer = await Client.watching(daemon.port)
+        users = [await Client.login(daemon.port, "uid", f"u{i}") for i in range(10)]
         for _ in users:
             assert (await observer.next_event()).kind == "online"
         daemon.proc.send_signal(signal.SIGTERM)
@@ -180,33 +165,23 @@ async def test_sigterm_exits_0_with_shutdown_events(tmp_path: Path) -> None:
         error = await observer.recv()
         assert isinstance(error, Error) and error.code == "server_shutdown"
         assert await trio.to_thread.run_sync(daemon.proc.wait, 20) == 0
-    finally:
-        daemon.kill()
     records = read_events(daemon.data_dir)
     assert [r["seq"] for r in records] == list(range(1, 21))
     assert sorted(r["uid"] for r in records if r["reason"] == "shutdown") == sorted(f"u{i}" for i in range(10))
     # a restart finds nobody left online: no restart records
-    again = Daemon(tmp_path)
-    try:
-        await again.started()
+    async with Daemon(tmp_path) as again:
         assert await again.stop() == 0
-    finally:
-        again.kill()
     assert not [r for r in read_events(daemon.data_dir) if r["reason"] == "restart"]
     assert "Traceback" not in daemon.stderr() + again.stderr()
 
 
 @pytest.mark.slow  # a real `idled serve` subprocess, real time
 async def test_sigint_is_a_clean_shutdown_too(tmp_path: Path) -> None:
-    daemon = Daemon(tmp_path)
-    try:
-        port = await daemon.started()
-        user = await Client.login(port, "uid", 5)
+    async with Daemon(tmp_path) as daemon:
+        user = await Client.login(daemon.port, "uid", 5)
         assert await daemon.stop(signal.SIGINT) == 0
         error = await user.recv()
         assert isinstance(error, Error) and error.code == "server_shutdown"
-    finally:
-        daemon.kill()
     assert [(r["uid"], r["reason"]) for r in read_events(daemon.data_dir)] == [(5, "login"), (5, "shutdown")]
 
 

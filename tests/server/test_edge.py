@@ -11,7 +11,7 @@ import signal
 import socket
 import sys
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -32,16 +32,9 @@ def edge_command(core_port: int, *options: str) -> list[str]:
 
 @asynccontextmanager
 async def daemons(*specs: tuple[list[str], Path]) -> AsyncIterator[list[Daemon]]:
-    started: list[Daemon] = []
-    try:
-        for command, path in specs:
-            daemon = Daemon(command, path)
-            started.append(daemon)
-            await daemon.started()
-        yield started
-    finally:
-        for daemon in started:
-            daemon.kill()
+    """Each (command, stderr path) started in turn; all killed when the block ends."""
+    async with AsyncExitStack() as stack:
+        yield [await stack.enter_async_context(Daemon(command, path)) for command, path in specs]
 
 
 def core(tmp_path: Path, *options: str, port: int = 0) -> tuple[list[str], Path]:
@@ -114,22 +107,22 @@ async def test_newest_login_wins_across_two_edges_without_a_flap(tmp_path: Path)
             obs = await observer(c.port)
             old = await Client.login(e1.port, "uid", "bob")
             assert (await next_event(obs)).kind == "online"
-            new = Client(await trio.open_tcp_stream("127.0.0.2", e2.port))
-            await new.send(Login("uid", "bob"))
-            await new.expect(Welcome)
-            await old.expect_error("kicked")
-            await new.send(PING)
-            assert await new.recv() is PONG
-            # Locally too: a second login on the same edge kicks the first, with no event either.
-            again = Client(await trio.open_tcp_stream("127.0.0.2", e2.port))
-            await again.send(Login("uid", "bob"))
-            await again.expect(Welcome)
-            await new.expect_error("kicked")
-            await again.send(PING)
-            assert await again.recv() is PONG
+
+            async def takes_over(previous: Client) -> Client:
+                """bob logs in on e2: welcomed, served, and the previous connection is kicked."""
+                new = await Client.login(e2.port, "uid", "bob", host="127.0.0.2")
+                await previous.expect_error("kicked")
+                await new.send(PING)
+                assert await new.recv() is PONG
+                return new
+
+            new = await takes_over(old)
+            # Locally too: a second login on the same edge kicks the first, with no event either. (Held in a
+            # name: a connection dropped here would end bob's session.)
+            latest = await takes_over(new)
             await trio.sleep(0.2)
             events, status = await obs.events_until_status(["bob"])
-            assert events == [] and status.online == {"bob": True}
+            assert events == [] and status.online == {"bob": True}, latest
 
 
 async def test_auth_on_the_edge(tmp_path: Path) -> None:
@@ -144,7 +137,7 @@ async def test_auth_on_the_edge(tmp_path: Path) -> None:
             good = await Client.login(e.port, "uid", "alice", token=tokens.mint(secret, "uid", "alice", 2e9))
             await good.send(PING)
             assert await good.recv() is PONG
-            obs = Client(await trio.open_tcp_stream("127.0.0.1", e.port))  # relayed: the core checks it
+            obs = await Client.connect(e.port)  # relayed: the core checks it
             await obs.send(Login("observer", "obs", "forged"))
             await obs.expect_error("auth_failed")
 

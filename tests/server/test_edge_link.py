@@ -8,7 +8,8 @@ the edge may welcome the user.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import trio
@@ -71,10 +72,39 @@ def vanish_after(frames: int) -> Script:
     return script
 
 
-def link_to(core: ScriptedCore, **options: Any) -> CoreLink:
-    ended: list[tuple[Any, str]] = []
-    return CoreLink(f"127.0.0.1:{core.port}", "edge-test", secret=None, on_ended=lambda u, r: ended.append((u, r)),
-                    backoff=Backoff(base=0.01, cap=0.05), **options)
+class Linked:
+    """A scripted core, and a link to it that has had its first welcome; ``done`` is set once ``run()``
+    returned (it must never raise)."""
+
+    def __init__(self, core: ScriptedCore, link: CoreLink) -> None:
+        self.core = core
+        self.link = link
+        self.done = trio.Event()
+
+    async def run(self) -> None:
+        await self.link.run()
+        self.done.set()
+
+    async def attach(self, uid: Any, keepalive: float | None) -> None:
+        """Attach ``uid`` and wait until the core has processed it."""
+        attached = self.link.attach(uid, keepalive)
+        assert attached is not None
+        await attached.wait()
+
+
+@asynccontextmanager
+async def linked(*scripts: Script) -> AsyncIterator[Linked]:
+    """``ScriptedCore(*scripts)`` listening, a ``CoreLink`` to it running; both cancelled when the block ends."""
+    core = ScriptedCore(*scripts)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(core.serve)
+        link = CoreLink(f"127.0.0.1:{core.port}", "edge-test", secret=None, on_ended=lambda uids, reason: None,
+                        backoff=Backoff(base=0.01, cap=0.05))
+        peers = Linked(core, link)
+        nursery.start_soon(peers.run)
+        await link.ready.wait()
+        yield peers
+        nursery.cancel_scope.cancel()
 
 
 async def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -84,12 +114,10 @@ async def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None
 
 
 async def test_a_core_that_closes_the_link_is_reconnected_and_every_live_user_reattached() -> None:
-    core = ScriptedCore(vanish_after(2))  # the first connection ends right after the attach and its ping
-    async with trio.open_nursery() as nursery:
-        await nursery.start(core.serve)
-        link = link_to(core)
-        nursery.start_soon(link.run)  # must not raise: a closed link is the normal end of a connection
-        await link.ready.wait()
+    # The first connection ends right after the attach and its ping; run() must not raise: a closed link is
+    # the normal end of a connection.
+    async with linked(vanish_after(2)) as peers:
+        core, link = peers.core, peers.link
         link.attach("alice", 30.0)
         link.attach("bob", None)
         await wait_for(lambda: link.connections == 2 and link.connected)
@@ -97,51 +125,32 @@ async def test_a_core_that_closes_the_link_is_reconnected_and_every_live_user_re
         reattached = {uid for message in core.seen[1] if type(message) is Attach for uid in message.uids}
         assert reattached == {"alice", "bob"}
         await link.close()
-        nursery.cancel_scope.cancel()
     assert core.seen[1][-1] is BYE
 
 
 async def test_close_returns_at_once_when_the_core_vanishes_during_the_drain() -> None:
     """The core dies while the edge drains (it reads the detaches, never answers the bye): close() returns
     as soon as the connection is gone, not after its timeout, and run() returns without an error."""
-    core = ScriptedCore(vanish_after(1))
-    async with trio.open_nursery() as nursery:
-        await nursery.start(core.serve)
-        link = link_to(core)
-        done = trio.Event()
-
-        async def run() -> None:
-            await link.run()
-            done.set()
-
-        nursery.start_soon(run)
-        await link.ready.wait()
+    async with linked(vanish_after(1)) as peers:
+        core, link = peers.core, peers.link
         link.detach("carol", "shutdown")
         started = trio.current_time()
         await link.close(timeout=30.0)
         assert trio.current_time() - started < 5.0  # not the 30 s timeout
         with trio.fail_after(5):
-            await done.wait()  # no reconnect once closing, and nothing raised
-        nursery.cancel_scope.cancel()
+            await peers.done.wait()  # no reconnect once closing, and nothing raised
     assert core.seen[0][0] == Detach(("carol",), "shutdown") and len(core.seen) == 1
 
 
 async def test_close_during_a_live_link_sends_the_pending_detaches_then_bye() -> None:
-    core = ScriptedCore(serve_forever)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(core.serve)
-        link = link_to(core)
-        nursery.start_soon(link.run)
-        await link.ready.wait()
-        attached = link.attach("dave", 10.0)
-        assert attached is not None
-        await attached.wait()
+    async with linked(serve_forever) as peers:
+        core, link = peers.core, peers.link
+        await peers.attach("dave", 10.0)
         link.touch("dave")
         link.detach("dave", "shutdown")
         with trio.fail_after(10):
             await link.close(timeout=10.0)
         assert not link.connected
-        nursery.cancel_scope.cancel()
     kinds = [type(m).__name__ if m not in (PING, BYE) else repr(m) for m in core.seen[0]]
     assert [m for m in core.seen[0] if type(m) in (Attach, Detach)] == [Attach(("dave",), 10.0), Detach(("dave",), "shutdown")]
     assert core.seen[0][-1] is BYE, kinds
@@ -158,12 +167,8 @@ async def test_an_attach_is_done_at_the_core_before_its_event_is_set() -> None:
                 await gate.wait()  # the core is busy: no pong yet
                 await stream.send_all(PONG_FRAME)
 
-    core = ScriptedCore(slow_core)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(core.serve)
-        link = link_to(core)
-        nursery.start_soon(link.run)
-        await link.ready.wait()
+    async with linked(slow_core) as peers:
+        core, link = peers.core, peers.link
         attached = link.attach("erin", None)
         assert attached is not None
         await wait_for(lambda: PING in core.seen[0])
@@ -177,7 +182,6 @@ async def test_an_attach_is_done_at_the_core_before_its_event_is_set() -> None:
         assert later is not None and not later.is_set()  # a new login waits for its own flush
         with trio.fail_after(5):
             await later.wait()
-        nursery.cancel_scope.cancel()
 
 
 async def test_logins_waiting_for_an_attach_are_released_when_the_link_is_lost() -> None:
@@ -187,34 +191,22 @@ async def test_logins_waiting_for_an_attach_are_released_when_the_link_is_lost()
             if message is PING:
                 return  # gone before answering
 
-    core = ScriptedCore(silent_core)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(core.serve)
-        link = link_to(core)
-        nursery.start_soon(link.run)
-        await link.ready.wait()
+    async with linked(silent_core) as peers:
+        core, link = peers.core, peers.link
         attached = link.attach("gina", None)
         assert attached is not None
         with trio.fail_after(5):
             await attached.wait()  # released by the loss; the next welcome re-attaches gina
         await wait_for(lambda: link.connections == 2)
         await wait_for(lambda: any(type(m) is Attach and "gina" in m.uids for m in core.seen[1]))
-        nursery.cancel_scope.cancel()
 
 
 async def test_touches_are_sent_within_the_batch_interval() -> None:
-    core = ScriptedCore(serve_forever)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(core.serve)
-        link = link_to(core)
-        nursery.start_soon(link.run)
-        await link.ready.wait()
-        attached = link.attach("hank", 30.0)
-        assert attached is not None
-        await attached.wait()
+    async with linked(serve_forever) as peers:
+        core, link = peers.core, peers.link
+        await peers.attach("hank", 30.0)
         link.touch("hank")
         await wait_for(lambda: any(type(m) is Touch for m in core.seen[0]), timeout=2.0)
-        nursery.cancel_scope.cancel()
 
 
 async def test_the_edge_freezes_its_long_lived_objects_like_the_core(tmp_path: Any) -> None:
