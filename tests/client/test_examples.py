@@ -94,9 +94,18 @@ def table(db_path: Path) -> tuple[list[int], dict[str, int], int]:
     return seqs, online, 0 if checkpoint is None else checkpoint[0]
 
 
+def checkpoint_of(db_path: Path) -> int:
+    """The observer's checkpoint, 0 while its database is not there yet: sqlite creates the file on connect,
+    before the example's schema script has created the tables."""
+    try:
+        return table(db_path)[2] if db_path.exists() else 0
+    except sqlite3.OperationalError:
+        return 0
+
+
 async def wait_checkpoint(db_path: Path, seq: int, timeout: float = 30.0) -> None:
     with trio.fail_after(timeout):
-        while not db_path.exists() or table(db_path)[2] < seq:
+        while checkpoint_of(db_path) < seq:
             await trio.sleep(0.05)
 
 
