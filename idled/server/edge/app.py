@@ -50,7 +50,6 @@ log = logging.getLogger("idled.server.edge")
 RELOADABLE = ("log_level", "max_connections", "login_timeout", "max_frame")
 GRACE = 5.0  # seconds a drain may take at most
 OVERFLOW_WAIT = 0.05  # seconds a full edge leaves a waiting connection to the others before refusing it (busy)
-THAW_CHECK = 60.0  # seconds between two looks at the GC policy's thaw time
 
 
 class Edge:
@@ -121,7 +120,7 @@ class Edge:
     @staticmethod
     async def _thaw(policy: GcPolicy) -> None:
         while True:
-            await trio.sleep(THAW_CHECK)
+            await trio.sleep(policy.check_every)
             policy.maybe_thaw()
 
     def _listeners(self) -> list[trio.SocketListener]:
