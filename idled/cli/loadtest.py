@@ -366,8 +366,7 @@ def run(args: argparse.Namespace) -> int:
         for k, scenario in enumerate(scenarios):
             if k:
                 time.sleep(2.0)  # let the previous server's sockets settle
-            results.append(trio.run(run_scenario, scenario))
-            print(summary_text(results[-1]), file=text_out)
+            results.append(_run_one(scenario, len(scenarios) > 1, text_out))
         if args.compare:
             ratios = compare_ratios(results)
             print(compare_text(results, ratios), file=text_out)
@@ -386,6 +385,21 @@ def run(args: argparse.Namespace) -> int:
         print(f"idled loadtest: {exc or type(exc).__name__}", file=sys.stderr)
         return EXIT_FAILURE
     return exit_status(results)
+
+
+def _run_one(scenario: Scenario, several: bool, out: Any) -> dict[str, Any]:
+    """One run's result, summarised on ``out``. Of several runs, one that cannot be carried out is kept as
+    an aborted result (a dash in the side-by-side table) and the others still run."""
+    try:
+        result = trio.run(run_scenario, scenario)
+    except (RuntimeError, OSError, ObserverLost, IpcError) as exc:
+        if not several:
+            raise
+        why = str(exc) or type(exc).__name__
+        print(f"idled loadtest: {why}", file=sys.stderr)
+        return {"ok": False, "aborted": why, "detector": scenario.detector, "scenario": scenario.describe()}
+    print(summary_text(result), file=out)
+    return result
 
 
 def _scenarios(args: argparse.Namespace, scenario: Scenario) -> list[Scenario]:
@@ -418,7 +432,7 @@ def _write(args: argparse.Namespace, results: list[dict[str, Any]], document: di
             with open(args.json, "w", encoding="utf-8") as f:
                 f.write(text + "\n")
     if args.plot:
-        plot_results(results, args.plot)
+        plot_results([r for r in results if "timeseries" in r], args.plot)  # (not the runs that broke off)
 
 
 # ---------------------------------------------------------------------------------------- event rate

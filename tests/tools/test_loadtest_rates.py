@@ -4,6 +4,7 @@ full GC walks read from the daemon's log. Figures of the real run are printed, n
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import subprocess
 import sys
@@ -94,13 +95,25 @@ def _run(workers: str | None, per_ping_us: float, core_us: float) -> dict[str, A
 
 
 def test_the_sweep_prices_the_relay_against_the_first_run() -> None:
-    rows = sweep_rows([_run(None, 100.0, 100.0), _run("2", 125.0, 15.0)])
-    assert [row["workers"] for row in rows] == ["0", "2"]
+    broke_off = {"ok": False, "aborted": "the server did not report its port",
+                 "scenario": {"server_args": ["--workers", "4"]}}
+    rows = sweep_rows([_run(None, 100.0, 100.0), _run("2", 125.0, 15.0), broke_off])
+    assert [row["workers"] for row in rows] == ["0", "2", "4"]
+    assert rows[2]["keepalive"] is None and rows[2]["relay_us_per_keepalive"] is None
     assert rows[1]["keepalive_ratio"] == pytest.approx(0.8)
     assert rows[1]["relay_us_per_keepalive"] == pytest.approx(25.0)
     text = sweep_table(rows)
     print(text)
     assert "relay cost us per keepalive" in text and "0.80x" in text and "25.0" in text
+
+
+def test_a_sweep_keeps_going_past_a_run_that_cannot_start() -> None:
+    args = _parse(["--sweep-workers", "0,1", "--connections", "10", "--duration", "200", "--", "--max-connections", "0"])
+    scenario = loadtest._scenarios(args, loadtest.scenario_from_args(args))[0]
+    result = loadtest._run_one(scenario, True, io.StringIO())  # the server refuses its flags
+    assert result["ok"] is False and "did not report its port" in result["aborted"]
+    with pytest.raises(RuntimeError, match="did not report its port"):
+        loadtest._run_one(scenario, False, io.StringIO())  # a single run: the command's error
 
 
 def test_full_gc_walks_are_read_from_every_process_of_the_daemon() -> None:
@@ -110,8 +123,8 @@ def test_full_gc_walks_are_read_from_every_process_of_the_daemon() -> None:
                  "<6>idled.ops.gcpolicy: gc full walk: 3.0 ms over 1 thawed objects, 0 unreachable collected",
                  "worker-0: INFO idled.server.edge: edge listening on 127.0.0.1:7878"):
         server.take_line(line)
-    assert [process for _, process, _ in server.gc_walks] == ["core", "worker-1", "core"]
-    assert [seconds for _, _, seconds in server.gc_walks] == pytest.approx([0.0157, 0.2225, 0.003])
+    assert [process for process, _ in server.gc_walks] == ["core", "worker-1", "core"]
+    assert [seconds for _, seconds in server.gc_walks] == pytest.approx([0.0157, 0.2225, 0.003])
     assert len(server.tail) == 4
 
 

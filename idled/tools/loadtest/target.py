@@ -64,13 +64,13 @@ class ServerProcess:
     metrics_port: int | None = None
     tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=400))
     returncode: int | None = None
-    gc_walks: list[tuple[float, str, float]] = field(default_factory=list)  # (wall, process, seconds)
+    gc_walks: list[tuple[str, float]] = field(default_factory=list)  # (process, seconds) per full GC walk
 
     def take_line(self, line: str) -> None:
         """Keep one output line (the tail), and the full GC walk it reports, if it does."""
         self.tail.append(line)
         if FULL_WALK_LOG in line and (m := _GC_WALK_RE.search(line)) and len(self.gc_walks) < 100_000:
-            self.gc_walks.append((time.time(), m.group(1) or "core", float(m.group(2)) / 1e3))
+            self.gc_walks.append((m.group(1) or "core", float(m.group(2)) / 1e3))
 
 
 def free_port(host: str = "127.0.0.1") -> int:
