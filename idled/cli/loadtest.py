@@ -108,8 +108,9 @@ def _load_flags(load: argparse._ArgumentGroup) -> None:
     load.add_argument("--keepalive", type=float, default=30.0, metavar="S",
                       help="seconds between keepalives of a session (default 30; server timeout = 1.5x)")
     load.add_argument("--ping-every", type=float, metavar="S",
-                      help="user connections: from the end of the login ramp, every session sends a keepalive every S "
-                           "seconds (timeouts stay 1.5 x --keepalive): a fixed offered rate, for keepalives per CPU-second")
+                      help="user connections: from the end of the login ramp, every session sends a keepalive every "
+                           "S seconds (timeouts stay 1.5 x --keepalive): a fixed offered rate, for keepalives per "
+                           "CPU-second")
     load.add_argument("--jitter", type=float, default=0.1, metavar="F",
                       help="each interval is keepalive x U(1-F, 1+F) (default 0.1)")
     load.add_argument("--silent-fraction", type=float, default=0.05, metavar="F",

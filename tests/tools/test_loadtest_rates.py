@@ -108,7 +108,8 @@ def test_the_sweep_prices_the_relay_against_the_first_run() -> None:
 
 
 def test_a_sweep_keeps_going_past_a_run_that_cannot_start() -> None:
-    args = _parse(["--sweep-workers", "0,1", "--connections", "10", "--duration", "200", "--", "--max-connections", "0"])
+    args = _parse(["--sweep-workers", "0,1", "--connections", "10", "--duration", "200", "--",
+                   "--max-connections", "0"])
     scenario = loadtest._scenarios(args, loadtest.scenario_from_args(args))[0]
     result = loadtest._run_one(scenario, True, io.StringIO())  # the server refuses its flags
     assert result["ok"] is False and "did not report its port" in result["aborted"]

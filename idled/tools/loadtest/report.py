@@ -137,9 +137,10 @@ def _phase_lines(phases: dict[str, Any]) -> list[str]:
     for name, what in (("login", "logins"), ("keepalive", "keepalives")):
         ph = phases.get(name)
         if ph and ph["per_cpu_second"]:
-            split = f" (core {ph['core_us_each']:.1f} + edges {ph['edge_us_each']:.1f})" if ph["edge_cpu_seconds"] > 0.005 else ""
-            out.append(f"  {what:<14}{ph['events_per_s']:,.0f}/s in the {name} phase ({ph['seconds']:.1f} s), server CPU "
-                       f"{ph['cpu_percent']:.1f}%: {ph['per_cpu_second']:,.0f} {what} per CPU-second, "
+            split = (f" (core {ph['core_us_each']:.1f} + edges {ph['edge_us_each']:.1f})"
+                     if ph["edge_cpu_seconds"] > 0.005 else "")
+            out.append(f"  {what:<14}{ph['events_per_s']:,.0f}/s in the {name} phase ({ph['seconds']:.1f} s), "
+                       f"server CPU {ph['cpu_percent']:.1f}%: {ph['per_cpu_second']:,.0f} {what} per CPU-second, "
                        f"{ph['cpu_us_each']:.1f} us each{split}")
     return out
 

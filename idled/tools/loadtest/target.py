@@ -13,8 +13,8 @@ and waits, then SIGKILL.
 a wrapper measures the real server, its child), and the root's own CPU time apart: under ``--workers`` the
 root is the core and its descendants are the edges. CPU % is the CPU time used between two samples over the
 wall time between them (100 % = one core). The drain task also picks out each process's ``gc full walk``
-log lines (`idled.ops.gcpolicy`; an edge's come through the core behind ``worker-<i>:``) into ``gc_walks``. `find_listening_pid` maps a `--target` port to a pid when the
-pid is not given (with `--workers`, the core: the root of the processes sharing the listening socket). `scrape_metrics` GETs ``/metrics`` from 127.0.0.1 and returns the ``idled_*`` samples.
+log lines (`idled.ops.gcpolicy`; an edge's come through the core behind ``worker-<i>:``) into ``gc_walks``.
+`find_listening_pid` maps a `--target` port to a pid when the pid is not given (with `--workers`, the core: the root of the processes sharing the listening socket). `scrape_metrics` GETs ``/metrics`` from 127.0.0.1 and returns the ``idled_*`` samples.
 """
 
 from __future__ import annotations
