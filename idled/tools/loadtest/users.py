@@ -8,9 +8,9 @@ ramp``, at most `max_inflight` connecting at once, from a loopback source addres
 after the welcome and then every ``K * U(1 - jitter, 1 + jitter)``. With ``--ping-every S`` the interval
 is S instead from the ramp's planned end on (a session joins that schedule at a random phase), so the
 steady phase offers a fixed N / S keepalives per second while every timeout stays 1.5 K. A planned silent
-session stops at its moment, reports the wall time of its last frame (ping or login), and keeps the socket open until the server
-closes it (idle_timeout): the server has to notice the silence itself. A planned bye session sends ``bye``
-at its moment and reports when it did. The per-connection state is the task's locals and one idle
+session stops at its moment, reports the wall time of its last frame (ping or login), and keeps the socket
+open until the server closes it (idle_timeout): the server has to notice the silence itself. A planned bye
+session sends ``bye`` at its moment and reports when it did. The per-connection state is the task's locals and one idle
 FrameDecoder (~80 bytes); every read goes through the protocol's one receive loop.
 
 Time: what goes on the record -- the moment a session's last frame was sent, the moment a bye was sent --
