@@ -66,7 +66,8 @@ def test_each_thaw_is_one_full_walk_logged_with_its_duration(
     with caplog.at_level("INFO", logger="idled.ops.gcpolicy"):
         assert gp.maybe_thaw()
     assert gp.walks == [0.25]
-    assert [r.getMessage().split(" over ")[0] for r in caplog.records] == [f"{FULL_WALK_LOG} 250.0 ms"]
+    assert [r.getMessage().split(" (")[0] for r in caplog.records] == [f"{FULL_WALK_LOG} 250.0 ms"]
+    assert "ms CPU) over" in caplog.records[0].getMessage()  # the walk's own work, apart from the pause
 
 
 def test_stop_undoes_everything() -> None:
