@@ -119,13 +119,14 @@ def test_a_sweep_keeps_going_past_a_run_that_cannot_start() -> None:
 
 def test_full_gc_walks_are_read_from_every_process_of_the_daemon() -> None:
     server = ServerProcess("127.0.0.1", 1, None)
-    for line in ("2026-11-23 15:07:01,476 INFO idled.ops.gcpolicy: gc full walk: 15.7 ms over 29255 thawed objects",
+    for line in ("2026-11-23 15:07:01,476 INFO idled.ops.gcpolicy: gc full walk: 15.7 ms (9.5 ms CPU) over 29255 thawed",
                  "worker-1: 2026-11-23 15:07:01,489 INFO idled.ops.gcpolicy: gc full walk: 222.5 ms over 9 thawed",
                  "<6>idled.ops.gcpolicy: gc full walk: 3.0 ms over 1 thawed objects, 0 unreachable collected",
                  "worker-0: INFO idled.server.edge: edge listening on 127.0.0.1:7878"):
         server.take_line(line)
-    assert [process for process, _ in server.gc_walks] == ["core", "worker-1", "core"]
-    assert [seconds for _, seconds in server.gc_walks] == pytest.approx([0.0157, 0.2225, 0.003])
+    assert [process for process, _, _ in server.gc_walks] == ["core", "worker-1", "core"]
+    assert [seconds for _, seconds, _ in server.gc_walks] == pytest.approx([0.0157, 0.2225, 0.003])
+    assert server.gc_walks[0][2] == pytest.approx(0.0095) and server.gc_walks[1][2] is None
     assert len(server.tail) == 4
 
 

@@ -149,8 +149,12 @@ def _gc_lines(walks: dict[str, Any]) -> list[str]:
     """The full GC walks of each process of the daemon (``gc full walk`` log lines)."""
     if not walks:
         return []
+    def cpu(w: dict[str, Any]) -> str:
+        known = [c for c in w.get("cpu_seconds", ()) if c is not None]
+        return f", CPU max {max(known) * 1e3:.1f} ms" if known else ""
+
     return ["  gc walks      " + "; ".join(
-        f"{name} {w['count']} (max {w['max_seconds'] * 1e3:.1f} ms)" for name, w in sorted(walks.items()))]
+        f"{name} {w['count']} (max {w['max_seconds'] * 1e3:.1f} ms{cpu(w)})" for name, w in sorted(walks.items()))]
 
 
 def _lat_short(s: dict[str, Any]) -> str:

@@ -135,11 +135,12 @@ def _phases(w: Window) -> dict[str, Any]:
 def _gc_walks(server: ServerProcess) -> dict[str, Any]:
     """Per process of the daemon: its full GC walks (`idled.ops.gcpolicy`) during the server's life."""
     out: dict[str, Any] = {}
-    for process, seconds in server.gc_walks:
-        walks = out.setdefault(process, {"count": 0, "max_seconds": 0.0, "seconds": []})
+    for process, seconds, cpu in server.gc_walks:
+        walks = out.setdefault(process, {"count": 0, "max_seconds": 0.0, "seconds": [], "cpu_seconds": []})
         walks["count"] += 1
         walks["max_seconds"] = max(walks["max_seconds"], seconds)
         walks["seconds"].append(seconds)
+        walks["cpu_seconds"].append(cpu)
     return out
 
 

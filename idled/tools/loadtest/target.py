@@ -48,7 +48,7 @@ LISTENING_RE = re.compile(r"IDLED_LISTENING\s+host=(\S+)\s+port=(\d+)")
 _PLAIN_LISTENING_RE = re.compile(r"listening on (\d+\.\d+\.\d+\.\d+):(\d+)")
 _METRICS_RE = re.compile(r"IDLED_METRICS\s+host=(\S+)\s+port=(\d+)|metrics\D{0,40}?(?:127\.0\.0\.1|localhost):(\d+)")
 STALL_METRIC = "idled_event_loop_stall_max_seconds"
-_GC_WALK_RE = re.compile(r"^(?:(worker-\d+): )?.*" + re.escape(FULL_WALK_LOG) + r" ([0-9.]+) ms")
+_GC_WALK_RE = re.compile(r"^(?:(worker-\d+): )?.*" + re.escape(FULL_WALK_LOG) + r" ([0-9.]+) ms(?: \(([0-9.]+) ms CPU\))?")
 _STALL_RE = re.compile(r"stall[a-z_]*\s*[=:]?\s*([0-9]+(?:\.[0-9]+)?(?:e-?[0-9]+)?)\s*(ms|s)?\b", re.I)
 
 
@@ -64,13 +64,14 @@ class ServerProcess:
     metrics_port: int | None = None
     tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=400))
     returncode: int | None = None
-    gc_walks: list[tuple[str, float]] = field(default_factory=list)  # (process, seconds) per full GC walk
+    gc_walks: list[tuple[str, float, float | None]] = field(default_factory=list)  # (process, seconds, CPU s)
 
     def take_line(self, line: str) -> None:
         """Keep one output line (the tail), and the full GC walk it reports, if it does."""
         self.tail.append(line)
         if FULL_WALK_LOG in line and (m := _GC_WALK_RE.search(line)) and len(self.gc_walks) < 100_000:
-            self.gc_walks.append((m.group(1) or "core", float(m.group(2)) / 1e3))
+            cpu = float(m.group(3)) / 1e3 if m.group(3) else None
+            self.gc_walks.append((m.group(1) or "core", float(m.group(2)) / 1e3, cpu))
 
 
 def free_port(host: str = "127.0.0.1") -> int:
