@@ -31,10 +31,10 @@ from typing import Any
 import trio
 
 from idled.protocol import MAX_KEEPALIVE, MIN_KEEPALIVE
+from idled.ops.config import MAX_WORKERS
 from idled.ops.fatal import EXIT_FAILURE, EXIT_OK, EXIT_TARGET_FAILED, EXIT_USAGE
 from idled.tools.loadtest.ipc import IpcError
 from idled.tools.loadtest.observer import ObserverLost
-from idled.ops.config import MAX_WORKERS
 from idled.tools.loadtest.rates import sweep_rows, sweep_table
 from idled.tools.loadtest.report import clean_json, compare_ratios, compare_text, plot_results, summary_text
 from idled.tools.loadtest.run import run_scenario

@@ -14,7 +14,9 @@ a wrapper measures the real server, its child), and the root's own CPU time apar
 root is the core and its descendants are the edges. CPU % is the CPU time used between two samples over the
 wall time between them (100 % = one core). The drain task also picks out each process's ``gc full walk``
 log lines (`idled.ops.gcpolicy`; an edge's come through the core behind ``worker-<i>:``) into ``gc_walks``.
-`find_listening_pid` maps a `--target` port to a pid when the pid is not given (with `--workers`, the core: the root of the processes sharing the listening socket). `scrape_metrics` GETs ``/metrics`` from 127.0.0.1 and returns the ``idled_*`` samples.
+`find_listening_pid` maps a `--target` port to a pid when the pid is not given (with `--workers`, the core:
+the root of the processes sharing the listening socket). `scrape_metrics` GETs ``/metrics`` from 127.0.0.1
+and returns the ``idled_*`` samples.
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ LISTENING_RE = re.compile(r"IDLED_LISTENING\s+host=(\S+)\s+port=(\d+)")
 _PLAIN_LISTENING_RE = re.compile(r"listening on (\d+\.\d+\.\d+\.\d+):(\d+)")
 _METRICS_RE = re.compile(r"IDLED_METRICS\s+host=(\S+)\s+port=(\d+)|metrics\D{0,40}?(?:127\.0\.0\.1|localhost):(\d+)")
 STALL_METRIC = "idled_event_loop_stall_max_seconds"
-_GC_WALK_RE = re.compile(r"^(?:(worker-\d+): )?.*" + re.escape(FULL_WALK_LOG) + r" ([0-9.]+) ms(?: \(([0-9.]+) ms CPU\))?")
+_GC_WALK_RE = re.compile(  # (worker name: none for the core's own lines), pause ms, CPU ms
+    r"^(?:(worker-\d+): )?.*" + re.escape(FULL_WALK_LOG) + r" ([0-9.]+) ms(?: \(([0-9.]+) ms CPU\))?")
 _STALL_RE = re.compile(r"stall[a-z_]*\s*[=:]?\s*([0-9]+(?:\.[0-9]+)?(?:e-?[0-9]+)?)\s*(ms|s)?\b", re.I)
 
 
