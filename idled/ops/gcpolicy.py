@@ -20,13 +20,17 @@ The walk is run by the thaw itself, not left to the next full collection CPython
 state that one may not come for hours (measured: none in 60 s after a thaw in a core serving 3,000
 connections), so the pause would land at no predictable moment and cycles would wait longer. Each walk's
 duration is logged (``gc full walk: ... ms``, a line `idled loadtest` reads from every process of the
-daemon) and kept in ``walks``.
+daemon) and kept in ``walks``. The first thaw comes at a random point of the second half of the first
+interval, so the core and its edges (started together) keep apart phases: walks at the same moment would
+share the cores and each pause longer (measured: four edges walking within one second of each other, each
+pausing 2-3x its CPU time on two cores).
 """
 
 from __future__ import annotations
 
 import gc
 import logging
+import random
 import time
 from collections.abc import Callable
 from typing import Any
@@ -38,9 +42,11 @@ log = logging.getLogger("idled.ops.gcpolicy")
 
 
 class GcPolicy:
-    def __init__(self, *, thaw_every: float = THAW_EVERY, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, *, thaw_every: float = THAW_EVERY, clock: Callable[[], float] = time.monotonic,
+                 phase: Callable[[], float] = random.random) -> None:
         self.thaw_every = thaw_every
         self._clock = clock
+        self._phase = phase  # U(0, 1): where in the second half of the first interval the first thaw comes
         self._thaw_at = 0.0
         self.full_collections = 0
         self.thaws = 0
@@ -60,7 +66,7 @@ class GcPolicy:
         gc.collect()
         gc.freeze()
         gc.callbacks.append(self._on_gc)
-        self._thaw_at = self._clock() + self.thaw_every
+        self._thaw_at = self._clock() + self.thaw_every * (0.5 + 0.5 * self._phase())
 
     def stop(self) -> None:
         if self._on_gc in gc.callbacks:

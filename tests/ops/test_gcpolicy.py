@@ -77,6 +77,21 @@ def test_stop_undoes_everything() -> None:
     assert gc.get_freeze_count() == 0 and gp._on_gc not in gc.callbacks
 
 
+def test_processes_started_together_walk_at_their_own_phases() -> None:
+    now = [0.0]
+    policies = [GcPolicy(thaw_every=60.0, clock=lambda: now[0], phase=lambda k=k: k / 4) for k in range(4)]
+    for gp in policies:
+        gp.start()
+        gp.stop()  # (the first thaw's time is fixed at start)
+    first = []
+    for t in range(30, 61):
+        now[0] = float(t)
+        first += [t for gp in policies if gp.thaws == 0 and gp.maybe_thaw()]
+    assert first == [30, 38, 45, 53]  # 60 x (0.5 + 0.5 x phase): spread over the second half
+    now[0] = 90.0
+    assert [gp.maybe_thaw() for gp in policies] == [True, False, False, False]  # then every 60 s from there
+
+
 def test_a_short_thaw_interval_is_checked_often_enough() -> None:
     assert GcPolicy(thaw_every=20.0).check_every == 2.0  # a walk at most 10% late
     assert GcPolicy().check_every == 60.0
