@@ -26,7 +26,7 @@ log = logging.getLogger("idled.server.edge")
 
 # The daemon's settings an edge uses (the rest -- detector, log, timeouts -- are the core's).
 EDGE_SETTINGS = ("host", "port", "secret_file", "insecure", "max_frame", "login_timeout", "max_connections",
-                 "metrics_host", "metrics_port", "log_level",
+                 "metrics_host", "metrics_port", "log_level", "gc_thaw_every",
                  "tls_cert", "tls_key", "tls_client_ca", "proxy_protocol", "proxy_allow")
 
 
@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         registry = _registry() if cfg.metrics_port else None
         edge = Edge(cfg, core=args.core, name=name, listen_fds=args.listen_fd,
                     metrics=Metrics(registry, tick=1.0) if registry is not None else None,
-                    reload_config=lambda: load(args), link_secret=link_secret, gc_policy=GcPolicy())
+                    reload_config=lambda: load(args), link_secret=link_secret, gc_policy=GcPolicy(thaw_every=cfg.gc_thaw_every))
     except (ConfigError, tokens.SecretError, ValueError, OSError) as exc:
         return _fatal(f"configuration: {exc}", EXIT_USAGE)
     try:

@@ -31,13 +31,16 @@ from typing import Any
 import trio
 
 from idled.protocol import MAX_KEEPALIVE, MIN_KEEPALIVE
+from idled.ops.config import MAX_WORKERS
 from idled.ops.fatal import EXIT_FAILURE, EXIT_OK, EXIT_TARGET_FAILED, EXIT_USAGE
 from idled.tools.loadtest.ipc import IpcError
 from idled.tools.loadtest.observer import ObserverLost
+from idled.tools.loadtest.rates import sweep_rows, sweep_table
 from idled.tools.loadtest.report import clean_json, compare_ratios, compare_text, plot_results, summary_text
 from idled.tools.loadtest.run import run_scenario
 from idled.tools.loadtest.scenario import (
     DEFAULT_RAMP_GATEWAY_SESSIONS, DEFAULT_RAMP_USERS, MAX_PER_WORKER, SOURCES_PER, Scenario, flag_value,
+    without_flag,
 )
 
 __all__ = ["UsageError", "add_arguments", "run", "parse_target", "scenario_from_args", "exit_status"]
@@ -88,6 +91,9 @@ def _server_flags(where: argparse._ArgumentGroup) -> None:
     where.add_argument("--detector", metavar="NAME", help="with --spawn: passed to the server as --detector")
     where.add_argument("--compare", metavar="D1,D2,...",
                        help="run the scenario once per detector (spawning a server each), e.g. ring,scan,heap")
+    where.add_argument("--sweep-workers", metavar="W1,W2,...",
+                       help="run the scenario once per `idled serve --workers` value (spawning a server each), e.g. "
+                            "0,1,2,4, and print logins and keepalives per server CPU-second side by side")
 
 
 def _load_flags(load: argparse._ArgumentGroup) -> None:
@@ -101,6 +107,10 @@ def _load_flags(load: argparse._ArgumentGroup) -> None:
                            f"{DEFAULT_RAMP_GATEWAY_SESSIONS:g} gateway sessions/s)")
     load.add_argument("--keepalive", type=float, default=30.0, metavar="S",
                       help="seconds between keepalives of a session (default 30; server timeout = 1.5x)")
+    load.add_argument("--ping-every", type=float, metavar="S",
+                      help="user connections: from the end of the login ramp, every session sends a keepalive every "
+                           "S seconds (timeouts stay 1.5 x --keepalive): a fixed offered rate, for keepalives per "
+                           "CPU-second")
     load.add_argument("--jitter", type=float, default=0.1, metavar="F",
                       help="each interval is keepalive x U(1-F, 1+F) (default 0.1)")
     load.add_argument("--silent-fraction", type=float, default=0.05, metavar="F",
@@ -165,9 +175,9 @@ def parse_target(text: str) -> tuple[str, int]:
 def _where(args: argparse.Namespace) -> tuple[bool, tuple[str, int] | None, list[str]]:
     """(spawn, target, server argv), checked against each other."""
     server_argv = shlex.split(args.server_args or "") + list(args.server_argv or [])
-    spawn = bool(args.spawn or args.compare)
+    spawn = bool(args.spawn or args.compare or args.sweep_workers)
     if args.target and spawn:
-        raise UsageError("give either --target or --spawn/--compare, not both")
+        raise UsageError("give either --target or --spawn/--compare/--sweep-workers, not both")
     if not args.target and not spawn:
         raise UsageError("give --target HOST:PORT or --spawn")
     if server_argv and not spawn:
@@ -218,6 +228,8 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
         raise UsageError(f"--keepalive must be {MIN_KEEPALIVE:g}..{MAX_KEEPALIVE:g} s (the wire contract's range)")
     if not 0 <= args.jitter < 0.5:
         raise UsageError("--jitter must be in [0, 0.5): a keepalive later than 1.5x would be a real timeout")
+    if args.ping_every is not None and not (mode == "users" and 0.05 <= args.ping_every <= args.keepalive):
+        raise UsageError("--ping-every needs user connections and 0.05 <= S <= --keepalive")
     ramp = args.ramp or (DEFAULT_RAMP_USERS if mode == "users" else DEFAULT_RAMP_GATEWAY_SESSIONS)
     if not ramp > 0:
         raise UsageError("--ramp must be > 0")
@@ -236,7 +248,7 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
         target=target, spawn=spawn, server_args=tuple(server_argv), detector=args.detector,
         server_pid=args.server_pid, metrics_port=args.metrics_port, connect_timeout=args.connect_timeout,
         max_inflight=args.max_inflight, gateway_tick=args.gateway_tick, secret_file=args.secret_file,
-        server_log=args.server_log, quiet=args.quiet, drain_timeout=args.drain_timeout,
+        server_log=args.server_log, quiet=args.quiet, drain_timeout=args.drain_timeout, ping_every=args.ping_every,
         **front,
     )
     if not (0 <= sc.silent_fraction <= 1 and 0 <= sc.bye_fraction <= 1 and sc.silent_fraction + sc.bye_fraction <= 1):
@@ -344,10 +356,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.event_rate is not None:
             return _event_rate(args)
-        scenario = scenario_from_args(args)
-        detectors = [d.strip() for d in args.compare.split(",") if d.strip()] if args.compare else [args.detector]
-        if args.compare and len(detectors) < 2:
-            raise UsageError("--compare needs at least two detectors, e.g. ring,scan,heap")
+        scenarios = _scenarios(args, scenario_from_args(args))
         check_outputs(args)
     except UsageError as exc:
         print(f"idled loadtest: {exc}", file=sys.stderr)
@@ -355,15 +364,18 @@ def run(args: argparse.Namespace) -> int:
     text_out = sys.stderr if args.json == "-" else sys.stdout
     results: list[dict[str, Any]] = []
     try:
-        for k, detector in enumerate(detectors):
+        for k, scenario in enumerate(scenarios):
             if k:
                 time.sleep(2.0)  # let the previous server's sockets settle
-            results.append(trio.run(run_scenario, replace(scenario, detector=detector)))
-            print(summary_text(results[-1]), file=text_out)
-        if len(results) > 1:
+            results.append(_run_one(scenario, len(scenarios) > 1, text_out))
+        if args.compare:
             ratios = compare_ratios(results)
             print(compare_text(results, ratios), file=text_out)
-            _write(args, results, {"compare": detectors, "runs": results, "ratios": ratios})
+            _write(args, results, {"compare": [sc.detector for sc in scenarios], "runs": results, "ratios": ratios})
+        elif args.sweep_workers:
+            rows = sweep_rows(results)
+            print(sweep_table(rows), file=text_out)
+            _write(args, results, {"sweep_workers": [r["workers"] for r in rows], "runs": results, "rates": rows})
         else:
             _write(args, results, results[0])
     except KeyboardInterrupt:
@@ -376,6 +388,42 @@ def run(args: argparse.Namespace) -> int:
     return exit_status(results)
 
 
+def _run_one(scenario: Scenario, several: bool, out: Any) -> dict[str, Any]:
+    """One run's result, summarised on ``out``. Of several runs, one that cannot be carried out is kept as
+    an aborted result (a dash in the side-by-side table) and the others still run."""
+    try:
+        result = trio.run(run_scenario, scenario)
+    except (RuntimeError, OSError, ObserverLost, IpcError) as exc:
+        if not several:
+            raise
+        why = str(exc) or type(exc).__name__
+        print(f"idled loadtest: {why}", file=sys.stderr)
+        return {"ok": False, "aborted": why, "detector": scenario.detector, "scenario": scenario.describe()}
+    print(summary_text(result), file=out)
+    return result
+
+
+def _scenarios(args: argparse.Namespace, scenario: Scenario) -> list[Scenario]:
+    """The runs to make: one, or one per --compare detector, or one per --sweep-workers value."""
+    if args.compare and args.sweep_workers:
+        raise UsageError("give --compare or --sweep-workers, not both")
+    if args.sweep_workers:
+        try:
+            values = [int(v) for v in args.sweep_workers.split(",") if v.strip()]
+        except ValueError:
+            raise UsageError(f"--sweep-workers takes numbers, e.g. 0,1,2,4; got {args.sweep_workers!r}") from None
+        if len(values) < 2 or not all(0 <= v <= MAX_WORKERS for v in values):
+            raise UsageError(f"--sweep-workers needs at least two values in 0..{MAX_WORKERS}, e.g. 0,1,2,4")
+        base = without_flag(list(scenario.server_args), "--workers")
+        return [replace(scenario, server_args=(*base, "--workers", str(v))) for v in values]
+    if not args.compare:
+        return [scenario]
+    detectors = [d.strip() for d in args.compare.split(",") if d.strip()]
+    if len(detectors) < 2:
+        raise UsageError("--compare needs at least two detectors, e.g. ring,scan,heap")
+    return [replace(scenario, detector=detector) for detector in detectors]
+
+
 def _write(args: argparse.Namespace, results: list[dict[str, Any]], document: dict[str, Any]) -> None:
     if args.json:
         text = json.dumps(clean_json(document), indent=1, default=str, allow_nan=False)
@@ -385,7 +433,7 @@ def _write(args: argparse.Namespace, results: list[dict[str, Any]], document: di
             with open(args.json, "w", encoding="utf-8") as f:
                 f.write(text + "\n")
     if args.plot:
-        plot_results(results, args.plot)
+        plot_results([r for r in results if "timeseries" in r], args.plot)  # (not the runs that broke off)
 
 
 # ---------------------------------------------------------------------------------------- event rate

@@ -37,7 +37,8 @@ def run(args: argparse.Namespace) -> int:
     log.info("open-file limit %d (hard %d)", soft, hard)
     try:
         server = Server(
-            cfg, metrics=Metrics(_registry(), tick=cfg.tick), reload_config=lambda: config_module.load(args), gc_policy=GcPolicy()
+            cfg, metrics=Metrics(_registry(), tick=cfg.tick), reload_config=lambda: config_module.load(args),
+            gc_policy=GcPolicy(thaw_every=cfg.gc_thaw_every),
         )
     except (ConfigError, tokens.SecretError) as exc:
         return _fatal(f"configuration: {exc}", EXIT_USAGE)

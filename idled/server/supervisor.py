@@ -157,6 +157,7 @@ def edge_command(config: Config, name: str, core: str, fds: Sequence[int], max_c
         "max_frame": ("--max-frame", str(config.max_frame)),
         "login_timeout": ("--login-timeout", f"{config.login_timeout:g}"),
         "log_level": ("--log-level", config.log_level),
+        "gc_thaw_every": ("--gc-thaw-every", f"{config.gc_thaw_every:g}"),
         "secret_file": ("--secret-file", config.secret_file or ""),
         "tls_cert": ("--tls-cert", config.tls_cert or ""),  # TLS and PROXY: idled.server.tls, at each edge
         "tls_key": ("--tls-key", config.tls_key or ""),

@@ -50,6 +50,7 @@ def test_flags_not_given_do_not_override_the_file(tmp_path: Path) -> None:
         ('detector = "wheel"\n', "detector must be one of"),
         ("port = 70000\n", "ports"),
         ("port = [\n", "cannot read"),
+        ("gc_thaw_every = 0.5\n", "gc_thaw_every must be 1..604800"),
     ],
 )
 def test_bad_files_are_clear_errors(tmp_path: Path, text: str, message: str) -> None:

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from idled.ops.gcpolicy import GcPolicy
+from idled.ops.gcpolicy import FULL_WALK_LOG, GcPolicy
 
 
 class Node:
@@ -53,9 +53,21 @@ def test_a_frozen_cycle_is_reclaimed_after_the_thaw(policy: tuple[GcPolicy, list
     assert probe() is not None
     assert not gp.maybe_thaw()  # not yet time
     now[0] = 61.0
-    assert gp.maybe_thaw() and gp.thaws == 1 and gc.get_freeze_count() == 0
-    gc.collect()
+    assert gp.maybe_thaw() and gp.thaws == 1  # the thaw walks everything at once ...
     assert probe() is None
+    assert gc.get_freeze_count() > 0  # ... and refreezes the survivors
+
+
+def test_each_thaw_is_one_full_walk_logged_with_its_duration(
+        policy: tuple[GcPolicy, list[float]], caplog: pytest.LogCaptureFixture) -> None:
+    gp, now = policy
+    gc.collect()  # an ordinary full collection (nothing thawed): not a walk of everything
+    gp._clock = iter([61.0, 61.0, 61.25]).__next__  # the thaw's check, the walk's start, its stop
+    with caplog.at_level("INFO", logger="idled.ops.gcpolicy"):
+        assert gp.maybe_thaw()
+    assert gp.walks == [0.25]
+    assert [r.getMessage().split(" (")[0] for r in caplog.records] == [f"{FULL_WALK_LOG} 250.0 ms"]
+    assert "ms CPU) over" in caplog.records[0].getMessage()  # the walk's own work, apart from the pause
 
 
 def test_stop_undoes_everything() -> None:
@@ -63,3 +75,23 @@ def test_stop_undoes_everything() -> None:
     gp.start()
     gp.stop()
     assert gc.get_freeze_count() == 0 and gp._on_gc not in gc.callbacks
+
+
+def test_processes_started_together_walk_at_their_own_phases() -> None:
+    now = [0.0]
+    policies = [GcPolicy(thaw_every=60.0, clock=lambda: now[0], phase=lambda k=k: k / 4) for k in range(4)]
+    for gp in policies:
+        gp.start()
+        gp.stop()  # (the first thaw's time is fixed at start)
+    first = []
+    for t in range(30, 61):
+        now[0] = float(t)
+        first += [t for gp in policies if gp.thaws == 0 and gp.maybe_thaw()]
+    assert first == [30, 38, 45, 53]  # 60 x (0.5 + 0.5 x phase): spread over the second half
+    now[0] = 90.0
+    assert [gp.maybe_thaw() for gp in policies] == [True, False, False, False]  # then every 60 s from there
+
+
+def test_a_short_thaw_interval_is_checked_often_enough() -> None:
+    assert GcPolicy(thaw_every=20.0).check_every == 2.0  # a walk at most 10% late
+    assert GcPolicy().check_every == 60.0

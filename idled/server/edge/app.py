@@ -53,7 +53,6 @@ log = logging.getLogger("idled.server.edge")
 
 RELOADABLE = ("log_level", "max_connections", "login_timeout", "max_frame")
 GRACE = 5.0  # seconds a drain may take at most
-THAW_CHECK = 60.0  # seconds between two looks at the GC policy's thaw time
 
 
 class Edge:
@@ -126,7 +125,7 @@ class Edge:
     @staticmethod
     async def _thaw(policy: GcPolicy) -> None:
         while True:
-            await trio.sleep(THAW_CHECK)
+            await trio.sleep(policy.check_every)
             policy.maybe_thaw()
 
     def _listeners(self) -> list[trio.SocketListener]:

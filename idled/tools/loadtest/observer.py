@@ -2,20 +2,22 @@
 
 Theory of operation
 -------------------
-`Observer.connect()` logs in as an observer and sends ``subscribe``. The protocol has no acknowledgement
-for ``subscribe``, so "the subscription is live" is proven with a *fence*: `fence()` logs a probe user in
-(a str uid, which no session of the run uses), and waits until the observer has read that user's online
-event. Events reach an observer in the order the server emitted them, so once the probe's event is read,
-every event emitted before the probe logged in has been read too. The coordinator fences once before the
-first session connects (no event of the run can be missed) and once when the measurement ends (every
+`Observer.connect()` logs in as an observer and sends ``subscribe`` and a ``ping``. The protocol has no
+acknowledgement for ``subscribe``, but the server answers an observer's frames in order: the ``pong`` proves
+the subscription is in place. Only then does `fence()` log a probe user in (a str uid, which no session of
+the run uses) -- before it, through an edge, the probe's login could reach the core ahead of the subscribe
+relayed by another edge, and its event would be missed -- and wait until the observer has read that user's
+online event. Events reach an observer in the order the server emitted them, so once the probe's event is
+read, every event emitted before the probe logged in has been read too. The coordinator fences once before
+the first session connects (no event of the run can be missed) and once when the measurement ends (every
 event up to that moment has been matched), then closes the observer before tearing the sessions down.
 
-`run()` reads until cancelled, recording each event's delivery delay (read time minus its ``ts``); it pings every `ping_interval` seconds so that a server that times out
-silent observers keeps this one, and it checks the sequence numbers: gaps (events never delivered) and
-duplicates (skipped) are counted. A server drops an observer that falls behind with ``busy``; the observer
-then reconnects and subscribes ``from`` its last seq + 1, so the stream resumes without a gap (the server
-replays what it missed). Any other error frame or EOF ends the stream: `lost` says why, and the run is then
-not to be trusted.
+`run()` reads until cancelled, recording each event's delivery delay (read time minus its ``ts``); it pings
+every `ping_interval` seconds so that a server that times out silent observers keeps this one, and it checks
+the sequence numbers: gaps (events never delivered) and duplicates (skipped) are counted. A server drops an
+observer that falls behind with ``busy``; the observer then reconnects and subscribes ``from`` its last seq
++ 1, so the stream resumes without a gap (the server replays what it missed). Any other error frame or EOF
+ends the stream: `lost` says why, and the run is then not to be trusted.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Any
 import trio
 
 from idled.protocol import (
-    BYE_FRAME, PING_FRAME, Error, Event, FrameDecoder, Login, ProtocolError, Subscribe, Welcome, encode,
+    BYE_FRAME, PING_FRAME, PONG, Error, Event, FrameDecoder, Login, ProtocolError, Subscribe, Welcome, encode,
     parse_server_message, receive_message,
 )
 from idled.tools.loadtest.connect import open_from
@@ -85,6 +87,7 @@ class Observer:
         self.reads = 0
         self.last_delay: float | None = None  # delivery delay of the latest event read: how far behind
         self.lost: str | None = None
+        self._subscribed = trio.Event()  # the pong to the ping after the first subscribe was read
         # wall time an event was read minus its ts: the server's delivery delay plus our own reading delay
         self.delivery = Histogram()
 
@@ -105,7 +108,7 @@ class Observer:
                         break
                     if type(msg) is Error:
                         raise ObserverLost(f"observer login refused: {msg.code}: {msg.reason}")
-            await stream.send_all(encode(Subscribe(from_seq)))
+            await stream.send_all(encode(Subscribe(from_seq)) + PING_FRAME)
         except BaseException:
             await trio.aclose_forcefully(stream)
             raise
@@ -136,6 +139,7 @@ class Observer:
                 self._stream = None
                 return
         finally:
+            self._subscribed.set()
             for waiter in self._waiting.values():
                 waiter.set()  # nobody waits forever on a dead observer
 
@@ -166,6 +170,8 @@ class Observer:
                         if type(msg.uid) is str and msg.uid in waiting:
                             waiting[msg.uid].set()
                         on_event(msg)
+                    elif msg is PONG:
+                        self._subscribed.set()
                     elif type(msg) is Error:
                         reason = f"server:{msg.code}: {msg.reason}"
                         break
@@ -191,6 +197,7 @@ class Observer:
         start = time.monotonic()
         try:
             with trio.move_on_after(timeout):
+                await self._subscribed.wait()
                 stream = await open_from(source, self.host, self.port, self.front)
                 async with stream:
                     await stream.send_all(encode(Login("uid", uid, self._token("uid", uid), self.keepalive)))

@@ -61,6 +61,7 @@ class WorkerPool:
             "worker": w, "workers": sc.workers, "mode": sc.mode, "host": host, "port": port,
             "sources": list(sc.sources), "uid_base": sc.uid_base, "sessions": sc.sessions,
             "gateways": sc.gateways, "keepalive": sc.keepalive, "jitter": sc.jitter, "ramp": sc.ramp,
+            "ping_every": sc.ping_every,
             "connect_timeout": sc.connect_timeout, "max_inflight": sc.max_inflight,
             "gateway_tick": sc.gateway_tick, "seed": sc.seed, "report_interval": 0.5,
             # (index, kind, moment) triples: the pipe's decoder takes string map keys only

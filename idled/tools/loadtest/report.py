@@ -10,7 +10,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["targets", "summary_text", "compare_ratios", "compare_text", "plot_results", "clean_json"]
+__all__ = ["targets", "summary_text", "compare_ratios", "compare_text", "format_table", "plot_results", "clean_json"]
 
 RSS_PER_CONNECTION_LIMIT = 8 * 1024  # bytes
 TLS_RSS_PER_CONNECTION_LIMIT = 32 * 1024  # bytes, with --tls: an OpenSSL connection's state (docs/tls.md)
@@ -115,6 +115,7 @@ def summary_text(result: dict[str, Any]) -> str:
         f"{_pct((result.get('host') or {}).get('cpu_percent_mean'))} mean of {(result.get('host') or {}).get('cpus')} CPUs",
         f"  errors        {_counts(result['errors'])}",
     ]
+    lines += _phase_lines(result.get("phases") or {}) + _gc_lines(result.get("gc_walks") or {})
     if v["false_offline_reasons"]:
         lines.append(f"  false reasons {_counts(v['false_offline_reasons'])}")
     if v["silent_wrong_reason"] or v["logout_wrong_reason"]:
@@ -128,6 +129,32 @@ def summary_text(result: dict[str, Any]) -> str:
             f"{name}: {'PASS' if t['pass'] else 'n/a' if t['pass'] is None else 'FAIL'}" for name, t in ts.items()))
     lines.append(f"  verdict       {'OK' if result['ok'] else 'FAILED'}")
     return "\n".join(lines)
+
+
+def _phase_lines(phases: dict[str, Any]) -> list[str]:
+    """Logins and keepalives per server CPU-second (`idled.tools.loadtest.rates`)."""
+    out = []
+    for name, what in (("login", "logins"), ("keepalive", "keepalives")):
+        ph = phases.get(name)
+        if ph and ph["per_cpu_second"]:
+            split = (f" (core {ph['core_us_each']:.1f} + edges {ph['edge_us_each']:.1f})"
+                     if ph["edge_cpu_seconds"] > 0.005 else "")
+            out.append(f"  {what:<14}{ph['events_per_s']:,.0f}/s in the {name} phase ({ph['seconds']:.1f} s), "
+                       f"server CPU {ph['cpu_percent']:.1f}%: {ph['per_cpu_second']:,.0f} {what} per CPU-second, "
+                       f"{ph['cpu_us_each']:.1f} us each{split}")
+    return out
+
+
+def _gc_lines(walks: dict[str, Any]) -> list[str]:
+    """The full GC walks of each process of the daemon (``gc full walk`` log lines)."""
+    if not walks:
+        return []
+    def cpu(w: dict[str, Any]) -> str:
+        known = [c for c in w.get("cpu_seconds", ()) if c is not None]
+        return f", CPU max {max(known) * 1e3:.1f} ms" if known else ""
+
+    return ["  gc walks      " + "; ".join(
+        f"{name} {w['count']} (max {w['max_seconds'] * 1e3:.1f} ms{cpu(w)})" for name, w in sorted(walks.items()))]
 
 
 def _lat_short(s: dict[str, Any]) -> str:
@@ -229,7 +256,12 @@ def compare_text(results: Sequence[dict[str, Any]], ratios: dict[str, Any]) -> s
             row.append("-" if ratio is None else f"{ratio:.2f}x")
         rows.append(row)
     rows.append(["verdict"] + ["OK" if r["ok"] else "FAILED" for r in results] + [""] * len(bases))
-    widths = [max(len(row[c]) for row in rows) for c in range(len(head))]
+    return format_table(rows)
+
+
+def format_table(rows: Sequence[Sequence[str]]) -> str:
+    """Rows of cells as aligned text: the first column left, the others right, a rule under the head."""
+    widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
     lines = ["  ".join(cell.rjust(w) if c else cell.ljust(w) for c, (cell, w) in enumerate(zip(row, widths)))
              for row in rows]
     lines.insert(1, "-" * len(lines[0]))

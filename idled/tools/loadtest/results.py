@@ -18,6 +18,7 @@ from typing import Any
 
 from idled.tools.loadtest.histogram import Histogram
 from idled.tools.loadtest.observer import Observer
+from idled.tools.loadtest.rates import phase, reported_rate
 from idled.tools.loadtest.report import targets
 from idled.tools.loadtest.scenario import flag_value
 from idled.tools.loadtest.state import RunState
@@ -34,6 +35,8 @@ class Window:
     start_sample: Sample | None = None  # at t0
     end_sample: Sample | None = None
     steady_mark: tuple[float, Sample | None, list[tuple[float, int]]] | None = None  # when the ramp ended
+    ramp_logins: int = 0  # sessions logged in (attached) by then
+    rate_mark: tuple[float, Sample | None, list[tuple[float, int]]] | None = None  # keepalive phase start
     end_wall: float = 0.0
     pings_end: list[tuple[float, int]] = field(default_factory=list)
     client_cpu0: float = 0.0
@@ -77,6 +80,8 @@ def build_result(r: RunState, w: Window, observer: Observer, server: ServerProce
         },
         "lateness_hgrm_text": verdict.lateness_generator.hgrm_text(),
         "ping_rate": _ping_rate(r, w, tot),
+        "phases": _phases(w),
+        "gc_walks": _gc_walks(server),
         "connect_latency": connect.summary(),
         "login_latency": login.summary(),
         "connections": {
@@ -108,13 +113,35 @@ def _ping_rate(r: RunState, w: Window, tot: dict[str, Any]) -> dict[str, Any]:
     achieved = target_rate = None
     if w.steady_mark is not None and w.end_wall > w.steady_mark[0]:
         w0, _, p0 = w.steady_mark
-        achieved = sum((c1 - c0) / (t1 - t0) for (t0, c0), (t1, c1) in zip(p0, w.pings_end) if t1 > t0)
+        achieved = reported_rate(p0, w.pings_end)
         ts, pinging = r.series["t"], r.series["pinging"]
         pts = [p for t, p in zip(ts, pinging) if t + r.t0 >= w0]
-        target_rate = (sum(pts) / len(pts) / r.sc.keepalive) if pts else None
+        target_rate = (sum(pts) / len(pts) / (r.sc.ping_every or r.sc.keepalive)) if pts else None
     return {"target_per_s": target_rate, "achieved_per_s": achieved,
             "ratio": (achieved / target_rate) if (achieved is not None and target_rate) else None,
             "client_lag_max_seconds": tot["lag_max"]}
+
+
+def _phases(w: Window) -> dict[str, Any]:
+    """The login and keepalive phases priced in server CPU-seconds (`idled.tools.loadtest.rates`)."""
+    if w.steady_mark is None:
+        return {"login": None, "keepalive": None}
+    keepalive = None
+    if w.rate_mark is not None and w.end_wall > w.rate_mark[0]:
+        keepalive = phase(w.rate_mark[1], w.end_sample, per_s=reported_rate(w.rate_mark[2], w.pings_end))
+    return {"login": phase(w.start_sample, w.steady_mark[1], events=w.ramp_logins), "keepalive": keepalive}
+
+
+def _gc_walks(server: ServerProcess) -> dict[str, Any]:
+    """Per process of the daemon: its full GC walks (`idled.ops.gcpolicy`) during the server's life."""
+    out: dict[str, Any] = {}
+    for process, seconds, cpu in server.gc_walks:
+        walks = out.setdefault(process, {"count": 0, "max_seconds": 0.0, "seconds": [], "cpu_seconds": []})
+        walks["count"] += 1
+        walks["max_seconds"] = max(walks["max_seconds"], seconds)
+        walks["seconds"].append(seconds)
+        walks["cpu_seconds"].append(cpu)
+    return out
 
 
 def _server_stats(r: RunState, w: Window) -> dict[str, Any]:

@@ -173,8 +173,11 @@ async def _measure(r: RunState, server: ServerProcess, sampler: ProcessSampler |
         prev = r.record_sample(sample, now, prev)
         if w.steady_mark is None and r.ramp_done_at is not None:
             w.steady_mark = (now, sample, r.pool.pings())
+            w.ramp_logins = prev["tot"]["logged_in" if sc.mode == "users" else "attached"]
             await r.scrape(server.metrics_port)
             r.stall_at_ramp_end = r.stall
+        elif w.rate_mark is None and w.steady_mark is not None and now >= w.steady_mark[0] + sc.settle:
+            w.rate_mark = (now, sample, r.pool.pings())
         if now >= next_metrics:
             next_metrics = now + sc.metrics_interval
             await r.scrape(server.metrics_port)

@@ -60,6 +60,7 @@ class Scenario:
     tls: bool = False  # connect over TLS (idled.tools.loadtest.connect), trusting tls_ca (None: no verification)
     tls_ca: str | None = None
     proxy_protocol: bool = False  # send a PROXY v2 header first
+    ping_every: float | None = None  # users: keepalive interval after the ramp (a fixed offered rate)
 
     @property
     def front(self) -> dict[str, Any]:
@@ -69,6 +70,11 @@ class Scenario:
     @property
     def expected_timeout(self) -> float:
         return 1.5 * self.keepalive  # the MQTT rule the server applies (capped by its max_timeout)
+
+    @property
+    def settle(self) -> float:
+        """Seconds after the ramp before the keepalive phase is measured (every session on --ping-every)."""
+        return 1.0 + (self.ping_every or 0.0)
 
     @property
     def ramp_end(self) -> float:

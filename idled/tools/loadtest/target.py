@@ -10,9 +10,13 @@ log line (with its largest event-loop stall) is found after the server stops. `s
 and waits, then SIGKILL.
 
 `ProcessSampler` reads CPU time and RSS with psutil from a pid and all its descendants (`--spawn` through
-a wrapper measures the real server, its child). CPU % is the CPU time used between two samples over the
-wall time between them (100 % = one core). `find_listening_pid` maps a `--target` port to a pid when the
-pid is not given (with `--workers`, the core: the root of the processes sharing the listening socket). `scrape_metrics` GETs ``/metrics`` from 127.0.0.1 and returns the ``idled_*`` samples.
+a wrapper measures the real server, its child), and the root's own CPU time apart: under ``--workers`` the
+root is the core and its descendants are the edges. CPU % is the CPU time used between two samples over the
+wall time between them (100 % = one core). The drain task also picks out each process's ``gc full walk``
+log lines (`idled.ops.gcpolicy`; an edge's come through the core behind ``worker-<i>:``) into ``gc_walks``.
+`find_listening_pid` maps a `--target` port to a pid when the pid is not given (with `--workers`, the core:
+the root of the processes sharing the listening socket). `scrape_metrics` GETs ``/metrics`` from 127.0.0.1
+and returns the ``idled_*`` samples.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from typing import IO, Any
 import psutil
 import trio
 
+from idled.ops.gcpolicy import FULL_WALK_LOG
 from idled.tools.loadtest.scenario import Scenario, flag_value, without_flag
 
 __all__ = [
@@ -45,6 +50,8 @@ LISTENING_RE = re.compile(r"IDLED_LISTENING\s+host=(\S+)\s+port=(\d+)")
 _PLAIN_LISTENING_RE = re.compile(r"listening on (\d+\.\d+\.\d+\.\d+):(\d+)")
 _METRICS_RE = re.compile(r"IDLED_METRICS\s+host=(\S+)\s+port=(\d+)|metrics\D{0,40}?(?:127\.0\.0\.1|localhost):(\d+)")
 STALL_METRIC = "idled_event_loop_stall_max_seconds"
+_GC_WALK_RE = re.compile(  # (worker name: none for the core's own lines), pause ms, CPU ms
+    r"^(?:(worker-\d+): )?.*" + re.escape(FULL_WALK_LOG) + r" ([0-9.]+) ms(?: \(([0-9.]+) ms CPU\))?")
 _STALL_RE = re.compile(r"stall[a-z_]*\s*[=:]?\s*([0-9]+(?:\.[0-9]+)?(?:e-?[0-9]+)?)\s*(ms|s)?\b", re.I)
 
 
@@ -60,6 +67,14 @@ class ServerProcess:
     metrics_port: int | None = None
     tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=400))
     returncode: int | None = None
+    gc_walks: list[tuple[str, float, float | None]] = field(default_factory=list)  # (process, seconds, CPU s)
+
+    def take_line(self, line: str) -> None:
+        """Keep one output line (the tail), and the full GC walk it reports, if it does."""
+        self.tail.append(line)
+        if FULL_WALK_LOG in line and (m := _GC_WALK_RE.search(line)) and len(self.gc_walks) < 100_000:
+            cpu = float(m.group(3)) / 1e3 if m.group(3) else None
+            self.gc_walks.append((m.group(1) or "core", float(m.group(2)) / 1e3, cpu))
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -90,7 +105,7 @@ async def spawn_server(nursery: trio.Nursery, argv: Sequence[str], *, log: IO[st
             *lines, pending = pending.split(b"\n")
             for raw in lines:
                 line = raw.decode("utf-8", "replace")
-                server.tail.append(line)
+                server.take_line(line)
                 if log is not None:
                     log.write(line + "\n")
                 if not listening.is_set():
@@ -148,6 +163,7 @@ class Sample:
     cpu_seconds: float  # user + system, cumulative, over the process tree
     rss: int  # bytes, summed over the process tree
     cpu_percent: float  # since the previous sample (100 = one core)
+    core_cpu_seconds: float = 0.0  # the root process's own (the core's, under --workers)
 
 
 class ProcessSampler:
@@ -166,7 +182,7 @@ class ProcessSampler:
         try:
             with self._proc.oneshot():
                 t = self._proc.cpu_times()
-                cpu = t.user + t.system
+                cpu = core = t.user + t.system
                 rss = self._proc.memory_info().rss
             kids = self._proc.children(recursive=True)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
@@ -188,7 +204,7 @@ class ProcessSampler:
         if self._last is not None and wall > self._last[0]:
             percent = max(0.0, (cpu - self._last[1]) / (wall - self._last[0]) * 100.0)
         self._last = (wall, cpu)
-        return Sample(wall, cpu, rss, percent)
+        return Sample(wall, cpu, rss, percent, core)
 
 
 def find_listening_pid(port: int, host: str = "127.0.0.1") -> int | None:

@@ -5,10 +5,12 @@ Theory of operation
 Session i (global index; this worker owns i = worker, worker + workers, ...) connects at ``t0 + i /
 ramp``, at most `max_inflight` connecting at once, from a loopback source address chosen by i, logs in with
 ``keepalive = K``, and then loops: read pongs until the next ping is due, at a random phase in (0.05 K, K]
-after the welcome and then every ``K * U(1 - jitter, 1 + jitter)``. A planned silent session stops at its
-moment, reports the wall time of its last frame (ping or login), and keeps the socket open until the server
-closes it (idle_timeout): the server has to notice the silence itself. A planned bye session sends ``bye``
-at its moment and reports when it did. The per-connection state is the task's locals and one idle
+after the welcome and then every ``K * U(1 - jitter, 1 + jitter)``. With ``--ping-every S`` the interval
+is S instead from the ramp's planned end on (a session joins that schedule at a random phase), so the
+steady phase offers a fixed N / S keepalives per second while every timeout stays 1.5 K. A planned silent
+session stops at its moment, reports the wall time of its last frame (ping or login), and keeps the socket
+open until the server closes it (idle_timeout): the server has to notice the silence itself. A planned bye
+session sends ``bye`` at its moment and reports when it did. The per-connection state is the task's locals and one idle
 FrameDecoder (~80 bytes); every read goes through the protocol's one receive loop.
 
 Time: what goes on the record -- the moment a session's last frame was sent, the moment a bye was sent --
@@ -122,9 +124,7 @@ def _note_timeout(w: Worker, hello: Welcome) -> None:
 async def _keepalive(w: Worker, i: int, stream: trio.SocketStream, decoder: FrameDecoder, kind: int,
                      moment_t: float, last_sent: float, welcomed: float) -> None:
     """Ping until the planned moment (forever for a pinger), then go silent or say bye."""
-    k, j = w.keepalive, w.jitter
-    rand = w.rng.random
-    next_ping = welcomed + k * (0.05 + 0.95 * rand())
+    next_ping = _due(w, welcomed, first=True)
     pinging = True
     try:
         while True:
@@ -148,7 +148,7 @@ async def _keepalive(w: Worker, i: int, stream: trio.SocketStream, decoder: Fram
             await stream.send_all(PING_FRAME)
             w.pings += 1
             w.frames += 1
-            next_ping += k * (1.0 - j + 2.0 * j * rand())
+            next_ping = _due(w, next_ping)
             if next_ping < now:  # fell behind (overloaded client): don't burst to catch up
                 next_ping = now
         # the planned moment: go silent, or log out
@@ -171,6 +171,17 @@ async def _keepalive(w: Worker, i: int, stream: trio.SocketStream, decoder: Fram
     finally:
         if pinging:
             w.pinging -= 1
+
+
+def _due(w: Worker, last: float, first: bool = False) -> float:
+    """When the keepalive after the one due at `last` (or after the welcome at `last`, `first`) is due."""
+    fast = w.ping_every is not None and last >= w.fast_from
+    interval = w.ping_every if fast else w.keepalive
+    r = w.rng.random()
+    due = last + interval * ((0.05 + 0.95 * r) if first else (1.0 - w.jitter + 2.0 * w.jitter * r))
+    if w.ping_every is not None and not fast and due > w.fast_from:
+        due = w.fast_from + w.ping_every * (0.05 + 0.95 * w.rng.random())  # join the fast schedule
+    return due
 
 
 async def _until_closed(stream: trio.SocketStream, decoder: FrameDecoder, limit: float) -> str:

@@ -33,6 +33,7 @@ class Worker:
         self.uid_base: int = cfg["uid_base"]
         self.sessions: int = cfg["sessions"]
         self.keepalive: float = cfg["keepalive"]
+        self.ping_every: float | None = cfg.get("ping_every")  # the interval after the ramp (None: keepalive)
         self.jitter: float = cfg["jitter"]
         self.ramp: float = cfg["ramp"]
         self.connect_timeout: float = cfg["connect_timeout"]
@@ -68,6 +69,11 @@ class Worker:
         self.failed_records: list[int] = []
 
     # -- helpers --
+
+    @property
+    def fast_from(self) -> float:
+        """Trio time of the ramp's planned end, when ``ping_every`` takes over."""
+        return self.t0 + self.sessions / self.ramp
 
     def token(self, role: str, name: str | int) -> str | None:
         if self.secret is None:
