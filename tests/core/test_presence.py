@@ -380,3 +380,27 @@ def test_model_never_early_at_most_one_tick_late(ops: list[tuple[str, int, float
         assert {u for u in range(6) if p.is_online(u)} == set(model)
     tick_until(now + 5.0)
     assert not model and len(p) == 0
+
+
+def test_the_table_needs_an_empty_detector_of_its_own() -> None:
+    detector = make_detector("ring-lazy", timeout=10, slots=16)
+    detector.add("someone", 0)
+    with pytest.raises(ValueError, match="of its own"):
+        PresenceTable(detector, tick=0.1, timeout=1.0, max_timeout=60.0, detector_name="ring-lazy")
+
+
+@pytest.mark.parametrize("kind", ["ring-lazy", "ring-eager", "scan", "heap"])
+def test_one_record_per_session_in_one_map(kind: str) -> None:
+    # The table's fields and the detector's live in one record, under the detector's one uid-keyed map.
+    presence = table(kind=kind)
+    owner = Owner("gateway")
+    presence.login("u1", owner, 0.0, wall(0.0), keepalive=2.0)
+    presence.login("u2", owner, 0.0, wall(0.0))
+    entries = presence._detector.entries  # type: ignore[attr-defined]
+    assert set(entries) == {"u1", "u2"} and entries["u1"].owner is owner
+    assert presence.timeout_of("u1") == 3.0 and presence.timeout_of("u2") == 1.0
+    presence.touch("u1", 2.5)
+    assert entries["u1"].seen == 2.5
+    fired = [event for event, _ in presence.expire(4.0, wall(4.0))] + [e for e, _ in presence.expire(6.0, wall(6.0))]
+    assert [(event.uid, event.last_seen) for event in fired] == [("u2", wall(0.0)), ("u1", wall(2.5))]
+    assert len(presence) == 0 and not entries
