@@ -122,6 +122,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", type=Path, metavar="FILE", help="write the result rows as JSON")
     parser.add_argument("--plot", type=Path, metavar="FILE.png", help="plot tick_max and CPU against size")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    _add_mode_arguments(parser)
+
+
+def _add_mode_arguments(parser: argparse.ArgumentParser) -> None:
+    """The two other modes: --growth and --writer."""
     growth = parser.add_argument_group("growth of the presence table (instead of the detector table)")
     growth.add_argument(
         "--growth",

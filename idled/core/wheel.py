@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 Time is integer ticks. Every watched key has an entry (``idled.core.detector.Entry``: activity tick, timeout,
 ``place``) in the one map ``entries`` and a *deadline* (activity tick + timeout); its entry sits in exactly
-one bucket (a dict keyed by entries), and ``entry.place`` is that bucket, so moving or removing a key is O(1).
+one bucket (a dict keyed by key), and ``entry.place`` is that bucket, so moving or removing a key is O(1).
 
 **The ring** (level 0) has ``slots + 1`` buckets; bucket ``d % (slots + 1)`` holds the keys whose deadline
 is ``d``, for every ``d`` in ``(now, now + slots + 1]``. One bucket more than ``slots`` because activity is
@@ -78,7 +78,10 @@ from typing import Callable, Literal
 
 from idled.core.detector import DetectorStats, Entry, EntryMap
 
-Bucket = dict[Entry, "int | None"]  # entry -> deadline (overflow levels, parking) or None (ring)
+# Buckets are keyed by key, not by entry: a dict of strings (or ints) and ints is never tracked by the garbage
+# collector, so young collections don't walk a fresh bucket's 33k references (a 12 ms young collection at 1M
+# keys when they were entries), nor full ones its items.
+Bucket = dict[Hashable, "int | None"]  # key -> deadline (overflow levels, parking) or None (ring)
 
 # A ring bucket whose table is over this size but which holds at most this many keys is rebuilt
 # (one per advance: ~0.3 ms of re-pointing at 1M keys, where every dict access is a cache miss).
@@ -148,7 +151,7 @@ class TimingWheel(EntryMap):
         self._levels: list[_Level] = []
         self._pending: list[tuple[Bucket, int]] = []
         self._expired_total = 0
-        self._ahead: tuple[int, Bucket, list[Entry], int] | None = None  # (tick, bucket, snapshot, position)
+        self._ahead: tuple[int, Bucket, list[Hashable], int] | None = None  # (tick, bucket, snapshot, position)
         # Chosen once here, not tested on every packet.
         self.plain_touch = policy == "lazy"
         if policy == "eager":
@@ -171,11 +174,11 @@ class TimingWheel(EntryMap):
         if 0 < deadline - self._now <= self._n0:
             new = self._ring[deadline % self._n0]
             if new is not old:  # touched twice in one tick: already in place
-                del old[entry]  # type: ignore[index]
-                new[entry] = None
+                del old[entry.key]  # type: ignore[index]
+                new[entry.key] = None
                 entry.place = new
         else:
-            del old[entry]  # type: ignore[index]
+            del old[entry.key]  # type: ignore[index]
             if deadline - now <= 2 * self._n0:  # catching up can only help a deadline the ring can hold
                 self._catch_up(now - 1)
             self._file(entry, deadline)
@@ -204,7 +207,7 @@ class TimingWheel(EntryMap):
         entry = self.entries.pop(key, None)
         if entry is None:
             return False
-        del entry.place[entry]  # type: ignore[attr-defined]
+        del entry.place[key]  # type: ignore[attr-defined]
         entry.place = None  # a snapshot of its old bucket (work_ahead) must see it gone
         return True
 
@@ -232,18 +235,18 @@ class TimingWheel(EntryMap):
         delta = deadline - self._now
         if 0 < delta <= self._n0:
             bucket = self._ring[deadline % self._n0]
-            bucket[entry] = None
+            bucket[entry.key] = None
         elif delta <= 0:
             # Already due (time was passed in from behind the wheel's clock): expire at the next advance.
             bucket = self._overdue_bucket()
-            bucket[entry] = None
+            bucket[entry.key] = None
         elif delta <= 2 * self._n0:
             # Parked (see the module doc): re-filed when this bucket comes due, one revolution early.
             bucket = self._parked[deadline % self._n0]
-            bucket[entry] = deadline
+            bucket[entry.key] = deadline
         else:
             bucket = self._overflow_bucket(deadline)
-            bucket[entry] = deadline
+            bucket[entry.key] = deadline
         entry.place = bucket
 
     def _overdue_bucket(self) -> Bucket:
@@ -304,16 +307,17 @@ class TimingWheel(EntryMap):
             ahead = (t, bucket, list(bucket), 0)
         _, _, keys, position = ahead
         end = min(position + limit, len(keys))
-        now, n0, ring = self._now, self._n0, self._ring
-        for entry in keys[position:end]:
-            if entry.place is not bucket:
+        now, n0, ring, entries = self._now, self._n0, self._ring, self.entries
+        for key in keys[position:end]:
+            entry = entries.get(key)
+            if entry is None or entry.place is not bucket:
                 continue  # removed, or moved, since the snapshot
             deadline = entry.tick + entry.timeout
             if deadline > t:
-                del bucket[entry]
+                del bucket[key]
                 if deadline - now <= n0:
                     target = ring[deadline % n0]
-                    target[entry] = None
+                    target[key] = None
                     entry.place = target
                 else:
                     self._file(entry, deadline)
@@ -351,12 +355,12 @@ class TimingWheel(EntryMap):
         comes due. Once per advance, one bucket left holding few keys in a big table is rebuilt: the work is
         bounded (``_COMPACT_MAX_KEYS`` re-pointed keys), so it never becomes a stall of its own.
         """
-        ring = self._ring
+        ring, entries = self._ring, self.entries
         for index, bucket in enumerate(ring):
             if len(bucket) <= _COMPACT_MAX_KEYS and sys.getsizeof(bucket) > _COMPACT_MIN_BYTES:
                 fresh: Bucket = dict.fromkeys(bucket)
-                for entry in fresh:
-                    entry.place = fresh
+                for key in fresh:
+                    entries[key].place = fresh
                 ring[index] = fresh
                 return
 
@@ -385,18 +389,19 @@ class TimingWheel(EntryMap):
         before = len(expired)
         while bucket and budget:
             budget -= 1
-            entry, deadline = bucket.popitem()
+            key, deadline = bucket.popitem()
+            entry = entries[key]
             if lazy:
                 deadline = entry.tick + entry.timeout
             elif kind == _RING:
                 deadline = now  # eager ring buckets are exact: everything in a due one is due
             if deadline <= now:
-                del entries[entry.key]
+                del entries[key]
                 entry.place = None
                 expired.append(entry)
             elif deadline - now <= n0:  # inline ring filing: the common lazy re-file
                 target = ring[deadline % n0]
-                target[entry] = None
+                target[key] = None
                 entry.place = target
             else:
                 self._file(entry, deadline)

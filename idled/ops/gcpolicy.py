@@ -15,6 +15,15 @@ object that later becomes part of garbage *cycle* would never be reclaimed, so e
 seconds (an hour by default) everything is unfrozen: the next full collection walks all objects once (one
 long pause an hour instead of one every few seconds), frees the cycles, and refreezes the survivors.
 Garbage without cycles is freed by reference counting at once, frozen or not.
+
+Per process role. What a thaw reclaims is cyclic garbage among frozen objects: connections that lived
+long enough to be frozen, then closed (a trio task, its coroutine and stream, a traceback). What it costs is
+a walk of every live object. An edge, or a core serving users directly (``--workers 0``), holds ~34 objects
+per user connection and its users come and go: hourly. A core behind edges (``--workers N``) holds a few
+gateway and observer connections, which rarely close, and one record per session, which never forms a
+cycle (``idled.core`` unlinks a record from its bucket when it leaves; tests/core checks that ending
+sessions leaves nothing for the collector): at 1M sessions a walk costs ~0.2 s and finds next to nothing,
+so such a core thaws once a day (``THAW_EVERY_CORE``).
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 THAW_EVERY = 3600.0  # seconds between two full walks of every object
+THAW_EVERY_CORE = 24 * 3600.0  # the same for a core whose users are all behind edges (see above)
 
 
 class GcPolicy:

@@ -147,7 +147,7 @@ def grow(
         gc.collect()
         full_gc = clock() - start
         gc.callbacks.append(on_gc)
-        final = ticks_for(end + timeout, 1.0) + 1.0  # every deadline has passed
+        final = ticks_for(end + presence.timeout_for(keepalive), 1.0) + 1.0  # every deadline has passed
         expired = _tick_task(presence, final, chunk, clock, [])
     finally:
         if on_gc in gc.callbacks:
@@ -249,9 +249,9 @@ def report_lines(
             gc.collect()
 
 
-if __name__ == "__main__":  # run against any checkout: PYTHONPATH=CHECKOUT python growth.py [N [kind ...]]
+if __name__ == "__main__":  # any checkout: PYTHONPATH=CHECKOUT python growth.py [N [KEEPALIVE|- [KIND ...]]]
     size = int(sys.argv[1]) if len(sys.argv) > 1 else 1_000_000
-    kinds = sys.argv[2:] or ["ring-lazy"]
-    for line in report_lines([size], kinds, rate=50_000.0, timeout=30.0, keepalive=None, slots=30, chunk=128,
-                             clock_name="cpu", seed=1, memory=True):
+    keepalive = float(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[2] != "-" else None
+    for line in report_lines([size], sys.argv[3:] or ["ring-lazy"], rate=50_000.0, timeout=30.0, keepalive=keepalive,
+                             slots=30, chunk=128, clock_name="cpu", seed=1, memory=True):
         print(line, flush=True)
