@@ -14,7 +14,7 @@ from idled.ops import config as config_module
 from idled.ops import systemd
 from idled.ops.config import ConfigError
 from idled.ops.fatal import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, describe
-from idled.ops.gcpolicy import THAW_EVERY, THAW_EVERY_CORE, GcPolicy
+from idled.ops.gcpolicy import GcPolicy
 from idled.ops.logs import config_summary, setup_logging
 from idled.ops.metrics import Metrics
 from idled.protocol import tokens
@@ -36,10 +36,8 @@ def run(args: argparse.Namespace) -> int:
     soft, hard = systemd.raise_nofile_limit()
     log.info("open-file limit %d (hard %d)", soft, hard)
     try:
-        # Behind edges the core holds sessions, not user connections: see idled.ops.gcpolicy (per role).
-        gc_policy = GcPolicy(thaw_every=THAW_EVERY_CORE if cfg.workers else THAW_EVERY)
         server = Server(
-            cfg, metrics=Metrics(_registry(), tick=cfg.tick), reload_config=lambda: config_module.load(args), gc_policy=gc_policy
+            cfg, metrics=Metrics(_registry(), tick=cfg.tick), reload_config=lambda: config_module.load(args), gc_policy=GcPolicy()
         )
     except (ConfigError, tokens.SecretError) as exc:
         return _fatal(f"configuration: {exc}", EXIT_USAGE)

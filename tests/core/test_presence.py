@@ -408,8 +408,8 @@ def test_one_record_per_session_in_one_map(kind: str) -> None:
 
 @pytest.mark.parametrize("kind", ["ring-lazy", "ring-eager", "scan", "heap"])
 def test_ended_sessions_leave_no_garbage_cycles(kind: str) -> None:
-    # A core behind edges thaws its frozen objects once a day (idled.ops.gcpolicy) on the strength of this:
-    # a record leaving the table is freed by reference counting, never left in a cycle for the collector.
+    # Why a core holding sessions finds nothing when it thaws (idled.ops.gcpolicy backs off then): a record
+    # leaving the table is freed by reference counting, never left in a cycle for the collector.
     import gc
 
     presence = table(kind=kind)
