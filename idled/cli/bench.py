@@ -299,7 +299,8 @@ def _only(args: argparse.Namespace, allowed: tuple[str, ...], mode: str) -> None
     extra = sorted(f"--{k.replace('_', '-')}" for k, v in vars(args).items()
                    if k not in ("command", "quiet", *allowed) and v != defaults.get(k))
     if extra:
-        raise UsageError(f"{mode} does not take {', '.join(extra)}")
+        takes = [f"--{k.replace('_', '-')}" for k in allowed if f"--{k.replace('_', '-')}" != mode]
+        raise UsageError(f"{mode} takes only {', '.join(takes[:-1])} and {takes[-1]}; drop {', '.join(extra)}")
 
 
 # ------------------------------------------------------------------------------------------ --writer

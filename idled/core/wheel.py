@@ -48,7 +48,7 @@ still use the overflow levels, where one cascade per revolution is the cheaper c
 * ``lazy`` (Netty's IdleStateHandler trick): ``touch`` only stores ``entry.tick = now`` (one lookup, one store);
   the key stays where it was filed, at a deadline that is now too early. When that bucket comes due, each key
   is checked: still silent -> expired; seen since -> re-filed at its real deadline. A chatty client costs
-  one dict store per packet and one re-file per timeout.
+  one lookup and one store per packet and one re-file per timeout.
 
 **Working ahead (lazy).** A due lazy bucket is mostly keys that were active since they were filed: at 1M
 sessions each tick re-files ~33k keys to find the ~0.1% that expire, and an expiry found late in that

@@ -38,7 +38,8 @@ import random
 import sys
 import tracemalloc
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
 from idled.core.factory import make_detector
 from idled.core.presence import PresenceTable, ticks_for
 from idled.ops.gcpolicy import GcPolicy
@@ -73,7 +74,6 @@ class GrowthResult:
     full_gc_ms: float  # one unfrozen full collection at full size
     expired: int
     bytes_per_session: float = 0.0
-    login_times: list[int] = field(default_factory=list, repr=False)
 
 
 def _table(kind: str, timeout: float, slots: int) -> PresenceTable:
