@@ -25,8 +25,9 @@ and observer connections, which rarely close, and one record per session, which 
 ~0.2 s (`idled bench --growth`, full_gc_ms) and finds next to nothing. So the policy watches what each thaw's
 walk reclaims (the ``collected`` count of the full collection that follows it): under ``fruitful`` objects
 (10,000: ~300 connections' worth, a few MB), the next thaw waits twice as long, up to a day; a fruitful
-one brings the interval back to ``thaw_every``. The garbage left waiting is thereby bounded by what one
-unfruitful interval produced; the role needs no flag.
+one brings the interval back to ``thaw_every``. The interval only doubles after a thaw that found less than
+``fruitful``, so at a steady rate the garbage waiting for a thaw stays under ~2 x ``fruitful``; the role
+needs no flag.
 """
 
 from __future__ import annotations
