@@ -1,7 +1,8 @@
-"""`idled bench`: every idle detector under the same simulated keepalive load (no network), or, with
-``--writer``, the event-log writer's throughput and latency under each fsync policy.
+"""`idled bench`: every idle detector under the same simulated keepalive load (no network); with
+``--growth``, the presence table grown from 0 to N sessions with every login timed; with ``--writer``, the
+event-log writer's throughput and latency under each fsync policy.
 
-The machinery is in `idled.tools.bench` (`schedule`, `detectors`, `table`; `writer`); this module reads
+The machinery is in `idled.tools.bench` (`schedule`, `detectors`, `table`; `growth`; `writer`); this module reads
 the flags, checks them -- and the output files, and matplotlib for ``--plot`` -- before minutes of
 benchmarking, runs, prints, and returns the exit status of the one table (`idled.ops.fatal`, shown in `--help`):
 3 when a target FAILED (a detector expired a key early, late or never at any size; a performance target
@@ -30,6 +31,9 @@ from idled.tools.bench.table import failed, format_table, json_rows, number, plo
 __all__ = ["add_arguments", "run"]
 
 DEFAULT_WRITER_SECONDS = 3.0
+DEFAULT_GROWTH_SIZES = [1_000_000]
+DEFAULT_GROWTH_DETECTORS = ["ring-lazy"]  # the server's default
+DEFAULT_LOGIN_RATE = 50_000.0
 
 
 class UsageError(Exception):
@@ -118,6 +122,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", type=Path, metavar="FILE", help="write the result rows as JSON")
     parser.add_argument("--plot", type=Path, metavar="FILE.png", help="plot tick_max and CPU against size")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    _add_mode_arguments(parser)
+
+
+def _add_mode_arguments(parser: argparse.ArgumentParser) -> None:
+    """The two other modes: --growth and --writer."""
+    growth = parser.add_argument_group("growth of the presence table (instead of the detector table)")
+    growth.add_argument(
+        "--growth",
+        action="store_true",
+        help="attach --sizes sessions (default: 1000000) one by one to the server's presence table, with "
+        "keepalives and ticks, and time every login: the stall when its map grows (--detectors default: "
+        "ring-lazy; takes --timeout as seconds, --slots, --chunk, --clock, --seed, --no-memory, --quiet)",
+    )
+    growth.add_argument(
+        "--login-rate",
+        type=float,
+        default=DEFAULT_LOGIN_RATE,
+        metavar="N",
+        help="with --growth: attaches per simulated second (default: %(default).0f)",
+    )
+    growth.add_argument(
+        "--keepalive",
+        type=float,
+        metavar="S",
+        help="with --growth: the sessions' keepalive in seconds (default: none, i.e. the default timeout)",
+    )
     writer = parser.add_argument_group("event-log writer (instead of the detectors)")
     writer.add_argument(
         "--writer",
@@ -132,6 +162,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.writer:
             return _writer(args)
+        if args.growth:
+            return _growth(args)
         _check(args)
     except UsageError as exc:
         print(f"idled bench: {exc}", file=sys.stderr)
@@ -195,6 +227,8 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError("--timeout, --slots must be positive and --chunk >= 0")
     if args.dir is not None:
         raise UsageError("--dir is for --writer")
+    if args.keepalive is not None or args.login_rate != DEFAULT_LOGIN_RATE:
+        raise UsageError("--keepalive and --login-rate are for --growth")
     if args.seconds is not None and not float(args.seconds).is_integer():
         raise UsageError(f"--seconds must be a whole number of ticks here, got {args.seconds:g}")
     seconds = DEFAULT_SECONDS if args.seconds is None else int(args.seconds)
@@ -225,16 +259,56 @@ def _check_writable(path: Path, flag: str) -> None:
         raise UsageError(f"{flag} {path}: cannot write there")
 
 
+# ------------------------------------------------------------------------------------------ --growth
+
+
+def _growth(args: argparse.Namespace) -> int:
+    """`idled bench --growth [--sizes N] [--detectors K] [--login-rate R] [--keepalive S] ...`."""
+    _only(args, ("growth", "sizes", "detectors", "timeout", "slots", "chunk", "clock", "seed", "no_memory",
+                 "login_rate", "keepalive"), "--growth")
+    if args.login_rate <= 0 or not math.isfinite(args.login_rate):
+        raise UsageError("--login-rate must be positive")
+    if args.keepalive is not None and not 0 < args.keepalive <= 3600:
+        raise UsageError("--keepalive must be in (0, 3600] seconds")
+    if not 1 <= args.timeout <= 3600 or args.slots < 1 or args.chunk < 0:
+        raise UsageError("--timeout must be in [1, 3600] seconds with --growth, --slots positive, --chunk >= 0")
+    defaults = _defaults()
+    sizes = DEFAULT_GROWTH_SIZES if args.sizes == defaults.sizes else args.sizes
+    kinds = DEFAULT_GROWTH_DETECTORS if args.detectors == defaults.detectors else args.detectors
+    from idled.tools.bench import growth  # the presence table and the GC policy: only for this mode
+
+    try:
+        for line in growth.report_lines(
+            sizes, kinds, rate=args.login_rate, timeout=float(args.timeout), keepalive=args.keepalive,
+            slots=args.slots, chunk=args.chunk or None, clock_name=args.clock, seed=args.seed,
+            memory=not args.no_memory,
+        ):
+            print(line, flush=True)
+    except KeyboardInterrupt:
+        print("idled bench: interrupted", file=sys.stderr)
+        return 130
+    except MemoryError as exc:
+        print(f"idled bench: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    return EXIT_OK
+
+
+def _only(args: argparse.Namespace, allowed: tuple[str, ...], mode: str) -> None:
+    """Refuse any flag given with ``mode`` that it does not take."""
+    defaults = vars(_defaults())
+    extra = sorted(f"--{k.replace('_', '-')}" for k, v in vars(args).items()
+                   if k not in ("command", "quiet", *allowed) and v != defaults.get(k))
+    if extra:
+        takes = [f"--{k.replace('_', '-')}" for k in allowed if f"--{k.replace('_', '-')}" != mode]
+        raise UsageError(f"{mode} takes only {', '.join(takes[:-1])} and {takes[-1]}; drop {', '.join(extra)}")
+
+
 # ------------------------------------------------------------------------------------------ --writer
 
 
 def _writer(args: argparse.Namespace) -> int:
     """`idled bench --writer [--seconds S] [--dir DIR]`: run_writer's figures per fsync policy."""
-    defaults = vars(_defaults())
-    extra = sorted(f"--{k.replace('_', '-')}" for k, v in vars(args).items()
-                   if k not in ("command", "writer", "seconds", "dir", "quiet") and v != defaults.get(k))
-    if extra:
-        raise UsageError(f"--writer takes only --seconds and --dir; drop {', '.join(extra)}")
+    _only(args, ("writer", "seconds", "dir"), "--writer")
     seconds = DEFAULT_WRITER_SECONDS if args.seconds is None else args.seconds
     if not (0 < seconds <= 3600):
         raise UsageError("--seconds must be in (0, 3600] with --writer")

@@ -5,6 +5,13 @@ the first tick at or after the real deadline, and advances with the last tick bo
 early, at most one tick late (``idled.core.presence`` holds the rounding rule).
 
 Detectors are pure: no clock, no I/O. ``advance`` *returns* the expired keys; the caller logs and closes.
+
+One record per key. A detector keeps everything it knows about a key in one ``Entry`` (activity tick,
+timeout, and where the detector filed it), held in one map, ``entries`` (key -> entry). A caller that keeps
+its own per-key fields -- the presence table: owner, last activity in seconds -- subclasses ``Entry`` and
+passes its record to ``add``: then one uid-keyed map serves both, and a growing population resizes one
+dict per login instead of one per parallel map (a 1M-entry dict takes ~30-50 ms to grow here, and maps that
+hold the same keys all grow at the same insertion).
 """
 
 from __future__ import annotations
@@ -35,6 +42,20 @@ class DetectorStats:
     expired_total: int  # keys returned by advance() since creation
 
 
+class Entry:
+    """One watched key. ``tick`` and ``timeout`` are the detector's (activity tick, timeout in ticks); ``place``
+    is private to the detector that holds the entry (the wheel: the bucket it is filed in).
+
+    Subclass it (with ``__slots__``) to keep more per-key fields in the same record."""
+
+    __slots__ = ("key", "tick", "timeout", "place")
+
+    key: Hashable
+    tick: int
+    timeout: int
+    place: object
+
+
 class Detector(Protocol):
     """What the presence table needs from an idle detector.
 
@@ -42,14 +63,26 @@ class Detector(Protocol):
     ``advance(m)`` returns it once, at the first call with ``m >= deadline``, never earlier; a removed key is
     never returned; re-adding a key replaces it. Activity at tick ``n`` tells the detector that real time
     has reached ``n - 1`` (activity ticks are rounded up), so the caller never advances below that.
+
+    ``entries`` is the detector's one key -> entry map; callers read it, never change it.
     """
 
-    def add(self, key: Hashable, now: int, timeout: int | None = None) -> None:
-        """Start watching ``key`` (replacing any previous entry); ``None`` means the default timeout."""
+    entries: dict[Hashable, Entry]
+    # True when touching an entry is exactly ``entry.tick = now`` (the deadline is re-checked when due): a
+    # caller holding the entry may then store the tick itself instead of calling ``touch_entry``.
+    plain_touch: bool
+
+    def add(self, key: Hashable, now: int, timeout: int | None = None, entry: Entry | None = None) -> Entry:
+        """Start watching ``key`` (replacing any previous entry); ``None`` means the default timeout.
+        ``entry``: the record to keep it in (a fresh ``Entry`` by default); returns the record."""
         ...
 
     def touch(self, key: Hashable, now: int) -> None:
         """Record activity: the deadline moves to ``now + timeout``. Unknown keys are ignored."""
+        ...
+
+    def touch_entry(self, entry: Entry, now: int) -> None:
+        """``touch`` for a caller that already holds the (watched) entry."""
         ...
 
     def remove(self, key: Hashable) -> bool:
@@ -62,6 +95,10 @@ class Detector(Protocol):
         With ``limit`` at most that many keys are examined per call (bounding the time one call holds the
         caller); call again while ``next_due() <= now``.
         """
+        ...
+
+    def advance_entries(self, now: int, limit: int | None = None) -> list[Entry]:
+        """``advance``, returning the expired entries (out of ``entries`` already) rather than their keys."""
         ...
 
     def next_due(self) -> int | None:
@@ -86,3 +123,39 @@ def check_timeout(timeout: int) -> int:
     if type(timeout) is not int or not 1 <= timeout <= MAX_TIMEOUT_TICKS:
         raise ValueError(f"timeout must be an int from 1 to {MAX_TIMEOUT_TICKS} ticks, got {timeout!r}")
     return timeout
+
+
+class EntryMap:
+    """What every detector shares: the key -> entry map, filling an entry in ``add``, and the key views."""
+
+    __slots__ = ("entries", "_timeout")
+
+    def __init__(self, timeout: int) -> None:
+        self._timeout = check_timeout(timeout)
+        self.entries: dict[Hashable, Entry] = {}
+
+    def _enter(self, key: Hashable, now: int, timeout: int | None, entry: Entry | None) -> Entry:
+        """Validate, replace any previous entry of ``key``, fill in and map the record (not yet filed)."""
+        timeout = self._timeout if timeout is None else check_timeout(timeout)
+        if key in self.entries:
+            self.remove(key)
+        if entry is None:
+            entry = Entry()
+        entry.key, entry.tick, entry.timeout, entry.place = key, now, timeout, None
+        self.entries[key] = entry
+        return entry
+
+    def remove(self, key: Hashable) -> bool:
+        raise NotImplementedError
+
+    def advance_entries(self, now: int, limit: int | None = None) -> list[Entry]:
+        raise NotImplementedError
+
+    def advance(self, now: int, limit: int | None = None) -> list[Hashable]:
+        return [entry.key for entry in self.advance_entries(now, limit)]
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.entries

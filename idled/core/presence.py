@@ -19,6 +19,11 @@ that attached it), a last-activity time and a timeout. The table owns an idle de
   is just below 43 in floating point, and a tick task woken at exactly ``43 * 0.1`` (a virtual clock does
   that) would otherwise find nothing due and spin.
 
+Storage: one record per session (``Session``: owner, last activity, timeout, and the detector's own fields),
+in one uid-keyed map -- the detector's ``entries``, shared (see ``idled.core.detector``). Six parallel maps
+(owner, last seen, timeouts here; bucket, last seen, timeouts in the wheel) used to grow in the same login,
+each copying itself: 65-160 ms event-loop stalls at ~350k and ~700k sessions.
+
 Rules:
 
 * login of a uid that is already online: newest wins. The session moves to the new owner, its deadline
@@ -36,7 +41,7 @@ from collections.abc import Hashable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from idled.core.detector import Detector, DetectorStats
+from idled.core.detector import Detector, DetectorStats, Entry
 
 Uid = Hashable
 
@@ -75,18 +80,33 @@ def ticks_for(seconds: float, tick: float) -> int:
     return max(1, math.ceil(seconds / tick - 1e-9))
 
 
+class Session(Entry):
+    """One online uid: the detector's entry for it (activity tick, timeout in ticks, its bucket) plus the
+    table's own fields, in one record under one map (see ``idled.core.detector``)."""
+
+    __slots__ = ("owner", "seen", "seconds")
+
+    owner: Any
+    seen: float  # last activity, server clock
+    seconds: float  # the timeout; the table's default float object itself when it is the default
+
+    def __init__(self, owner: Any, seen: float, seconds: float) -> None:
+        self.owner = owner
+        self.seen = seen
+        self.seconds = seconds
+
+
 class PresenceTable:
     __slots__ = (
         "_detector",
+        "_sessions",
+        "_plain_touch",
+        "_touch_entry",
         "_detector_name",
         "_tick",
         "_timeout",
         "_timeout_ticks",
-        "_timeout_ticks_memo",
         "_max_timeout",
-        "_owner",
-        "_last_seen",
-        "_timeouts",
         "_next_seq",
         "_tick_low",
         "_tick_high",
@@ -103,16 +123,18 @@ class PresenceTable:
         detector_name: str,
         first_seq: int = 1,
     ) -> None:
+        if len(detector):
+            raise ValueError("the presence table needs a detector of its own, empty")
         self._detector = detector
+        # The one uid-keyed map: the detector's entries, which are this table's Session records.
+        self._sessions: dict[Uid, Session] = detector.entries  # type: ignore[assignment]
+        self._plain_touch = detector.plain_touch
+        self._touch_entry = detector.touch_entry
         self._detector_name = detector_name
         self._tick = tick
         self._timeout = timeout
         self._timeout_ticks = self.ticks_for(timeout)
-        self._timeout_ticks_memo: dict[float, int] = {}
         self._max_timeout = max_timeout
-        self._owner: dict[Uid, Any] = {}
-        self._last_seen: dict[Uid, float] = {}
-        self._timeouts: dict[Uid, float] = {}  # sparse: sessions whose timeout isn't the default
         self._next_seq = first_seq
         # Cache of the current activity tick: one int object shared by every touch within a tick.
         self._tick_low = self._tick_high = math.inf
@@ -141,94 +163,88 @@ class PresenceTable:
         self._tick_low = self._tick_high - self._tick
         return tick
 
-    def _ticks_of_timeout(self, timeout: float) -> int:
-        """``ticks_for`` of a session's own timeout, memoised: it is on the per-packet path of every session
-        with a non-default timeout (10% of the loop at 1M gateway sessions, py-spy). Clients choose their
-        keepalive, so the memo is bounded; past the bound it is computed."""
-        ticks = self._timeout_ticks_memo.get(timeout)
-        if ticks is None:
-            ticks = self.ticks_for(timeout)
-            if len(self._timeout_ticks_memo) < 1024:
-                self._timeout_ticks_memo[timeout] = ticks
-        return ticks
-
     def _due_tick(self, now: float, timeout: float) -> int:
         """The first tick at or after ``now + timeout`` (the same 1e-9 slack as ``ticks_for``)."""
         return math.ceil((now + timeout) / self._tick - 1e-9)
 
-    def _tick_of(self, uid: Uid, now: float) -> int:
-        timeouts = self._timeouts
-        if timeouts and uid in timeouts:  # sparse: one truthiness test when every session has the default
-            timeout = timeouts[uid]
-            return self._due_tick(now, timeout) - self._ticks_of_timeout(timeout)
-        return self._activity_tick(now)
+    def _own_tick(self, session: Session, now: float) -> int:
+        """The activity tick of a session whose timeout is not the default."""
+        return self._due_tick(now, session.seconds) - session.timeout
 
     # -- changes ------------------------------------------------------------------------------------------
 
     def login(self, uid: Uid, owner: Any, now: float, wall: float, keepalive: float | None = None) -> tuple[Any, PresenceEvent | None]:
         """Start (or take over) ``uid``'s session. Returns (previous owner or None, online event or None)."""
         timeout = self.timeout_for(keepalive)
-        previous = self._owner.get(uid)
-        self._owner[uid] = owner
-        self._last_seen[uid] = now
+        old = self._sessions.get(uid)
         if timeout == self._timeout:
-            self._timeouts.pop(uid, None)
-            self._detector.add(uid, self._activity_tick(now))
+            session = Session(owner, now, self._timeout)
+            self._detector.add(uid, self._activity_tick(now), None, session)
         else:
-            self._timeouts[uid] = timeout
-            self._detector.add(uid, self._tick_of(uid, now), self._ticks_of_timeout(timeout))
-        if previous is not None:
-            return previous, None  # newest wins, without an offline/online flap
+            session = Session(owner, now, timeout)
+            ticks = self.ticks_for(timeout)
+            self._detector.add(uid, self._due_tick(now, timeout) - ticks, ticks, session)
+        if old is not None:
+            return old.owner, None  # newest wins, without an offline/online flap
         return None, self._event("online", uid, wall, "login", wall, timeout)
 
     def touch(self, uid: Uid, now: float) -> None:
-        """Activity from ``uid``: the per-packet path, kept to two dict stores."""
-        last_seen = self._last_seen
-        if uid in last_seen:
-            last_seen[uid] = now
-            if self._timeouts and uid in self._timeouts:  # sparse: usually one truthiness test
-                self._detector.touch(uid, self._tick_of(uid, now))
+        """Activity from ``uid``: the per-packet path, one dict lookup and two stores."""
+        session = self._sessions.get(uid)
+        if session is not None:
+            session.seen = now
+            # The default timeout is the table's own float object: one identity test, then the shared tick.
+            if session.seconds is self._timeout:
+                tick = self._activity_tick(now)
             else:
-                self._detector.touch(uid, self._activity_tick(now))
+                tick = self._own_tick(session, now)
+            if self._plain_touch:
+                session.tick = tick
+            else:
+                self._touch_entry(session, tick)
 
     def touch_owned(self, uid: Uid, owner: Any, now: float) -> bool:
         """Activity reported by ``owner`` (a gateway) for ``uid``; ignored unless it owns the session."""
-        if self._owner.get(uid) is not owner:
+        session = self._sessions.get(uid)
+        if session is None or session.owner is not owner:
             return False
-        self._last_seen[uid] = now
-        self._detector.touch(uid, self._tick_of(uid, now))
+        session.seen = now
+        tick = self._activity_tick(now) if session.seconds is self._timeout else self._own_tick(session, now)
+        if self._plain_touch:
+            session.tick = tick
+        else:
+            self._touch_entry(session, tick)
         return True
 
     def logout(self, uid: Uid, owner: Any, now: float, wall: float, reason: str) -> PresenceEvent | None:
         """End ``uid``'s session if ``owner`` still owns it."""
-        if self._owner.get(uid) is not owner:
+        session = self._sessions.get(uid)
+        if session is None or session.owner is not owner:
             return None
-        return self._end(uid, now, wall, reason)
-
-    def _end(self, uid: Uid, now: float, wall: float, reason: str) -> PresenceEvent:
-        del self._owner[uid]
         self._detector.remove(uid)
-        return self._offline(uid, now, wall, reason)
+        return self._offline(session, now, wall, reason)
 
-    def _offline(self, uid: Uid, now: float, wall: float, reason: str) -> PresenceEvent:
-        """The offline event of a session already out of the owner map and the detector."""
-        last_seen = wall - (now - self._last_seen.pop(uid))
-        timeout = self._timeouts.pop(uid, self._timeout)
-        return self._event("offline", uid, wall, reason, last_seen, timeout)
+    def _offline(self, session: Session, now: float, wall: float, reason: str) -> PresenceEvent:
+        """The offline event of a session already out of the detector."""
+        last_seen = wall - (now - session.seen)
+        return self._event("offline", session.key, wall, reason, last_seen, session.seconds)
 
     def expire(self, now: float, wall: float, limit: int | None = None) -> list[tuple[PresenceEvent, Any]]:
         """Offline events (reason ``idle``) for sessions whose deadline passed, with their owners."""
-        expired = self._detector.advance(math.floor(now / self._tick), limit)
-        return [(self._offline(uid, now, wall, "idle"), self._owner.pop(uid)) for uid in expired]
+        expired: list[Session] = self._detector.advance_entries(math.floor(now / self._tick), limit)  # type: ignore[assignment]
+        return [(self._offline(session, now, wall, "idle"), session.owner) for session in expired]
 
     def end_all(self, now: float, wall: float, reason: str) -> Iterator[tuple[PresenceEvent, Any]]:
         """End every session (shutdown), yielding as it goes so the caller can checkpoint."""
-        while self._owner:
-            # popitem, not next(iter(...)): iterating from the front steps over every entry deleted so far,
-            # which made a 100k-session shutdown take 3.3 s (quadratic).
-            uid, owner = self._owner.popitem()
-            self._detector.remove(uid)
-            yield self._offline(uid, now, wall, reason), owner
+        sessions = self._sessions
+        while sessions:
+            # A snapshot of the uids, not next(iter(...)) per session: iterating from the front steps over
+            # every entry deleted so far, which made a 100k-session shutdown take 3.3 s (quadratic).
+            for uid in list(sessions):
+                session = sessions.get(uid)
+                if session is not None:
+                    self._detector.remove(uid)
+                    yield self._offline(session, now, wall, reason), session.owner
 
     def restart_event(self, record: dict[str, Any], wall: float) -> PresenceEvent:
         """The offline (``restart``) closing a session a previous run left online when it died."""
@@ -258,20 +274,22 @@ class PresenceTable:
         return self._detector.work_ahead(limit)
 
     def owner_of(self, uid: Uid) -> Any:
-        return self._owner.get(uid)
+        session = self._sessions.get(uid)
+        return None if session is None else session.owner
 
     def is_online(self, uid: Uid) -> bool:
-        return uid in self._owner
+        return uid in self._sessions
 
     def timeout_of(self, uid: Uid) -> float:
-        return self._timeouts.get(uid, self._timeout)
+        session = self._sessions.get(uid)
+        return self._timeout if session is None else session.seconds
 
     @property
     def next_seq(self) -> int:
         return self._next_seq
 
     def __len__(self) -> int:
-        return len(self._owner)
+        return len(self._sessions)
 
     def detector_stats(self) -> DetectorStats:
         return self._detector.stats()

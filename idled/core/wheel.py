@@ -2,8 +2,9 @@
 
 Theory of operation
 -------------------
-Time is integer ticks. Every watched key has a *deadline* (last activity + timeout) and sits in exactly one
-bucket; ``_bucket_of`` maps key -> the bucket (a dict) holding it, so moving or removing a key is O(1).
+Time is integer ticks. Every watched key has an entry (``idled.core.detector.Entry``: activity tick, timeout,
+``place``) in the one map ``entries`` and a *deadline* (activity tick + timeout); its entry sits in exactly
+one bucket (a dict keyed by key), and ``entry.place`` is that bucket, so moving or removing a key is O(1).
 
 **The ring** (level 0) has ``slots + 1`` buckets; bucket ``d % (slots + 1)`` holds the keys whose deadline
 is ``d``, for every ``d`` in ``(now, now + slots + 1]``. One bucket more than ``slots`` because activity is
@@ -44,10 +45,10 @@ still use the overflow levels, where one cascade per revolution is the cheaper c
 
 * ``eager``: ``touch`` moves the key to the bucket of its new deadline at once. Buckets are exact, so a due
   ring bucket is pure expiry.
-* ``lazy`` (Netty's IdleStateHandler trick): ``touch`` only stores ``last_seen[key] = now`` (one dict store);
+* ``lazy`` (Netty's IdleStateHandler trick): ``touch`` only stores ``entry.tick = now`` (one lookup, one store);
   the key stays where it was filed, at a deadline that is now too early. When that bucket comes due, each key
   is checked: still silent -> expired; seen since -> re-filed at its real deadline. A chatty client costs
-  one dict store per packet and one re-file per timeout.
+  one lookup and one store per packet and one re-file per timeout.
 
 **Working ahead (lazy).** A due lazy bucket is mostly keys that were active since they were filed: at 1M
 sessions each tick re-files ~33k keys to find the ~0.1% that expire, and an expiry found late in that
@@ -61,11 +62,12 @@ in chunks, skipping any key that left the bucket meanwhile.
 **Bounded work.** ``advance(now, limit)`` examines at most ``limit`` keys per call. Due buckets are first
 *detached* (replaced by a fresh empty dict, so new arrivals for the next revolution don't mix in) and queued in
 ``_pending``; draining pops from them and can stop and resume at any key. A key touched or removed while its
-detached bucket waits is found there through ``_bucket_of`` as usual.
+detached bucket waits is found there through ``entry.place`` as usual.
 
-Memory: one ``_bucket_of`` entry and one bucket entry per key, values shared (bucket references, ``None`` in
-the ring, tick ints shared by all keys touched in the same tick). Per-key timeouts are stored only for keys
-whose timeout differs from the wheel's default (``_timeouts`` is sparse).
+Memory: per key one ``entries`` item, the entry (a slotted object: key, tick, timeout, place) and one bucket
+item; values shared (``None`` in the ring, tick ints shared by all keys touched in the same tick, the
+default timeout). The caller may keep its own fields in the same entry (see ``idled.core.detector``): the
+presence table does, so the server keeps one uid-keyed map, not one per field.
 """
 
 from __future__ import annotations
@@ -74,8 +76,11 @@ import sys
 from collections.abc import Hashable
 from typing import Callable, Literal
 
-from idled.core.detector import DetectorStats, check_timeout
+from idled.core.detector import DetectorStats, Entry, EntryMap
 
+# Buckets are keyed by key, not by entry: a dict of strings (or ints) and ints is never tracked by the garbage
+# collector, so young collections don't walk a fresh bucket's 33k references (a 12 ms young collection at 1M
+# keys when they were entries), nor full ones its items.
 Bucket = dict[Hashable, "int | None"]  # key -> deadline (overflow levels, parking) or None (ring)
 
 # A ring bucket whose table is over this size but which holds at most this many keys is rebuilt
@@ -84,7 +89,7 @@ _COMPACT_MIN_BYTES = 64 * 1024
 _COMPACT_MAX_KEYS = 256
 
 # Kinds of detached bucket waiting in _pending.
-_RING = 0  # a due ring bucket (or the overdue bucket): eager expires all, lazy checks last_seen
+_RING = 0  # a due ring bucket (or the overdue bucket): eager expires all, lazy checks the activity tick
 _CASCADE = 1  # a due overflow bucket: every key re-filed by its deadline (or expired if due)
 
 
@@ -99,13 +104,14 @@ class _Level:
         self.buckets: list[Bucket] = [{} for _ in range(n)]
 
 
-class TimingWheel:
+class TimingWheel(EntryMap):
     """Idle detector built on a timing wheel; see the module docstring."""
 
     __slots__ = (
         "touch",
+        "touch_entry",
+        "plain_touch",
         "policy",
-        "_timeout",
         "_slots",
         "_n0",
         "_overflow_slots",
@@ -113,15 +119,13 @@ class TimingWheel:
         "_ring",
         "_parked",
         "_levels",
-        "_bucket_of",
-        "_timeouts",
-        "_last_seen",
         "_pending",
         "_expired_total",
         "_ahead",
     )
 
     touch: Callable[[Hashable, int], None]
+    touch_entry: Callable[[Entry, int], None]
 
     def __init__(
         self,
@@ -136,8 +140,8 @@ class TimingWheel:
             raise ValueError("slots must be at least 1")
         if policy not in ("eager", "lazy"):
             raise ValueError(f"policy must be 'eager' or 'lazy', got {policy!r}")
+        super().__init__(timeout)
         self.policy = policy
-        self._timeout = check_timeout(timeout)
         self._slots = slots
         self._n0 = slots + 1
         self._overflow_slots = max(2, overflow_slots or slots)
@@ -145,68 +149,67 @@ class TimingWheel:
         self._ring: list[Bucket] = [{} for _ in range(self._n0)]
         self._parked: list[Bucket] = [{} for _ in range(self._n0)]
         self._levels: list[_Level] = []
-        self._bucket_of: dict[Hashable, Bucket] = {}
-        self._timeouts: dict[Hashable, int] = {}
-        self._last_seen: dict[Hashable, int] = {}
         self._pending: list[tuple[Bucket, int]] = []
         self._expired_total = 0
         self._ahead: tuple[int, Bucket, list[Hashable], int] | None = None  # (tick, bucket, snapshot, position)
         # Chosen once here, not tested on every packet.
-        self.touch = self._touch_eager if policy == "eager" else self._touch_lazy
+        self.plain_touch = policy == "lazy"
+        if policy == "eager":
+            self.touch, self.touch_entry = self._touch_eager, self._move
+        else:
+            self.touch, self.touch_entry = self._touch_lazy, self._store
 
     # -- the per-packet path ------------------------------------------------------------------------
 
     def _touch_eager(self, key: Hashable, now: int) -> None:
-        old = self._bucket_of.get(key)
-        if old is None:
-            return
-        deadline = now + (self._timeouts.get(key, self._timeout) if self._timeouts else self._timeout)
+        entry = self.entries.get(key)
+        if entry is not None:
+            self._move(entry, now)
+
+    def _move(self, entry: Entry, now: int) -> None:
+        """Eager: file the entry by its new deadline at once."""
+        entry.tick = now
+        old = entry.place
+        deadline = now + entry.timeout
         if 0 < deadline - self._now <= self._n0:
             new = self._ring[deadline % self._n0]
             if new is not old:  # touched twice in one tick: already in place
-                del old[key]
-                new[key] = None
-                self._bucket_of[key] = new
+                del old[entry.key]  # type: ignore[index]
+                new[entry.key] = None
+                entry.place = new
         else:
-            del old[key]
+            del old[entry.key]  # type: ignore[index]
             if deadline - now <= 2 * self._n0:  # catching up can only help a deadline the ring can hold
                 self._catch_up(now - 1)
-            self._file(key, deadline)
+            self._file(entry, deadline)
 
     def _touch_lazy(self, key: Hashable, now: int) -> None:
-        last_seen = self._last_seen
-        if key in last_seen:
-            last_seen[key] = now
+        entry = self.entries.get(key)
+        if entry is not None:
+            entry.tick = now
+
+    @staticmethod
+    def _store(entry: Entry, now: int) -> None:
+        """Lazy: the deadline is re-checked when the entry's bucket comes due."""
+        entry.tick = now
 
     # -- membership ---------------------------------------------------------------------------------
 
-    def add(self, key: Hashable, now: int, timeout: int | None = None) -> None:
-        if key in self._bucket_of:
-            self.remove(key)
-        if timeout is not None and check_timeout(timeout) != self._timeout:
-            self._timeouts[key] = timeout
-        else:
-            timeout = self._timeout
-        if self.policy == "lazy":
-            self._last_seen[key] = now
+    def add(self, key: Hashable, now: int, timeout: int | None = None, entry: Entry | None = None) -> Entry:
+        entry = self._enter(key, now, timeout, entry)
+        timeout = entry.timeout
         if now + timeout - self._now > self._n0 and timeout < 2 * self._n0:  # (longer ones overflow anyway)
             self._catch_up(now - 1)
-        self._file(key, now + timeout)
+        self._file(entry, now + timeout)
+        return entry
 
     def remove(self, key: Hashable) -> bool:
-        bucket = self._bucket_of.pop(key, None)
-        if bucket is None:
+        entry = self.entries.pop(key, None)
+        if entry is None:
             return False
-        del bucket[key]
-        self._timeouts.pop(key, None)
-        self._last_seen.pop(key, None)
+        del entry.place[key]  # type: ignore[attr-defined]
+        entry.place = None  # a snapshot of its old bucket (work_ahead) must see it gone
         return True
-
-    def __len__(self) -> int:
-        return len(self._bucket_of)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._bucket_of
 
     # -- filing ---------------------------------------------------------------------------------------
 
@@ -227,24 +230,24 @@ class TimingWheel:
         if target > self._now:
             self._now = target
 
-    def _file(self, key: Hashable, deadline: int) -> None:
-        """Put ``key`` in the bucket for ``deadline``, relative to the current tick."""
+    def _file(self, entry: Entry, deadline: int) -> None:
+        """Put ``entry`` in the bucket for ``deadline``, relative to the current tick."""
         delta = deadline - self._now
         if 0 < delta <= self._n0:
             bucket = self._ring[deadline % self._n0]
-            bucket[key] = None
+            bucket[entry.key] = None
         elif delta <= 0:
             # Already due (time was passed in from behind the wheel's clock): expire at the next advance.
             bucket = self._overdue_bucket()
-            bucket[key] = None
+            bucket[entry.key] = None
         elif delta <= 2 * self._n0:
             # Parked (see the module doc): re-filed when this bucket comes due, one revolution early.
             bucket = self._parked[deadline % self._n0]
-            bucket[key] = deadline
+            bucket[entry.key] = deadline
         else:
             bucket = self._overflow_bucket(deadline)
-            bucket[key] = deadline
-        self._bucket_of[key] = bucket
+            bucket[entry.key] = deadline
+        entry.place = bucket
 
     def _overdue_bucket(self) -> Bucket:
         for bucket, kind in self._pending:
@@ -304,31 +307,31 @@ class TimingWheel:
             ahead = (t, bucket, list(bucket), 0)
         _, _, keys, position = ahead
         end = min(position + limit, len(keys))
-        now, n0, ring, default = self._now, self._n0, self._ring, self._timeout
-        bucket_of, timeouts, last_seen = self._bucket_of, self._timeouts, self._last_seen
+        now, n0, ring, entries = self._now, self._n0, self._ring, self.entries
         for key in keys[position:end]:
-            if bucket_of.get(key) is not bucket:
-                continue  # removed, or re-added elsewhere, since the snapshot
-            deadline = last_seen[key] + (timeouts.get(key, default) if timeouts else default)
+            entry = entries.get(key)
+            if entry is None or entry.place is not bucket:
+                continue  # removed, or moved, since the snapshot
+            deadline = entry.tick + entry.timeout
             if deadline > t:
                 del bucket[key]
                 if deadline - now <= n0:
                     target = ring[deadline % n0]
                     target[key] = None
-                    bucket_of[key] = target
+                    entry.place = target
                 else:
-                    self._file(key, deadline)
+                    self._file(entry, deadline)
         # A finished pass keeps its marker (so the bucket is not walked again) but drops the snapshot.
         self._ahead = (t, bucket, keys if end < len(keys) else [], end if end < len(keys) else 0)
         return end - position
 
-    def advance(self, now: int, limit: int | None = None) -> list[Hashable]:
+    def advance_entries(self, now: int, limit: int | None = None) -> list[Entry]:
         if now < self._now:
             raise ValueError(f"time went backwards: {now} < {self._now}")
         budget = -1 if limit is None else limit
         if budget == 0:
             raise ValueError("limit must be positive or None")
-        expired: list[Hashable] = []
+        expired: list[Entry] = []
         while True:
             while self._pending:
                 bucket, kind = self._pending[-1]
@@ -352,12 +355,12 @@ class TimingWheel:
         comes due. Once per advance, one bucket left holding few keys in a big table is rebuilt: the work is
         bounded (``_COMPACT_MAX_KEYS`` re-pointed keys), so it never becomes a stall of its own.
         """
-        ring, bucket_of = self._ring, self._bucket_of
+        ring, entries = self._ring, self.entries
         for index, bucket in enumerate(ring):
             if len(bucket) <= _COMPACT_MAX_KEYS and sys.getsizeof(bucket) > _COMPACT_MIN_BYTES:
                 fresh: Bucket = dict.fromkeys(bucket)
                 for key in fresh:
-                    bucket_of[key] = fresh
+                    entries[key].place = fresh
                 ring[index] = fresh
                 return
 
@@ -379,32 +382,29 @@ class TimingWheel:
                 self._pending.append((level.buckets[index], _CASCADE))
                 level.buckets[index] = {}
 
-    def _drain(self, bucket: Bucket, kind: int, expired: list[Hashable], budget: int) -> int:
+    def _drain(self, bucket: Bucket, kind: int, expired: list[Entry], budget: int) -> int:
         """Process keys of one detached bucket until it is empty or ``budget`` keys were examined."""
-        now, bucket_of, timeouts, last_seen = self._now, self._bucket_of, self._timeouts, self._last_seen
-        default, n0, ring = self._timeout, self._n0, self._ring
+        now, entries, n0, ring = self._now, self.entries, self._n0, self._ring
         lazy = self.policy == "lazy"
         before = len(expired)
         while bucket and budget:
             budget -= 1
             key, deadline = bucket.popitem()
+            entry = entries[key]
             if lazy:
-                deadline = last_seen[key] + (timeouts.get(key, default) if timeouts else default)
+                deadline = entry.tick + entry.timeout
             elif kind == _RING:
                 deadline = now  # eager ring buckets are exact: everything in a due one is due
             if deadline <= now:
-                del bucket_of[key]
-                if timeouts:
-                    timeouts.pop(key, None)
-                if lazy:
-                    del last_seen[key]
-                expired.append(key)
+                del entries[key]
+                entry.place = None
+                expired.append(entry)
             elif deadline - now <= n0:  # inline ring filing: the common lazy re-file
                 target = ring[deadline % n0]
                 target[key] = None
-                bucket_of[key] = target
+                entry.place = target
             else:
-                self._file(key, deadline)
+                self._file(entry, deadline)
         self._expired_total += len(expired) - before
         return budget
 
@@ -414,7 +414,7 @@ class TimingWheel:
         sizes = [len(bucket) for bucket in self._ring]
         overflow = sum(len(bucket) for level in self._levels for bucket in level.buckets)
         return DetectorStats(
-            keys=len(self._bucket_of),
+            keys=len(self.entries),
             slots=self._n0,
             occupied_slots=sum(1 for size in sizes if size),
             largest_slot=max(sizes),

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from idled.core.baselines import DeadlineHeap, FullScan
-from idled.core.detector import Detector
+from idled.core.detector import Detector, Entry
 from idled.core.factory import DETECTOR_KINDS, make_detector
 from idled.core.wheel import TimingWheel
 
@@ -164,3 +164,34 @@ def test_bad_timeouts_are_refused_without_side_effects(kind: str) -> None:
         with pytest.raises(ValueError):
             detector.add("k", 0, bad)  # type: ignore[arg-type]
     assert len(detector) == 0 and detector.next_due() is None
+
+
+class Record(Entry):
+    """A caller's own per-key record, as the presence table keeps one: the detector files it as given."""
+
+    __slots__ = ("owner",)
+
+
+@pytest.mark.parametrize("kind", DETECTOR_KINDS)
+def test_the_callers_record_is_the_detectors_entry(kind: str) -> None:
+    detector = make_detector(kind, timeout=30)
+    mine = Record()
+    mine.owner = "gateway-1"
+    assert detector.add("k", 5, None, mine) is mine
+    assert detector.entries["k"] is mine and (mine.key, mine.tick, mine.timeout) == ("k", 5, 30)
+    detector.touch_entry(mine, 10)
+    assert mine.tick == 10 and detector.advance(39) == []
+    expired = detector.advance_entries(40)
+    assert expired == [mine] and mine.owner == "gateway-1" and "k" not in detector.entries
+
+
+@pytest.mark.parametrize("kind", DETECTOR_KINDS)
+def test_replacing_or_removing_a_record_unfiles_the_old_one(kind: str) -> None:
+    detector = make_detector(kind, timeout=30)
+    first = detector.add("k", 0)
+    second = detector.add("k", 20)  # a newer login: the old record must never come due
+    assert detector.entries["k"] is second and first is not second
+    assert detector.advance(30) == [] and detector.advance(50) == ["k"]
+    detector.add("gone", 60)
+    assert detector.remove("gone") and not detector.remove("gone")
+    assert detector.advance(200) == [] and len(detector) == 0

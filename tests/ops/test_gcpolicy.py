@@ -95,3 +95,48 @@ def test_processes_started_together_walk_at_their_own_phases() -> None:
 def test_a_short_thaw_interval_is_checked_often_enough() -> None:
     assert GcPolicy(thaw_every=20.0).check_every == 2.0  # a walk at most 10% late
     assert GcPolicy().check_every == 60.0
+
+
+def frozen_garbage(count: int) -> None:
+    """``count`` objects in cycles that are live, frozen by a full collection, then dropped: garbage only a
+    thaw can reclaim (a closed connection's task, coroutine and stream, in a server)."""
+    cycles = []
+    for _ in range(count // 2):
+        a, b = Node(), Node()
+        a.other, b.other = b, a
+        cycles.append(a)
+    gc.collect()
+    del cycles, a, b
+
+
+def test_thaws_that_find_nothing_back_off_to_a_day(policy: tuple[GcPolicy, list[float]]) -> None:
+    # A core behind edges: sessions and a few gateways, nothing dies in cycles. Each walk of everything
+    # costs ~0.2 s at 1M sessions for nothing, so the wait doubles, up to thaw_every_max.
+    gp, now = policy
+    gp.thaw_every_max = 500.0
+    intervals = []
+    for _ in range(5):
+        now[0] += gp.interval
+        assert gp.maybe_thaw()
+        gc.collect()
+        intervals.append(gp.interval)
+    assert intervals == [120.0, 240.0, 480.0, 500.0, 500.0]
+    assert gp.last_reclaimed is not None and gp.last_reclaimed < gp.fruitful
+    now[0] += 499.0
+    assert not gp.maybe_thaw()
+
+
+def test_a_fruitful_thaw_brings_the_interval_back(policy: tuple[GcPolicy, list[float]]) -> None:
+    # An edge: users come and go, and their frozen tasks and streams die in cycles. Thaws stay frequent.
+    gp, now = policy
+    gp.fruitful = 1000
+    now[0] += gp.interval
+    assert gp.maybe_thaw()
+    gc.collect()
+    assert gp.interval == 120.0  # found nothing: wait longer
+    frozen_garbage(3000)
+    now[0] += gp.interval
+    assert gp.maybe_thaw()
+    gc.collect()
+    assert gp.last_reclaimed is not None and gp.last_reclaimed >= 3000
+    assert gp.interval == 60.0

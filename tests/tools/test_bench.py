@@ -135,6 +135,28 @@ def test_bad_sizes_and_detectors_are_usage_errors() -> None:
         run_bench(["--detectors", "ring-eager,btree"])
 
 
+def test_growth_times_every_login_and_loses_no_session(capsys: pytest.CaptureFixture[str]) -> None:
+    # 3,000 attaches over 6 simulated seconds with a 3 s timeout: keepalives and ticks run during the ramp,
+    # and every session must still be there at the end (all expire only when time runs out).
+    argv = ["--growth", "--sizes", "3000", "--detectors", "ring-lazy,heap", "--timeout", "3", "--login-rate", "500"]
+    assert run_bench(argv) == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if line.split()[1:2] in (["ring-lazy"], ["heap"])]
+    assert [row[:2] for row in rows] == [["3,000", "ring-lazy"], ["3,000", "heap"]]
+    for row in rows:
+        assert row[-1] == "3,000"  # expired at the end: none lost, none expired early during the ramp
+        assert float(row[3]) >= float(row[4]) > 0  # login_max_ms >= login_p999_ms
+        assert float(row[-2]) > 0  # bytes per session
+    assert out.count("slowest logins") == 2
+
+
+def test_growth_refuses_flags_it_does_not_take(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_bench(["--growth", "--pings-per-timeout", "5"]) == 2
+    err = capsys.readouterr().err
+    assert "--growth takes only --sizes, --detectors" in err and "drop --pings-per-timeout" in err
+    assert run_bench(["--sizes", "100", "--keepalive", "10"]) == 2
+
+
 # -- the schedule ------------------------------------------------------------------------------------------
 
 
