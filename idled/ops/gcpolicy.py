@@ -122,14 +122,15 @@ class GcPolicy:
         self.full_collections += 1
         gc.freeze()  # what survived a full walk is live: don't walk it again until the next thaw
         if self._thawed:  # the walk of everything: what it found decides when the next is worth it
-            seconds = self._clock() - self._collection_started
+            stopped = self._clock()
+            seconds = stopped - self._collection_started
             self.walks.append(seconds)
             del self.walks[:-100]  # bounded: the latest hundred
             collected = info["collected"]
             self.last_reclaimed = collected
             fruitful = collected >= self.fruitful
             self.interval = self.thaw_every if fruitful else min(2 * self.interval, self.thaw_every_max)
-            self._thaw_at = self._clock() + self.interval
+            self._thaw_at = stopped + self.interval
             # CPU time apart from the pause: on a busy host the pause is longer than the walk's own work
             log.info("%s %.1f ms (%.1f ms CPU) over %d thawed objects, %d unreachable collected; next in %.0f s",
                      FULL_WALK_LOG, seconds * 1e3, (time.process_time() - self._cpu_started) * 1e3, self._thawed,
