@@ -114,19 +114,32 @@ def _decode(spark: SparkSession, config: JobConfig) -> tuple[DataFrame, dict[str
 
 
 def _run(config: JobConfig, spark: SparkSession, t0: float) -> JobResult:
+    from idled.pipeline.paired import decode_paired, finish_paired
+
     t_started = time.perf_counter()
     names = daemon_names(config.events)
-    events, files = _decode(spark, config)
+    sessions_path = os.path.join(config.out, "sessions")
+    decoded = decode_paired(spark, config.events, config.flap.short_s, config.min_partitions, config.shuffle_partitions,
+                            sessions_path)
+    files = decoded.files
+    laps = Laps(echo=config.progress)
+    path = "paired"
+    if files["daemons_with_overlapping_files"] > 0:
+        # In-file pairing assumed disjoint, ordered files: decode again and pair record by record (the
+        # sessions written by the first pass are overwritten).
+        path = "records"
+        events, files = _decode(spark, config)
     t_decoded = time.perf_counter()
     event_count = files["records"] - files["malformed"]
-
     if config.progress:
         print(f"idled pipeline: decoded {event_count:,} events in {t_decoded - t_started:.1f} s", file=sys.stderr, flush=True)
-    laps = Laps(echo=config.progress)
-    dedupe = files["daemons_with_overlapping_files"] > 0
-    tables = build_tables(spark, events, names, config.flap, event_count=event_count, dedupe=dedupe, laps=laps)
-    written = write_tables(tables.frames, config.out, laps)
-    small = read_small_tables(spark, tables.frames, written)
+    if path == "paired":
+        tables, small = finish_paired(spark, decoded, names, config.flap, sessions_path, laps)
+        written = {"sessions": sessions_path, **write_tables(tables.frames, config.out, laps)}
+    else:
+        tables = build_tables(spark, events, names, config.flap, event_count=event_count, dedupe=True, laps=laps)
+        written = write_tables(tables.frames, config.out, laps)
+        small = read_small_tables(spark, tables.frames, written)
     t_aggregated = time.perf_counter()
 
     timings: dict[str, Any] = {
@@ -139,6 +152,7 @@ def _run(config: JobConfig, spark: SparkSession, t0: float) -> JobResult:
         names=names, out=config.out, master=spark.sparkContext.master, flap=config.flap, files=files,
         event_count=event_count, tables=tables, small=small, written=written, timings=timings,
     )
+    summary["pairing"] = path
     if config.chart:
         from idled.pipeline.report import write_chart
 
