@@ -3,24 +3,23 @@
 Theory of operation
 -------------------
 **Decode and pair** (`decode_paired`, Python workers). Each segment file is decoded (`records.iter_rows`)
-and paired inside the file (`filepass.pair_file`). What crosses into the JVM is one flat row per *closed
-session* -- about half as many rows as records, and only the session's columns -- plus one row per (file,
-uid) carrying a pickled `filepass.Carry`, one per (file, detector) with its lateness values, and one per file
-with its counters (`STAGE_SCHEMA`, told apart by ``kind``). The frame is materialized once; the per-file
-counters are collected, and if two files of a daemon overlap in seq the job discards it and takes the
-record-by-record path instead (`job`).
+and paired inside the file (`filepass.pair_file`). The only rows that cross into the JVM are the file's
+*closed sessions*, seven columns each (`SESSION_SCHEMA`) -- half as many rows as records -- and that Spark
+job writes them straight into the sessions table: nothing is checkpointed, sorted or shuffled. The rest of
+a file's pass travels in an accumulator (path -> counters, tallies, data end and the file's carries and
+lateness values, pickled into one blob per second-pass partition; keyed by path and merged by replacing, so
+a re-run task is not counted twice). If the per-file seq ranges show two files of a daemon overlapping, the
+job discards all this and takes the record path (`job`), which overwrites the sessions table.
 
-**Users and detectors** (`finish_paired`, Python workers again). The carry and lateness rows -- ~1 per
-(file, user), not per record -- are hash-partitioned by ``uid_key`` (the detector's name for lateness rows)
-and handed back to Python, where `userpass` joins each user's carries (sessions across file edges, open
-sessions, concurrency ranges, days, flap windows) and each detector's values. Its sessions come back as
-rows of the same schema; each partition's tallies as one pickled row.
+**Users and detectors** (`finish_paired`, Python workers again). The blobs -- ~1.1M carries at 10M
+events, ~120 MB -- are grouped on the driver by partition (`part_of`: the uid_key's, or the detector's,
+CRC32) and parallelized, one partition each; `userpass` joins each user's carries across files and daemons
+(sessions across file edges, open sessions, concurrency ranges, days, flap windows) and each detector's
+values. Its sessions are appended to the sessions table; each partition's tallies come back through an
+accumulator.
 
-**Tables.** The sessions table is the union of both passes' session rows, written by Spark partitioned by
-date. The five small tables are built on the driver from the merged tallies with the reference's row
-builders (`reference`), handed to Spark as a few thousand rows and written the same way.
-
-Nothing in this path sorts or windows the records in the JVM, and no step shuffles more than the carries.
+**Tables.** The five small tables are built on the driver from the merged tallies with the reference's row
+builders (`reference`), handed to Spark as a few thousand rows and written like the record path's.
 """
 
 from __future__ import annotations
