@@ -313,7 +313,7 @@ def _plan(spark: SparkSession, state: State, out: str, names: Sequence[str], fla
     data = json.loads(json.dumps(state.data))  # the new state, a deep copy
     accumulator = sc.accumulator({}, PerFileStats())
     rdd = sc.parallelize(work, max(1, min(len(work), 2 * sc.defaultParallelism)))
-    batch = spark.createDataFrame(rdd.mapPartitions(functools.partial(_decode_tails, accumulator)), EVENT_SCHEMA)
+    batch = spark.createDataFrame(rdd.mapPartitions(functools.partial(_decode_tails, accumulator)), EVENT_SCHEMA, verifySchema=False)
     old_gen = state.gen_dir()
     carried = _read_or_empty(spark, os.path.join(old_gen, "open"), "daemon INT, uid_key STRING, seq BIGINT, ts DOUBLE")
     carried_events = carried.select(

@@ -2,24 +2,25 @@
 
 Theory of operation
 -------------------
-**Decode** (Python workers; `decode`). Each ``--events`` directory is one daemon. Spark hands whole segment
-files to workers that run the daemon's own decoder (`records.iter_rows`) and yield flat rows; per-file
-counters travel in an accumulator that merges by replacing, so a re-run task is not counted twice. A corrupt
-record is skipped and counted, never fatal. The events are hash-partitioned by uid once and materialized
-(`spark.materialize`): that action is the "decode" time. Every later per-user step -- pairing, concurrency
-merge, DAU, flappers -- reuses this partitioning: the job shuffles the 10M-row data set once.
+Each ``--events`` directory is one daemon; Spark hands whole segment files to Python workers that run the
+daemon's own decoder (`records.iter_rows`). A corrupt record is skipped and counted, never fatal.
 
-**Pairing** (JVM from here on; `pairing`). One window per (user, daemon) ordered by seq gives each record its
-neighbours, which is all `rules` needs. The duplicate-dropping pass runs only when two files of a daemon have
-overlapping seq ranges (known from the per-file counters).
+**The paired path** (`paired`, the default). A writer's segments hold a daemon's records in seq order and in
+disjoint seq ranges, so the workers pair online/offline *inside each file* while decoding: the closed
+sessions go straight into the sessions table, and only a small carry per (file, user) -- first and last
+record, merged minute ranges, short-session starts -- goes on to a second Python pass that joins each user
+across files and daemons (sessions across file edges, open sessions, concurrency, DAU, flappers) and each
+detector's lateness values. The five small tables are built from the merged tallies on the driver. No step
+sorts, windows or shuffles the records in the JVM; its work is converting and writing the session rows.
 
-**Tables** (`aggregate`): sessions, concurrency, lateness, flappers, dau, session_lengths, each written as
-Parquet partitioned by ``date`` (`output`); "aggregate" time covers all of that (per-step laps are in
-``summary.json``). The driver then collects the small tables for ``summary.json``, the stdout report and
-the chart.
+**The record path** (`decode`, `pairing`, `aggregate`). If the per-file seq ranges show two files of a
+daemon overlapping (a copied or re-cut segment: duplicates possible, in-file order no longer the uid's
+order), the paired output is discarded and the records are decoded again into one row each, hash-
+partitioned by uid once, paired by a window per (user, daemon) ordered by seq with the duplicate-dropping
+pass, and the tables are built in the JVM. Incremental runs (`incremental`) use this path's steps too.
 
-Modules: `spark` (session and settings), `decode`, `pairing`, `aggregate`, `output` (Parquet and summary);
-this one runs them in order and times them.
+Both paths write the same tables, partitioned by ``date`` (`output`), and ``summary.json`` says which ran
+(``pairing``); "decode" and "aggregate" times and per-step laps are in its ``timings_s``.
 """
 
 from __future__ import annotations
@@ -114,19 +115,32 @@ def _decode(spark: SparkSession, config: JobConfig) -> tuple[DataFrame, dict[str
 
 
 def _run(config: JobConfig, spark: SparkSession, t0: float) -> JobResult:
+    from idled.pipeline.paired import decode_paired, finish_paired
+
     t_started = time.perf_counter()
     names = daemon_names(config.events)
-    events, files = _decode(spark, config)
+    sessions_path = os.path.join(config.out, "sessions")
+    decoded = decode_paired(spark, config.events, config.flap.short_s, config.min_partitions, config.shuffle_partitions,
+                            sessions_path)
+    files = decoded.files
+    laps = Laps(echo=config.progress)
+    path = "paired"
+    if files["daemons_with_overlapping_files"] > 0:
+        # In-file pairing assumed disjoint, ordered files: decode again and pair record by record (the
+        # sessions written by the first pass are overwritten).
+        path = "records"
+        events, files = _decode(spark, config)
     t_decoded = time.perf_counter()
     event_count = files["records"] - files["malformed"]
-
     if config.progress:
         print(f"idled pipeline: decoded {event_count:,} events in {t_decoded - t_started:.1f} s", file=sys.stderr, flush=True)
-    laps = Laps(echo=config.progress)
-    dedupe = files["daemons_with_overlapping_files"] > 0
-    tables = build_tables(spark, events, names, config.flap, event_count=event_count, dedupe=dedupe, laps=laps)
-    written = write_tables(tables.frames, config.out, laps)
-    small = read_small_tables(spark, tables.frames, written)
+    if path == "paired":
+        tables, small = finish_paired(spark, decoded, names, config.flap, sessions_path, laps)
+        written = {"sessions": sessions_path, **write_tables(tables.frames, config.out, laps)}
+    else:
+        tables = build_tables(spark, events, names, config.flap, event_count=event_count, dedupe=True, laps=laps)
+        written = write_tables(tables.frames, config.out, laps)
+        small = read_small_tables(spark, tables.frames, written)
     t_aggregated = time.perf_counter()
 
     timings: dict[str, Any] = {
@@ -139,6 +153,7 @@ def _run(config: JobConfig, spark: SparkSession, t0: float) -> JobResult:
         names=names, out=config.out, master=spark.sparkContext.master, flap=config.flap, files=files,
         event_count=event_count, tables=tables, small=small, written=written, timings=timings,
     )
+    summary["pairing"] = path
     if config.chart:
         from idled.pipeline.report import write_chart
 

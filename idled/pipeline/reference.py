@@ -11,7 +11,7 @@ from __future__ import annotations
 import bisect
 import os
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +29,10 @@ from idled.pipeline.rules import (
     unix_date,
 )
 
-__all__ = ["Result", "load_dirs", "compute", "run_reference", "segment_files"]
+__all__ = [
+    "Result", "load_dirs", "compute", "run_reference", "segment_files", "merge_ranges", "concurrency_rows",
+    "lateness_stats", "lateness_rows", "flapper_rows", "dau_rows", "session_length_rows",
+]
 
 TableRows = list[dict[str, Any]]
 
@@ -114,7 +117,7 @@ def compute(rows: Iterable[Row], daemon_names: Sequence[str], params: FlapParams
 
     tables = {
         "concurrency": _concurrency(sessions),
-        "lateness": _lateness(lateness_values),
+        "lateness": lateness_rows(lateness_values),
         "flappers": _flappers(sessions, params),
         "dau": _dau(sessions),
         "session_lengths": _session_lengths(sessions),
@@ -130,18 +133,17 @@ def compute(rows: Iterable[Row], daemon_names: Sequence[str], params: FlapParams
     return Result(tables, counts)
 
 
-def _merged_ranges(spans: dict[str, list[tuple[int, int]]]) -> Iterable[tuple[int, int]]:
-    """Per user, union of inclusive integer ranges; yields the disjoint merged ranges of all users."""
-    for user_spans in spans.values():
-        user_spans.sort()
-        lo, hi = user_spans[0]
-        for a, b in user_spans[1:]:
-            if a > hi:
-                yield lo, hi
-                lo, hi = a, b
-            elif b > hi:
-                hi = b
-        yield lo, hi
+def merge_ranges(ranges: list[tuple[int, int]]) -> Iterator[tuple[int, int]]:
+    """The union of one user's inclusive integer ranges, as disjoint ranges in order (sorts `ranges`)."""
+    ranges.sort()
+    lo, hi = ranges[0]
+    for a, b in ranges[1:]:
+        if a > hi:
+            yield lo, hi
+            lo, hi = a, b
+        elif b > hi:
+            hi = b
+    yield lo, hi
 
 
 def _concurrency(sessions: TableRows) -> TableRows:
@@ -149,9 +151,15 @@ def _concurrency(sessions: TableRows) -> TableRows:
     for s in sessions:
         spans[s["_key"]].append(minute_range(s["online_ts"], s["_end"]))
     delta: dict[int, int] = defaultdict(int)
-    for lo, hi in _merged_ranges(spans):
-        delta[lo] += 1
-        delta[hi + 1] -= 1
+    for user_spans in spans.values():
+        for lo, hi in merge_ranges(user_spans):
+            delta[lo] += 1
+            delta[hi + 1] -= 1
+    return concurrency_rows(delta)
+
+
+def concurrency_rows(delta: dict[int, int]) -> TableRows:
+    """The concurrency table from per-minute changes (+1 where a user's merged range starts, -1 after it ends)."""
     if not delta:
         return []
     out = []
@@ -163,16 +171,21 @@ def _concurrency(sessions: TableRows) -> TableRows:
     return out
 
 
-def _lateness(values: dict[tuple[str, int], list[float]]) -> TableRows:
-    out = []
-    for (detector, hour), lateness in values.items():
-        lateness.sort()
-        out.append({
-            "date": _date(hour), "hour_start": hour, "detector": detector, "offlines": len(lateness),
-            "early": sum(1 for v in lateness if v < 0), "p50_s": percentile(lateness, 0.5),
-            "p99_s": percentile(lateness, 0.99), "max_s": lateness[-1],
-        })
-    return out
+def lateness_stats(lateness: list[float]) -> dict[str, Any]:
+    """offlines, early, p50_s, p99_s, max_s of one group's values (sorts them)."""
+    lateness.sort()
+    return {
+        "offlines": len(lateness), "early": sum(1 for v in lateness if v < 0), "p50_s": percentile(lateness, 0.5),
+        "p99_s": percentile(lateness, 0.99), "max_s": lateness[-1],
+    }
+
+
+def lateness_rows(values: dict[tuple[str, int], list[float]]) -> TableRows:
+    """The lateness table from the values of each (detector, hour start)."""
+    return [
+        {"date": _date(hour), "hour_start": hour, "detector": detector, **lateness_stats(lateness)}
+        for (detector, hour), lateness in values.items()
+    ]
 
 
 def _flappers(sessions: TableRows, params: FlapParams) -> TableRows:
@@ -180,26 +193,29 @@ def _flappers(sessions: TableRows, params: FlapParams) -> TableRows:
     for s in sessions:
         if not s["open"] and s["duration_s"] < params.short_s and s["end_reason"] not in NOT_USER_ENDS:
             starts[s["_key"]].append(s["online_ts"])
-    out = []
+    out: TableRows = []
     for key, ts_list in starts.items():
-        ts_list.sort()
-        per_day: dict[Any, dict[str, Any]] = {}
-        for t in ts_list:
-            day = _date(t)
-            in_window = bisect.bisect_right(ts_list, t) - bisect.bisect_left(ts_list, t - params.window_s)
-            row = per_day.get(day)
-            if row is None:
-                row = per_day[day] = {"short_sessions": 0, "max_in_window": 0, "first_flagged_ts": None}
-            row["short_sessions"] += 1
-            if in_window >= params.k:
-                row["max_in_window"] = max(row["max_in_window"], in_window)
-                if row["first_flagged_ts"] is None:
-                    row["first_flagged_ts"] = t
-        uid, uid_type = split_uid_key(key)
-        for day, row in per_day.items():
-            if row["first_flagged_ts"] is not None:
-                out.append({"date": day, "uid": uid, "uid_type": uid_type, **row})
+        out.extend(flapper_rows(key, ts_list, params))
     return out
+
+
+def flapper_rows(key: str, ts_list: list[float], params: FlapParams) -> TableRows:
+    """One user's flappers rows from the starts of their short user-ended sessions (sorts `ts_list`)."""
+    ts_list.sort()
+    per_day: dict[Any, dict[str, Any]] = {}
+    for t in ts_list:
+        day = _date(t)
+        in_window = bisect.bisect_right(ts_list, t) - bisect.bisect_left(ts_list, t - params.window_s)
+        row = per_day.get(day)
+        if row is None:
+            row = per_day[day] = {"short_sessions": 0, "max_in_window": 0, "first_flagged_ts": None}
+        row["short_sessions"] += 1
+        if in_window >= params.k:
+            row["max_in_window"] = max(row["max_in_window"], in_window)
+            if row["first_flagged_ts"] is None:
+                row["first_flagged_ts"] = t
+    uid, uid_type = split_uid_key(key)
+    return [{"date": day, "uid": uid, "uid_type": uid_type, **row} for day, row in per_day.items() if row["first_flagged_ts"] is not None]
 
 
 def _dau(sessions: TableRows) -> TableRows:
@@ -210,21 +226,31 @@ def _dau(sessions: TableRows) -> TableRows:
         for day in range(first, last + 1):
             users[day].add(s["_key"])
         started[first] += 1
+    return dau_rows({day: len(keys) for day, keys in users.items()}, started)
+
+
+def dau_rows(active: dict[int, int], started: dict[int, int]) -> TableRows:
+    """The dau table from distinct users and sessions started per unix day."""
     return [
-        {"date": unix_date(day), "active_users": len(users[day]), "sessions_started": started.get(day, 0)}
-        for day in users
+        {"date": unix_date(day), "active_users": n, "sessions_started": started.get(day, 0)}
+        for day, n in active.items()
     ]
 
 
 def _session_lengths(sessions: TableRows) -> TableRows:
-    counts: dict[tuple[Any, int], int] = defaultdict(int)
+    counts: dict[tuple[int, int], int] = defaultdict(int)
     for s in sessions:
         if not s["open"]:
-            counts[(s["date"], bucket_index(s["duration_s"]))] += 1
+            counts[(int(s["online_ts"] // 86400), bucket_index(s["duration_s"]))] += 1
+    return session_length_rows(counts)
+
+
+def session_length_rows(counts: dict[tuple[int, int], int]) -> TableRows:
+    """The session_lengths table from closed sessions per (unix day of the start, bucket index)."""
     out = []
     for (day, index), n in counts.items():
         out.append({
-            "date": day, "bucket": index, "label": bucket_label(index), "lo_s": BUCKETS[index],
+            "date": unix_date(day), "bucket": index, "label": bucket_label(index), "lo_s": BUCKETS[index],
             "hi_s": BUCKETS[index + 1] if index + 1 < len(BUCKETS) else None, "sessions": n,
         })
     return out

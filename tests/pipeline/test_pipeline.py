@@ -156,7 +156,12 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     crafted = root / "crafted"
     damage = write_crafted(crafted)
     dirs = [config.daemon_dir(0), config.daemon_dir(1), str(crafted)]
-    return {"root": root, "dirs": dirs, "stats": stats, "damage": damage}
+    # The crafted daemon without its copied segment: every edge case, but no seq overlap, so the job pairs
+    # in the decode stage (`paired`) instead of falling back to record-by-record pairing.
+    clean = root / "crafted-clean"
+    shutil.copytree(crafted, clean)
+    (clean / "copy-of-first.seg").unlink()
+    return {"root": root, "dirs": dirs, "stats": stats, "damage": damage, "clean_crafted": str(clean)}
 
 
 @pytest.fixture(scope="module")
@@ -164,14 +169,21 @@ def reference(dataset: dict[str, Any]) -> tuple[Result, dict[str, FileStats]]:
     return run_reference(dataset["dirs"])
 
 
-# The job over all three daemons takes the duplicate-dropping path (the crafted daemon has a copied
-# segment, so seq ranges overlap); over the generated daemons alone it takes the path without it.
-VARIANTS = {"all": slice(0, 3), "generated": slice(0, 2)}
+# The job over all three daemons takes the record-by-record, duplicate-dropping path (the crafted daemon has
+# a copied segment, so seq ranges overlap); over the generated daemons alone, and with the crafted daemon
+# minus its copy (superseded, orphans, malformed, twins, a uid shared with daemon 0, files out of name
+# order, tiny segments: many file edges), it pairs in the decode stage.
+VARIANTS = {"all": "records", "generated": "paired", "edge-cases": "paired"}
+
+
+def variant_dirs(dataset: dict[str, Any], name: str) -> list[str]:
+    dirs = dataset["dirs"]
+    return {"all": dirs, "generated": dirs[:2], "edge-cases": [*dirs[:2], dataset["clean_crafted"]]}[name]
 
 
 @pytest.fixture(scope="module", params=list(VARIANTS))
 def variant(request: pytest.FixtureRequest, dataset: dict[str, Any]) -> dict[str, Any]:
-    dirs = dataset["dirs"][VARIANTS[request.param]]
+    dirs = variant_dirs(dataset, request.param)
     return {"name": request.param, "dirs": dirs, "reference": run_reference(dirs)}
 
 
@@ -347,6 +359,7 @@ def test_spark_counts_equal_reference(job_result: dict[str, Any], variant: dict[
     counts = job_result["summary"]["counts"]
     result, files = variant["reference"]
     crafted = variant["name"] == "all"
+    assert job_result["summary"]["pairing"] == VARIANTS[variant["name"]]
     assert counts["events"] == result.counts["events"]
     assert counts["duplicates"] == result.counts["duplicates"] == (dataset["damage"]["duplicates"] if crafted else 0)
     assert counts["daemons_with_overlapping_files"] == int(crafted)
@@ -357,8 +370,9 @@ def test_spark_counts_equal_reference(job_result: dict[str, Any], variant: dict[
     assert counts["files"] == len(files)
     for name in ("corrupt", "malformed", "torn_bytes", "records", "bytes"):
         assert counts[name] == sum(getattr(st, name) for st in files.values()), name
-    if crafted:  # 2 generated daemons x 1 flipped record, 1 in the crafted daemon, 1 broken.seg
+    if variant["name"] != "generated":  # 2 generated daemons x 1 flipped record, 1 in the crafted daemon, 1 broken.seg
         assert counts["corrupt"] == 4 and counts["broken_files"] == 1 and counts["malformed"] == 4
+        assert counts["superseded_sessions"] == 1 and counts["orphan_offlines"] >= 1
     else:
         assert counts["corrupt"] == 2 and counts["broken_files"] == 0 and counts["malformed"] == 0
     timings = job_result["summary"]["timings_s"]
@@ -498,5 +512,6 @@ def test_run_shows_progress_on_a_terminal(dataset: dict[str, Any], tmp_path: Pat
     assert proc.wait(60) == 0
     os.close(controller)
     text = shown.decode(errors="replace")
-    assert "idled pipeline: decoded" in text and "pair done in" in text and "write sessions done in" in text
+    # the paired path: sessions are written while decoding, then the second pass and the small tables
+    assert "idled pipeline: decoded" in text and "user pass done in" in text and "write concurrency done in" in text
     assert b"events from 1 daemon(s)" in stdout and b"done in" not in stdout

@@ -1,0 +1,90 @@
+"""What the paired path counts on its way: per-session contributions and the mergeable tallies of a run.
+
+Theory of operation
+-------------------
+The paired path (`paired`) never materializes one row per record or per session for the derived tables.
+Each session, wherever it is paired -- inside a segment file (`filepass`) or across files (`userpass`) --
+adds its contribution here at once (`Tally.close` for a closed one, `Tally.open` for one still open):
+
+* sessions started per UTC day (dau) and closed sessions per (day, length bucket) (session_lengths), plain
+  counters that add across files and partitions;
+* to the *user's* running lists: its minute ranges, merged on the fly with the previous range when they
+  overlap or touch (concurrency and DAU only need the union of a user's minutes), and the starts of its
+  short user-ended sessions (flappers).
+
+A `Tally` holds only counters that add, so the driver merges the tallies of every file and every partition
+with `Tally.merge`, in any order, and gets the same numbers as one pass over everything. The user-level
+lists are finished per user by `userpass` (union across files and daemons, flap windows).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field
+from typing import Final
+
+from idled.pipeline.rules import BUCKETS, NOT_USER_ENDS, minute_range
+
+__all__ = ["Tally", "add_range"]
+
+_DAY: Final = 86400
+
+
+def add_range(ranges: list[int], first: int, last: int) -> None:
+    """Append [first, last] to a flat [a0, b0, a1, b1, ...] list, merged into the last range when they
+    overlap or touch (the union of minutes is all that counts; ranges arriving out of order stay separate
+    and are merged by the final sort in `userpass`)."""
+    if ranges and first <= ranges[-1] + 1 and last >= ranges[-2] - 1:
+        if first < ranges[-2]:
+            ranges[-2] = first
+        if last > ranges[-1]:
+            ranges[-1] = last
+    else:
+        ranges.append(first)
+        ranges.append(last)
+
+
+@dataclass(slots=True)
+class Tally:
+    """Counters of a file, a partition or the whole run; every field adds under `merge`."""
+
+    started: dict[int, int] = field(default_factory=dict)  # unix day -> sessions started
+    lengths: dict[tuple[int, int], int] = field(default_factory=dict)  # (unix day, bucket) -> closed sessions
+    sessions: int = 0
+    open_sessions: int = 0
+    superseded: int = 0
+    orphans: int = 0
+
+    def close(self, start: float, end_ts: float, end_reason: str | None, short_s: float, ranges: list[int],
+              shorts: list[float]) -> None:
+        """A closed session [start, end_ts] of a user whose minute ranges and short starts are given."""
+        day = math.floor(start / _DAY)  # as `rules.day_range` (dau)
+        self.started[day] = self.started.get(day, 0) + 1
+        duration = end_ts - start
+        length_key = (int(start // _DAY), max(0, bisect.bisect_right(BUCKETS, duration) - 1))  # as the `date` column
+        self.lengths[length_key] = self.lengths.get(length_key, 0) + 1
+        self.sessions += 1
+        first, last = minute_range(start, end_ts)  # an end before the start (a clock step) counts as the start
+        add_range(ranges, first, last)
+        if duration < short_s and end_reason not in NOT_USER_ENDS:
+            shorts.append(start)
+
+    def open(self, start: float, data_end: float, ranges: list[int]) -> None:
+        """An open session: it covers the minutes up to its daemon's data end."""
+        day = math.floor(start / _DAY)
+        self.started[day] = self.started.get(day, 0) + 1
+        self.sessions += 1
+        self.open_sessions += 1
+        first, last = minute_range(start, data_end)
+        add_range(ranges, first, last)
+
+    def merge(self, other: Tally) -> None:
+        for day, n in other.started.items():
+            self.started[day] = self.started.get(day, 0) + n
+        for key, n in other.lengths.items():
+            self.lengths[key] = self.lengths.get(key, 0) + n
+        self.sessions += other.sessions
+        self.open_sessions += other.open_sessions
+        self.superseded += other.superseded
+        self.orphans += other.orphans

@@ -1,0 +1,118 @@
+"""The paired path's two passes (`filepass`, `userpass`) in plain Python against the reference.
+
+The passes run here exactly as the Spark job runs them (one `pair_file` per segment file, every carry of a
+uid into one `finish_user`, every lateness piece of a detector into one `finish_detector`), only without
+Spark, so every table and count can be compared with `reference.compute` on many inputs: the generated and
+crafted daemons, and random record streams cut into random files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from idled.pipeline.filepass import Session, pair_file
+from idled.pipeline.paired import small_table_rows
+from idled.pipeline.records import FileStats, Row, iter_rows, seq_ranges_overlap, split_uid_key
+from idled.pipeline.reference import compute, segment_files
+from idled.pipeline.rules import FlapParams, unix_date
+from idled.pipeline.userpass import PartitionResult, finish_detector, finish_user
+from tests.pipeline.test_pipeline import KEYS, assert_tables_equal, dataset  # noqa: F401 (fixture)
+
+
+def session_row(session: Session, names: Sequence[str]) -> dict[str, Any]:
+    """A session as the sessions table holds it (`aggregate._sessions_out`)."""
+    daemon, key, online_seq, online_ts, offline_seq, offline_ts, end_reason = session
+    uid, uid_type = split_uid_key(key)
+    return {
+        "date": unix_date(int(online_ts // 86400)), "daemon": names[daemon], "uid": uid, "uid_type": uid_type,
+        "online_seq": online_seq, "online_ts": online_ts, "offline_seq": offline_seq, "offline_ts": offline_ts,
+        "duration_s": None if offline_ts is None else offline_ts - online_ts, "end_reason": end_reason,
+        "open": offline_seq is None,
+    }
+
+
+def run_passes(files: Sequence[tuple[int, Sequence[Row]]], names: Sequence[str], params: FlapParams) -> tuple[dict[str, Any], dict[str, int]]:
+    """Both passes over (daemon, rows of one file) pieces: the six tables and the counts."""
+    result = PartitionResult()
+    sessions: list[Session] = []
+    carries: dict[str, list[tuple[int, Any]]] = {}
+    lateness: dict[str, list[Any]] = {}
+    data_end: dict[int, float] = {}
+    for daemon, rows in files:
+        file_result = pair_file(iter(rows), params.short_s)
+        sessions.extend(file_result.sessions)
+        result.tally.merge(file_result.tally)
+        if file_result.data_end is not None:
+            data_end[daemon] = max(file_result.data_end, data_end.get(daemon, file_result.data_end))
+        for key, carry in file_result.carries.items():
+            carries.setdefault(key, []).append((daemon, carry))
+        for detector, hours in file_result.lateness.items():
+            lateness.setdefault(detector, []).append(hours)
+    for key, chain in carries.items():
+        finish_user(key, chain, data_end, params, result, sessions)
+    for detector, pieces in lateness.items():
+        finish_detector(detector, pieces, result)
+    tables: dict[str, Any] = small_table_rows(result)
+    tables["sessions"] = [session_row(s, names) for s in sessions]
+    tally = result.tally
+    counts = {"sessions": tally.sessions, "open_sessions": tally.open_sessions, "orphans": tally.orphans,
+              "superseded": tally.superseded}
+    return tables, counts
+
+
+def assert_passes_equal_reference(files: Sequence[tuple[int, Sequence[Row]]], names: Sequence[str], params: FlapParams) -> None:
+    tables, counts = run_passes(files, names, params)
+    expected = compute([row for _, rows in files for row in rows], names, params)
+    for table in KEYS:
+        assert_tables_equal(tables[table], expected.tables[table], table)
+    for name, value in counts.items():
+        assert value == expected.counts[name], name
+
+
+def test_passes_equal_reference_on_generated_and_crafted_daemons(dataset: dict[str, Any]) -> None:  # noqa: F811
+    dirs = [*dataset["dirs"][:2], dataset["clean_crafted"]]
+    files: list[tuple[int, list[Row]]] = []
+    ranges: dict[int, list[tuple[int | None, int | None, int]]] = {}
+    for daemon, directory in enumerate(dirs):
+        for path in segment_files(directory):
+            stats = FileStats()
+            files.append((daemon, list(iter_rows(Path(path).read_bytes(), daemon, stats))))
+            ranges.setdefault(daemon, []).append((stats.min_seq, stats.max_seq, stats.unordered))
+    assert not any(seq_ranges_overlap(r) for r in ranges.values())  # the premise of in-file pairing
+    assert len(files) > 20  # many file edges (the crafted daemon's segments are tiny)
+    assert_passes_equal_reference(files, dirs, FlapParams(k=3, short_s=60.0, window_s=3600))
+
+
+# A random record stream: per record (daemon, uid, online?, ts step, reason, idle with deadline?).
+_RECORD = st.tuples(
+    st.integers(0, 1), st.sampled_from(["i:1", "i:2", "s:1", "s:x"]), st.booleans(),
+    st.floats(-30.0, 400.0), st.sampled_from(["closed", "idle", "restart", "logout"]), st.booleans(),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(records=st.lists(_RECORD, max_size=60), cuts=st.lists(st.integers(1, 59), max_size=8))
+def test_passes_equal_reference_on_random_streams(records: list[tuple[Any, ...]], cuts: list[int]) -> None:
+    """Any interleaving of onlines and offlines (superseded, orphans, clock steps back, midnight), each
+    daemon's stream cut into files at random seqs: the passes give the reference's tables."""
+    seqs = [0, 0]
+    ts = 1777593600.0 + 86400 - 600  # ten minutes before a midnight
+    per_daemon: list[list[Row]] = [[], []]
+    for daemon, key, online, step, reason, with_deadline in records:
+        seqs[daemon] += 1
+        ts += step
+        idle = not online and reason == "idle" and with_deadline
+        per_daemon[daemon].append((daemon, seqs[daemon], online, key, ts, reason, ts - 0.25 if idle else None,
+                                   "heap" if idle else None))
+    files: list[tuple[int, list[Row]]] = []
+    for daemon, rows in enumerate(per_daemon):
+        edges = sorted({c for c in cuts if c < len(rows)})
+        for lo, hi in zip([0, *edges], [*edges, len(rows)]):
+            files.append((daemon, rows[lo:hi]))
+    files.reverse()  # file order never matters
+    assert_passes_equal_reference(files, ["d0", "d1"], FlapParams(k=2, short_s=60.0, window_s=600))
