@@ -3,6 +3,7 @@ the example config, and the sysctl file -- each held against what idled actually
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import runpy
@@ -15,6 +16,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
+from idled.ops.config import Config
 from idled.ops.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -178,12 +180,7 @@ def test_stall_alert_bucket_bound_exists() -> None:
 
 # --- idled.toml ----------------------------------------------------------------------------------
 
-SETTINGS = {
-    "host", "port", "timeout", "tick", "slots", "max_timeout", "detector", "policy", "max_frame",
-    "max_gateway_frame", "login_timeout", "max_connections", "secret_file", "insecure", "data_dir",
-    "fsync", "fsync_interval", "segment_bytes", "retention_bytes", "retention_seconds",
-    "metrics_host", "metrics_port", "log_level",
-}  # fmt: skip
+SETTINGS = {field.name for field in dataclasses.fields(Config)}  # every setting the daemon reads
 
 
 def test_example_config_is_flat_toml_with_every_setting_documented() -> None:
