@@ -17,6 +17,7 @@ import json
 import math
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from idled.core.detector import DEFAULT_CHUNK
@@ -277,17 +278,22 @@ def _growth(args: argparse.Namespace) -> int:
     kinds = DEFAULT_GROWTH_DETECTORS if args.detectors == defaults.detectors else args.detectors
     from idled.tools.bench import growth  # the presence table and the GC policy: only for this mode
 
+    lines = growth.report_lines(
+        sizes, kinds, rate=args.login_rate, timeout=float(args.timeout), keepalive=args.keepalive,
+        slots=args.slots, chunk=args.chunk or None, clock_name=args.clock, seed=args.seed, memory=not args.no_memory,
+    )
+    return _print_lines(lines, MemoryError)
+
+
+def _print_lines(lines: Iterator[str], failure: type[Exception]) -> int:
+    """Print a mode's report lines as they come; Ctrl-C and ``failure`` end it with one line and a status."""
     try:
-        for line in growth.report_lines(
-            sizes, kinds, rate=args.login_rate, timeout=float(args.timeout), keepalive=args.keepalive,
-            slots=args.slots, chunk=args.chunk or None, clock_name=args.clock, seed=args.seed,
-            memory=not args.no_memory,
-        ):
+        for line in lines:
             print(line, flush=True)
     except KeyboardInterrupt:
         print("idled bench: interrupted", file=sys.stderr)
         return 130
-    except MemoryError as exc:
+    except failure as exc:
         print(f"idled bench: {exc}", file=sys.stderr)
         return EXIT_FAILURE
     return EXIT_OK
@@ -316,16 +322,7 @@ def _writer(args: argparse.Namespace) -> int:
         raise UsageError(f"--dir {args.dir}: not a writable directory")
     from idled.tools.bench import writer  # trio and the event log: only for this mode
 
-    try:
-        for line in writer.report_lines(seconds, args.dir):
-            print(line, flush=True)
-    except KeyboardInterrupt:
-        print("idled bench: interrupted", file=sys.stderr)
-        return 130
-    except OSError as exc:
-        print(f"idled bench: {exc}", file=sys.stderr)
-        return EXIT_FAILURE
-    return EXIT_OK
+    return _print_lines(writer.report_lines(seconds, args.dir), OSError)
 
 
 def _defaults() -> argparse.Namespace:
