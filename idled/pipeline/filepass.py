@@ -21,14 +21,13 @@ Lateness values are gathered per (detector, hour) -- exact percentiles need ever
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeAlias
 
 from idled.pipeline.records import Row
-from idled.pipeline.rules import BUCKETS, NOT_USER_ENDS, SUPERSEDED
+from idled.pipeline.rules import NOT_USER_ENDS, SUPERSEDED
 from idled.pipeline.tally import Tally
 
 __all__ = ["Carry", "Session", "FileResult", "pair_file", "FIRST_SEQ", "FIRST_ONLINE", "FIRST_TS", "FIRST_REASON",
@@ -41,7 +40,6 @@ Session: TypeAlias = tuple[int, str, int, float, "int | None", "float | None", "
 # A uid's carry out of one file, a list indexed by these positions (a list: the hot loop updates it in place).
 Carry: TypeAlias = list[Any]
 FIRST_SEQ, FIRST_ONLINE, FIRST_TS, FIRST_REASON, LAST_SEQ, LAST_ONLINE, LAST_TS, RANGES, SHORTS = range(9)
-_DAY: Final = 86400
 
 
 @dataclass(slots=True)
@@ -55,19 +53,23 @@ class FileResult:
     data_end: float | None = None
 
 
-def pair_file(rows: Iterable[Row], short_s: float) -> FileResult:
-    """Pair the rows of one file (in file order, which is seq order when the file is a writer's).
+def pair_file(rows: Iterable[Row], short_s: float, result: FileResult | None = None) -> FileResult:
+    """Pair the rows of one file (in file order, which is seq order when the file is a writer's), into
+    `result` if given: the rows then continue the ones paired into it before, as the next file of a
+    daemon's consecutive files continues the previous one. Sessions are appended to ``result.sessions``
+    (a caller may take and clear them between files).
 
     The hot loop of the paired path (every record passes here): a closed session's contributions are
     `Tally.close` written out inline, which halves the loop's cost.
     """
-    result = FileResult()
+    if result is None:
+        result = FileResult()
     sessions, carries, lateness, tally = result.sessions, result.carries, result.lateness, result.tally
-    started, lengths = tally.started, tally.lengths
     append = sessions.append
-    floor, ceil, bisect_right = math.floor, math.ceil, bisect.bisect_right
-    data_end = -math.inf
+    floor, ceil = math.floor, math.ceil
+    data_end = -math.inf if result.data_end is None else result.data_end
     superseded = orphans = 0
+    closed_before = len(sessions)
     for daemon, seq, online, key, ts, reason, deadline, detector in rows:
         if ts > data_end:
             data_end = ts
@@ -86,11 +88,6 @@ def pair_file(rows: Iterable[Row], short_s: float) -> FileResult:
                 end_reason = reason
             append((daemon, key, carry[LAST_SEQ], start, seq, ts, end_reason))
             # Tally.close(start, ts, end_reason, short_s, carry[RANGES], carry[SHORTS]), inline:
-            day = floor(start / _DAY)
-            started[day] = started.get(day, 0) + 1
-            duration = ts - start
-            length_key = (int(start // _DAY), max(0, bisect_right(BUCKETS, duration) - 1))
-            lengths[length_key] = lengths.get(length_key, 0) + 1
             first = floor(start / 60)
             last = ceil(ts / 60) - 1 if ts > start else first
             ranges = carry[RANGES]
@@ -101,14 +98,14 @@ def pair_file(rows: Iterable[Row], short_s: float) -> FileResult:
                     ranges[-1] = last
             else:
                 ranges += (first, last)
-            if duration < short_s and end_reason not in NOT_USER_ENDS:
+            if ts - start < short_s and end_reason not in NOT_USER_ENDS:
                 carry[SHORTS].append(start)
         elif not online:
             orphans += 1
         carry[LAST_SEQ] = seq
         carry[LAST_ONLINE] = online
         carry[LAST_TS] = ts
-    tally.sessions += len(sessions)
+    tally.sessions += len(sessions) - closed_before
     tally.superseded += superseded
     tally.orphans += orphans
     if data_end > -math.inf:

@@ -125,7 +125,7 @@ def _run(config: JobConfig, spark: SparkSession, t0: float) -> JobResult:
     files = decoded.files
     laps = Laps(echo=config.progress)
     path = "paired"
-    if files["daemons_with_overlapping_files"] > 0:
+    if files["daemons_with_overlapping_files"] > 0 or not decoded.in_seq_order:
         # In-file pairing assumed disjoint, ordered files: decode again and pair record by record (the
         # sessions written by the first pass are overwritten).
         path = "records"
@@ -135,8 +135,7 @@ def _run(config: JobConfig, spark: SparkSession, t0: float) -> JobResult:
     if config.progress:
         print(f"idled pipeline: decoded {event_count:,} events in {t_decoded - t_started:.1f} s", file=sys.stderr, flush=True)
     if path == "paired":
-        tables, small = finish_paired(spark, decoded, names, config.flap, sessions_path, laps)
-        written = {"sessions": sessions_path, **write_tables(tables.frames, config.out, laps)}
+        tables, small, written = finish_paired(spark, decoded, names, config.flap, config.out, laps)
     else:
         tables = build_tables(spark, events, names, config.flap, event_count=event_count, dedupe=True, laps=laps)
         written = write_tables(tables.frames, config.out, laps)

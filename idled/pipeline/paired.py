@@ -3,20 +3,19 @@
 Theory of operation
 -------------------
 **Decode and pair** (`decode_paired`, Python workers). Each segment file is decoded (`records.iter_rows`)
-and paired inside the file (`filepass.pair_file`). The only rows that cross into the JVM are the file's
-*closed sessions*, seven columns each (`SESSION_SCHEMA`) -- half as many rows as records -- and that Spark
-job writes them straight into the sessions table: nothing is checkpointed, sorted or shuffled. The rest of
-a file's pass travels in an accumulator (path -> counters, tallies, data end and the file's carries and
-lateness values, pickled into one blob per second-pass partition; keyed by path and merged by replacing, so
-a re-run task is not counted twice). If the per-file seq ranges show two files of a daemon overlapping, the
-job discards all this and takes the record path (`job`), which overwrites the sessions table.
+and paired inside the file (`filepass.pair_file`). The worker writes the file's *closed sessions* -- half
+as many rows as records -- into the sessions table itself (`sessionfiles`): no row crosses into the JVM,
+nothing is checkpointed, sorted or shuffled. The rest of a file's pass comes back to the driver as the
+task's result (counters, tallies, data end, and the file's carries and lateness values pickled into one
+blob per second-pass partition). If the per-file seq ranges show two files of a daemon overlapping, the job
+discards all this and takes the record path (`job`), which overwrites the sessions table.
 
 **Users and detectors** (`finish_paired`, Python workers again). The blobs -- ~1.1M carries at 10M
 events, ~120 MB -- are grouped on the driver by partition (`part_of`: the uid_key's, or the detector's,
 CRC32) and parallelized, one partition each; `userpass` joins each user's carries across files and daemons
 (sessions across file edges, open sessions, concurrency ranges, days, flap windows) and each detector's
-values. Its sessions are appended to the sessions table; each partition's tallies come back through an
-accumulator.
+values. It writes its sessions into the sessions table next to the first pass's; each partition's tallies
+come back as the task's result.
 
 **Tables.** The five small tables are built on the driver from the merged tallies with the reference's row
 builders (`reference`), handed to Spark as a few thousand rows and written like the record path's.
@@ -27,14 +26,17 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import itertools
+import os
 import pickle
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
-from idled.pipeline.aggregate import Laps, Tables, _sessions_out
-from idled.pipeline.decode import PerFileStats, daemon_names, default_partitions, file_totals
+from idled.pipeline.aggregate import Laps, Tables
+from idled.pipeline.arrowwrite import clear, write_rows, write_sessions
+from idled.pipeline.decode import daemon_names, default_partitions, file_totals
 from idled.pipeline.filepass import FileResult, Session, pair_file
 from idled.pipeline.output import SmallTables
 from idled.pipeline.records import FileStats, iter_rows
@@ -44,14 +46,10 @@ from idled.pipeline.tally import Tally
 from idled.pipeline.userpass import PartitionResult, finish_detector, finish_user
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import SparkSession
 
-__all__ = ["SESSION_SCHEMA", "Decoded", "decode_paired", "finish_paired", "small_table_rows", "part_of"]
+__all__ = ["Run", "Decoded", "runs_of_files", "joins_in_seq_order", "decode_paired", "finish_paired", "small_table_rows", "part_of"]
 
-SESSION_SCHEMA: Final = (
-    "daemon INT, uid_key STRING, online_seq BIGINT, online_ts DOUBLE, offline_seq BIGINT, offline_ts DOUBLE, "
-    "end_reason STRING"
-)
 _PICKLE: Final = pickle.HIGHEST_PROTOCOL
 
 _SMALL_SCHEMAS: Final = {
@@ -83,29 +81,130 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _blobs(daemon: int, result: FileResult, parts: int) -> list[tuple[int, bytes]]:
-    """A file's carries and lateness values as one pickled blob per second-pass partition."""
-    carries: list[dict[str, Any]] = [{} for _ in range(parts)]
-    for key, carry in result.carries.items():
-        carries[part_of(key, parts)][key] = carry
-    lateness: list[dict[str, Any]] = [{} for _ in range(parts)]
-    for detector, hours in result.lateness.items():
-        lateness[part_of(detector, parts)][detector] = hours
+def _blobs(daemon: int, streams: Sequence[FileResult], parts: int) -> list[tuple[int, bytes]]:
+    """The carries and lateness values of a task's streams as one pickled blob per second-pass partition:
+    (daemon, a carries dict per stream, a lateness dict per stream)."""
+    carries: list[list[dict[str, Any]]] = [[{} for _ in streams] for _ in range(parts)]
+    lateness: list[list[dict[str, Any]]] = [[{} for _ in streams] for _ in range(parts)]
+    for i, stream in enumerate(streams):
+        for key, carry in stream.carries.items():
+            carries[part_of(key, parts)][i][key] = carry
+        for detector, hours in stream.lateness.items():
+            lateness[part_of(detector, parts)][i][detector] = hours
     return [(part, pickle.dumps((daemon, carries[part], lateness[part]), _PICKLE))
-            for part in range(parts) if carries[part] or lateness[part]]
+            for part in range(parts) if any(carries[part]) or any(lateness[part])]
 
 
-def _decode_files(daemon: int, short_s: float, parts: int, accumulator: Any,
-                  files: Iterator[tuple[str, bytes]]) -> Iterator[Session]:
-    """Executors: each (path, bytes) of one daemon's segment files -> its closed sessions; the rest of the
-    file's pass goes to `accumulator` (path -> counters, tally, data end, carry blobs)."""
+# One run of a daemon's segment files, paired in one task: (daemon, paths of consecutive files, in seq order).
+Run: TypeAlias = tuple[int, list[str]]
+# What a task returns per run: (per-file counters, joined files, tally, data end, daemon, carry blobs).
+RunResult: TypeAlias = tuple[dict[str, tuple], list[tuple[str, str]], Tally, "float | None", int, list[tuple[int, bytes]]]
+
+
+def runs_of_files(names: Sequence[str], count: int) -> list[Run] | None:
+    """Every daemon's segment files in name order -- a writer names a segment by its first seq -- cut into
+    runs of consecutive files of near-equal bytes, about `count` runs in all. None if a directory is not
+    local (a URI: its files are read through Spark, one per task)."""
+    if any("://" in directory for directory in names):
+        return None
+    listed: list[tuple[int, list[tuple[str, int]]]] = []
+    for daemon, directory in enumerate(names):
+        # As Spark's file listing: hidden files ("." or "_" first) are not segments.
+        files = sorted((entry.path, entry.stat().st_size) for entry in os.scandir(directory)
+                       if entry.name.endswith(".seg") and entry.name[0] not in "._" and entry.is_file())
+        listed.append((daemon, files))
+    target = max(1, sum(size for _, files in listed for _, size in files) / count)
+    runs: list[Run] = []
+    for daemon, files in listed:
+        run: list[str] = []
+        run_bytes = 0
+        for path, size in files:
+            # Cut before this file if taking it overshoots the target by more than leaving it undershoots.
+            if run and run_bytes + size - target > target - run_bytes:
+                runs.append((daemon, run))
+                run, run_bytes = [], 0
+            run.append(path)
+            run_bytes += size
+        if run:
+            runs.append((daemon, run))
+    return runs
+
+
+def _pair_run(daemon: int, files: Iterable[tuple[str, bytes]], names: Sequence[str], short_s: float, parts: int,
+              table: str) -> RunResult:
+    """One task's files of one daemon, in the given order; each file's closed sessions are written into
+    `table` as soon as it is paired.
+
+    A file whose first record comes after every record of the files before it continues their *stream*: it
+    is paired into the same `FileResult`, so the sessions across that edge close here, and the join is
+    returned for the driver to check that no other file's seqs fall between (`joins_in_seq_order`). Any
+    other file starts a stream of its own (a writer's files come in name order = seq order; a renamed or
+    copied one need not)."""
+    streams: list[FileResult] = []
+    joins: list[tuple[str, str]] = []
+    per_file: dict[str, tuple] = {}
+    high: int | None = None
+    last = ""
+    for path, data in files:
+        stats = FileStats()
+        rows = iter_rows(data, daemon, stats)
+        first = next(rows, None)
+        if first is not None:
+            if streams and high is not None and first[1] > high:
+                joins.append((last, path))
+            else:
+                streams.append(FileResult())
+            pair_file(itertools.chain((first,), rows), short_s, streams[-1])
+            write_sessions(streams[-1].sessions, names, table, f"{daemon}-{os.path.basename(path)}", streams[-1].tally)
+            streams[-1].sessions.clear()
+            assert stats.max_seq is not None  # set with the first row
+            high = stats.max_seq if high is None else max(high, stats.max_seq)
+            last = path
+        del data
+        per_file[path] = (daemon, *stats.as_tuple())
+    tally = Tally()
+    data_end: float | None = None
+    for stream in streams:
+        tally.merge(stream.tally)
+        if stream.data_end is not None:
+            data_end = stream.data_end if data_end is None else max(data_end, stream.data_end)
+    return per_file, joins, tally, data_end, daemon, _blobs(daemon, streams, parts)
+
+
+def joins_in_seq_order(per_file: Mapping[str, tuple], joins: Iterable[tuple[str, str]]) -> bool:
+    """True if every joined pair of files is a file and the next file with records in its daemon's seq
+    order (`per_file`: path -> (daemon, *FileStats.as_tuple())) -- else a stream skipped another file's
+    records, and its pairing is wrong."""
+    order: dict[int, list[tuple[int, str]]] = {}
+    for path, (daemon, *_counters, low, _high, _unordered) in per_file.items():
+        if low is not None:
+            order.setdefault(daemon, []).append((low, path))
+    successor: dict[str, str] = {}
+    for files in order.values():
+        files.sort()
+        successor.update((a, b) for (_, a), (_, b) in zip(files, files[1:]))
+    return all(successor.get(a) == b for a, b in joins)
+
+
+def _read(paths: Iterable[str]) -> Iterator[tuple[str, bytes]]:
+    for path in paths:
+        with open(path, "rb") as file:
+            yield path, file.read()
+
+
+def _pair_runs(names: Sequence[str], short_s: float, parts: int, table: str, runs: Iterator[Run]) -> Iterator[RunResult]:
+    """Executors: each run of local files, read from the path (the same on the driver and every executor)."""
+    with _gc_paused():
+        for daemon, paths in runs:
+            yield _pair_run(daemon, _read(paths), names, short_s, parts, table)
+
+
+def _pair_read_files(daemon: int, names: Sequence[str], short_s: float, parts: int, table: str,
+                     files: Iterator[tuple[str, bytes]]) -> Iterator[RunResult]:
+    """Executors: files read by Spark (`binaryFiles`, any filesystem), in no known order: one run each."""
     with _gc_paused():
         for path, data in files:
-            stats = FileStats()
-            result = pair_file(iter_rows(data, daemon, stats), short_s)
-            del data
-            yield from result.sessions
-            accumulator.add({path: (daemon, stats.as_tuple(), result.tally, result.data_end, _blobs(daemon, result, parts))})
+            yield _pair_run(daemon, ((path, data),), names, short_s, parts, table)
 
 
 @dataclass
@@ -113,78 +212,74 @@ class Decoded:
     """What the driver learned from the first pass (its sessions are written already)."""
 
     files: dict[str, int]  # `decode.file_totals`
+    in_seq_order: bool  # every stream's files follow each other in their daemon's seq order
     tally: Tally  # in-file sessions
     data_end: dict[int, float]  # per daemon: the largest ts of its records
     blobs: list[list[bytes]]  # carry blobs per second-pass partition
 
 
-def _sessions_frame(spark: SparkSession, rdd: Any, names: Sequence[str]) -> DataFrame:
-    from pyspark.sql import functions as F
-
-    # Rows are built to the schema; Spark's per-row type check would cost ~2.7 us a row in Python.
-    frame = spark.createDataFrame(rdd, SESSION_SCHEMA, verifySchema=False)
-    return _sessions_out(
-        frame.withColumn("duration_s", F.col("offline_ts") - F.col("online_ts")).withColumn("open", F.col("offline_seq").isNull()),
-        names,
-    )
-
-
 def decode_paired(spark: SparkSession, dirs: Sequence[str], short_s: float, min_partitions: int | None, parts: int,
-                  sessions_path: str) -> Decoded:
-    """The first pass: decode and pair every file, writing its closed sessions to `sessions_path` on the
-    way (no checkpoint of millions of rows); `parts` is the number of partitions of the second pass."""
+                  table: str) -> Decoded:
+    """The first pass: decode and pair every file, its closed sessions written into `table` on the way
+    (`sessionfiles`); `parts` is the number of partitions of the second pass."""
     sc = spark.sparkContext
-    partitions = min_partitions or default_partitions(dirs, sc.defaultParallelism)
-    accumulator = sc.accumulator({}, PerFileStats())
+    clear(table)
     names = daemon_names(dirs)
-    rdds = []
-    for daemon, directory in enumerate(names):
-        files = sc.binaryFiles(directory.rstrip("/") + "/*.seg", minPartitions=partitions)
-        rdds.append(files.mapPartitions(functools.partial(_decode_files, daemon, short_s, parts, accumulator)))
-    rdd = rdds[0] if len(rdds) == 1 else sc.union(rdds)
-    _sessions_frame(spark, rdd, names).write.mode("overwrite").partitionBy("date").parquet(sessions_path)
+    runs = runs_of_files(names, min_partitions or 2 * sc.defaultParallelism)
+    if runs is not None:
+        rdd = sc.parallelize(runs, max(1, len(runs))).mapPartitions(
+            functools.partial(_pair_runs, names, short_s, parts, table))
+    else:
+        partitions = min_partitions or default_partitions(dirs, sc.defaultParallelism)
+        rdd = sc.union([
+            sc.binaryFiles(directory.rstrip("/") + "/*.seg", minPartitions=partitions).mapPartitions(
+                functools.partial(_pair_read_files, daemon, names, short_s, parts, table))
+            for daemon, directory in enumerate(names)
+        ])
     per_file: dict[str, tuple] = {}
+    joins: list[tuple[str, str]] = []
     tally = Tally()
     data_end: dict[int, float] = {}
     blobs: list[list[bytes]] = [[] for _ in range(parts)]
-    for path, (daemon, stats, file_tally, end, file_blobs) in accumulator.value.items():
-        per_file[path] = (daemon, *stats)
-        tally.merge(file_tally)
+    for run_files, run_joins, run_tally, end, daemon, run_blobs in rdd.collect():
+        per_file.update(run_files)
+        joins.extend(run_joins)
+        tally.merge(run_tally)
         if end is not None:
             data_end[daemon] = max(end, data_end.get(daemon, end))
-        for part, blob in file_blobs:
+        for part, blob in run_blobs:
             blobs[part].append(blob)
-    return Decoded(file_totals(per_file), tally, data_end, blobs)
+    return Decoded(file_totals(per_file), joins_in_seq_order(per_file, joins), tally, data_end, blobs)
 
 
-def _user_pass(data_end: Mapping[int, float], params: FlapParams, accumulator: Any,
-               partition: Iterator[tuple[int, list[bytes]]]) -> Iterator[Session]:
-    """Executors: one partition's carry blobs -> its sessions across file edges; tallies to `accumulator`."""
+def _user_pass(data_end: Mapping[int, float], params: FlapParams, names: Sequence[str], table: str,
+               partition: Iterator[tuple[int, list[bytes]]]) -> Iterator[PartitionResult]:
+    """Executors: one partition's carry blobs -> its sessions across file edges and open ones, written into
+    `table`; yields the partition's tallies."""
     with _gc_paused():
         for part, blobs in partition:
             users: dict[str, list[tuple[int, Any]]] = {}
             detectors: dict[str, list[Any]] = {}
             for blob in blobs:
-                daemon, carries, lateness = pickle.loads(blob)
-                for key, carry in carries.items():
-                    chain = users.get(key)
-                    if chain is None:
-                        users[key] = [(daemon, carry)]
-                    else:
-                        chain.append((daemon, carry))
-                for detector, hours in lateness.items():
-                    detectors.setdefault(detector, []).append(hours)
+                daemon, streams, lateness = pickle.loads(blob)
+                for carries in streams:
+                    for key, carry in carries.items():
+                        chain = users.get(key)
+                        if chain is None:
+                            users[key] = [(daemon, carry)]
+                        else:
+                            chain.append((daemon, carry))
+                for pieces in lateness:
+                    for detector, hours in pieces.items():
+                        detectors.setdefault(detector, []).append(hours)
             result = PartitionResult()
             sessions: list[Session] = []
             for key, chain in users.items():
                 finish_user(key, chain, data_end, params, result, sessions)
-                if len(sessions) >= 4096:
-                    yield from sessions
-                    sessions.clear()
-            yield from sessions
+            write_sessions(sessions, names, table, f"users-{part}", result.tally)
             for detector, pieces in detectors.items():
                 finish_detector(detector, pieces, result)
-            accumulator.add({part: result})
+            yield result
 
 
 def small_table_rows(result: PartitionResult) -> dict[str, list[dict[str, Any]]]:
@@ -198,27 +293,25 @@ def small_table_rows(result: PartitionResult) -> dict[str, list[dict[str, Any]]]
     }
 
 
-def _small_frame(spark: SparkSession, name: str, rows: list[dict[str, Any]]) -> DataFrame:
-    schema = _SMALL_SCHEMAS[name]
-    columns = [part.split()[0] for part in schema.split(", ")]
-    return spark.createDataFrame([tuple(row[c] for c in columns) for row in rows], schema)
-
-
 def finish_paired(spark: SparkSession, decoded: Decoded, names: Sequence[str], params: FlapParams,
-                  sessions_path: str, laps: Laps) -> tuple[Tables, SmallTables]:
-    """The second pass (its sessions appended to `sessions_path`) and the five small tables' frames."""
+                  out: str, laps: Laps) -> tuple[Tables, SmallTables, dict[str, str]]:
+    """The second pass (its sessions added to ``out/sessions``), then the five small tables written under
+    `out`; returns the tables' counts, what the summary needs of them, and table name -> path."""
     sc = spark.sparkContext
-    accumulator = sc.accumulator({}, PerFileStats())
     parts = len(decoded.blobs)
+    table = os.path.join(out, "sessions")
     rdd = sc.parallelize(list(enumerate(decoded.blobs)), parts).mapPartitions(
-        functools.partial(_user_pass, decoded.data_end, params, accumulator))
-    _sessions_frame(spark, rdd, names).write.mode("append").partitionBy("date").parquet(sessions_path)
+        functools.partial(_user_pass, decoded.data_end, params, names, table))
     result = PartitionResult(tally=decoded.tally)
-    for part_result in accumulator.value.values():
+    for part_result in rdd.collect():
         result.merge(part_result)
     laps.mark("user_pass")
     rows = small_table_rows(result)
-    frames = {name: _small_frame(spark, name, r) for name, r in rows.items()}
+    written = {"sessions": table}
+    for name, schema in _SMALL_SCHEMAS.items():
+        written[name] = os.path.join(out, name)
+        write_rows(rows[name], schema, written[name])
+    laps.mark("write_small_tables")
     tally = result.tally
     counts = {"sessions": tally.sessions, "open_sessions": tally.open_sessions, "superseded": tally.superseded,
               "orphans": tally.orphans, "unique": decoded.files["records"] - decoded.files["malformed"]}
@@ -226,4 +319,4 @@ def finish_paired(spark: SparkSession, decoded: Decoded, names: Sequence[str], p
     concurrency = [(row["minute_start"], row["users_online"]) for row in rows["concurrency"]]
     flapper_users = len({(row["uid"], row["uid_type"]) for row in rows["flappers"]})
     small = SmallTables(concurrency, sorted(rows["dau"], key=lambda row: row["date"]), len(rows["flappers"]), flapper_users)
-    return Tables(frames, counts, by_detector), small
+    return Tables({}, counts, by_detector), small, written

@@ -1,21 +1,23 @@
 """The paired path's two passes (`filepass`, `userpass`) in plain Python against the reference.
 
-The passes run here exactly as the Spark job runs them (one `pair_file` per segment file, every carry of a
-uid into one `finish_user`, every lateness piece of a detector into one `finish_detector`), only without
+The passes run here exactly as the Spark job runs them (`pair_file` over each run of consecutive segment
+files of a daemon, every carry of a uid into one `finish_user`, every lateness piece of a detector into one `finish_detector`), only without
 Spark, so every table and count can be compared with `reference.compute` on many inputs: the generated and
 crafted daemons, and random record streams cut into random files.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from idled.pipeline.filepass import Session, pair_file
+from idled.pipeline.filepass import FileResult, Session, pair_file
 from idled.pipeline.paired import small_table_rows
 from idled.pipeline.records import FileStats, Row, iter_rows, seq_ranges_overlap, split_uid_key
 from idled.pipeline.reference import compute, segment_files
@@ -36,15 +38,20 @@ def session_row(session: Session, names: Sequence[str]) -> dict[str, Any]:
     }
 
 
-def run_passes(files: Sequence[tuple[int, Sequence[Row]]], names: Sequence[str], params: FlapParams) -> tuple[dict[str, Any], dict[str, int]]:
-    """Both passes over (daemon, rows of one file) pieces: the six tables and the counts."""
+Run = tuple[int, Sequence[Sequence[Row]]]  # a daemon's consecutive files paired in one task: (daemon, rows per file)
+
+
+def run_passes(runs: Sequence[Run], names: Sequence[str], params: FlapParams) -> tuple[dict[str, Any], dict[str, int]]:
+    """Both passes over runs of files: the six tables and the counts."""
     result = PartitionResult()
     sessions: list[Session] = []
     carries: dict[str, list[tuple[int, Any]]] = {}
     lateness: dict[str, list[Any]] = {}
     data_end: dict[int, float] = {}
-    for daemon, rows in files:
-        file_result = pair_file(iter(rows), params.short_s)
+    for daemon, files in runs:
+        file_result = FileResult()
+        for rows in files:
+            pair_file(iter(rows), params.short_s, file_result)
         sessions.extend(file_result.sessions)
         result.tally.merge(file_result.tally)
         if file_result.data_end is not None:
@@ -57,6 +64,9 @@ def run_passes(files: Sequence[tuple[int, Sequence[Row]]], names: Sequence[str],
         finish_user(key, chain, data_end, params, result, sessions)
     for detector, pieces in lateness.items():
         finish_detector(detector, pieces, result)
+    # As `sessionfiles.write_sessions` counts the sessions it writes.
+    result.tally.count_written(np.array([s[3] for s in sessions], dtype=np.float64),
+                               np.array([math.nan if s[5] is None else s[5] for s in sessions], dtype=np.float64))
     tables: dict[str, Any] = small_table_rows(result)
     tables["sessions"] = [session_row(s, names) for s in sessions]
     tally = result.tally
@@ -65,9 +75,9 @@ def run_passes(files: Sequence[tuple[int, Sequence[Row]]], names: Sequence[str],
     return tables, counts
 
 
-def assert_passes_equal_reference(files: Sequence[tuple[int, Sequence[Row]]], names: Sequence[str], params: FlapParams) -> None:
-    tables, counts = run_passes(files, names, params)
-    expected = compute([row for _, rows in files for row in rows], names, params)
+def assert_passes_equal_reference(runs: Sequence[Run], names: Sequence[str], params: FlapParams) -> None:
+    tables, counts = run_passes(runs, names, params)
+    expected = compute([row for _, files in runs for rows in files for row in rows], names, params)
     for table in KEYS:
         assert_tables_equal(tables[table], expected.tables[table], table)
     for name, value in counts.items():
@@ -76,12 +86,12 @@ def assert_passes_equal_reference(files: Sequence[tuple[int, Sequence[Row]]], na
 
 def test_passes_equal_reference_on_generated_and_crafted_daemons(dataset: dict[str, Any]) -> None:  # noqa: F811
     dirs = [*dataset["dirs"][:2], dataset["clean_crafted"]]
-    files: list[tuple[int, list[Row]]] = []
+    files: list[Run] = []
     ranges: dict[int, list[tuple[int | None, int | None, int]]] = {}
     for daemon, directory in enumerate(dirs):
         for path in segment_files(directory):
             stats = FileStats()
-            files.append((daemon, list(iter_rows(Path(path).read_bytes(), daemon, stats))))
+            files.append((daemon, [list(iter_rows(Path(path).read_bytes(), daemon, stats))]))
             ranges.setdefault(daemon, []).append((stats.min_seq, stats.max_seq, stats.unordered))
     assert not any(seq_ranges_overlap(r) for r in ranges.values())  # the premise of in-file pairing
     assert len(files) > 20  # many file edges (the crafted daemon's segments are tiny)
@@ -96,10 +106,12 @@ _RECORD = st.tuples(
 
 
 @settings(max_examples=150, deadline=None)
-@given(records=st.lists(_RECORD, max_size=60), cuts=st.lists(st.integers(1, 59), max_size=8))
-def test_passes_equal_reference_on_random_streams(records: list[tuple[Any, ...]], cuts: list[int]) -> None:
+@given(records=st.lists(_RECORD, max_size=60), cuts=st.lists(st.integers(1, 59), max_size=8),
+       joins=st.lists(st.booleans(), min_size=9, max_size=9))
+def test_passes_equal_reference_on_random_streams(records: list[tuple[Any, ...]], cuts: list[int], joins: list[bool]) -> None:
     """Any interleaving of onlines and offlines (superseded, orphans, clock steps back, midnight), each
-    daemon's stream cut into files at random seqs: the passes give the reference's tables."""
+    daemon's stream cut into files at random seqs, and consecutive files joined into runs at random: the
+    passes give the reference's tables."""
     seqs = [0, 0]
     ts = 1777593600.0 + 86400 - 600  # ten minutes before a midnight
     per_daemon: list[list[Row]] = [[], []]
@@ -109,10 +121,13 @@ def test_passes_equal_reference_on_random_streams(records: list[tuple[Any, ...]]
         idle = not online and reason == "idle" and with_deadline
         per_daemon[daemon].append((daemon, seqs[daemon], online, key, ts, reason, ts - 0.25 if idle else None,
                                    "heap" if idle else None))
-    files: list[tuple[int, list[Row]]] = []
+    runs: list[tuple[int, list[list[Row]]]] = []
     for daemon, rows in enumerate(per_daemon):
         edges = sorted({c for c in cuts if c < len(rows)})
-        for lo, hi in zip([0, *edges], [*edges, len(rows)]):
-            files.append((daemon, rows[lo:hi]))
-    files.reverse()  # file order never matters
-    assert_passes_equal_reference(files, ["d0", "d1"], FlapParams(k=2, short_s=60.0, window_s=600))
+        for i, (lo, hi) in enumerate(zip([0, *edges], [*edges, len(rows)])):
+            if i and joins[i]:
+                runs[-1][1].append(rows[lo:hi])  # the next file of the same run
+            else:
+                runs.append((daemon, [rows[lo:hi]]))
+    runs.reverse()  # the order of runs never matters
+    assert_passes_equal_reference(runs, ["d0", "d1"], FlapParams(k=2, short_s=60.0, window_s=600))

@@ -513,5 +513,5 @@ def test_run_shows_progress_on_a_terminal(dataset: dict[str, Any], tmp_path: Pat
     os.close(controller)
     text = shown.decode(errors="replace")
     # the paired path: sessions are written while decoding, then the second pass and the small tables
-    assert "idled pipeline: decoded" in text and "user pass done in" in text and "write concurrency done in" in text
+    assert "idled pipeline: decoded" in text and "user pass done in" in text and "write small tables done in" in text
     assert b"events from 1 daemon(s)" in stdout and b"done in" not in stdout
