@@ -58,8 +58,8 @@ class JobConfig:
     master: str | None = "local[*]"
     driver_memory: str = "6g"
     shuffle_partitions: int = 4
-    # binaryFiles hint, given to each directory; default `decode.default_partitions`: one per 32 MiB of all
-    # local segments together, >= 2 per core
+    # decode tasks: the number of runs local segments are cut into (`paired.runs_of_files`, default 2 per
+    # core); else the binaryFiles hint, given to each directory (`decode.default_partitions`)
     min_partitions: int | None = None
     flap: FlapParams = FlapParams()
     chart: bool = True

@@ -103,8 +103,8 @@ RunResult: TypeAlias = tuple[dict[str, tuple], list[tuple[str, str]], Tally, "fl
 
 def runs_of_files(names: Sequence[str], count: int) -> list[Run] | None:
     """Every daemon's segment files in name order -- a writer names a segment by its first seq -- cut into
-    runs of consecutive files of near-equal bytes, about `count` runs in all. None if a directory is not
-    local (a URI: its files are read through Spark, one per task)."""
+    runs of consecutive files of near-equal bytes, about `count` runs in all, largest first. None if a
+    directory is not local (a URI: its files are read through Spark, one per task)."""
     if any("://" in directory for directory in names):
         return None
     listed: list[tuple[int, list[tuple[str, int]]]] = []
@@ -114,20 +114,22 @@ def runs_of_files(names: Sequence[str], count: int) -> list[Run] | None:
                        if entry.name.endswith(".seg") and entry.name[0] not in "._" and entry.is_file())
         listed.append((daemon, files))
     target = max(1, sum(size for _, files in listed for _, size in files) / count)
-    runs: list[Run] = []
+    sized: list[tuple[int, Run]] = []
     for daemon, files in listed:
         run: list[str] = []
         run_bytes = 0
         for path, size in files:
             # Cut before this file if taking it overshoots the target by more than leaving it undershoots.
             if run and run_bytes + size - target > target - run_bytes:
-                runs.append((daemon, run))
+                sized.append((run_bytes, (daemon, run)))
                 run, run_bytes = [], 0
             run.append(path)
             run_bytes += size
         if run:
-            runs.append((daemon, run))
-    return runs
+            sized.append((run_bytes, (daemon, run)))
+    # Largest first: Spark starts tasks in partition order, so the short runs fill in at the end.
+    sized.sort(key=lambda item: -item[0])
+    return [run for _, run in sized]
 
 
 def _pair_run(daemon: int, files: Iterable[tuple[str, bytes]], names: Sequence[str], short_s: float, parts: int,

@@ -46,13 +46,13 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, default_master: str | 
                         help=f"Spark master (default {default_master or 'from spark-submit'})")
     parser.add_argument("--driver-memory", default="6g", metavar="SIZE", help="driver JVM heap when Spark is started here (default 6g)")
     parser.add_argument("--shuffle-partitions", type=positive_int, default=4, metavar="N", help="spark.sql.shuffle.partitions (default 4)")
-    # What decode.default_partitions and read_events do: the hint is computed over all directories together
-    # and given to each directory's binaryFiles; Spark packs whole files, never splitting one.
+    # The paired path cuts local segments into runs (`paired.runs_of_files`); the record path, and the paired
+    # path on directories given as URIs, read files through binaryFiles with this as its hint.
     parser.add_argument("--min-partitions", type=positive_int, default=None, metavar="N",
-                        help="minimum partitions to read each --events directory's segments into (a hint: Spark "
-                             "packs whole files into partitions and never splits one); default: one per 32 MiB of "
-                             "the local segments of all directories together, at least 2 x Spark's default "
-                             "parallelism")
+                        help="decode tasks: how many runs of consecutive segment files the local segments of all "
+                             "directories are cut into (default 2 x Spark's default parallelism); for directories "
+                             "given as URIs, and on the record path, the binaryFiles hint (default one per 32 MiB "
+                             "of segments, at least 2 x the default parallelism)")
     parser.add_argument("--flap-k", type=positive_int, default=_FLAP.k, metavar="K",
                         help=f"flapping: at least K short sessions ... (default {_FLAP.k})")
     parser.add_argument("--flap-short", type=float, default=_FLAP.short_s, metavar="SECONDS",

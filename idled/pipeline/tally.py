@@ -31,6 +31,19 @@ __all__ = ["Tally", "add_range"]
 
 _DAY: Final = 86400.0
 _BUCKETS: Final = np.array(BUCKETS)
+_KEYS_PER_DAY: Final = 1 << 8  # (day, bucket) as one int64 key: len(BUCKETS) is far below it
+assert len(BUCKETS) < _KEYS_PER_DAY
+
+
+def _counts(keys: npt.NDArray[np.int64]) -> dict[int, int]:
+    """How often each value occurs (np.unique on int64: a sort, ~10x faster than on rows of floats)."""
+    values, counts = np.unique(keys, return_counts=True)
+    return dict(zip(values.tolist(), counts.tolist()))
+
+
+def _add_counts(counter: dict[int, int], keys: npt.NDArray[np.int64]) -> None:
+    for key, n in _counts(keys).items():
+        counter[key] = counter.get(key, 0) + n
 
 
 def add_range(ranges: list[int], first: int, last: int) -> None:
@@ -78,17 +91,14 @@ class Tally:
     def count_written(self, starts: npt.NDArray[np.float64], ends: npt.NDArray[np.float64]) -> None:
         """Sessions started per day, and closed ones per (day, length bucket), of sessions as they are written:
         their starts and ends (NaN for an open session) as arrays, counted at once instead of per session."""
-        started = np.floor(starts / _DAY)  # as `rules.day_range` (dau)
-        for day, n in zip(*np.unique(started, return_counts=True)):
-            self.started[int(day)] = self.started.get(int(day), 0) + int(n)
+        _add_counts(self.started, np.floor(starts / _DAY).astype(np.int64))  # as `rules.day_range` (dau)
         closed = ~np.isnan(ends)
         durations = ends[closed] - starts[closed]
-        days = np.floor_divide(starts[closed], _DAY)  # as the `date` column: Python's float //
+        days = np.floor_divide(starts[closed], _DAY).astype(np.int64)  # as the `date` column: Python's float //
         buckets = np.maximum(np.searchsorted(_BUCKETS, durations, side="right") - 1, 0)
-        pairs, counts = np.unique(np.stack([days, buckets]), axis=1, return_counts=True)
-        for (day, bucket), n in zip(pairs.T.tolist(), counts.tolist()):
-            key = (int(day), int(bucket))
-            self.lengths[key] = self.lengths.get(key, 0) + n
+        for key, n in _counts(days * _KEYS_PER_DAY + buckets).items():
+            day, bucket = divmod(key, _KEYS_PER_DAY)
+            self.lengths[(day, bucket)] = self.lengths.get((day, bucket), 0) + n
 
     def merge(self, other: Tally) -> None:
         for day, n in other.started.items():

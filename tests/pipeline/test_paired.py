@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from idled.pipeline.filepass import FileResult, Session, pair_file
-from idled.pipeline.paired import small_table_rows
+from idled.pipeline.paired import joins_in_seq_order, runs_of_files, small_table_rows
 from idled.pipeline.records import FileStats, Row, iter_rows, seq_ranges_overlap, split_uid_key
 from idled.pipeline.reference import compute, segment_files
 from idled.pipeline.rules import FlapParams, unix_date
@@ -131,3 +131,31 @@ def test_passes_equal_reference_on_random_streams(records: list[tuple[Any, ...]]
                 runs.append((daemon, [rows[lo:hi]]))
     runs.reverse()  # the order of runs never matters
     assert_passes_equal_reference(runs, ["d0", "d1"], FlapParams(k=2, short_s=60.0, window_s=600))
+
+
+def test_runs_cut_each_daemons_files_in_name_order_largest_run_first(tmp_path: Path) -> None:
+    sizes = {"d0": [10, 10, 10, 10, 2], "d1": [30]}
+    for daemon, files in sizes.items():
+        (tmp_path / daemon).mkdir()
+        for i, size in enumerate(files):
+            (tmp_path / daemon / f"{i:05d}.seg").write_bytes(b"x" * size)
+        (tmp_path / daemon / ".hidden.seg").write_bytes(b"x")
+        (tmp_path / daemon / "00000.seg.quarantine-1").write_bytes(b"x")
+    dirs = [str(tmp_path / "d0"), str(tmp_path / "d1")]
+    runs = runs_of_files(dirs, 3)  # 72 bytes: about 24 a run; 30, 22 and 20 bytes, in that order
+    assert runs == [(1, [f"{dirs[1]}/00000.seg"]), (0, [f"{dirs[0]}/{i:05d}.seg" for i in (2, 3, 4)]),
+                    (0, [f"{dirs[0]}/00000.seg", f"{dirs[0]}/00001.seg"])]
+    assert runs_of_files([*dirs, "hdfs:///logs/d2"], 3) is None  # read through Spark instead
+
+
+def test_a_join_must_be_of_a_file_and_its_successor_in_seq_order() -> None:
+    def stats(daemon: int, low: int | None, high: int | None) -> tuple[Any, ...]:
+        return (daemon, 100, 10, 0, 0, 0, False, low, high, 0)
+
+    per_file = {"a": stats(0, 1, 10), "c": stats(0, 21, 30), "b": stats(0, 11, 20), "empty": stats(0, None, None),
+                "x": stats(1, 1, 5)}
+    assert joins_in_seq_order(per_file, [("a", "b"), ("b", "c")])
+    assert joins_in_seq_order(per_file, [])
+    # Joined in name order a -> c, but b's records lie between: its pairing would skip them.
+    assert not joins_in_seq_order(per_file, [("a", "c")])
+    assert not joins_in_seq_order(per_file, [("a", "x")])  # another daemon's file
