@@ -1,4 +1,4 @@
-"""Decode-time pairing: one segment file's records paired inside the file (the paired path's first pass).
+"""Decode-time pairing: a daemon's records paired as they are decoded (the paired path's first pass).
 
 Theory of operation
 -------------------
@@ -7,9 +7,11 @@ ranges. So a uid's next record *in the file* is its next record overall -- excep
 the uid's first record in the file may have a predecessor in an earlier file, and its last one a successor
 in a later file. This pass pairs everything between the edges exactly as `rules` says (an online ended by
 the uid's next record, superseded by a second online, an offline after an offline is an orphan) and keeps
-per uid a small `Carry`: its first and last record plus what its in-file sessions contribute to the per-user
-tables (merged minute ranges, short-session starts; see `tally`). `userpass` joins the carries of a uid
-across files and daemons; the closed sessions go to the sessions table as they are.
+per uid a small `Carry`: its first and last record plus what its sessions contribute to the per-user
+tables (merged minute ranges, short-session starts; see `tally`). Files that follow each other in seq are
+paired as one stream by passing the same `FileResult` on (`paired` does so for a run of a daemon's
+consecutive files), which moves the edges to the ends of the run. `userpass` joins the carries of a uid
+across runs and daemons; the closed sessions go to the sessions table as they are.
 
 Whether the premise holds is known only once every file is decoded (the per-file seq ranges, and
 `FileStats.unordered` for a file out of seq order): the job checks `records.seq_ranges_overlap` and, if two
@@ -24,7 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Final, TypeAlias
+from typing import Any, TypeAlias
 
 from idled.pipeline.records import Row
 from idled.pipeline.rules import NOT_USER_ENDS, SUPERSEDED

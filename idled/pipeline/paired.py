@@ -2,23 +2,33 @@
 
 Theory of operation
 -------------------
-**Decode and pair** (`decode_paired`, Python workers). Each segment file is decoded (`records.iter_rows`)
-and paired inside the file (`filepass.pair_file`). The worker writes the file's *closed sessions* -- half
-as many rows as records -- into the sessions table itself (`sessionfiles`): no row crosses into the JVM,
-nothing is checkpointed, sorted or shuffled. The rest of a file's pass comes back to the driver as the
-task's result (counters, tallies, data end, and the file's carries and lateness values pickled into one
-blob per second-pass partition). If the per-file seq ranges show two files of a daemon overlapping, the job
-discards all this and takes the record path (`job`), which overwrites the sessions table.
+**Decode and pair** (`decode_paired`, Python workers). A writer names a segment by its first seq, so a
+daemon's local segment files in name order are its record stream in seq order. They are cut into *runs* of
+consecutive files of near-equal size (`runs_of_files`, 2 per core by default, largest first), one task
+each, and a task reads its files by path and pairs online/offline while decoding (`records.iter_rows`,
+`filepass.pair_file`): within a file and across the edges of the files of its run, so only a user's first
+and last record in the run are left for later. The task writes its closed sessions -- half as many rows as
+records -- into the sessions table itself, as Arrow columns into Parquet (`arrowwrite`): no row crosses
+into the JVM, nothing is checkpointed, sorted or shuffled. The rest comes back to the driver as the task's
+result: per-file counters, the files it joined, tallies, data end, and a *carry* per (run, user) and the
+lateness values, pickled into one blob per second-pass partition. Directories given as URIs are read
+through Spark (`binaryFiles`) instead, one file per run.
 
-**Users and detectors** (`finish_paired`, Python workers again). The blobs -- ~1.1M carries at 10M
-events, ~120 MB -- are grouped on the driver by partition (`part_of`: the uid_key's, or the detector's,
-CRC32) and parallelized, one partition each; `userpass` joins each user's carries across files and daemons
-(sessions across file edges, open sessions, concurrency ranges, days, flap windows) and each detector's
-values. It writes its sessions into the sessions table next to the first pass's; each partition's tallies
-come back as the task's result.
+The premise is checked on the driver once every file is decoded: if two files of a daemon overlap in seq
+(`records.seq_ranges_overlap`), or a run joined two files that are not neighbours in seq order
+(`joins_in_seq_order`: a renamed file), the job discards all this and takes the record path (`job`), which
+overwrites the sessions table.
+
+**Users and detectors** (`finish_paired`, Python workers again). The blobs -- ~400k carries at 10M events
+with 4 runs -- are grouped on the driver by partition (`part_of`: the uid_key's, or the detector's, CRC32)
+and parallelized, one partition each; `userpass` joins each user's carries across runs and daemons
+(sessions across run edges, open sessions, concurrency ranges, days, flap windows) and each detector's
+values. It writes its sessions next to the first pass's; each partition's tallies come back as the task's
+result.
 
 **Tables.** The five small tables are built on the driver from the merged tallies with the reference's row
-builders (`reference`), handed to Spark as a few thousand rows and written like the record path's.
+builders (`reference`) and written by the driver, a few thousand rows (`arrowwrite.write_rows`). Spark
+here only schedules Python tasks: no SQL job runs on this path.
 """
 
 from __future__ import annotations
@@ -223,7 +233,7 @@ class Decoded:
 def decode_paired(spark: SparkSession, dirs: Sequence[str], short_s: float, min_partitions: int | None, parts: int,
                   table: str) -> Decoded:
     """The first pass: decode and pair every file, its closed sessions written into `table` on the way
-    (`sessionfiles`); `parts` is the number of partitions of the second pass."""
+    (`arrowwrite`); `parts` is the number of partitions of the second pass."""
     sc = spark.sparkContext
     clear(table)
     names = daemon_names(dirs)

@@ -64,7 +64,7 @@ def run_passes(runs: Sequence[Run], names: Sequence[str], params: FlapParams) ->
         finish_user(key, chain, data_end, params, result, sessions)
     for detector, pieces in lateness.items():
         finish_detector(detector, pieces, result)
-    # As `sessionfiles.write_sessions` counts the sessions it writes.
+    # As `arrowwrite.write_sessions` counts the sessions it writes.
     result.tally.count_written(np.array([s[3] for s in sessions], dtype=np.float64),
                                np.array([math.nan if s[5] is None else s[5] for s in sessions], dtype=np.float64))
     tables: dict[str, Any] = small_table_rows(result)
