@@ -16,7 +16,8 @@ written. The state directory (``--state DIR``) holds:
 * ``gen-N/spanning`` -- closed sessions that cross a UTC midnight: the only closed sessions that cover a
   day other than their own ``date`` partition.
 * ``lateness_values`` -- the lateness values, partitioned by date (exact percentiles need every value of an
-  hour), a file added per run.
+  hour), a file added per run; ``short_sessions`` -- the closed short user-ended sessions (what flappers
+  count), likewise; ``active_users`` -- per date the distinct users of the closed sessions covering it.
 
 A run decodes each new file from byte 0 and each grown file from its ``consumed`` offset (a record
 boundary: the torn tail of the last run is decoded again, complete by now), drops records at or below the
@@ -54,7 +55,9 @@ from typing import TYPE_CHECKING, Any, Final
 from idled.pipeline.aggregate import Laps
 from idled.pipeline.decode import EVENT_SCHEMA, PerFileStats
 from idled.pipeline.records import FileStats, Row, iter_rows, seq_ranges_overlap
-from idled.pipeline.refresh import LATENESS_VALUES, SESSION_SCHEMA, changes_of, read_or_empty, refreshed
+from idled.pipeline.refresh import (
+    LATENESS_VALUES, ROW_GROUP_BYTES, SESSION_SCHEMA, SORTED_BY, STATE_TABLES, Refresh, changes_of, read_or_empty, refreshed,
+)
 from idled.pipeline.rules import FlapParams
 from idled.pipeline.statedir import (
     State, StateError, apply_journal, file_totals_of, load_state, pending_work, replace_json, staged_files,
@@ -101,9 +104,8 @@ _SESSION_COLUMNS: Final = (
 class Batch:
     """What one incremental run computed before writing."""
 
-    frames: dict[str, DataFrame]  # table -> rows of the changed dates only
-    dates: dict[str, list[str]]  # table -> dates to replace (absent from the frame: delete)
-    added: dict[str, DataFrame]  # table -> rows added as new files: sessions (closed), lateness values
+    refresh: Refresh  # the other tables
+    closed_sessions: DataFrame  # rows of the sessions table added as new files
     open_sessions: DataFrame  # the open sessions' rows of the sessions table: files the next run deletes
     state: dict[str, Any]  # the new state.json
     open_rows: DataFrame
@@ -206,14 +208,13 @@ def _plan(spark: SparkSession, state: State, out: str, names: Sequence[str], fla
     change = changes_of(sessions, lateness_new, flap, extent, old_last)
     laps.mark("changed_days")
     spanning_old = read_or_empty(spark, os.path.join(old_gen, "spanning"), SESSION_SCHEMA)
-    frames, dates, values = refreshed(spark, out, state.path, spanning_old, flap, sessions, change, extent[1], laps)
+    refresh = refreshed(spark, out, state.path, spanning_old, flap, sessions, change, extent[1], laps)
     is_open = F.col("open")
     spanning_new = sessions.where(~is_open & (F.col("d1") > F.col("d0"))).select(*_SESSION_COLUMNS)
     open_rows = sessions.where(is_open).select("daemon", "uid_key", F.col("online_seq").alias("seq"), F.col("online_ts").alias("ts"))
     data["generation"] = state.generation + 1
-    added = {"sessions": _sessions_out(sessions.where(~is_open), names), LATENESS_VALUES: values}
-    return Batch(frames, dates, added, _sessions_out(sessions.where(is_open), names), data, open_rows,
-                 spanning_old.unionByName(spanning_new))
+    return Batch(refresh, _sessions_out(sessions.where(~is_open), names), _sessions_out(sessions.where(is_open), names),
+                 data, open_rows, spanning_old.unionByName(spanning_new))
 
 
 def _added_moves(staged_root: str, target_root: str, prefix: str) -> list[tuple[str | None, str]]:
@@ -226,8 +227,9 @@ def _session_moves(state: State, batch: Batch, staging: str, out: str, laps: Lap
     """Stage B's sessions: the moves that put them into ``--out``, and the open ones' files (relative)."""
     generation = batch.state["generation"]
     closed_root, open_root = os.path.join(staging, "sessions"), os.path.join(staging, "sessions_open")
-    batch.added["sessions"].coalesce(1).write.partitionBy("date").parquet(closed_root)
-    batch.open_sessions.coalesce(1).write.partitionBy("date").parquet(open_root)
+    for frame, root in ((batch.closed_sessions, closed_root), (batch.open_sessions, open_root)):
+        frame.coalesce(1).sortWithinPartitions(*SORTED_BY).write.option("parquet.block.size", ROW_GROUP_BYTES) \
+            .partitionBy("date").parquet(root)
     laps.mark("write_sessions")
     target = os.path.join(out, "sessions")
     # the old open sessions are all in B: their files go
@@ -256,19 +258,21 @@ def _commit(state: State, batch: Batch, out: str, laps: Laps) -> None:
     batch.spanning.coalesce(1).write.parquet(os.path.join(new_gen, "spanning"))
     laps.mark("write_state")
     moves, batch.state["open_files"] = _session_moves(state, batch, staging, out, laps)
-    values_root = os.path.join(staging, LATENESS_VALUES)
-    batch.added[LATENESS_VALUES].coalesce(1).write.partitionBy("date").parquet(values_root)
-    moves += _added_moves(values_root, os.path.join(state.path, LATENESS_VALUES), f"g{batch.state['generation']}-")
-    laps.mark(f"write_{LATENESS_VALUES}")
-    for table, dates in batch.dates.items():
+    for table, frame in batch.refresh.added.items():
         staged_root = os.path.join(staging, table)
-        frame = batch.frames.get(table)
+        frame.coalesce(1).write.partitionBy("date").parquet(staged_root)
+        moves += _added_moves(staged_root, os.path.join(state.path, table), f"g{batch.state['generation']}-")
+        laps.mark(f"write_{table}")
+    for table, dates in batch.refresh.dates.items():
+        staged_root = os.path.join(staging, table)
+        frame = batch.refresh.frames.get(table)
         if frame is not None:
             frame.coalesce(1).write.partitionBy("date").parquet(staged_root)
             laps.mark(f"write_{table}")
+        target_root = os.path.join(state.path if table in STATE_TABLES else out, table)
         for date in dates:
             staged = os.path.join(staged_root, f"date={date}")
-            moves.append((staged if os.path.isdir(staged) else None, os.path.join(out, table, f"date={date}")))
+            moves.append((staged if os.path.isdir(staged) else None, os.path.join(target_root, f"date={date}")))
     for table in SESSION_TABLES:
         os.makedirs(os.path.join(out, table), exist_ok=True)
     replace_json(os.path.join(state.path, "journal.json"), {"moves": moves, "state": batch.state})
