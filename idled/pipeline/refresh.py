@@ -93,6 +93,15 @@ def partitions(spark: SparkSession, table: str, schema: str | StructType, dates:
     return spark.read.schema(schema).option("basePath", table).parquet(*paths)
 
 
+def _short_closed(flap: FlapParams) -> Column:
+    """The sessions `_flappers` counts: closed, short, ended by the user (not a restart, shutdown or login
+    elsewhere)."""
+    from pyspark.sql import functions as F
+
+    user_end = F.col("end_reason").isNull() | ~F.col("end_reason").isin(*sorted(NOT_USER_ENDS))
+    return ~F.col("open") & (F.col("duration_s") < flap.short_s) & user_end
+
+
 def _user_of(uid: Column, uid_type: Column) -> tuple[Column, Column]:
     """uid_key and uid_hash (`pairing.USER`) from the sessions table's uid columns."""
     from pyspark.sql import functions as F
@@ -122,8 +131,7 @@ def changes_of(sessions: DataFrame, lateness_new: DataFrame, flap: FlapParams, e
     carried, is_open, end, old_end = F.col("carried"), F.col("open"), F.col("end"), F.col("old_end")
     # a carried session whose end moved changes the minutes from the earlier of its two ends on
     moved = F.when(carried & (old_end != end), F.floor(F.least(old_end, end) / _MINUTE))
-    user_end = F.col("end_reason").isNull() | ~F.col("end_reason").isin(*sorted(NOT_USER_ENDS))
-    short = ~is_open & (F.col("duration_s") < flap.short_s) & user_end
+    short = _short_closed(flap)
     row = sessions.agg(
         F.min(F.when(~carried, F.col("m0")).otherwise(moved)),
         F.collect_set(F.when(~is_open, F.array(F.col("d0"), F.col("d1")))),
@@ -266,8 +274,7 @@ def refreshed(spark: SparkSession, out: str, state_dir: str, spanning: DataFrame
     from pyspark.sql import functions as F
 
     base = sessions.select("uid_key", "uid_hash", "online_ts", "duration_s", "end_reason", "open")
-    user_end = F.col("end_reason").isNull() | ~F.col("end_reason").isin(*sorted(NOT_USER_ENDS))
-    short = base.where(~F.col("open") & (F.col("duration_s") < flap.short_s) & user_end).withColumn("date", date_of(F.col("online_ts")))
+    short = base.where(_short_closed(flap)).withColumn("date", date_of(F.col("online_ts")))
     frames: dict[str, DataFrame] = {}
     dates: dict[str, list[str]] = {
         "session_lengths": date_strings(change.closed_days), "flappers": date_strings(change.flap_days),
