@@ -1,37 +1,39 @@
-"""Incremental runs: process only the log written since the last run, rewrite only the dates that changed.
+"""Incremental runs: process only the log written since the last run, add what is new to the tables.
 
 Theory of operation
 -------------------
 The tables of a full run are functions of the *sessions* (plus the idle offlines' lateness values), and a
 closed session never changes once its offline is seen. So a run needs the new records, the sessions still
-open at the end of the previous run, and -- to recompute a day's derived rows -- the closed sessions that
-touch that day. The state directory (``--state DIR``) holds exactly that:
+open at the end of the previous run, and -- for the derived tables -- some of the closed sessions already
+written. The state directory (``--state DIR``) holds:
 
 * ``state.json`` -- the inputs (daemon directories, in order), the flap parameters and ``--out`` it was made
   with; per daemon its largest seq and ts seen (the seq *watermark* and the data end) and per segment file
   ``consumed`` (bytes decoded: the file's size minus its torn tail) and its counters; cumulative counts;
-  the first minute and the last closed-session minute of the concurrency timeline.
+  the first minute and the last closed-session minute of the concurrency timeline; ``open_files``, the
+  files of ``--out``'s sessions table that hold the open sessions.
 * ``gen-N/open`` -- open sessions (daemon, uid_key, seq, ts): they re-enter the next run as online records.
 * ``gen-N/spanning`` -- closed sessions that cross a UTC midnight: the only closed sessions that cover a
   day other than their own ``date`` partition.
-* ``lateness`` -- the lateness values, partitioned by date (exact percentiles need every value of an hour).
+* ``lateness_values`` -- the lateness values, partitioned by date (exact percentiles need every value of an
+  hour), a file added per run; ``short_sessions`` -- the closed short user-ended sessions (what flappers
+  count), likewise; ``active_users`` -- per date the distinct users of the closed sessions covering it.
 
 A run decodes each new file from byte 0 and each grown file from its ``consumed`` offset (a record
 boundary: the torn tail of the last run is decoded again, complete by now), drops records at or below the
 daemon's watermark (a re-copied old segment: counted as duplicates), adds the carried open sessions as
 online records, and pairs them exactly as a full run does (`pairing.pair`). That gives the *batch*
-sessions B: the new ones, and the carried ones now closed or still open. Since every old open session is
-in B and old closed rows never change, every table's day D is recomputed from
+sessions B: the new ones, and the carried ones now closed or still open. Every old open session is in B
+and old closed rows never change, so the sessions table only grows: B's closed sessions are added as new
+files to their date partitions (never rewritten), B's open ones are written to files of their own
+(``open-gN-*``) and the previous run's open files are deleted. The derived tables rewrite the dates B
+changes, each reading only what it needs of the old sessions (`refresh`).
 
-    old closed sessions of D's partition  +  old spanning sessions reaching D  +  B
-
-for the days B touches: sessions and session_lengths, the dates of B's starts; flappers, each short
-session's date up to the date one flap window later (reading one window of days back); dau and
-concurrency, the days a session's coverage changed (a carried session: between its old end, the previous
-data end, and its new one) and those the timeline's extent moved over; lateness, the days of the new
-values. Everything is staged under ``state/staging``; a journal (``journal.json``: the partition moves and
-the new state) is written atomically before any output partition is replaced, and an interrupted run
-finishes the journal when it next starts, so ``--out`` and the state never disagree.
+Everything is staged under ``state/staging``; a journal (``journal.json``: the moves -- partitions
+replaced, files added, the old open files deleted -- and the new state) is written atomically before
+anything in ``--out`` changes, and an interrupted run finishes the journal when it next starts, so
+``--out`` and the state never disagree. A first run (generation 0) replaces the sessions partitions it
+writes whole, like every other table's.
 
 Equality with a full run holds for logs that are appended to (a daemon's own directory: new segments,
 a growing active segment, recovery truncating a torn tail, retention deleting old files -- whose sessions
@@ -53,11 +55,16 @@ from typing import TYPE_CHECKING, Any, Final
 from idled.pipeline.aggregate import Laps
 from idled.pipeline.decode import EVENT_SCHEMA, PerFileStats
 from idled.pipeline.records import FileStats, Row, iter_rows, seq_ranges_overlap
+from idled.pipeline.refresh import (
+    LATENESS_VALUES, ROW_GROUP_BYTES, SESSION_SCHEMA, SORTED_BY, STATE_TABLES, Refresh, changes_of, read_or_empty, refreshed,
+)
 from idled.pipeline.rules import FlapParams
-from idled.pipeline.statedir import State, StateError, apply_journal, file_totals_of, load_state, pending_work, replace_json
+from idled.pipeline.statedir import (
+    State, StateError, apply_journal, file_totals_of, load_state, pending_work, replace_json, staged_files,
+)
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
 # State handling lives in `statedir`; re-exported here, the one import for callers.
 __all__ = [
@@ -66,7 +73,6 @@ __all__ = [
 ]
 
 SESSION_TABLES: Final = ("sessions", "concurrency", "lateness", "flappers", "dau", "session_lengths")
-LATENESS_VALUES: Final = "lateness_values"  # a state table, staged and swapped like the output tables
 _DAY: Final = 86400
 
 
@@ -92,63 +98,15 @@ _SESSION_COLUMNS: Final = (
     "daemon", "uid_key", "uid_hash", "online_seq", "online_ts", "offline_seq", "offline_ts", "duration_s",
     "end_reason", "open", "end",
 )
-_SESSION_SCHEMA: Final = (
-    "daemon INT, uid_key STRING, uid_hash BIGINT, online_seq BIGINT, online_ts DOUBLE, offline_seq BIGINT, "
-    "offline_ts DOUBLE, duration_s DOUBLE, end_reason STRING, open BOOLEAN, end DOUBLE"
-)
-
-
-def _days(column: Column) -> Column:
-    from pyspark.sql import functions as F
-
-    return F.floor(column / _DAY)
-
-
-def _partitions(spark: SparkSession, table: str, schema: str, dates: Sequence[str]) -> DataFrame:
-    """The given date partitions of a Parquet table (those that exist), with `schema`; empty if none."""
-    paths = [os.path.join(table, f"date={d}") for d in dates]
-    paths = [p for p in paths if os.path.isdir(p)]
-    if not paths:
-        return spark.createDataFrame([], schema)
-    return spark.read.schema(schema).option("basePath", table).parquet(*paths)
-
-
-_OUT_SESSIONS_SCHEMA: Final = (
-    "daemon STRING, uid STRING, uid_type STRING, online_seq BIGINT, online_ts DOUBLE, offline_seq BIGINT, "
-    "offline_ts DOUBLE, duration_s DOUBLE, end_reason STRING, open BOOLEAN, date DATE"
-)
-
-
-def _old_closed(spark: SparkSession, out: str, names: Sequence[str], dates: Sequence[str]) -> DataFrame:
-    """Closed sessions of the given dates from ``--out``, back in the session schema of `pairing`."""
-    from pyspark.sql import functions as F
-
-    rows = _partitions(spark, os.path.join(out, "sessions"), _OUT_SESSIONS_SCHEMA, dates).where(~F.col("open"))
-    key = F.concat(F.when(F.col("uid_type") == "int", F.lit("i:")).otherwise(F.lit("s:")), F.col("uid"))
-    daemon = (F.array_position(F.array(*[F.lit(n) for n in names]), F.col("daemon")) - 1).cast("int")
-    return rows.select(
-        daemon.alias("daemon"), key.alias("uid_key"), F.xxhash64(key).alias("uid_hash"), "online_seq", "online_ts",
-        "offline_seq", "offline_ts", "duration_s", "end_reason", "open",
-        F.greatest(F.col("offline_ts"), F.col("online_ts")).alias("end"),
-    )
-
-
-def _date_strings(days: set[int]) -> list[str]:
-    from idled.pipeline.rules import unix_date
-
-    return sorted(str(unix_date(d)) for d in days)
-
-
-def _day_set(frame: DataFrame, column: Column) -> set[int]:
-    return {int(r[0]) for r in frame.select(column.alias("d")).distinct().collect() if r[0] is not None}
 
 
 @dataclass
 class Batch:
     """What one incremental run computed before writing."""
 
-    frames: dict[str, DataFrame]  # table -> rows of the changed dates only
-    dates: dict[str, list[str]]  # table -> dates to replace (absent from the frame: delete)
+    refresh: Refresh  # the other tables
+    closed_sessions: DataFrame  # rows of the sessions table added as new files
+    open_sessions: DataFrame  # the open sessions' rows of the sessions table: files the next run deletes
     state: dict[str, Any]  # the new state.json
     open_rows: DataFrame
     spanning: DataFrame
@@ -187,126 +145,12 @@ def _extent(data: dict[str, Any], totals: Any) -> tuple[int | None, int | None]:
     return first, last
 
 
-@dataclass
-class Days:
-    """Day numbers (unix days) each table rewrites."""
-
-    sessions: set[int]
-    closed: set[int]  # session_lengths
-    flap: set[int]
-    cover: set[int]  # dau and concurrency
-    lateness: set[int]
-    lateness_new: DataFrame
-
-
-def _changed_days(sessions: DataFrame, pairs: DataFrame, flap: FlapParams, firsts: tuple[int | None, int | None],
-                  lasts: tuple[int | None, int | None]) -> Days:
-    from pyspark.sql import functions as F
-
-    from idled.pipeline.pairing import lateness_input_of
-
-    carried_col, is_open = F.col("carried"), F.col("open")
-    session_days = _day_set(sessions.where(~(carried_col & is_open)), F.col("d0"))
-    closed_days = _day_set(sessions.where(~is_open), F.col("d0"))
-    from idled.pipeline.rules import NOT_USER_ENDS
-
-    user_end = F.col("end_reason").isNull() | ~F.col("end_reason").isin(*sorted(NOT_USER_ENDS))
-    short = sessions.where(~is_open & (F.col("duration_s") < flap.short_s) & user_end)
-    flap_days: set[int] = set()
-    for row in short.select("d0", _days(F.col("online_ts") + flap.window_s)).distinct().collect():
-        flap_days.update(range(int(row[0]), int(row[1]) + 1))
-    low_end = F.least(F.col("old_end"), F.col("end"))
-    high_end = F.greatest(F.col("old_end"), F.col("end"))
-    cover = sessions.select(F.explode(F.when(carried_col, F.sequence(_days(low_end), _days(high_end)))
-                                      .otherwise(F.sequence(F.col("d0"), F.col("d1")))).alias("d"))
-    cover_days = _day_set(cover, F.col("d"))
-    lateness_new = lateness_input_of(pairs).withColumn("date", F.date_from_unix_date(_days(F.col("hour_start")).cast("int")))
-    lateness_days = _day_set(lateness_new, _days(F.col("hour_start")))
-    for before, after in (firsts, lasts):
-        if before is not None and after is not None and before != after:
-            cover_days.update(range(min(before, after) * 60 // _DAY, max(before, after) * 60 // _DAY + 1))
-        elif before is None and after is not None:
-            cover_days.add(after * 60 // _DAY)
-    return Days(session_days, closed_days, flap_days, cover_days, lateness_days, lateness_new)
-
-
-def _frames(spark: SparkSession, state: State, out: str, names_list: list[str], flap: FlapParams, sessions: DataFrame,
-            days: Days, extent: tuple[int | None, int | None], laps: Laps) -> tuple[dict[str, DataFrame], dict[str, list[str]]]:
-    """Each table's rows for the days it rewrites, and those days' dates (a date absent from the rows: deleted)."""
-    from pyspark.sql import functions as F
-
-    from idled.pipeline.aggregate import _concurrency, _dau, _flappers, _lateness, _session_lengths, _sessions_out
-    from idled.pipeline.pairing import span
-    from idled.pipeline.spark import materialize
-
-    d0, d1 = span(F.col("online_ts"), F.col("end"), _DAY)
-    first, last = extent
-    session_days, closed_days, flap_days, cover_days, lateness_days = days.sessions, days.closed, days.flap, days.cover, days.lateness
-    lateness_new = days.lateness_new
-    old_gen = state.gen_dir()
-    base = sessions.select(*_SESSION_COLUMNS)
-
-    def with_days(frame: DataFrame) -> DataFrame:
-        return frame.withColumn("d0", d0).withColumn("d1", d1)
-
-    # The old closed sessions of every day any table re-reads, read from --out once.
-    back = -(-flap.window_s // _DAY)
-    flap_read = set(range(min(flap_days) - back, max(flap_days) + 1)) if flap_days else set()
-    wanted = session_days | closed_days | flap_read | cover_days
-    old_rows = materialize(with_days(_old_closed(spark, out, names_list, _date_strings(wanted)))) if wanted else None
-    laps.mark("read_old_sessions")
-
-    def closed_old(dates: list[str]) -> DataFrame:
-        assert old_rows is not None
-        from idled.pipeline.rules import unix_date
-
-        days = [d for d in wanted if str(unix_date(d)) in set(dates)]
-        return old_rows.where(F.col("d0").isin(*days)).drop("d0", "d1")
-
-    def in_days(frame: DataFrame, days: set[int]) -> DataFrame:
-        return frame.where(F.col("d0").isin(*sorted(days))) if days else frame.limit(0)
-
-    frames: dict[str, DataFrame] = {}
-    dates: dict[str, list[str]] = {}
-    if session_days:
-        rows = with_days(closed_old(_date_strings(session_days))).unionByName(in_days(with_days(base), session_days))
-        frames["sessions"] = _sessions_out(rows, names_list)
-    dates["sessions"] = _date_strings(session_days)
-    if closed_days:
-        rows = closed_old(_date_strings(closed_days)).unionByName(in_days(with_days(base), closed_days).drop("d0", "d1"))
-        frames["session_lengths"] = _session_lengths(rows)
-    dates["session_lengths"] = _date_strings(closed_days)
-    if flap_days:
-        rows = closed_old(_date_strings(flap_read)).unionByName(base)
-        frames["flappers"] = _flappers(rows, flap).where(F.col("date").isin(*_date_strings(flap_days)))
-    dates["flappers"] = _date_strings(flap_days)
-    if cover_days:
-        cover_dates = _date_strings(cover_days)
-        spanning_old = with_days(_read_or_empty(spark, os.path.join(old_gen, "spanning"), _SESSION_SCHEMA))
-        reaching = spanning_old.where(~F.col("d0").isin(*sorted(cover_days)) & (F.col("d1") >= min(cover_days)))
-        rows = closed_old(cover_dates).unionByName(reaching.drop("d0", "d1")).unionByName(base)
-        frames["dau"] = _dau(rows).where(F.col("date").isin(*cover_dates))
-        if first is not None and last is not None:
-            frames["concurrency"] = _concurrency(spark, rows, (first, last)).where(
-                F.col("date").isin(*cover_dates) & (F.col("minute_start") >= first * 60)
-            )
-    dates["dau"] = dates["concurrency"] = _date_strings(cover_days)
-    if lateness_days:
-        lateness_dates = _date_strings(lateness_days)
-        values = _partitions(spark, os.path.join(state.path, LATENESS_VALUES), "detector STRING, hour_start DOUBLE, lateness DOUBLE, date DATE",
-                             lateness_dates).unionByName(lateness_new.select("detector", F.col("hour_start").cast("double"), "lateness", "date"))
-        values = materialize(values)
-        frames[LATENESS_VALUES] = values
-        frames["lateness"] = _lateness(values.drop("date"))
-    dates["lateness"] = dates[LATENESS_VALUES] = _date_strings(lateness_days)
-    return frames, dates
-
-
 def _plan(spark: SparkSession, state: State, out: str, names: Sequence[str], flap: FlapParams,
           work: list[tuple[int, str, int, int]], laps: Laps) -> Batch:
     from pyspark.sql import functions as F
 
-    from idled.pipeline.pairing import pair, sessions_of, span
+    from idled.pipeline.aggregate import _sessions_out
+    from idled.pipeline.pairing import lateness_input_of, pair, sessions_of, span
     from idled.pipeline.spark import materialize
 
     sc = spark.sparkContext
@@ -315,7 +159,7 @@ def _plan(spark: SparkSession, state: State, out: str, names: Sequence[str], fla
     rdd = sc.parallelize(work, max(1, min(len(work), 2 * sc.defaultParallelism)))
     batch = spark.createDataFrame(rdd.mapPartitions(functools.partial(_decode_tails, accumulator)), EVENT_SCHEMA, verifySchema=False)
     old_gen = state.gen_dir()
-    carried = _read_or_empty(spark, os.path.join(old_gen, "open"), "daemon INT, uid_key STRING, seq BIGINT, ts DOUBLE")
+    carried = read_or_empty(spark, os.path.join(old_gen, "open"), "daemon INT, uid_key STRING, seq BIGINT, ts DOUBLE")
     carried_events = carried.select(
         "daemon", "seq", F.lit(True).alias("online"), "uid_key", "ts", F.lit(None).cast("string").alias("reason"),
         F.lit(None).cast("double").alias("deadline"), F.lit(None).cast("string").alias("detector"),
@@ -358,45 +202,74 @@ def _plan(spark: SparkSession, state: State, out: str, names: Sequence[str], fla
     counts["orphans"] += pairs.where(F.col("orphan")).count()
     laps.mark("pair")
 
-    old_first, old_last = data["first_minute"], data["last_minute"]
-    first, last = _extent(data, totals)
-    days = _changed_days(sessions, pairs, flap, (old_first, first), (old_last, last))
+    old_last = data["last_minute"]
+    extent = _extent(data, totals)
+    lateness_new = lateness_input_of(pairs).withColumn("date", F.date_from_unix_date(F.floor(F.col("hour_start") / _DAY).cast("int")))
+    change = changes_of(sessions, lateness_new, flap, extent, old_last)
     laps.mark("changed_days")
-    frames, dates = _frames(spark, state, out, list(names), flap, sessions, days, (first, last), laps)
+    spanning_old = read_or_empty(spark, os.path.join(old_gen, "spanning"), SESSION_SCHEMA)
+    refresh = refreshed(spark, out, state.path, spanning_old, flap, sessions, change, extent[1], laps)
     is_open = F.col("open")
     spanning_new = sessions.where(~is_open & (F.col("d1") > F.col("d0"))).select(*_SESSION_COLUMNS)
-    spanning = _read_or_empty(spark, os.path.join(old_gen, "spanning"), _SESSION_SCHEMA).unionByName(spanning_new)
     open_rows = sessions.where(is_open).select("daemon", "uid_key", F.col("online_seq").alias("seq"), F.col("online_ts").alias("ts"))
     data["generation"] = state.generation + 1
-    return Batch(frames, dates, data, open_rows, spanning)
+    return Batch(refresh, _sessions_out(sessions.where(~is_open), names), _sessions_out(sessions.where(is_open), names),
+                 data, open_rows, spanning_old.unionByName(spanning_new))
 
 
-def _read_or_empty(spark: SparkSession, path: str, schema: str) -> DataFrame:
-    if os.path.isdir(path):
-        return spark.read.schema(schema).parquet(path)
-    return spark.createDataFrame([], schema)
+def _added_moves(staged_root: str, target_root: str, prefix: str) -> list[tuple[str | None, str]]:
+    """Each file staged under `staged_root` into the same partition of `target_root`, its name prefixed."""
+    return [(os.path.join(staged_root, partition, name), os.path.join(target_root, partition, prefix + name))
+            for partition, name in staged_files(staged_root)]
+
+
+def _session_moves(state: State, batch: Batch, staging: str, out: str, laps: Laps) -> tuple[list[tuple[str | None, str]], list[str]]:
+    """Stage B's sessions: the moves that put them into ``--out``, and the open ones' files (relative)."""
+    generation = batch.state["generation"]
+    closed_root, open_root = os.path.join(staging, "sessions"), os.path.join(staging, "sessions_open")
+    for frame, root in ((batch.closed_sessions, closed_root), (batch.open_sessions, open_root)):
+        frame.coalesce(1).sortWithinPartitions(*SORTED_BY).write.option("parquet.block.size", ROW_GROUP_BYTES) \
+            .partitionBy("date").parquet(root)
+    laps.mark("write_sessions")
+    target = os.path.join(out, "sessions")
+    # the old open sessions are all in B: their files go
+    moves: list[tuple[str | None, str]] = [(None, os.path.join(out, rel)) for rel in state.data["open_files"]]
+    opens = _added_moves(open_root, target, f"open-g{generation}-")
+    closed = _added_moves(closed_root, target, f"g{generation}-")
+    if state.generation > 0:
+        moves += closed + opens
+    else:
+        # A first run replaces whole partitions (whatever --out held there is not this state's).
+        for source, destination in opens:
+            moved = os.path.join(closed_root, os.path.relpath(destination, target))
+            os.makedirs(os.path.dirname(moved), exist_ok=True)
+            os.rename(source, moved)
+        moves += [(os.path.join(closed_root, p), os.path.join(target, p)) for p in {p for p, _ in staged_files(closed_root)}]
+    return moves, [os.path.relpath(destination, out) for _, destination in opens]
 
 
 def _commit(state: State, batch: Batch, out: str, laps: Laps) -> None:
-    """Stage every changed partition and the new state, journal the moves, then apply the journal."""
+    """Stage every changed partition, every added file and the new state, journal the moves, apply them."""
     staging = os.path.join(state.path, "staging")
     shutil.rmtree(staging, ignore_errors=True)
     new_gen = state.gen_dir(batch.state["generation"])
     shutil.rmtree(new_gen, ignore_errors=True)
     batch.open_rows.write.parquet(os.path.join(new_gen, "open"))
     batch.spanning.coalesce(1).write.parquet(os.path.join(new_gen, "spanning"))
-    moves: list[tuple[str | None, str]] = []
-    for table, dates in batch.dates.items():
-        if not dates:
-            continue
-        target_root = os.path.join(state.path, LATENESS_VALUES) if table == LATENESS_VALUES else os.path.join(out, table)
+    laps.mark("write_state")
+    moves, batch.state["open_files"] = _session_moves(state, batch, staging, out, laps)
+    for table, frame in batch.refresh.added.items():
         staged_root = os.path.join(staging, table)
-        frame = batch.frames.get(table)
+        frame.coalesce(1).write.partitionBy("date").parquet(staged_root)
+        moves += _added_moves(staged_root, os.path.join(state.path, table), f"g{batch.state['generation']}-")
+        laps.mark(f"write_{table}")
+    for table, dates in batch.refresh.dates.items():
+        staged_root = os.path.join(staging, table)
+        frame = batch.refresh.frames.get(table)
         if frame is not None:
-            if table != "sessions":
-                frame = frame.coalesce(1)
-            frame.write.partitionBy("date").parquet(staged_root)
+            frame.coalesce(1).write.partitionBy("date").parquet(staged_root)
             laps.mark(f"write_{table}")
+        target_root = os.path.join(state.path if table in STATE_TABLES else out, table)
         for date in dates:
             staged = os.path.join(staged_root, f"date={date}")
             moves.append((staged if os.path.isdir(staged) else None, os.path.join(target_root, f"date={date}")))
@@ -415,10 +288,8 @@ def run_incremental(spark: SparkSession, state: State, out: str, names: Sequence
     return batch.state
 
 
-
-
 def lateness_by_detector(spark: SparkSession, state: State) -> list[dict[str, Any]]:
     from idled.pipeline.aggregate import _lateness_stats
 
-    values = _read_or_empty(spark, os.path.join(state.path, LATENESS_VALUES), "detector STRING, hour_start DOUBLE, lateness DOUBLE")
+    values = read_or_empty(spark, os.path.join(state.path, LATENESS_VALUES), "detector STRING, hour_start DOUBLE, lateness DOUBLE")
     return [row.asDict() for row in _lateness_stats(values, ["detector"]).orderBy("detector").collect()]

@@ -3,9 +3,11 @@
 See `idled.pipeline.incremental` for what the state holds and why. Here: loading it (refusing a state made
 for other inputs, ``--out`` or flap parameters), `pending_work` (the files, and offsets in them, not yet
 decoded: a new file from 0, a grown one from the end of its last good record), and the journal that makes
-a run's commit atomic -- the partition moves and the new ``state.json`` are written to ``journal.json``
-first (``os.replace``), then applied; `apply_journal` is idempotent and runs again at the next start if a
-run was interrupted. Plain file I/O, no pyspark.
+a run's commit atomic -- the moves (a staged partition replacing one, a staged file added to one, a
+partition or file deleted) and the new ``state.json`` are written to ``journal.json`` first
+(``os.replace``), then applied; `apply_journal` is idempotent (a move whose source is gone was done, a
+deletion of what is gone is done) and runs again at the next start if a run was interrupted. Plain file
+I/O, no pyspark.
 """
 
 from __future__ import annotations
@@ -19,9 +21,12 @@ from typing import Any, Final
 
 from idled.pipeline.rules import FlapParams
 
-__all__ = ["VERSION", "StateError", "State", "load_state", "pending_work", "apply_journal", "replace_json", "file_totals_of"]
+__all__ = ["VERSION", "StateError", "State", "load_state", "pending_work", "apply_journal", "replace_json", "file_totals_of",
+           "staged_files"]
 
-VERSION: Final = 1
+# 2: a run adds files to the sessions partitions and keeps open sessions in files of their own
+# (``open_files``); a version-1 --out mixes open rows into the partitions' files.
+VERSION: Final = 2
 
 
 class StateError(Exception):
@@ -48,6 +53,7 @@ def _empty_state(names: Sequence[str], out: str, flap: FlapParams) -> dict[str, 
         "daemons": {str(i): {"files": {}, "max_seq": None, "data_end": None} for i in range(len(names))},
         "counts": {"events": 0, "duplicates": 0, "sessions": 0, "open_sessions": 0, "superseded": 0, "orphans": 0},
         "first_minute": None, "closed_last_minute": None, "last_minute": None,
+        "open_files": [],  # the open sessions' files, relative to --out: the next run deletes them
     }
 
 
@@ -69,8 +75,10 @@ def apply_journal(state_dir: str) -> None:
     for source, target in journal["moves"]:
         if source is not None and not os.path.exists(source):
             continue  # moved before an interruption
-        if os.path.exists(target):
+        if os.path.isdir(target):
             shutil.rmtree(target)
+        elif os.path.exists(target):
+            os.remove(target)
         if source is not None:
             os.makedirs(os.path.dirname(target), exist_ok=True)
             os.rename(source, target)
@@ -79,6 +87,20 @@ def apply_journal(state_dir: str) -> None:
     for name in os.listdir(state_dir):
         if name == "staging" or (name.startswith("gen-") and name != f"gen-{journal['state']['generation']}"):
             shutil.rmtree(os.path.join(state_dir, name), ignore_errors=True)
+
+
+def staged_files(root: str) -> list[tuple[str, str]]:
+    """(partition directory name, file name) of every data file Spark wrote under `root` (none if absent);
+    checksums and markers (names starting with ``.`` or ``_``) are left out."""
+    if not os.path.isdir(root):
+        return []
+    found = []
+    for partition in sorted(os.listdir(root)):
+        if partition.startswith(("_", ".")) or not os.path.isdir(os.path.join(root, partition)):
+            continue
+        found.extend((partition, name) for name in sorted(os.listdir(os.path.join(root, partition)))
+                     if not name.startswith(("_", ".")))
+    return found
 
 
 def load_state(state_dir: str, names: Sequence[str], out: str, flap: FlapParams) -> State:
@@ -91,7 +113,8 @@ def load_state(state_dir: str, names: Sequence[str], out: str, flap: FlapParams)
     with open(path) as file:
         data = json.load(file)
     if data.get("version") != VERSION:
-        raise StateError(f"{state_dir}: state version {data.get('version')}, expected {VERSION}")
+        raise StateError(f"{state_dir}: state version {data.get('version')}, expected {VERSION} (made by an older "
+                         "idled whose --out this one cannot update); use a new --state and --out")
     if data["inputs"] != list(names):
         raise StateError(f"{state_dir}: made for --events {' '.join(data['inputs'])}; use a new --state for other inputs")
     if data["out"] != os.path.abspath(out):

@@ -3,8 +3,9 @@
 A generated two-daemon log (crashes with restart offlines, a graceful restart, flappers) is replayed as it
 grew: hourly snapshots made from byte prefixes of its final segments (the active segment cut at a record
 boundary, once in the middle of a record, as a reader sees a write in progress or a crash's torn tail),
-retention deleting the oldest segments half way. After every snapshot an incremental run updates ``--out``;
-at the end its tables must equal the reference over the complete log, row for row.
+retention deleting the oldest segments half way, once only one daemon writing. After every snapshot an
+incremental run updates ``--out``; at the end its tables must equal the reference over the complete log,
+row for row, and the sessions table must have grown by files, never rewriting one.
 """
 
 from __future__ import annotations
@@ -79,6 +80,12 @@ def snapshot(out: Path) -> dict[str, tuple[int, int]]:
     return {str(p.relative_to(out)): (p.stat().st_size, p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file()}
 
 
+def session_files(out: Path) -> dict[str, tuple[int, int, int]]:
+    """The sessions table's data files: path relative to `out` -> (size, mtime, inode)."""
+    return {str(p.relative_to(out)): (p.stat().st_size, p.stat().st_mtime_ns, p.stat().st_ino)
+            for p in (out / "sessions").rglob("*.parquet") if not p.name.startswith(".")}
+
+
 @pytest.fixture(scope="module")
 def grown(tmp_path_factory: pytest.TempPathFactory, spark: Any) -> dict[str, Any]:
     from idled.pipeline.job import JobConfig, run_job
@@ -93,15 +100,18 @@ def grown(tmp_path_factory: pytest.TempPathFactory, spark: Any) -> dict[str, Any
     out, state = root / "out", root / "state"
     job = JobConfig(events=tuple(live), out=str(out), state=str(state), chart=False, flap=FlapParams())
     runs: list[dict[str, Any]] = []
+    files: list[tuple[dict[str, tuple[int, int, int]], list[str]]] = []  # per run: sessions files, open files
 
     def run() -> dict[str, Any]:
         summary = run_job(job, spark=spark).summary
         runs.append(summary)
+        files.append((session_files(out), json.loads((state / "state.json").read_text())["open_files"]))
         return summary
 
     again = {}
-    for step, hours in enumerate((1, 2, 2.5, 3, HOURS + 1)):
-        for log in logs:
+    for hours in (1, 2, 2.5, 3, 3.5, HOURS + 1):
+        # at 3.5 only daemon-0 wrote: daemon-1's open sessions are carried with their end unchanged
+        for log in logs[:1] if hours == 3.5 else logs:
             log.advance(START + hours * 3600, torn=7 if hours == 2.5 else 0)
         if hours == 3:
             for log in logs:
@@ -113,7 +123,8 @@ def grown(tmp_path_factory: pytest.TempPathFactory, spark: Any) -> dict[str, Any
             again["unchanged"] = snapshot(out) == before
     rows, _ = load_dirs(finals)
     reference = compute(rows, [os.path.abspath(p) for p in live])
-    return {"out": out, "state": state, "runs": runs, "again": again, "reference": reference, "logs": logs}
+    return {"out": out, "state": state, "runs": runs, "again": again, "reference": reference, "logs": logs,
+            "files": files}
 
 
 def test_incremental_runs_equal_one_full_run(spark: Any, grown: dict[str, Any]) -> None:
@@ -143,6 +154,27 @@ def test_running_twice_on_the_same_input_changes_nothing(grown: dict[str, Any]) 
     assert decoded[2] == 0 and all(n > 0 for i, n in enumerate(decoded) if i != 2)
 
 
+def test_the_sessions_table_grows_by_files(spark: Any, grown: dict[str, Any]) -> None:
+    from pyspark.sql import functions as F
+
+    files = grown["files"]
+    for (before, opened), (after, _) in zip(files, files[1:]):
+        assert opened and all(name in before for name in opened)
+        if after == before:
+            continue  # the run with nothing new
+        for name, stat in before.items():
+            if name in opened:
+                assert name not in after  # B held every open session: their files are replaced
+            else:
+                assert after.get(name) == stat, name  # a closed session's file is never rewritten
+        if after != before:
+            assert set(after) - set(before)  # new sessions: new files
+    rows = spark.read.parquet(str(grown["out"] / "sessions")).select(F.input_file_name().alias("file"), "open").collect()
+    last_open = {os.path.basename(name) for name in files[-1][1]}
+    assert {os.path.basename(r["file"]) for r in rows if r["open"]} == last_open
+    assert all(not r["open"] for r in rows if os.path.basename(r["file"]) not in last_open)
+
+
 def test_state_is_small_and_refuses_other_inputs(grown: dict[str, Any], tmp_path: Path) -> None:
     from idled.pipeline.incremental import StateError, load_state
 
@@ -153,6 +185,11 @@ def test_state_is_small_and_refuses_other_inputs(grown: dict[str, Any], tmp_path
         load_state(str(grown["state"]), ["/elsewhere"], str(grown["out"]), FlapParams())
     with pytest.raises(StateError):
         load_state(str(grown["state"]), data["inputs"], str(grown["out"]), FlapParams(k=2))
+    old = tmp_path / "v1"
+    old.mkdir()
+    (old / "state.json").write_text(json.dumps({**data, "version": 1}))  # its --out mixes open rows into files
+    with pytest.raises(StateError, match="version 1"):
+        load_state(str(old), data["inputs"], str(grown["out"]), FlapParams())
 
 
 def test_an_interrupted_commit_is_finished_by_the_next_run(tmp_path: Path) -> None:
@@ -175,3 +212,31 @@ def test_an_interrupted_commit_is_finished_by_the_next_run(tmp_path: Path) -> No
     assert json.loads((state / "state.json").read_text()) == {"generation": 3}
     assert sorted(os.listdir(state)) == ["state.json"]
     shutil.rmtree(tmp_path)
+
+
+def test_an_interrupted_commit_of_added_files_is_finished_once(tmp_path: Path) -> None:
+    from idled.pipeline.incremental import apply_journal
+
+    state, out = tmp_path / "state", tmp_path / "out"
+    staged = state / "staging" / "sessions" / "date=2026-05-02"
+    staged.mkdir(parents=True)
+    partition = out / "sessions" / "date=2026-05-02"
+    partition.mkdir(parents=True)
+    (partition / "g1-part-a.parquet").write_text("closed, run 1")
+    (partition / "open-g1-part-b.parquet").write_text("open, run 1")
+    for name in ("part-c.parquet", "part-d.parquet", "part-e.parquet"):
+        (staged / name).write_text(name)
+    moves = [[None, str(partition / "open-g1-part-b.parquet")],
+             [str(staged / "part-c.parquet"), str(partition / "g2-part-c.parquet")],
+             [str(staged / "part-d.parquet"), str(partition / "open-g2-part-d.parquet")],
+             [str(staged / "part-e.parquet"), str(out / "sessions" / "date=2026-05-03" / "g2-part-e.parquet")]]
+    (state / "journal.json").write_text(json.dumps({"moves": moves, "state": {"generation": 2}}))
+    # interrupted after the first two moves
+    (partition / "open-g1-part-b.parquet").unlink()
+    (staged / "part-c.parquet").rename(partition / "g2-part-c.parquet")
+    apply_journal(str(state))
+    apply_journal(str(state))  # nothing left to do
+    assert sorted(os.listdir(partition)) == ["g1-part-a.parquet", "g2-part-c.parquet", "open-g2-part-d.parquet"]
+    assert (partition / "g2-part-c.parquet").read_text() == "part-c.parquet"
+    assert os.listdir(out / "sessions" / "date=2026-05-03") == ["g2-part-e.parquet"]
+    assert sorted(os.listdir(state)) == ["state.json"]
