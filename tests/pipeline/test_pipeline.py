@@ -467,7 +467,8 @@ def test_every_pipeline_flag_has_help() -> None:
         for action in sub._actions:
             assert action.help, f"pipeline {name} {action.option_strings}: no help"
     help_text = {a.dest: a.help for a in actions["run"]._actions}
-    assert "32 MiB" in help_text["min_partitions"] and "each --events directory" in help_text["min_partitions"]
+    # both meanings: the paired path's runs of files, and binaryFiles' hint for URIs and the record path
+    assert "runs of consecutive segment files" in help_text["min_partitions"] and "32 MiB" in help_text["min_partitions"]
 
 
 def test_importing_the_package_imports_neither_pyspark_nor_the_cli() -> None:
