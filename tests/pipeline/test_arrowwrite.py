@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-from idled.pipeline.arrowwrite import write_rows, write_sessions
+from idled.pipeline.arrowwrite import SESSIONS_SCHEMA, write_rows, write_sessions
 from idled.pipeline.filepass import Session
 from idled.pipeline.rules import bucket_index
 from idled.pipeline.tally import Tally
@@ -80,3 +80,12 @@ def test_small_tables_take_their_schema_and_an_empty_one_is_an_empty_directory(t
         ("bucket", "int32"), ("label", "string"), ("lo_s", "double"), ("hi_s", "double"), ("sessions", "int64")]
     write_rows([], schema, str(tmp_path / "t"))  # overwrites
     assert os.listdir(tmp_path / "t") == []
+
+
+def test_sessions_files_have_the_schema_spark_writes_the_table_with(tmp_path: Path) -> None:
+    write_sessions(SESSIONS, ["d0", "d1"], str(tmp_path), "0-a.seg", Tally())
+    arrow_of = {"STRING": "string", "BIGINT": "int64", "DOUBLE": "double", "BOOLEAN": "bool"}
+    expected = [(name, arrow_of[kind]) for name, kind in (part.split() for part in SESSIONS_SCHEMA.split(", "))
+                if name != "date"]  # the partition column: in the path
+    for path in tmp_path.rglob("*.parquet"):
+        assert [(f.name, str(f.type)) for f in pq.read_schema(path)] == expected

@@ -400,6 +400,28 @@ def test_run_command_end_to_end(spark: Any, dataset: dict[str, Any], tmp_path: P
     assert spark.range(3).count() == 3  # the command left the caller's session running
 
 
+def test_directories_given_as_uris_are_read_through_spark_into_the_same_tables(spark: Any, dataset: dict[str, Any],
+                                                                              tmp_path: Path) -> None:
+    """A URI is not listed by the driver (`paired.runs_of_files`): binaryFiles reads it, one file per task."""
+    from pyspark.sql import functions as F
+
+    from idled.pipeline.job import JobConfig, run_job
+
+    dirs = [os.path.abspath(d) for d in variant_dirs(dataset, "generated")]
+    runs = {}
+    for name, events in (("paths", tuple(dirs)), ("uris", tuple(f"file://{d}" for d in dirs))):
+        summary = run_job(JobConfig(events=events, out=str(tmp_path / name), chart=False), spark=spark).summary
+        assert summary["pairing"] == "paired" and summary["inputs"] == list(events)
+        runs[name] = summary
+    assert runs["uris"]["counts"] == runs["paths"]["counts"]
+    for table in KEYS:
+        expected = spark.read.parquet(str(tmp_path / "paths" / table))
+        got = spark.read.parquet(str(tmp_path / "uris" / table)).select(*expected.columns)
+        if "daemon" in expected.columns:  # named by its URI
+            got = got.withColumn("daemon", F.regexp_replace("daemon", "^file://", ""))
+        assert expected.exceptAll(got).count() == 0 and got.exceptAll(expected).count() == 0, table
+
+
 def test_run_over_nothing_but_garbage(spark: Any, tmp_path: Path) -> None:
     from idled.pipeline.job import JobConfig, run_job
 
