@@ -94,10 +94,7 @@ def _decode_tails(accumulator: Any, items: Iterator[tuple[int, str, int, int]]) 
 
 # ---------------------------------------------------------------------------------------------- frames
 
-_SESSION_COLUMNS: Final = (
-    "daemon", "uid_key", "uid_hash", "online_seq", "online_ts", "offline_seq", "offline_ts", "duration_s",
-    "end_reason", "open", "end",
-)
+_SESSION_COLUMNS: Final = tuple(part.split()[0] for part in SESSION_SCHEMA.split(", "))
 
 
 @dataclass

@@ -2,22 +2,24 @@
 
 Theory of operation
 -------------------
-Each ``--events`` directory is one daemon; Spark hands whole segment files to Python workers that run the
-daemon's own decoder (`records.iter_rows`). A corrupt record is skipped and counted, never fatal.
+Each ``--events`` directory is one daemon; Python workers run the daemon's own decoder (`records.iter_rows`)
+over its segment files. A corrupt record is skipped and counted, never fatal.
 
 **The paired path** (`paired`, the default). A writer's segments hold a daemon's records in seq order and in
-disjoint seq ranges, so the workers pair online/offline *inside each file* while decoding: the closed
-sessions go straight into the sessions table, and only a small carry per (file, user) -- first and last
-record, merged minute ranges, short-session starts -- goes on to a second Python pass that joins each user
-across files and daemons (sessions across file edges, open sessions, concurrency, DAU, flappers) and each
-detector's lateness values. The five small tables are built from the merged tallies on the driver. No step
-sorts, windows or shuffles the records in the JVM; its work is converting and writing the session rows.
+disjoint seq ranges, so each task pairs online/offline while decoding a run of a daemon's consecutive files
+and writes the closed sessions into the sessions table itself (`arrowwrite`); only a small carry per (run,
+user) -- first and last record, merged minute ranges, short-session starts -- goes on to a second Python
+pass that joins each user across runs and daemons (sessions across run edges, open sessions, concurrency,
+DAU, flappers) and each detector's lateness values. The driver builds the five small tables from the merged
+tallies and writes them the same way. Spark only schedules the Python tasks: no SQL job, shuffle or JVM row
+conversion.
 
 **The record path** (`decode`, `pairing`, `aggregate`). If the per-file seq ranges show two files of a
 daemon overlapping (a copied or re-cut segment: duplicates possible, in-file order no longer the uid's
-order), the paired output is discarded and the records are decoded again into one row each, hash-
-partitioned by uid once, paired by a window per (user, daemon) ordered by seq with the duplicate-dropping
-pass, and the tables are built in the JVM. Incremental runs (`incremental`) use this path's steps too.
+order), or a run joined files that are not neighbours in seq, the paired output is discarded and the
+records are decoded again into one row each, hash-partitioned by uid once, paired by a window per (user,
+daemon) ordered by seq with the duplicate-dropping pass, and the tables are built in the JVM. Incremental
+runs (`incremental`) use this path's steps too.
 
 Both paths write the same tables, partitioned by ``date`` (`output`), and ``summary.json`` says which ran
 (``pairing``); "decode" and "aggregate" times and per-step laps are in its ``timings_s``.
@@ -119,9 +121,8 @@ def _run(config: JobConfig, spark: SparkSession, t0: float) -> JobResult:
 
     t_started = time.perf_counter()
     names = daemon_names(config.events)
-    sessions_path = os.path.join(config.out, "sessions")
     decoded = decode_paired(spark, config.events, config.flap.short_s, config.min_partitions, config.shuffle_partitions,
-                            sessions_path)
+                            config.out)
     files = decoded.files
     laps = Laps(echo=config.progress)
     path = "paired"

@@ -23,12 +23,10 @@ __all__ = ["SmallTables", "write_tables", "read_small_tables", "summarize", "wri
 
 
 def write_tables(frames: Mapping[str, DataFrame], out: str, laps: Laps) -> dict[str, str]:
-    """Write every table of `frames` under `out` (one lap each); returns table name -> path."""
+    """Write every table under `out` (one lap each); returns table name -> path."""
     os.makedirs(out, exist_ok=True)
     written: dict[str, str] = {}
     for name in TABLES:
-        if name not in frames:
-            continue
         frame = frames[name]
         if name != "sessions":
             frame = frame.coalesce(1)  # small tables: one file per date, not one per shuffle partition

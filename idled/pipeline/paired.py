@@ -73,6 +73,10 @@ _SMALL_SCHEMAS: Final = {
 }
 
 
+def _sessions_table(out: str) -> str:
+    return os.path.join(out, "sessions")
+
+
 def part_of(key: str, parts: int) -> int:
     """The second pass's partition of a uid_key or detector: the same in every process (unlike `hash`)."""
     return zlib.crc32(key.encode()) % parts
@@ -231,10 +235,11 @@ class Decoded:
 
 
 def decode_paired(spark: SparkSession, dirs: Sequence[str], short_s: float, min_partitions: int | None, parts: int,
-                  table: str) -> Decoded:
-    """The first pass: decode and pair every file, its closed sessions written into `table` on the way
-    (`arrowwrite`); `parts` is the number of partitions of the second pass."""
+                  out: str) -> Decoded:
+    """The first pass: decode and pair every file, its closed sessions written into ``out/sessions`` on the
+    way (`arrowwrite`); `parts` is the number of partitions of the second pass."""
     sc = spark.sparkContext
+    table = _sessions_table(out)
     clear(table)
     names = daemon_names(dirs)
     runs = runs_of_files(names, min_partitions or 2 * sc.defaultParallelism)
@@ -311,7 +316,7 @@ def finish_paired(spark: SparkSession, decoded: Decoded, names: Sequence[str], p
     `out`; returns the tables' counts, what the summary needs of them, and table name -> path."""
     sc = spark.sparkContext
     parts = len(decoded.blobs)
-    table = os.path.join(out, "sessions")
+    table = _sessions_table(out)
     rdd = sc.parallelize(list(enumerate(decoded.blobs)), parts).mapPartitions(
         functools.partial(_user_pass, decoded.data_end, params, names, table))
     result = PartitionResult(tally=decoded.tally)
