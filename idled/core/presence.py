@@ -32,6 +32,10 @@ Rules:
 * logout/close is honoured only from the current owner: a kicked connection closing late must not end the
   session that replaced it.
 * every change gets the next ``seq``; events are returned, never sent from here.
+* an owner that reports watermarks (``track_owner``: an edge) loses a session to ``idle`` only once its
+  watermark has passed the session's deadline; until then the session is *held*: online, out of the
+  detector, back in it at its next touch (``idled.core.watermarks``). Every question below (``is_online``,
+  ``owner_of``, ``len``) and every change (login, logout, ``end_all``) sees held sessions like any other.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from idled.core.detector import Detector, DetectorStats, Entry
+from idled.core.watermarks import Holds
 
 Uid = Hashable
 
@@ -111,6 +116,7 @@ class PresenceTable:
         "_tick_low",
         "_tick_high",
         "_tick_now",
+        "holds",
     )
 
     def __init__(
@@ -139,6 +145,7 @@ class PresenceTable:
         # Cache of the current activity tick: one int object shared by every touch within a tick.
         self._tick_low = self._tick_high = math.inf
         self._tick_now = 0
+        self.holds = Holds()  # sessions due while their owner's watermark lagged (see idled.core.watermarks)
 
     # -- rules ----------------------------------------------------------------------------------------
 
@@ -177,13 +184,10 @@ class PresenceTable:
         """Start (or take over) ``uid``'s session. Returns (previous owner or None, online event or None)."""
         timeout = self.timeout_for(keepalive)
         old = self._sessions.get(uid)
-        if timeout == self._timeout:
-            session = Session(owner, now, self._timeout)
-            self._detector.add(uid, self._activity_tick(now), None, session)
-        else:
-            session = Session(owner, now, timeout)
-            ticks = self.ticks_for(timeout)
-            self._detector.add(uid, self._due_tick(now, timeout) - ticks, ticks, session)
+        if old is None and self.holds.held:
+            old = self.holds.take(uid)  # type: ignore[assignment]
+        session = Session(owner, now, self._timeout if timeout == self._timeout else timeout)
+        self._file(uid, session, now)
         if old is not None:
             return old.owner, None  # newest wins, without an offline/online flap
         return None, self._event("online", uid, wall, "login", wall, timeout)
@@ -203,10 +207,26 @@ class PresenceTable:
             else:
                 self._touch_entry(session, tick)
 
+    def _file(self, uid: Uid, session: Session, now: float) -> None:
+        """Put ``session`` (active at ``now``) in the detector, replacing whatever it held for ``uid``."""
+        session.seen = now
+        if session.seconds is self._timeout:
+            self._detector.add(uid, self._activity_tick(now), None, session)
+        else:
+            ticks = self.ticks_for(session.seconds)
+            self._detector.add(uid, self._due_tick(now, session.seconds) - ticks, ticks, session)
+
     def touch_owned(self, uid: Uid, owner: Any, now: float) -> bool:
         """Activity reported by ``owner`` (a gateway) for ``uid``; ignored unless it owns the session."""
         session = self._sessions.get(uid)
-        if session is None or session.owner is not owner:
+        if session is None:
+            held = self.holds.held.get(uid)
+            if held is None or held.owner is not owner:
+                return False
+            self.holds.take(uid)
+            self._file(uid, held, now)  # type: ignore[arg-type]  # it spoke before its deadline after all
+            return True
+        if session.owner is not owner:
             return False
         session.seen = now
         tick = self._activity_tick(now) if session.seconds is self._timeout else self._own_tick(session, now)
@@ -219,7 +239,13 @@ class PresenceTable:
     def logout(self, uid: Uid, owner: Any, now: float, wall: float, reason: str) -> PresenceEvent | None:
         """End ``uid``'s session if ``owner`` still owns it."""
         session = self._sessions.get(uid)
-        if session is None or session.owner is not owner:
+        if session is None:
+            held = self.holds.held.get(uid)
+            if held is None or held.owner is not owner:
+                return None
+            self.holds.take(uid)
+            return self._offline(held, now, wall, reason)  # type: ignore[arg-type]
+        if session.owner is not owner:
             return None
         self._detector.remove(uid)
         return self._offline(session, now, wall, reason)
@@ -230,8 +256,19 @@ class PresenceTable:
         return self._event("offline", session.key, wall, reason, last_seen, session.seconds)
 
     def expire(self, now: float, wall: float, limit: int | None = None) -> list[tuple[PresenceEvent, Any]]:
-        """Offline events (reason ``idle``) for sessions whose deadline passed, with their owners."""
-        expired: list[Session] = self._detector.advance_entries(math.floor(now / self._tick), limit)  # type: ignore[assignment]
+        """Offline events (reason ``idle``) for sessions whose deadline passed, with their owners: held sessions
+        their owner's watermark has now passed, then the detector's due ones -- except those it holds."""
+        holds = self.holds
+        expired: list[Session] = holds.release(limit) if holds.ready else []  # type: ignore[assignment]
+        if limit is not None:
+            limit -= len(expired)
+            if limit <= 0:
+                return [(self._offline(session, now, wall, "idle"), session.owner) for session in expired]
+        due: list[Session] = self._detector.advance_entries(math.floor(now / self._tick), limit)  # type: ignore[assignment]
+        if holds.tracking:
+            hold = holds.hold
+            due = [session for session in due if not hold(session)]
+        expired += due
         return [(self._offline(session, now, wall, "idle"), session.owner) for session in expired]
 
     def end_all(self, now: float, wall: float, reason: str) -> Iterator[tuple[PresenceEvent, Any]]:
@@ -245,6 +282,11 @@ class PresenceTable:
                 if session is not None:
                     self._detector.remove(uid)
                     yield self._offline(session, now, wall, reason), session.owner
+        while self.holds.held:
+            for uid in list(self.holds.held):
+                held: Session | None = self.holds.take(uid)  # type: ignore[assignment]
+                if held is not None:
+                    yield self._offline(held, now, wall, reason), held.owner
 
     def restart_event(self, record: dict[str, Any], wall: float) -> PresenceEvent:
         """The offline (``restart``) closing a session a previous run left online when it died."""
@@ -260,7 +302,9 @@ class PresenceTable:
     # -- questions ------------------------------------------------------------------------------------
 
     def next_due(self) -> float | None:
-        """The earliest time (server clock) at which ``expire`` could return something."""
+        """The earliest time (server clock) at which ``expire`` could return something (-inf: now)."""
+        if self.holds.ready:
+            return -math.inf
         due = self._detector.next_due()
         if due is None:
             return None
@@ -273,23 +317,44 @@ class PresenceTable:
         """The detector's optional work before the next tick (see ``Detector.work_ahead``)."""
         return self._detector.work_ahead(limit)
 
-    def owner_of(self, uid: Uid) -> Any:
+    def _session(self, uid: Uid) -> Session | None:
         session = self._sessions.get(uid)
+        return self.holds.held.get(uid) if session is None else session  # type: ignore[return-value]
+
+    def owner_of(self, uid: Uid) -> Any:
+        session = self._session(uid)
         return None if session is None else session.owner
 
     def is_online(self, uid: Uid) -> bool:
-        return uid in self._sessions
+        return uid in self._sessions or uid in self.holds.held
 
     def timeout_of(self, uid: Uid) -> float:
-        session = self._sessions.get(uid)
+        session = self._session(uid)
         return self._timeout if session is None else session.seconds
+
+    # -- owners that report watermarks (idled.core.watermarks) -------------------------------------------------
+
+    def track_owner(self, owner: Any) -> None:
+        """``owner`` (a gateway that answers marks) will report watermarks: hold its sessions until they pass."""
+        self.holds.track(owner)
+
+    def untrack_owner(self, owner: Any) -> None:
+        self.holds.untrack(owner)
+
+    def mark(self, owner: Any, t: float) -> bool:
+        """``owner`` has forwarded its users' activity up to ``t``; True if held sessions are due now."""
+        return self.holds.mark(owner, t)
+
+    @property
+    def tick(self) -> float:
+        return self._tick
 
     @property
     def next_seq(self) -> int:
         return self._next_seq
 
     def __len__(self) -> int:
-        return len(self._sessions)
+        return len(self._sessions) + len(self.holds.held)
 
     def detector_stats(self) -> DetectorStats:
         return self._detector.stats()

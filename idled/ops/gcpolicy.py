@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import math
 import random
 import time
 from collections.abc import Callable
@@ -72,7 +73,7 @@ class GcPolicy:
         self.interval = thaw_every  # the current wait between two thaws
         self._clock = clock
         self._phase = phase  # U(0, 1): where in the second half of the first interval the first thaw comes
-        self._thaw_at = 0.0
+        self._thaw_at = math.inf  # no thaw before start()
         self._thawed = 0  # objects the last thaw released, until the walk that follows it tells what it was worth
         self.full_collections = 0
         self.thaws = 0

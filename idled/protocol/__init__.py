@@ -10,8 +10,8 @@ their own module.
 from idled.protocol.messages import (
     DEFAULT_MAX_FRAME, MAX_FRAME_LIMIT, MAX_UID_BYTES, MAX_NAME_BYTES, MAX_TOKEN_CHARS, MIN_KEEPALIVE,
     MAX_KEEPALIVE, MAX_INT_UID, MAX_SEQ, MAX_DATA_DEPTH, ROLES, ErrorCode, ProtocolError, NEED_DATA,
-    NeedData, Uid, Role, Login, Ping, Msg, Bye, Attach, Touch, Detach, Subscribe, Query, Welcome, Pong,
-    Event, Status, Error, Ended, ENDED_REASONS, DETACH_REASONS, PING, BYE, PONG, ClientMessage, ServerMessage,
+    NeedData, Uid, Role, Login, Ping, Msg, Bye, Attach, Touch, Detach, Marked, Subscribe, Query, Welcome, Pong,
+    Event, Status, Error, Ended, Mark, ENDED_REASONS, DETACH_REASONS, PING, BYE, PONG, ClientMessage, ServerMessage,
     Message,
 )
 from idled.protocol.parse import check_uid, parse_client_message, parse_server_message
@@ -23,7 +23,7 @@ __all__ = [
     "DEFAULT_MAX_FRAME", "MAX_FRAME_LIMIT", "MAX_UID_BYTES", "MAX_NAME_BYTES", "MAX_TOKEN_CHARS",
     "MIN_KEEPALIVE", "MAX_KEEPALIVE", "MAX_INT_UID", "MAX_SEQ", "MAX_DATA_DEPTH", "ROLES", "ErrorCode",
     "ProtocolError", "NEED_DATA", "NeedData", "Uid", "Role", "Login", "Ping", "Msg", "Bye", "Attach",
-    "Touch", "Detach", "Subscribe", "Query", "Welcome", "Pong", "Event", "Status", "Error", "Ended",
+    "Touch", "Detach", "Marked", "Subscribe", "Query", "Welcome", "Pong", "Event", "Status", "Error", "Ended", "Mark",
     "ENDED_REASONS", "DETACH_REASONS", "PING", "BYE",
     "PONG", "ClientMessage", "ServerMessage", "Message", "parse_client_message", "parse_server_message",
     "check_uid", "PING_FRAME", "BYE_FRAME", "PONG_FRAME", "encode", "decode_client_body",

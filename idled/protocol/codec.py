@@ -39,7 +39,7 @@ from typing import Any, Final
 import msgpack
 
 from idled.protocol.messages import (
-    Attach, Bye, ClientMessage, Detach, Ended, Error, ErrorCode, Event, Login, Message, Msg, Ping, Pong,
+    Attach, Bye, ClientMessage, Detach, Ended, Error, ErrorCode, Event, Login, Mark, Marked, Message, Msg, Ping, Pong,
     ProtocolError, Query, ServerMessage, Status, Subscribe, Touch, Welcome,
 )
 from idled.protocol.parse import EVENT_KEYS, _short, parse_client_message, parse_server_message
@@ -74,6 +74,8 @@ def _encode_login(m: Login) -> bytes:
         d["keepalive"] = m.keepalive
     if m.ended:
         d["ended"] = True
+    if m.marks:
+        d["marks"] = True
     return _frame(d)
 
 
@@ -138,6 +140,8 @@ _ENCODERS: Final[dict[type, Callable[[Any], bytes]]] = {
     Status: lambda m: _frame({"op": "status", "online": dict(m.online)}),
     Error: lambda m: _frame({"op": "error", "code": str(m.code), "reason": m.reason}),
     Ended: lambda m: _frame({"op": "ended", "uids": m.uids, "reason": m.reason}),
+    Mark: lambda m: _frame({"op": "mark", "t": m.t}),
+    Marked: lambda m: _frame({"op": "marked", "t": m.t}),
 }
 
 

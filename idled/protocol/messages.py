@@ -19,8 +19,8 @@ __all__ = [
     "DEFAULT_MAX_FRAME", "MAX_FRAME_LIMIT", "MAX_UID_BYTES", "MAX_NAME_BYTES", "MAX_TOKEN_CHARS",
     "MIN_KEEPALIVE", "MAX_KEEPALIVE", "MAX_INT_UID", "MAX_SEQ", "MAX_DATA_DEPTH", "ROLES",
     "ErrorCode", "ProtocolError", "NEED_DATA", "NeedData", "Uid", "Role",
-    "Login", "Ping", "Msg", "Bye", "Attach", "Touch", "Detach", "Subscribe", "Query",
-    "Welcome", "Pong", "Event", "Status", "Error", "Ended", "ENDED_REASONS", "DETACH_REASONS",
+    "Login", "Ping", "Msg", "Bye", "Attach", "Touch", "Detach", "Marked", "Subscribe", "Query",
+    "Welcome", "Pong", "Event", "Status", "Error", "Ended", "Mark", "ENDED_REASONS", "DETACH_REASONS",
     "PING", "BYE", "PONG", "ClientMessage", "ServerMessage", "Message",
 ]
 
@@ -91,15 +91,17 @@ NEED_DATA: Final = NeedData()
 
 @dataclass(frozen=True, slots=True)
 class Login:
-    """`{"op":"login", <role>: name, "token"?: str, "keepalive"?: seconds, "ended"?: bool}`; keepalive only for
-    role "uid"; `ended` only for role "gateway": it asks the server for `Ended` notices (opt-in, so gateways
-    that do not know the message never receive it)."""
+    """`{"op":"login", <role>: name, "token"?: str, "keepalive"?: seconds, "ended"?: bool, "marks"?: bool}`;
+    keepalive only for role "uid"; `ended` and `marks` only for role "gateway": `ended` asks the server for
+    `Ended` notices, `marks` for `Mark` requests the gateway answers with `Marked` (both opt-in, so gateways
+    that do not know the messages never receive them)."""
 
     role: Role
     name: Uid  # a uid (str or int) for role "uid", else a str name
     token: str | None = None
     keepalive: float | None = None
     ended: bool = False
+    marks: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +143,15 @@ class Detach:
 
     uids: tuple[Uid, ...]
     reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Marked:
+    """Gateway: the answer to `Mark(t)`, `{"op":"marked","t":T}` with the very `t` it carried. Sent after every
+    frame that reports activity the gateway had read before the mark reached it: the server then knows that
+    the gateway's users' activity up to its own time `t` has been applied (the gateway's *watermark*)."""
+
+    t: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,8 +236,17 @@ class Ended:
     reason: str
 
 
-ClientMessage: TypeAlias = Login | Ping | Msg | Bye | Attach | Touch | Detach | Subscribe | Query
-ServerMessage: TypeAlias = Welcome | Pong | Event | Status | Error | Ended
+@dataclass(frozen=True, slots=True)
+class Mark:
+    """`{"op":"mark","t":T}`: the server asks a gateway that logged in with `"marks": true` to answer `Marked(t)`
+    once everything it read from its users before this request arrived has been sent. `t` is the server's
+    own clock reading when it sent the request (opaque to the gateway: it is echoed, never interpreted)."""
+
+    t: float
+
+
+ClientMessage: TypeAlias = Login | Ping | Msg | Bye | Attach | Touch | Detach | Marked | Subscribe | Query
+ServerMessage: TypeAlias = Welcome | Pong | Event | Status | Error | Ended | Mark
 Message: TypeAlias = ClientMessage | ServerMessage
 
 PING: Final = Ping()

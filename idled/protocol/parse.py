@@ -28,7 +28,8 @@ import msgpack
 from idled.protocol.messages import (
     BYE, DETACH_REASONS, MAX_DATA_DEPTH, MAX_FRAME_LIMIT, MAX_INT_UID, MAX_KEEPALIVE, MAX_NAME_BYTES, MAX_SEQ, MAX_TOKEN_CHARS,
     MAX_UID_BYTES, MIN_KEEPALIVE, PING, PONG, Attach, Bye, ClientMessage, Detach, Error, ErrorCode, Event,
-    Ended, Login, Msg, Ping, ProtocolError, Query, Role, ServerMessage, Status, Subscribe, Touch, Uid, Welcome,
+    Ended, Login, Mark, Marked, Msg, Ping, ProtocolError, Query, Role, ServerMessage, Status, Subscribe, Touch, Uid,
+    Welcome,
 )
 
 __all__ = ["parse_client_message", "parse_server_message", "check_uid"]
@@ -146,7 +147,8 @@ def _only(obj: dict[Any, Any], allowed: frozenset[str], op: str) -> None:
 
 
 _IDENTITY_KEYS: Final = ("uid", "gateway", "observer")
-_LOGIN_KEYS: Final = frozenset({"op", "uid", "gateway", "observer", "token", "keepalive", "ended"})
+_LOGIN_KEYS: Final = frozenset({"op", "uid", "gateway", "observer", "token", "keepalive", "ended", "marks"})
+_MARK_KEYS: Final = frozenset({"op", "t"})
 _DETACH_KEYS: Final = frozenset({"op", "uids", "reason"})
 _MSG_KEYS: Final = frozenset({"op", "data"})
 _ATTACH_KEYS: Final = frozenset({"op", "uids", "keepalive"})
@@ -175,13 +177,24 @@ def _parse_login(obj: dict[str, Any]) -> Login:
         if role != "uid":
             raise _bad("keepalive applies only to uid logins (gateways give it per attach)")
         keepalive = _keepalive(keepalive)
-    ended = obj.get("ended")
-    if ended is not None:
-        if type(ended) is not bool:
-            raise _bad("ended must be a bool")
-        if role != "gateway":
-            raise _bad("ended applies only to gateway logins")
-    return Login(role, name, token, keepalive, bool(ended))
+    ended, marks = _gateway_flag(obj, "ended", role), _gateway_flag(obj, "marks", role)
+    return Login(role, name, token, keepalive, ended, marks)
+
+
+def _gateway_flag(obj: dict[str, Any], key: str, role: Role) -> bool:
+    value = obj.get(key)
+    if value is None:
+        return False
+    if type(value) is not bool:
+        raise _bad(f"{key} must be a bool")
+    if role != "gateway":
+        raise _bad(f"{key} applies only to gateway logins")
+    return value
+
+
+def _parse_marked(obj: dict[str, Any]) -> Marked:
+    _only(obj, _MARK_KEYS, "marked")
+    return Marked(_finite(obj.get("t"), "t"))
 
 
 def _parse_ping(obj: dict[str, Any]) -> Ping:
@@ -252,6 +265,7 @@ _CLIENT_PARSERS: Final[dict[str, Callable[[dict[str, Any]], ClientMessage]]] = {
     "attach": _parse_attach,
     "touch": lambda obj: Touch(_uids_of(obj, "touch")),
     "detach": _parse_detach,
+    "marked": _parse_marked,
     "subscribe": _parse_subscribe,
     "query": lambda obj: Query(_uids_of(obj, "query")),
 }
@@ -344,6 +358,7 @@ _SERVER_PARSERS: Final[dict[str, Callable[[dict[Any, Any]], ServerMessage]]] = {
     "status": _parse_status,
     "error": _parse_error,
     "ended": _parse_ended,
+    "mark": lambda obj: Mark(_finite(obj.get("t"), "t")),
 }
 
 

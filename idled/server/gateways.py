@@ -12,7 +12,7 @@ straddles the start of a shutdown must not start sessions nothing will end.
 
 Memory: a gateway's frames are read one at a time (up to ``max_gateway_frame``, 1 MiB by default) and
 applied before the next is read; its ``pong`` is written inline by its own task, and its ``ended`` notices
-are bounded by the sessions it attached (a uid pending at most once per reason: ``idled.server.notices``).
+are bounded by the sessions it attached (a uid pending at most once per reason: ``idled.server.outbox``).
 So a gateway that does not read what it is sent back-pressures itself: once its socket buffers are full its
 task blocks in that write and stops reading its frames (its touches go unread, so its sessions go idle and
 expire); nothing else is queued for it. The events it causes reach observers through the bus's shared
@@ -20,8 +20,15 @@ window, not through per-observer queues, so no burst -- 100k uids in one frame -
 keeps reading.
 
 A gateway that logs in with ``"ended": true`` is told which of its sessions the server ended and why
-(``ended`` frames, batched: ``idled.server.notices``); its welcome carries the server's default ``timeout``,
+(``ended`` frames, batched: ``idled.server.outbox``); its welcome carries the server's default ``timeout``,
 ``tick`` and ``max_timeout`` so that an edge answers its users' logins exactly as the server would.
+
+A gateway that logs in with ``"marks": true`` (every edge) reports watermarks: the presence table tracks it
+as an owner (``idled.core.watermarks``), its outbox sends ``mark`` requests, and each ``marked`` answer
+raises its watermark -- waking the tick task when held sessions became due. Its sessions expire ``idle``
+only once it has forwarded its users' activity past their deadlines, so an edge that lags or is stopped
+never loses a session that kept talking. When the connection ends it is no longer tracked, after its
+sessions ended (``gateway_lost``).
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ from idled.protocol import (
     ErrorCode,
     FrameDecoder,
     Login,
+    Marked,
     ProtocolError,
     Touch,
     Welcome,
@@ -50,7 +58,7 @@ from idled.protocol import (
     receive_message,
 )
 from idled.server.conn import Connection, close_with
-from idled.server.notices import Notices, notices_sent
+from idled.server.outbox import Outbox, mark_interval, outbox_running
 from idled.server.sessions import Sessions
 
 __all__ = ["ATTACH_CHUNK", "Gateway", "Gateways"]
@@ -63,12 +71,12 @@ ATTACH_CHUNK = 2048  # uids of one attach or detach frame applied between two ch
 class Gateway(Connection):
     """A gateway connection: owns many sessions; losing it ends them all (``gateway_lost``)."""
 
-    __slots__ = ("name", "uids", "notices")
+    __slots__ = ("name", "uids", "outbox")
 
-    def __init__(self, name: str, notices: Notices | None = None) -> None:
+    def __init__(self, name: str, outbox: Outbox | None = None) -> None:
         super().__init__()
         self.name = name
-        self.notices = notices  # None: the gateway did not opt in to ended notices
+        self.outbox = outbox  # None: the gateway opted in to neither ended notices nor marks
         # A dict, not a set: the cyclic GC untracks a dict holding only ints and strs, while it would walk
         # every key of a set on each full collection (1M sessions: ~3M container entries per pass).
         self.uids: dict[Uid, None] = {}
@@ -76,8 +84,13 @@ class Gateway(Connection):
     def release(self, uid: Uid, code: str, reason: str) -> None:
         # One session of many ended (expired or taken over): the gateway connection itself stays.
         self.uids.pop(uid, None)
-        if self.notices is not None:
-            self.notices.add(uid, code)
+        if self.outbox is not None:
+            self.outbox.add(uid, code)
+
+    def want_mark(self, deadline: float) -> None:
+        """A held session of this gateway waits for its watermark to pass ``deadline`` (the tick task asks)."""
+        if self.outbox is not None:
+            self.outbox.want(deadline)
 
 
 class Gateways:
@@ -91,16 +104,22 @@ class Gateways:
         self.max_frame = max_frame
 
     async def run(self, stream: trio.abc.Stream, decoder: FrameDecoder, login: Login) -> None:
-        notices = Notices(self.max_frame) if login.ended else None
-        gateway = Gateway(str(login.name), notices)
+        presence, clock = self.sessions.presence, self.sessions.clock
+        outbox = None
+        if login.ended or login.marks:
+            outbox = Outbox(self.max_frame, notices=login.ended, marks=login.marks, now=clock.now,
+                            interval=mark_interval(presence.tick))
+        gateway = Gateway(str(login.name), outbox)
         decoder.max_frame = self.max_frame
         self.peers.add(gateway)
+        if login.marks:
+            presence.track_owner(gateway)
         failure: BaseException | None = None
         try:
             with gateway.scope:
                 await stream.send_all(encode(self.welcome(gateway)))
-                async with notices_sent(notices, stream):
-                    # Caught inside the notices' nursery, not outside: out of it a protocol error would come
+                async with outbox_running(outbox, stream):
+                    # Caught inside the outbox's nursery, not outside: out of it a protocol error would come
                     # wrapped in an ExceptionGroup, which the doorway does not answer with an error frame.
                     try:
                         await self.serve(gateway, stream, decoder)
@@ -110,11 +129,12 @@ class Gateways:
             self.peers.discard(gateway)
             with trio.CancelScope(shield=True):
                 await self.lost(gateway)
+                presence.untrack_owner(gateway)
         if failure is not None:
             raise failure
         if gateway.end is not None:
-            if notices is not None:
-                await notices.flush_final(stream)
+            if outbox is not None:
+                await outbox.flush_final(stream)
             await close_with(stream, *gateway.end)
 
     def welcome(self, gateway: Gateway) -> Welcome:
@@ -127,7 +147,7 @@ class Gateways:
         """The gateway's frames until ``bye`` or the end of its stream."""
         sessions = self.sessions
         presence, now = sessions.presence, sessions.clock.now
-        notices = gateway.notices
+        outbox = gateway.outbox
         while True:
             message = await receive_message(stream, decoder)
             if message is None or message is BYE:
@@ -136,15 +156,19 @@ class Gateways:
                 t = now()
                 for uid in message.uids:
                     presence.touch_owned(uid, gateway, t)
+            elif type(message) is Marked and outbox is not None and outbox.marks:
+                outbox.answered(message.t)
+                if presence.mark(gateway, message.t):
+                    sessions.wake_ticker()
             elif type(message) is Attach:
                 await self.attach(gateway, message)
             elif type(message) is Detach:
                 await self.detach(gateway, message)
             elif message is PING:
-                if notices is None:
+                if outbox is None:
                     await stream.send_all(PONG_FRAME)
                 else:  # notices pending before this ping go first: a pong orders them
-                    await notices.send(stream, PONG_FRAME)
+                    await outbox.send(stream, PONG_FRAME)
             else:
                 raise ProtocolError(ErrorCode.NOT_ALLOWED, f"{type(message).__name__.lower()} is not for gateways")
 

@@ -10,12 +10,21 @@ milliseconds. Each expiry is published, its owner told (``idle_timeout``) and it
 minus deadline) observed. Before it sleeps again it lets the detector work ahead (the lazy wheel re-files the
 next tick's active keys now, in ``AHEAD_SLICE`` slices), so the next tick itself is only the expiries and they
 are reported without waiting.
+
+*Never ahead of what was read.* A keepalive that reached a socket before a deadline must win against the
+tick, even when the loop is busy. trio runs tasks in batches, each after one poll of the sockets; a task
+woken by its socket reads it in that batch, and one that found data without waiting returns it one batch
+later. So the tick task expires only up to the clock it read *two* checkpoints earlier (``_horizon``): by
+then every connection task has read, and touched, whatever its socket held at that reading. An edge's
+sessions are the edge's watermark's business (``idled.core.watermarks``): the tick task asks an edge for a
+mark at once (``want_mark``) when it holds one of its sessions.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 
 import trio
 
@@ -59,9 +68,12 @@ class Ticker:
     async def _expire_due(self) -> None:
         sessions, lateness = self.sessions, self.metrics.offline_lateness
         presence, bus, clock = sessions.presence, sessions.bus, sessions.clock
+        horizon = _Horizon(clock.now)
+        await horizon.turn()
+        await horizon.turn()
         slice_end = time.perf_counter() + TICK_SLICE
         while True:
-            now = clock.now()
+            now = horizon.read
             due = presence.next_due()
             if due is None or due > now:
                 return
@@ -71,13 +83,15 @@ class Ticker:
                 bus.publish(event)
                 owner.release(event.uid, ErrorCode.IDLE_TIMEOUT, "no activity within the timeout")
                 lateness.observe(event.ts - event.deadline)
+            for owner, deadline in presence.holds.take_wanted().items():
+                owner.want_mark(deadline)
             # Chunks until the slice is used up, then a checkpoint: nobody waits behind a mass expiry for
             # more than ~TICK_SLICE. Between two slices every other runnable task gets a turn, so on a busy
             # loop the tick gets TICK_SLICE per loop turn; once it has fallen a tick behind it takes
             # CATCH_UP_SLICE turns instead (measured at 1M gateway sessions, 20 busy gateway tasks: one
             # checkpoint per chunk made offlines up to 4 s late, 2 ms slices up to 3 s).
             if time.perf_counter() >= slice_end:
-                await trio.sleep(0)
+                await horizon.turn()
                 behind = clock.now() - due >= self.tick
                 slice_end = time.perf_counter() + (CATCH_UP_SLICE if behind else TICK_SLICE)
 
@@ -102,3 +116,19 @@ class Ticker:
         due = self.sessions.presence.next_due()
         if due is not None and (wake := self.sessions.clock.wake_time(due)) < scope.deadline:
             scope.deadline = wake
+
+
+class _Horizon:
+    """The server clock as read two checkpoints ago: every socket readable then has been read by now (see the
+    module docstring). ``turn()`` is the checkpoint."""
+
+    __slots__ = ("_now", "read", "_next")
+
+    def __init__(self, now: Callable[[], float]) -> None:
+        self._now = now
+        self.read = -math.inf
+        self._next = now()
+
+    async def turn(self) -> None:
+        await trio.sleep(0)
+        self.read, self._next = self._next, self._now()

@@ -17,6 +17,10 @@ room; a connection still waiting ``OVERFLOW_WAIT`` later means every edge is ful
 this edge accepts it and refuses it with ``busy``, so the client learns at once instead of hanging in the
 backlog.
 
+Like the core, the edge runs the stall guard's clock and the monitor task (``idled.server.monitor``: loop
+lag as ``idled_event_loop_lag_seconds``, the GC policy's thaw as a hook). The link measures the core's
+silence on that clock, so a pause of the edge itself (SIGSTOP, a GC walk) never counts as the core gone.
+
 SIGTERM/SIGINT drain: stop accepting, close every user with ``server_shutdown`` (each task detaches its uid
 on the link), wait for them (bounded by the grace period), send the link's pending frames and ``bye``, exit.
 SIGHUP re-reads the configuration (file and environment; flags still win) and applies the log level and the
@@ -40,10 +44,12 @@ from idled.ops.gcpolicy import GcPolicy
 from idled.ops.http import serve_metrics
 from idled.ops.metrics import Metrics, NullMetrics
 from idled.protocol import ErrorCode
+from idled.server.clock import Clock
 from idled.server.conn import Doorway, auth_secret, refuse, refuse_out_of_descriptors
 from idled.server.listen import Shortage, accept_all
 from idled.server.edge.link import CoreLink
 from idled.server.edge.users import EdgeUsers
+from idled.server.monitor import Monitor
 from idled.server.signals import until_stopped
 from idled.server.users import run_user
 
@@ -75,7 +81,10 @@ class Edge:
         self.listen_fds = tuple(listen_fds)
         self.metrics = NullMetrics() if metrics is None else metrics
         self._reload_config = reload_config
-        self.users = EdgeUsers(CoreLink(core, name, secret=link_secret, on_ended=self._on_ended), core)
+        self.clock = Clock(config.stall_ticks * config.tick)
+        self.monitor = Monitor(self.clock, tick=config.tick, env={}, metrics=self.metrics)
+        link = CoreLink(core, name, secret=link_secret, on_ended=self._on_ended, clock=self.clock.now)
+        self.users = EdgeUsers(link, core)
         self.link = self.users.link
         self.connections = {"user": 0, "gateway": 0, "observer": 0, "pending": 0}
         relay = self.users.relay
@@ -99,6 +108,9 @@ class Edge:
     async def serve(self, *, task_status: trio.TaskStatus[list[int]] = trio.TASK_STATUS_IGNORED) -> None:
         cfg = self.config
         async with trio.open_nursery() as nursery:
+            self.clock.start()
+            hooks = [self.gc_policy.maybe_thaw] if self.gc_policy is not None else []
+            nursery.start_soon(self.monitor.run, self._status_line, hooks)
             nursery.start_soon(self.link.run)
             if cfg.metrics_port and self.metrics.registry is not None:
                 await nursery.start(serve_metrics, self.metrics.registry, cfg.metrics_host, cfg.metrics_port)
@@ -107,9 +119,8 @@ class Edge:
             if self.gc_policy is not None:
                 # As in the core (idled.ops.gcpolicy): without it, full collections walking every user's task
                 # and stream stop this loop for hundreds of ms during a login ramp, and every keepalive read
-                # meanwhile reaches the core that much later -- under load, late enough to be an offline.
+                # meanwhile reaches the core that much later. (Its thaw is the monitor's hook.)
                 self.gc_policy.start()
-                nursery.start_soon(self._thaw, self.gc_policy)
             listeners = self._listeners() if self.listen_fds else await trio.open_tcp_listeners(cfg.port, host=cfg.host)
             for listener in listeners:
                 host, port = listener.socket.getsockname()[:2]
@@ -122,11 +133,8 @@ class Edge:
             await self._drain()
             nursery.cancel_scope.cancel()
 
-    @staticmethod
-    async def _thaw(policy: GcPolicy) -> None:
-        while True:
-            await trio.sleep(policy.check_every)
-            policy.maybe_thaw()
+    def _status_line(self) -> str:
+        return f"{self.connections['user']} users; core link {'up' if self.link.connected else 'down'}"
 
     def _listeners(self) -> list[trio.SocketListener]:
         listeners = []

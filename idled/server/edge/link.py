@@ -32,13 +32,26 @@ stops an edge from reading its users and answering their pings.
   core is not reading; beyond ``max_pending`` pending uids the connection is dropped and re-established,
   which replaces the backlog by one re-attach of the live uids. Reads are ``RECEIVE_BYTES`` at a time, and a
   frame from the core is at most ``CORE_MAX_FRAME``.
+* *Watermarks* (``idled.core.watermarks``). The link logs in with ``"marks": true``. When the core asks
+  ``mark(t)``, the flusher answers ``marked(t)`` after two event-loop turns -- by then every user task has
+  read, and touched, whatever its socket held when the request arrived -- and after the touches it
+  collected, in the same write. The core holds a session of this edge until an answer passes its deadline:
+  a keepalive that reached this edge in time is never lost to a lagging or stopped edge, a full batch or a
+  busy link. Only the latest request waiting is answered (it covers the earlier ones).
+* *Admission.* ``attaches_in_flight`` counts the attaches the core has not acknowledged yet; past ``MAX_ATTACHING``
+  the edge refuses new logins with ``busy`` (``EdgeUsers.begin``): a core that cannot keep up pushes back
+  on logins instead of collecting a backlog the users would wait on.
 * *Liveness.* The link pings the core every ``ping_interval`` seconds; no frame at all for ``dead_after``
-  seconds means the core (or the path to it) is gone without a reset: the connection is dropped.
+  seconds of this edge's own running time (``clock``: the stall guard's, so a pause of this edge is not the
+  core's silence) means the core, or the path to it, is gone without a reset: the connection is dropped.
+  Over a unix socket the kernel reports a dead core at once, and a silent one is only stopped: no silence
+  ends such a link.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -49,8 +62,8 @@ import trio
 from idled.client.core import Backoff, GatewayBatcher
 from idled.core.presence import Uid
 from idled.protocol import (
-    BYE_FRAME, PING_FRAME, PONG, Attach, Detach, Ended, Error, FrameDecoder, Login, ProtocolError, Welcome, encode,
-    parse_server_message, receive_message, tokens,
+    BYE_FRAME, PING_FRAME, PONG, Attach, Detach, Ended, Error, FrameDecoder, Login, Mark, Marked, ProtocolError,
+    Welcome, encode, parse_server_message, receive_message, tokens,
 )
 
 __all__ = ["CoreLink", "CoreParams", "parse_address"]
@@ -63,6 +76,7 @@ MAX_PENDING: Final = 1_000_000  # pending attach/detach uids before the connecti
 CORE_MAX_FRAME: Final = 1 << 24  # the largest frame accepted from the core (ended batches are below its limit)
 TOKEN_TTL: Final = 86400.0  # a gateway token minted per connection lives this long
 CONNECT_TIMEOUT: Final = 10.0
+MAX_ATTACHING: Final = 1000  # unacknowledged attaches before new logins are refused busy (see Admission)
 
 
 def parse_address(address: str) -> tuple[str, str | int]:
@@ -140,8 +154,9 @@ class CoreLink:
         backoff: Backoff | None = None,
         ping_interval: float = 5.0,
         dead_after: float = 15.0,
+        clock: Callable[[], float] = trio.current_time,
     ) -> None:
-        parse_address(address)  # fail early on a malformed address
+        host, _ = parse_address(address)  # fail early on a malformed address
         self.address = address
         self.name = name
         self.secret = secret
@@ -149,7 +164,8 @@ class CoreLink:
         self.flush_interval = flush_interval
         self.backoff = backoff or Backoff(base=0.1, cap=5.0)
         self.ping_interval = ping_interval
-        self.dead_after = dead_after
+        self.dead_after = math.inf if host == "unix" else dead_after
+        self.clock = clock
         self.batch = EdgeBatcher(MAX_PENDING)
         self.touches: dict[Uid, None] = {}
         self.params: CoreParams | None = None
@@ -164,8 +180,13 @@ class CoreLink:
         self._down = trio.Event()  # set when the current connection ended
         self._lost = ""  # why it ended
         self._attached = trio.Event()  # set when the attaches filed since the last flush are done at the core
-        # One entry per ping in flight, oldest first: the event its pong sets (None: a liveness ping only).
-        self._pongs: deque[trio.Event | None] = deque()
+        self.attaches_in_flight = 0  # attaches filed and not yet acknowledged by the core
+        self._filed = 0  # of those, filed since the last flush
+        # One entry per ping in flight, oldest first: the event its pong sets and the attaches it acknowledges
+        # (None, 0: a liveness ping only).
+        self._pongs: deque[tuple[trio.Event | None, int]] = deque()
+        self._mark: float | None = None  # the latest mark request not answered yet
+        self._heard = 0.0  # self.clock() when the core's last frame arrived
 
     # -- what user tasks call: synchronous, never waits ------------------------------------------------------
 
@@ -178,6 +199,8 @@ class CoreLink:
         filed meanwhile share the flush, the ping and the event."""
         if self.connected:
             self.batch.attach((uid,), keepalive, 0.0)
+            self.attaches_in_flight += 1
+            self._filed += 1
             self._pending()
             self._urgent.set()
             return self._attached
@@ -249,7 +272,7 @@ class CoreLink:
             token = None
             if self.secret is not None:
                 token = tokens.mint(self.secret, "gateway", self.name, time.time() + TOKEN_TTL)
-            await stream.send_all(encode(Login("gateway", self.name, token, None, True)))
+            await stream.send_all(encode(Login("gateway", self.name, token, None, ended=True, marks=True)))
             decoder = FrameDecoder(CORE_MAX_FRAME, parse=parse_server_message)
             with trio.fail_after(CONNECT_TIMEOUT):
                 welcome = await _next(stream, decoder)
@@ -282,11 +305,13 @@ class CoreLink:
             self._down.set()
             # Logins waiting for an attach that will never be answered: the re-attach on the next welcome
             # covers them, and their users are served meanwhile.
-            for waiting in (*self._pongs, self._attached):
+            for waiting, _ in (*self._pongs, (self._attached, 0)):
                 if waiting is not None:
                     waiting.set()
             self._pongs.clear()
             self._attached = trio.Event()
+            self.attaches_in_flight = self._filed = 0
+            self._mark = None
             with trio.CancelScope(shield=True):
                 await stream.aclose()
 
@@ -302,13 +327,18 @@ class CoreLink:
 
     async def _reader(self, stream: trio.abc.Stream, decoder: FrameDecoder) -> None:
         while True:
-            with trio.fail_after(self.dead_after):
-                message = await _next(stream, decoder)
+            message = await _next(stream, decoder)
+            self._heard = self.clock()
             if type(message) is Ended:
                 self.on_ended(message.uids, message.reason)
+            elif type(message) is Mark:
+                self._mark = message.t
+                self._wake.set()
+                self._urgent.set()
             elif message is PONG and self._pongs:
-                attached = self._pongs.popleft()
+                attached, count = self._pongs.popleft()
                 if attached is not None:
+                    self.attaches_in_flight -= count
                     attached.set()
 
     async def _flusher(self, stream: trio.abc.Stream, first: list[bytes]) -> None:
@@ -317,6 +347,7 @@ class CoreLink:
             self.frames_sent += len(first)
             await stream.send_all(b"".join(first))
         next_ping = trio.current_time() + self.ping_interval
+        self._heard = self.clock()
         while True:
             with trio.move_on_after(max(0.0, next_ping - trio.current_time())):
                 await self._wake.wait()
@@ -324,16 +355,28 @@ class CoreLink:
                 with trio.move_on_after(self.flush_interval):
                     await self._urgent.wait()
                 self._wake, self._urgent = trio.Event(), trio.Event()
+            silent = self.clock() - self._heard
+            if silent > self.dead_after:
+                raise trio.TooSlowError(f"no frame from the core for {silent:.1f} s")
+            marked = self._mark
+            if marked is not None:
+                self._mark = None
+                # Two loop turns: every user task woken by data that arrived before the request has read it
+                # and touched (see the module docstring); the touches go out ahead of the answer.
+                await trio.sleep(0)
+                await trio.sleep(0)
             attaching = self.batch.attaching
             frames = self._take()
+            if marked is not None:
+                frames.append(encode(Marked(marked)))
             if attaching or trio.current_time() >= next_ping:  # the pong proves the core is alive (see _reader)
                 frames.append(PING_FRAME)
                 next_ping = trio.current_time() + self.ping_interval
                 if attaching:
-                    self._pongs.append(self._attached)
-                    self._attached = trio.Event()
+                    self._pongs.append((self._attached, self._filed))
+                    self._attached, self._filed = trio.Event(), 0
                 else:
-                    self._pongs.append(None)
+                    self._pongs.append((None, 0))
             closing = self._closing
             if closing:
                 frames.append(BYE_FRAME)

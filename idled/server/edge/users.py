@@ -10,6 +10,9 @@ dict store), a ping is answered with a pong from here, and ``bye`` or the end of
 is no per-connection timer or buffer beyond the decoder: idleness is the core's job, and the core says when
 (``ended``). ``users`` maps each uid to its one connection here.
 
+*Admission.* A login is refused with ``busy`` while ``MAX_ATTACHING`` attaches wait for the core's
+acknowledgement: the core is behind, and a login it cannot record soon would only wait for its welcome.
+
 *Who ends a user, and with what.* A second login of the same uid on this edge: newest wins here (the old
 connection gets ``kicked``; the attach is sent again, which at the core is the same owner: no event). An
 ``ended`` notice: ``idle`` -> ``idle_timeout``, ``kicked`` (a newer login on another edge or a direct one)
@@ -38,7 +41,7 @@ import trio
 from idled.core.presence import Uid
 from idled.protocol import ErrorCode, FrameDecoder, Login, ProtocolError, encode
 from idled.server.conn import Connection
-from idled.server.edge.link import CoreLink, open_core_stream
+from idled.server.edge.link import MAX_ATTACHING, CoreLink, open_core_stream
 
 __all__ = ["EdgeUser", "EdgeUsers", "RELAY_BYTES"]
 
@@ -88,6 +91,8 @@ class EdgeUsers:
         uid = login.name
         params = link.params
         assert params is not None  # the edge accepts only after the core's first welcome
+        if link.attaches_in_flight >= MAX_ATTACHING:
+            raise ProtocolError(ErrorCode.BUSY, "the core is behind on logins; try again")
         conn = EdgeUser(trio.current_time(), params.timeout_for(login.keepalive))
         previous = users.get(uid)
         users[uid] = conn

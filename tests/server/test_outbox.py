@@ -1,4 +1,4 @@
-"""Session-ended notices (idled.server.notices) from an in-process server, on the autojump clock.
+"""Session-ended notices (idled.server.outbox) from an in-process server, on the autojump clock.
 
 A gateway that logs in with ``"ended": true`` is told which of its sessions the server ended and why; one that
 does not is never sent the message (our own parsers reject unknown ops: opt-in is the compatible way).
@@ -14,7 +14,7 @@ import trio.testing
 from idled.protocol import (
     PING, PONG, Attach, Ended, Error, Login, Pong, Touch, Welcome, encode, parse_client_message,
 )
-from idled.server.notices import Notices
+from idled.server.outbox import Outbox
 from tests.peers import Client, Harness, running
 
 
@@ -39,7 +39,7 @@ def test_login_ended_field_round_trips_and_is_for_gateways_only() -> None:
 
 
 def test_notices_are_split_by_the_frame_limit() -> None:
-    notices = Notices(max_frame=400)
+    notices = Outbox(max_frame=400)
     for i in range(200):
         notices.add(f"user-{i:04d}", "idle_timeout")
     notices.add(7, "kicked")
