@@ -334,9 +334,10 @@ class PresenceTable:
 
     # -- owners that report watermarks (idled.core.watermarks) -------------------------------------------------
 
-    def track_owner(self, owner: Any) -> None:
-        """``owner`` (a gateway that answers marks) will report watermarks: hold its sessions until they pass."""
-        self.holds.track(owner)
+    def track_owner(self, owner: Any, now: float) -> None:
+        """``owner`` (a gateway that answers marks, owning no session yet) will report watermarks: hold its
+        sessions until they pass."""
+        self.holds.track(owner, now)
 
     def untrack_owner(self, owner: Any) -> None:
         self.holds.untrack(owner)

@@ -59,8 +59,10 @@ class _Owner:
 
     __slots__ = ("watermark", "queue", "count")
 
-    def __init__(self) -> None:
-        self.watermark = -math.inf  # nothing reported yet: every session it owns is held when due
+    def __init__(self, since: float) -> None:
+        # Nothing reported yet: the time it began to be tracked, before any session it can own was attached
+        # (so every one is held when due until the first answer), and from which its lag is measured.
+        self.watermark = since
         # (deadline, session) in the order they came due; an entry is live while the session is held with that
         # very deadline (a session touched, then held again, has a later one: its old entry is stale)
         self.queue: deque[tuple[float, Holdable]] = deque()
@@ -80,9 +82,10 @@ class Holds:
 
     # -- owners ----------------------------------------------------------------------------------------------
 
-    def track(self, owner: Any) -> None:
-        """``owner`` reports watermarks from now on; until its first one, each of its sessions due is held."""
-        self._owners.setdefault(owner, _Owner())
+    def track(self, owner: Any, since: float) -> None:
+        """``owner`` reports watermarks from ``since`` on (it owns no session yet): until its first one, each
+        of its sessions due is held."""
+        self._owners.setdefault(owner, _Owner(since))
 
     def untrack(self, owner: Any) -> None:
         """``owner`` is gone: its sessions are ended by the caller (held ones included: ``take`` them)."""

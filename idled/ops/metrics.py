@@ -83,6 +83,10 @@ class Snapshot(TypedDict, total=False):
     eventlog_damaged_bytes  damaged bytes the last recovery skipped in place or quarantined
     eventlog_damaged_records  records lost to that damage (estimated)
     eventlog_rolls_deferred segment rolls put off for lack of a descriptor since the start
+    sessions_held           sessions due whose owner (an edge) has not yet confirmed its users' activity up to
+                            the deadline: online until it does (idled.core.watermarks)
+    gateway_watermark_lag   gateway name -> seconds its watermark is behind the server clock (edges, and
+                            gateways that answer marks)
     """
 
     connections: Mapping[str, int]
@@ -93,11 +97,14 @@ class Snapshot(TypedDict, total=False):
     eventlog_damaged_bytes: int
     eventlog_damaged_records: int
     eventlog_rolls_deferred: int
+    sessions_held: int
+    gateway_watermark_lag: Mapping[str, float]
 
 
+# Scalar keys; the labelled ones ("connections", "gateway_watermark_lag") are rendered on their own.
 SNAPSHOT_KEYS: tuple[str, ...] = (
-    "connections", "sessions_online", "detector_keys", "detector_overflow_keys", "observer_queued_bytes",
-    "eventlog_damaged_bytes", "eventlog_damaged_records", "eventlog_rolls_deferred",
+    "sessions_online", "detector_keys", "detector_overflow_keys", "observer_queued_bytes",
+    "eventlog_damaged_bytes", "eventlog_damaged_records", "eventlog_rolls_deferred", "sessions_held",
 )
 
 # Durations of work done on the event loop: a tick, a stall. 100 us .. 10 s.
@@ -152,6 +159,15 @@ class _SnapshotCollector(Collector):
             "eventlog_rolls_deferred": GaugeMetricFamily(
                 "idled_eventlog_rolls_deferred", "Segment rolls put off for lack of a descriptor since the start."
             ),
+            "sessions_held": GaugeMetricFamily(
+                "idled_sessions_held",
+                "Sessions past their deadline kept online until their edge confirms its users' activity up to it.",
+            ),
+            "gateway_watermark_lag": GaugeMetricFamily(
+                "idled_gateway_watermark_lag_seconds",
+                "How far behind the server clock a gateway's confirmed activity (its watermark) is.",
+                labels=["gateway"],
+            ),
         }
 
     def describe(self) -> Iterable[Metric]:
@@ -187,7 +203,13 @@ class _SnapshotCollector(Collector):
             for role in sorted(set(connections) - set(ROLES)):
                 family.add_metric([role], float(connections[role]))
             out.append(family)
-        for key in SNAPSHOT_KEYS[1:]:  # after "connections"
+        lags = snapshot.get("gateway_watermark_lag")
+        if lags is not None:
+            family = families["gateway_watermark_lag"]
+            for name in sorted(lags):
+                family.add_metric([name], float(lags[name]))
+            out.append(family)
+        for key in SNAPSHOT_KEYS:
             value = snapshot.get(key)
             if value is not None:
                 families[key].add_metric([], float(value))

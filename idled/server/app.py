@@ -64,6 +64,7 @@ from idled.server.bus import EventBus
 from idled.server.clock import Clock
 from idled.server.conn import Connection, Doorway, auth_secret, refuse_out_of_descriptors
 from idled.server.gateways import Gateways
+from idled.server.lagwatch import LagWatch
 from idled.server.listen import Shortage, accept_all, bound_address, display, open_listeners, precheck_host, require_auth
 from idled.server.monitor import Monitor
 from idled.server.observers import Observers
@@ -123,6 +124,7 @@ class Server:
         self._door: Doorway | None = None
         self._gateways: Gateways | None = None
         self._observers: Observers | None = None
+        self._lagwatch: LagWatch | None = None
         self._damage = (0, 0)  # (bytes, records) the recovery found damaged: exported as gauges
         self._accept_scope = trio.CancelScope()
         self._stop_event = trio.Event()
@@ -257,7 +259,9 @@ class Server:
             if port is not None:
                 print(f"IDLED_LISTENING host={host} port={port}", file=sys.stderr, flush=True)
         systemd.notify(systemd.READY, env=self.env)
-        hooks = [functools.partial(self.seqs.extend_ahead, presence, nursery)]
+        # Edges that fall behind say so (the threshold: beyond a GC walk's pause and a couple of ticks).
+        self._lagwatch = LagWatch(presence.holds, self.clock.now, threshold=max(2.0, 2 * cfg.tick))
+        hooks = [functools.partial(self.seqs.extend_ahead, presence, nursery), self._lagwatch.check]
         if self.gc_policy is not None:
             hooks.append(self.gc_policy.maybe_thaw)
         # Started after READY=1, so the manager never sees WATCHDOG=1 (or STATUS=) before it.
@@ -451,6 +455,8 @@ class Server:
             "eventlog_damaged_bytes": self._damage[0],
             "eventlog_damaged_records": self._damage[1],
             "eventlog_rolls_deferred": self.log.deferred_rolls,
+            "sessions_held": len(self.presence.holds),
+            "gateway_watermark_lag": self._lagwatch.lags() if self._lagwatch is not None else {},
         }
 
 

@@ -113,7 +113,7 @@ class Gateways:
         decoder.max_frame = self.max_frame
         self.peers.add(gateway)
         if login.marks:
-            presence.track_owner(gateway)
+            presence.track_owner(gateway, clock.now())
         failure: BaseException | None = None
         try:
             with gateway.scope:

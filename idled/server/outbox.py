@@ -132,12 +132,13 @@ class Outbox:
         """The gateway answered ``marked(t)``: forget every request up to it. ProtocolError if it was never
         asked (an answer must echo a request, in order)."""
         sent = self._sent
+        full = len(sent) >= MAX_OUTSTANDING
         while sent and sent[0] < t:
             sent.popleft()
         if not sent or sent[0] != t:
             raise ProtocolError(ErrorCode.BAD_MESSAGE, "marked: no such mark was requested")
         sent.popleft()
-        if len(sent) == MAX_OUTSTANDING - 1:
+        if full:
             self._wake.set()  # room for a request again
 
     def _mark_due(self) -> bool:

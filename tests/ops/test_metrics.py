@@ -157,8 +157,10 @@ def test_snapshot_gauges_are_read_at_scrape_time(registry: CollectorRegistry, me
         "eventlog_damaged_bytes": 536,
         "eventlog_damaged_records": 1,
         "eventlog_rolls_deferred": 2,
+        "sessions_held": 3,
+        "gateway_watermark_lag": {"worker-0": 0.25, "worker-1": 12.5},
     }
-    assert set(state) == set(SNAPSHOT_KEYS)
+    assert set(state) == set(SNAPSHOT_KEYS) | {"connections", "gateway_watermark_lag"}
     calls = []
 
     def snapshot() -> Mapping[str, Any]:
@@ -172,6 +174,8 @@ def test_snapshot_gauges_are_read_at_scrape_time(registry: CollectorRegistry, me
     assert value(registry, "idled_connections", role="observer") == 0
     assert value(registry, "idled_connections", role="pending") == 2
     assert value(registry, "idled_sessions_online") == 9
+    assert value(registry, "idled_sessions_held") == 3
+    assert value(registry, "idled_gateway_watermark_lag_seconds", gateway="worker-1") == 12.5
     assert value(registry, "idled_detector_keys") == 9
     assert value(registry, "idled_detector_overflow_keys") == 1
     assert value(registry, "idled_observer_queued_bytes") == 512

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from idled.protocol import (
     BYE, BYE_FRAME, DEFAULT_MAX_FRAME, MAX_DATA_DEPTH, NEED_DATA, PING, PING_FRAME, PONG, PONG_FRAME,
-    Attach, Bye, Detach, Error, ErrorCode, Event, FrameDecoder, Login, Msg, Ping, Pong, ProtocolError, Query,
+    Attach, Bye, Detach, Error, ErrorCode, Event, FrameDecoder, Login, Mark, Marked, Msg, Ping, Pong, ProtocolError,
+    Query,
     Status, Subscribe, Touch, Welcome, check_uid, encode, parse_client_message, parse_server_message,
 )
 
@@ -25,6 +26,7 @@ CLIENT_MESSAGES = [
     Login("uid", 7, None, 1),
     Login("uid", 8, None, 86400.0),
     Login("gateway", "gw-1", "t"),
+    Login("gateway", "edge-1", None, None, ended=True, marks=True),
     Login("observer", "obs"),
     PING,
     Msg({"text": "hi", "n": (1, 2.5, None, True, b"\x00")}),
@@ -35,6 +37,7 @@ CLIENT_MESSAGES = [
     Attach(()),
     Touch(tuple(range(1000))),
     Detach(("a", 2**63 - 1, 0)),
+    Marked(123456.789),
     Subscribe(),
     Subscribe(0),
     Subscribe(2**63 - 1),
@@ -52,6 +55,7 @@ SERVER_MESSAGES = [
     Status({1: True, "1": False, "bob": True}),
     Error(ErrorCode.KICKED, "a newer login replaced this connection"),
     Error("some_future_code", ""),
+    Mark(123456.789),
 ]
 
 
@@ -342,6 +346,12 @@ BAD_MESSAGES: dict[str, Any] = {
     "subscribe too big": {"op": "subscribe", "from": 2**63},
     "query without uids": {"op": "query"},
     "msg unknown field": {"op": "msg", "data": 1, "x": 2},
+    "marks on a user login": {"op": "login", "uid": 1, "marks": True},
+    "marks not a bool": {"op": "login", "gateway": "g", "marks": 1},
+    "marked without t": {"op": "marked"},
+    "marked t nan": {"op": "marked", "t": math.nan},
+    "marked t str": {"op": "marked", "t": "1"},
+    "marked unknown field": {"op": "marked", "t": 1.0, "n": 2},
 }
 _value: Any = 1
 for _ in range(MAX_DATA_DEPTH + 1):
