@@ -21,6 +21,7 @@ from idled.ops.metrics import Metrics
 from idled.protocol import tokens
 from idled.server.edge import Edge
 from idled.server.edge.link import parse_address
+from idled.server.edge.occupancy import Occupancy, parse_occupancy
 
 log = logging.getLogger("idled.server.edge")
 
@@ -36,6 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--listen-fd", type=int, action="append", default=[], metavar="FD",
                         help="adopt this inherited listening socket instead of binding --host/--port (repeatable)")
     parser.add_argument("--name", help="gateway name at the core (default edge-<hostname>-<pid>)")
+    parser.add_argument("--occupancy", metavar="FD,INDEX",
+                        help="(set by `idled serve --workers`) the shared connection counters of the daemon's edges "
+                             "and this edge's slot: max-connections is then the whole daemon's")
     parser.add_argument("--config", metavar="FILE", help="TOML file with flat keys named like the flags")
     fields = {field.name: field for field in dataclasses.fields(Config)}
     for name in EDGE_SETTINGS:
@@ -61,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg = load(args)
         parse_address(args.core)
-    except (ConfigError, ValueError) as exc:
+        occupancy = Occupancy(*parse_occupancy(args.occupancy)) if args.occupancy else None
+    except (ConfigError, ValueError, OSError) as exc:
         return _fatal(f"configuration: {exc}", EXIT_USAGE)
     setup_logging(cfg.log_level)
     soft, hard = systemd.raise_nofile_limit()
@@ -73,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
         registry = _registry() if cfg.metrics_port else None
         edge = Edge(cfg, core=args.core, name=name, listen_fds=args.listen_fd,
                     metrics=Metrics(registry, tick=1.0) if registry is not None else None,
-                    reload_config=lambda: load(args), link_secret=link_secret, gc_policy=GcPolicy(thaw_every=cfg.gc_thaw_every))
+                    reload_config=lambda: load(args), link_secret=link_secret, gc_policy=GcPolicy(thaw_every=cfg.gc_thaw_every),
+                    occupancy=occupancy)
     except (ConfigError, tokens.SecretError, ValueError, OSError) as exc:
         return _fatal(f"configuration: {exc}", EXIT_USAGE)
     try:

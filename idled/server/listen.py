@@ -26,9 +26,10 @@ warning with the descriptor arithmetic, then at most one line per ``REPORT_EVERY
 those beyond the limit with ``busy``: nobody else accepts on its sockets, so a connection left in the backlog
 would only hang there. An edge shares its socket with the other edges under ``--workers`` (the kernel gives
 each connection to whichever accepts first), so it passes a ``Room`` and pauses at its limit instead: a new
-connection then goes to an edge with room. One still waiting ``OVERFLOW_WAIT`` later means every edge is full
-(or the others are stalled): it is accepted and refused with ``busy`` (``Room.overflow``), so the client learns
-at once. A room counts a connection the moment it is accepted (``Room.enter``): the loop's next look at the
+connection then goes to an edge with room. One still waiting ``OVERFLOW_WAIT`` later is left longer -- up to
+``OVERFLOW_PATIENCE`` -- while another edge has room (``Room.elsewhere``: it is only slower to accept); then,
+or at once when every edge is full, it is accepted and refused with ``busy`` (``Room.overflow``), so the
+client learns. A room counts a connection the moment it is accepted (``Room.enter``): the loop's next look at the
 limit must see it, and its handler's task has not started yet.
 """
 
@@ -38,6 +39,7 @@ import errno
 import ipaddress
 import logging
 import os
+import select
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
 from typing import Final, Protocol
 
@@ -47,7 +49,7 @@ from idled.ops import systemd
 from idled.ops.fatal import EXIT_LISTEN, EXIT_USAGE, Fatal, fatal_on_oserror
 
 __all__ = [
-    "CAPACITY_ERRNOS", "OVERFLOW_WAIT", "REPORT_EVERY", "SHORTAGE_PAUSE", "Room", "Shortage", "accept_all",
+    "CAPACITY_ERRNOS", "OVERFLOW_PATIENCE", "OVERFLOW_WAIT", "REPORT_EVERY", "SHORTAGE_PAUSE", "Room", "Shortage", "accept_all",
     "accept_loop", "bound_address", "display", "is_local", "open_listeners", "precheck_host", "require_auth",
 ]
 
@@ -58,6 +60,7 @@ SHORTAGE_PAUSE: Final = 0.1  # seconds before accepting again when a connection 
 REPORT_EVERY: Final = 10.0  # seconds between two lines counting accepts that failed for lack of descriptors
 SPARE_ACCEPT_WAIT: Final = 0.05  # the connection is already queued; if it is gone meanwhile, don't wait for another
 OVERFLOW_WAIT: Final = 0.05  # seconds a full Room leaves a waiting connection to the others before refusing it
+OVERFLOW_PATIENCE: Final = 2.0  # ... at most, while another has room (a busy edge accepts late, not never)
 
 Handler = Callable[[trio.SocketStream], Awaitable[None]]
 
@@ -188,6 +191,9 @@ class Room(Protocol):
     def enter(self) -> None:
         """Count a connection just accepted, before its handler starts: the next ``full()`` must see it."""
 
+    def elsewhere(self) -> bool:
+        """Another process on the socket has room (so a waiting connection is left to it a while longer)."""
+
     async def overflow(self, stream: trio.SocketStream) -> None:
         """Refuse a connection still waiting ``OVERFLOW_WAIT`` after the room was found full (busy)."""
 
@@ -242,6 +248,11 @@ async def _overflow(acceptor: _Acceptor, room: Room, handlers: trio.Nursery) -> 
     if not room.full():
         return  # room was made while we waited: take it at once, not after the others had their chance
     await trio.sleep(OVERFLOW_WAIT)  # one with room takes it meanwhile
+    patience = trio.current_time() + OVERFLOW_PATIENCE
+    while room.full() and room.elsewhere() and trio.current_time() < patience:
+        if not _waiting(acceptor.listener.socket):
+            return  # another took it
+        await trio.sleep(OVERFLOW_WAIT)  # it has room but is slow to accept: leave it longer
     if not room.full():
         return
     stream = None
@@ -251,6 +262,11 @@ async def _overflow(acceptor: _Acceptor, room: Room, handlers: trio.Nursery) -> 
         stream = await acceptor.accept()
     if stream is not None:
         handlers.start_soon(room.overflow, stream)
+
+
+def _waiting(sock: trio.socket.SocketType) -> bool:
+    """Whether a connection waits in the listening socket's backlog (a poll that does not block)."""
+    return bool(select.select([sock.fileno()], [], [], 0)[0])
 
 
 class _Acceptor:

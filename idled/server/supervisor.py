@@ -48,6 +48,7 @@ from idled.ops import config as config_module
 from idled.ops.config import Config, ConfigError
 from idled.ops.fatal import EXIT_FAILURE, Fatal
 from idled.protocol import Login
+from idled.server.edge.occupancy import Occupancy
 from idled.server.gateways import Gateway
 from idled.server.internal import peer_pid
 
@@ -140,14 +141,14 @@ class Worker:
         return process.pid if process is not None and process.returncode is None else None
 
 
-def edge_command(config: Config, name: str, core: str, fds: Sequence[int], max_connections: int,
+def edge_command(config: Config, name: str, core: str, fds: Sequence[int], occupancy: str,
                  config_file: str | None = None) -> list[str]:
     """The command line of one edge child: the serve options that concern the edge, forwarded.
 
     With a configuration file the edge gets ``--config`` too, and as flags only the settings the file and
     the environment do not already give (they came from the core's command line): a SIGHUP then makes the
     edge re-read the file exactly as the core does (flags still win)."""
-    argv = [sys.executable, "-m", "idled.cli.main", "edge", "--core", core, "--name", name]
+    argv = [sys.executable, "-m", "idled.cli.main", "edge", "--core", core, "--name", name, "--occupancy", occupancy]
     for fd in fds:
         argv += ["--listen-fd", str(fd)]
     base = _file_config(config_file)
@@ -162,11 +163,12 @@ def edge_command(config: Config, name: str, core: str, fds: Sequence[int], max_c
         "tls_cert": ("--tls-cert", config.tls_cert or ""),  # TLS and PROXY: idled.server.tls, at each edge
         "tls_key": ("--tls-key", config.tls_key or ""),
         "tls_client_ca": ("--tls-client-ca", config.tls_client_ca or ""),
+        "max_connections": ("--max-connections", str(config.max_connections)),  # the daemon's: see occupancy
     }
     for setting, (flag, value) in flags.items():
         if getattr(config, setting) is not None and (base is None or getattr(base, setting) != getattr(config, setting)):
             argv += [flag, value]
-    argv += ["--max-connections", str(max_connections), "--metrics-port", "0"]
+    argv += ["--metrics-port", "0"]
     if config.insecure and (base is None or not base.insecure):
         argv += ["--insecure"]
     if config.proxy_protocol and (base is None or not base.proxy_protocol):
@@ -223,6 +225,8 @@ class Supervisor:
         self.peers = peers
         self.workers = [Worker(i, f"worker-{i}") for i in range(config.workers)]
         self._names = frozenset(worker.name for worker in self.workers)
+        # Every edge's connection count, shared (idled.server.edge.occupancy): max_connections is the daemon's.
+        self.occupancy_fd, self.occupancy = Occupancy.create(len(self.workers)) if self.workers else (-1, [])
         self.core_address = ""
         self.socket_path: Path | None = None  # the internal socket, once bound (removed at exit)
         self.public: list[socket.socket] = []
@@ -276,11 +280,11 @@ class Supervisor:
             task_status.started()
 
     async def _spawn(self, worker: Worker) -> Child:
-        # The connection budget is split: each edge may hold its share of max_connections users.
-        share = max(1, self.config.max_connections // len(self.workers))
         fds = [s.fileno() for s in self.public]
-        argv = self.command(self.config, worker.name, self.core_address, fds, share, self.config_file)
-        process = Child.spawn(argv, pass_fds=[s.fileno() for s in self.public], preexec=self._preexec)
+        occupancy = f"{self.occupancy_fd},{worker.index}"
+        argv = self.command(self.config, worker.name, self.core_address, fds, occupancy, self.config_file)
+        self.occupancy[worker.index].publish(0)  # a new process holds nothing yet
+        process = Child.spawn(argv, pass_fds=[*fds, self.occupancy_fd], preexec=self._preexec)
         worker.process, worker.started_at = process, time.monotonic()
         if worker.listening.is_set():  # a restart: wait for the new process to listen (run() may wait on the first)
             worker.listening = trio.Event()
@@ -370,8 +374,9 @@ class Supervisor:
 
     # -- what the metrics see ----------------------------------------------------------------------------
 
-    def view(self) -> list[tuple[str, int | None, int, int]]:
-        """Per worker: name, pid (None: down), restarts, sessions the core holds through its link.
-        Read on the event loop (``peers`` changes there)."""
+    def view(self) -> list[tuple[str, int | None, int, int, int]]:
+        """Per worker: name, pid (None: down), restarts, sessions the core holds through its link, connections
+        it holds (its slot of the shared occupancy). Read on the event loop (``peers`` changes there)."""
         sessions = {getattr(p, "name", None): len(getattr(p, "uids", ())) for p in self.peers}
-        return [(w.name, w.pid, w.restarts, sessions.get(w.name, 0)) for w in self.workers]
+        counts = self.occupancy[0].counts() if self.occupancy else [0] * len(self.workers)
+        return [(w.name, w.pid, w.restarts, sessions.get(w.name, 0), counts[w.index]) for w in self.workers]

@@ -11,6 +11,7 @@ child's CPU time and RSS with psutil off the loop. Every family carries a ``work
   idled_worker_up                      1 while the worker's process runs, 0 while it is being restarted
   idled_worker_restarts_total          restarts since the core started
   idled_worker_sessions                sessions the core holds through the worker's link (its users online)
+  idled_worker_connections             connections the worker holds (shared occupancy: what its accept loop sees)
   idled_worker_resident_memory_bytes   RSS of the worker's current process
   idled_worker_cpu_seconds_total       user + system CPU of the worker's current process (a restart resets
                                        it, which Prometheus' rate() reads as a counter reset)
@@ -34,7 +35,7 @@ __all__ = ["WorkerCollector"]
 
 log = logging.getLogger("idled.server.workermetrics")
 
-View = list[tuple[str, int | None, int, int]]  # Supervisor.view(): name, pid, restarts, sessions
+View = list[tuple[str, int | None, int, int, int]]  # Supervisor.view(): name, pid, restarts, sessions, connections
 
 
 class WorkerCollector(Collector):
@@ -54,6 +55,9 @@ class WorkerCollector(Collector):
             ),
             "sessions": GaugeMetricFamily(
                 "idled_worker_sessions", "Sessions the core holds through the edge worker's link.", labels=["worker"]
+            ),
+            "connections": GaugeMetricFamily(
+                "idled_worker_connections", "Connections the edge worker holds.", labels=["worker"]
             ),
             "rss": GaugeMetricFamily(
                 "idled_worker_resident_memory_bytes", "Resident memory of the edge worker's process.", labels=["worker"]
@@ -83,7 +87,7 @@ class WorkerCollector(Collector):
         if view is None:
             return []
         families = self._families()
-        for name, pid, restarts, sessions in view:
+        for name, pid, restarts, sessions, connections in view:
             rss = cpu = None
             if pid is not None:
                 try:
@@ -96,6 +100,7 @@ class WorkerCollector(Collector):
             families["up"].add_metric([name], 0.0 if pid is None else 1.0)
             families["restarts"].add_metric([name], float(restarts))
             families["sessions"].add_metric([name], float(sessions))
+            families["connections"].add_metric([name], float(connections))
             if rss is not None and cpu is not None:
                 families["rss"].add_metric([name], float(rss))
                 families["cpu"].add_metric([name], cpu)

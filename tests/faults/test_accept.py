@@ -37,6 +37,8 @@ class Unlimited:
         return False
     def enter(self):
         pass
+    def elsewhere(self):
+        return False
     async def overflow(self, stream):
         raise AssertionError("never full")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import trio
 
 from idled.server.conn import refuse, refuse_out_of_descriptors
-from idled.server.listen import OVERFLOW_WAIT, Shortage, accept_loop
+from idled.server.listen import OVERFLOW_PATIENCE, OVERFLOW_WAIT, Shortage, accept_loop
 from tests.peers import Client
 
 
@@ -22,12 +22,16 @@ class Limited:
         self.limit = limit
         self.open = 0
         self.overflowed = 0
+        self.others: list[Limited] = []  # what an edge reads from the shared occupancy
 
     def full(self) -> bool:
         return self.open >= self.limit
 
     def enter(self) -> None:
         self.open += 1
+
+    def elsewhere(self) -> bool:
+        return any(not other.full() for other in self.others)
 
     async def overflow(self, stream: trio.SocketStream) -> None:
         self.overflowed += 1
@@ -75,4 +79,27 @@ async def test_full_rooms_leave_connections_to_one_with_room_and_busy_only_when_
             while (answer := await served_by(await Client.connect(port))) == "busy":
                 await trio.sleep(OVERFLOW_WAIT)
         assert answer in ("small", "big")
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_full_room_leaves_a_connection_to_another_with_room_that_is_slow_to_accept() -> None:
+    """Under --workers the edges share their counts: a full edge does not refuse a connection that another edge
+    (busy for a moment: a GC walk, a burst of logins) has room for; it refuses only past OVERFLOW_PATIENCE."""
+    listener = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
+    port = listener.socket.getsockname()[1]
+    full, slow = Limited("full", 0), Limited("slow", 1)
+    full.others, slow.others = [slow], [full]
+    shortage = Shortage(lambda: "unused")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(accept_loop, listener, full.hold, nursery, refuse_out_of_descriptors, shortage, full)
+        client = await Client.connect(port)
+        await trio.sleep(OVERFLOW_PATIENCE / 2)  # the other edge is stalled this long, then accepts
+        own = trio.SocketListener(listener.socket.dup())
+        nursery.start_soon(accept_loop, own, slow.hold, nursery, refuse_out_of_descriptors, shortage, slow)
+        assert await served_by(client) == "slow"
+        assert full.overflowed == 0
+        # Now every edge is full: refused, and at once (nobody has room to wait for).
+        start = trio.current_time()
+        assert await served_by(await Client.connect(port)) == "busy"
+        assert trio.current_time() - start < OVERFLOW_PATIENCE / 2
         nursery.cancel_scope.cancel()

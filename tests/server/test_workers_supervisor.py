@@ -38,7 +38,7 @@ pytestmark = pytest.mark.slow
 STANDIN = Path(__file__).with_name("workers_standin.py")
 
 
-def standin_command(config: Config, name: str, core: str, fds: Sequence[int], max_connections: int,
+def standin_command(config: Config, name: str, core: str, fds: Sequence[int], occupancy: str,
                     config_file: str | None) -> list[str]:
     argv = [sys.executable, str(STANDIN), "--core", core, "--name", name]
     for fd in fds:
@@ -98,7 +98,7 @@ async def test_edges_log_in_without_token_and_serve_the_public_port(tmp_path: Pa
         assert server.connections["gateway"] == 2  # both links, trusted without a token
         streams = [await user(server.ports[0], f"u{i}") for i in range(6)]
         await wait_for(lambda: server.presence is not None and len(server.presence) == 6)
-        held = {name: sessions for name, _pid, _restarts, sessions in server.workers.view()}
+        held = {name: sessions for name, _pid, _restarts, sessions, _conns in server.workers.view()}
         assert sum(held.values()) == 6
         assert sample(server, "idled_worker_up", worker="worker-0") == 1.0
         assert (sample(server, "idled_worker_resident_memory_bytes", worker="worker-1") or 0) > 1 << 20
@@ -126,7 +126,7 @@ async def test_a_killed_worker_is_restarted_and_its_sessions_end_gateway_lost(tm
         assert server.workers is not None
         streams = [await user(server.ports[0], f"u{i}") for i in range(8)]
         await wait_for(lambda: server.presence is not None and len(server.presence) == 8)
-        view = {name: (pid, sessions) for name, pid, _restarts, sessions in server.workers.view()}
+        view = {name: (pid, sessions) for name, pid, _restarts, sessions, _conns in server.workers.view()}
         victim = max(view, key=lambda name: view[name][1])  # the worker that holds the most
         old_pid, lost = view[victim]
         assert old_pid is not None and lost > 0

@@ -10,12 +10,14 @@ listening. Listeners are opened from ``--host/--port`` or adopted from inherited
 the ``--workers`` supervisor passes the public socket to every edge and the kernel spreads the accepts).
 
 *Accepting when full.* The limit is ``max_connections`` capped to the descriptor budget
-(``idled.ops.fdbudget``; a relay counts twice). The accept loop is the core's (``idled.server.listen``: the
-spare descriptor, ``busy`` when descriptors run out anyway), with this edge as its ``Room``: at its limit the
-edge stops accepting, so on a socket shared by several edges the kernel hands new connections to one with
-room; a connection still waiting ``OVERFLOW_WAIT`` later means every edge is full (or the others are stalled):
-this edge accepts it and refuses it with ``busy``, so the client learns at once instead of hanging in the
-backlog.
+(``idled.ops.fdbudget``; a relay counts twice). Under ``--workers`` the edges share their counts
+(``idled.server.edge.occupancy``): ``max_connections`` is then the whole daemon's, and each edge is also
+capped to its own budget. The accept loop is the core's (``idled.server.listen``: the spare descriptor,
+``busy`` when descriptors run out anyway), with this edge as its ``Room``: when full the edge stops
+accepting, so on a socket shared by several edges the kernel hands new connections to one with room; a
+connection still waiting is left to them while one has room (up to ``OVERFLOW_PATIENCE``), then -- or at once
+when all are full -- this edge accepts it and refuses it with ``busy``, so the client learns instead of
+hanging in the backlog.
 
 Like the core, the edge runs the stall guard's clock and the monitor task (``idled.server.monitor``: loop
 lag as ``idled_event_loop_lag_seconds``, the GC policy's thaw as a hook). The link measures the core's
@@ -48,6 +50,7 @@ from idled.server.clock import Clock
 from idled.server.conn import Doorway, auth_secret, refuse, refuse_out_of_descriptors
 from idled.server.listen import Shortage, accept_all
 from idled.server.edge.link import CoreLink
+from idled.server.edge.occupancy import Occupancy
 from idled.server.edge.users import EdgeUsers
 from idled.server.monitor import Monitor
 from idled.server.signals import until_stopped
@@ -75,8 +78,10 @@ class Edge:
         reload_config: Callable[[], Config] | None = None,
         link_secret: bytes | None = None,
         gc_policy: GcPolicy | None = None,
+        occupancy: Occupancy | None = None,
     ) -> None:
         self.config = config
+        self.occupancy = occupancy  # --workers: every edge's connection count (then max_connections is the daemon's)
         self.secret = auth_secret(config)
         self.listen_fds = tuple(listen_fds)
         self.metrics = NullMetrics() if metrics is None else metrics
@@ -110,6 +115,8 @@ class Edge:
         async with trio.open_nursery() as nursery:
             self.clock.start()
             hooks = [self.gc_policy.maybe_thaw] if self.gc_policy is not None else []
+            if self.occupancy is not None:
+                hooks.append(self._publish)
             nursery.start_soon(self.monitor.run, self._status_line, hooks)
             nursery.start_soon(self.link.run)
             if cfg.metrics_port and self.metrics.registry is not None:
@@ -147,6 +154,8 @@ class Edge:
         """``max_connections`` capped to the descriptor budget (``idled.ops.fdbudget``), with a warning."""
         budget = Budget.of(open_file_limit(), listeners=max(1, len(self.listen_fds)) + 1)  # + the core link
         self.budget = budget
+        if self.occupancy is not None:  # max_connections is the daemon's (checked in full()): this edge's is its budget
+            return min(max_connections, budget.connections)
         if max_connections > budget.connections:
             log.warning("max_connections %d is more than the descriptors allow (open-file limit %d - reserve %d - "
                         "%d listener(s) and link = %d): capped to %d", max_connections, budget.nofile, RESERVE,
@@ -157,9 +166,27 @@ class Edge:
     # -- the accept loop's Room (idled.server.listen): pause when full, so a shared socket's connections go to
     # an edge with room
 
+    def _held(self) -> int:
+        """Descriptors of connections: every connection, a relay twice (it holds a second one)."""
+        return sum(self.connections.values()) + self.users.relays
+
+    def _publish(self) -> None:
+        if self.occupancy is not None:
+            self.occupancy.publish(self._held())
+
     def full(self) -> bool:
-        """At the connection limit: every connection counts, a relay twice (it holds a second descriptor)."""
-        return sum(self.connections.values()) + self.users.relays >= self.door.limit
+        """At this edge's limit, or (``--workers``) the daemon holds ``max_connections`` over all its edges."""
+        held = self._held()
+        if self.occupancy is None:
+            return held >= self.door.limit
+        self.occupancy.publish(held)
+        return held >= self.door.limit or self.occupancy.total() >= self.config.max_connections
+
+    def elsewhere(self) -> bool:
+        """Another edge of this daemon has room (see ``idled.server.edge.occupancy``)."""
+        occupancy = self.occupancy
+        return (occupancy is not None and occupancy.total() < self.config.max_connections
+                and occupancy.elsewhere(self.door.limit))
 
     def enter(self) -> None:
         self.connections["pending"] += 1  # the doorway is told so (handle(counted=True))
