@@ -11,7 +11,7 @@ from idled.server.supervisor import edge_command
 
 
 def test_serve_passes_it_to_every_edge_it_starts() -> None:
-    argv = edge_command(Config(workers=2, gc_thaw_every=30.0).validate(), "worker-0", "unix:/run/core.sock", [3], 100)
+    argv = edge_command(Config(workers=2, gc_thaw_every=30.0).validate(), "worker-0", "unix:/run/core.sock", [3], "4,0")
     edge_args = argv[argv.index("edge"):]  # after `python -m idled.cli.main`
     args = cli.build_parser("edge").parse_args(edge_args)
     assert edge_cli.load(args).gc_thaw_every == 30.0
