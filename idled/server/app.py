@@ -205,7 +205,7 @@ class Server:
         if self.gc_policy is not None:
             self.gc_policy.start()  # after the session maps exist: see idled.ops.gcpolicy
         self._sessions = sessions = Sessions(presence, self.bus, self.clock, self.seqs)
-        self._gateways = Gateways(sessions, self._peers, max_frame=cfg.max_gateway_frame)
+        self._gateways = Gateways(sessions, self._peers, max_frame=cfg.max_gateway_frame, grace=cfg.gateway_grace)
         self._observers = observers = Observers(presence, self.bus, self.log, first_seq=self.seqs.first, peers=self._peers)
         self._damage = (recovery.skipped_bytes + recovery.truncated_bytes, recovery.corrupt_records)
         roles = {"uid": functools.partial(run_user, CoreUsers(sessions)), "gateway": self._gateways.run, "observer": observers.run}
@@ -248,6 +248,8 @@ class Server:
                 functools.partial(serve_metrics, health=health), self.metrics.registry, cfg.metrics_host, cfg.metrics_port
             )
             log.info("metrics on http://%s:%d/metrics", cfg.metrics_host, port)
+        assert self._gateways is not None
+        self._gateways.spawn = nursery.start_soon  # grace periods of gateways that lost their connection
         ticker = Ticker(sessions, tick=cfg.tick, metrics=self.metrics)
         sessions.wake_ticker = ticker.wake
         nursery.start_soon(ticker.run)

@@ -27,14 +27,27 @@ A gateway that logs in with ``"marks": true`` (every edge) reports watermarks: t
 as an owner (``idled.core.watermarks``), its outbox sends ``mark`` requests, and each ``marked`` answer
 raises its watermark -- waking the tick task when held sessions became due. Its sessions expire ``idle``
 only once it has forwarded its users' activity past their deadlines, so an edge that lags or is stopped
-never loses a session that kept talking. When the connection ends it is no longer tracked, after its
-sessions ended (``gateway_lost``).
+never loses a session that kept talking.
+
+*Resuming.* Such a gateway is also known by its name, and outlives its connection: the owner of its sessions
+is the ``Gateway``, a connection is a ``GatewayLink``. A connection that ends without ``bye`` -- the edge gave
+up on a core that was stopped longer than its liveness check allows, a reset on the network -- leaves the
+gateway in a grace period (``gateway_grace``): its sessions stay online, held (its watermark stands still).
+A login of the same name within it resumes the gateway: no event for any session; the edge attaches again
+every user it still has (the same owner: a new deadline, no event), and its first answer to a mark, which
+follows those attaches, *confirms* them: the sessions it did not attach again are users who left meanwhile
+(``gateway_lost``). A login of a name whose connection is still open (the core had not noticed the old one
+die) takes the gateway over and closes the old connection (``kicked``). Past the grace period, or after
+``bye``, the gateway is lost: every session it owns goes offline (``gateway_lost``) and it is no longer
+tracked. Gateways that do not report watermarks are not resumed (their names need not be unique): losing
+the connection loses them at once, as before.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import trio
 
@@ -61,47 +74,79 @@ from idled.server.conn import Connection, close_with
 from idled.server.outbox import Outbox, mark_interval, outbox_running
 from idled.server.sessions import Sessions
 
-__all__ = ["ATTACH_CHUNK", "Gateway", "Gateways"]
+__all__ = ["ATTACH_CHUNK", "Gateway", "GatewayLink", "Gateways"]
 
 log = logging.getLogger("idled.server.gateways")
 
 ATTACH_CHUNK = 2048  # uids of one attach or detach frame applied between two checkpoints
 
 
-class Gateway(Connection):
-    """A gateway connection: owns many sessions; losing it ends them all (``gateway_lost``)."""
+class Gateway:
+    """A gateway as the owner of its sessions; ``link`` is its connection now (None while it has none).
 
-    __slots__ = ("name", "uids", "outbox")
+    A gateway that reports watermarks outlives its connection (see the module docstring): a connection of
+    the same name resumes it within the grace period, with every session it owned."""
 
-    def __init__(self, name: str, outbox: Outbox | None = None) -> None:
-        super().__init__()
+    __slots__ = ("name", "uids", "link", "unconfirmed", "resumed")
+
+    def __init__(self, name: str) -> None:
         self.name = name
-        self.outbox = outbox  # None: the gateway opted in to neither ended notices nor marks
         # A dict, not a set: the cyclic GC untracks a dict holding only ints and strs, while it would walk
         # every key of a set on each full collection (1M sessions: ~3M container entries per pass).
         self.uids: dict[Uid, None] = {}
+        self.link: GatewayLink | None = None
+        self.unconfirmed: dict[Uid, None] | None = None  # after a resume: sessions not attached again yet
+        self.resumed = trio.Event()  # set when a new connection resumes it (ends its grace period)
 
     def release(self, uid: Uid, code: str, reason: str) -> None:
-        # One session of many ended (expired or taken over): the gateway connection itself stays.
+        # One session of many ended (expired or taken over): the gateway itself stays.
         self.uids.pop(uid, None)
-        if self.outbox is not None:
-            self.outbox.add(uid, code)
+        if self.unconfirmed is not None:
+            self.unconfirmed.pop(uid, None)
+        link = self.link
+        if link is not None and link.outbox is not None:
+            link.outbox.add(uid, code)
 
     def want_mark(self, deadline: float) -> None:
         """A held session of this gateway waits for its watermark to pass ``deadline`` (the tick task asks)."""
-        if self.outbox is not None:
-            self.outbox.want(deadline)
+        link = self.link
+        if link is not None and link.outbox is not None:
+            link.outbox.want(deadline)
+
+
+class GatewayLink(Connection):
+    """One connection of a gateway (what shutdown closes, what the supervisor counts)."""
+
+    __slots__ = ("gateway", "outbox")
+
+    def __init__(self, gateway: Gateway, outbox: Outbox | None) -> None:
+        super().__init__()
+        self.gateway = gateway
+        self.outbox = outbox  # None: the gateway opted in to neither ended notices nor marks
+
+    @property
+    def name(self) -> str:
+        return self.gateway.name
+
+    @property
+    def uids(self) -> dict[Uid, None]:
+        return self.gateway.uids
 
 
 class Gateways:
-    """The gateway role (``run``) over ``sessions``; ``peers`` holds the live gateways for shutdown to close.
+    """The gateway role (``run``) over ``sessions``; ``peers`` holds the live connections for shutdown to close.
 
-    ``max_frame`` (a gateway's larger frame limit) applies to the next gateway to log in: a reload sets it."""
+    ``max_frame`` (a gateway's larger frame limit) applies to the next gateway to log in: a reload sets it.
+    ``grace``: seconds a gateway that reports watermarks is kept after losing its connection (0: none).
+    ``spawn`` (the server's ``nursery.start_soon``) runs the grace periods; without it there are none."""
 
-    def __init__(self, sessions: Sessions, peers: set[Connection], *, max_frame: int) -> None:
+    def __init__(self, sessions: Sessions, peers: set[Connection], *, max_frame: int, grace: float = 0.0) -> None:
         self.sessions = sessions
         self.peers = peers
         self.max_frame = max_frame
+        self.grace = grace
+        self.spawn: Callable[..., object] | None = None
+        self.resumable: dict[str, Gateway] = {}  # by name: gateways that report watermarks, linked or in grace
 
     async def run(self, stream: trio.abc.Stream, decoder: FrameDecoder, login: Login) -> None:
         presence, clock = self.sessions.presence, self.sessions.clock
@@ -109,33 +154,66 @@ class Gateways:
         if login.ended or login.marks:
             outbox = Outbox(self.max_frame, notices=login.ended, marks=login.marks, now=clock.now,
                             interval=mark_interval(presence.tick))
-        gateway = Gateway(str(login.name), outbox)
+        gateway = self._claim(str(login.name)) if login.marks else Gateway(str(login.name))
+        link = gateway.link = GatewayLink(gateway, outbox)
         decoder.max_frame = self.max_frame
-        self.peers.add(gateway)
+        self.peers.add(link)
         if login.marks:
-            presence.track_owner(gateway, clock.now())
+            presence.track_owner(gateway, clock.now())  # a resumed gateway keeps its watermark
         failure: BaseException | None = None
+        said_bye = False
         try:
-            with gateway.scope:
+            with link.scope:
                 await stream.send_all(encode(self.welcome(gateway)))
                 async with outbox_running(outbox, stream):
                     # Caught inside the outbox's nursery, not outside: out of it a protocol error would come
                     # wrapped in an ExceptionGroup, which the doorway does not answer with an error frame.
                     try:
-                        await self.serve(gateway, stream, decoder)
+                        said_bye = await self.serve(link, stream, decoder)
                     except (ProtocolError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                         failure = exc
         finally:
-            self.peers.discard(gateway)
-            with trio.CancelScope(shield=True):
-                await self.lost(gateway)
-                presence.untrack_owner(gateway)
+            self.peers.discard(link)
+            if gateway.link is link:  # (not replaced by a newer connection of the same gateway)
+                gateway.link = None
+                with trio.CancelScope(shield=True):
+                    await self._unlinked(gateway, resumable=login.marks and not said_bye)
         if failure is not None:
             raise failure
-        if gateway.end is not None:
+        if link.end is not None:
             if outbox is not None:
                 await outbox.flush_final(stream)
-            await close_with(stream, *gateway.end)
+            await close_with(stream, *link.end)
+
+    def _claim(self, name: str) -> Gateway:
+        """The gateway of this name that reports watermarks: a new one, or one resumed -- from its grace period,
+        or from a connection still open (the newest connection wins; the old one is closed ``kicked``)."""
+        gateway = self.resumable.get(name)
+        if gateway is None:
+            gateway = self.resumable[name] = Gateway(name)
+            return gateway
+        if gateway.link is not None:
+            gateway.link.close(ErrorCode.KICKED, "replaced by a newer connection of this gateway")
+        gateway.unconfirmed = dict(gateway.uids)
+        gateway.resumed.set()
+        gateway.resumed = trio.Event()
+        log.info("gateway %s resumed by a new connection: %d sessions kept", name, len(gateway.uids))
+        return gateway
+
+    async def _unlinked(self, gateway: Gateway, *, resumable: bool) -> None:
+        """The gateway's connection ended: its sessions end now, or after the grace period unless resumed."""
+        if not (resumable and self.grace > 0 and self.spawn is not None and not self.sessions.stopping):
+            await self.lost(gateway)
+            return
+        log.info("gateway %s lost its connection: its %d sessions are kept %g s for it to come back",
+                 gateway.name, len(gateway.uids), self.grace)
+        self.spawn(self._grace_period, gateway, gateway.resumed)
+
+    async def _grace_period(self, gateway: Gateway, resumed: trio.Event) -> None:
+        with trio.move_on_after(self.grace):
+            await resumed.wait()
+        if not resumed.is_set():
+            await self.lost(gateway)
 
     def welcome(self, gateway: Gateway) -> Welcome:
         # The presence table's own rule, evaluated at its extremes, gives the edge its parameters: the
@@ -143,21 +221,23 @@ class Gateways:
         rule = self.sessions.presence.timeout_for
         return Welcome("gateway", gateway.name, rule(None), self.max_frame, rule(1e-9), rule(MAX_KEEPALIVE))
 
-    async def serve(self, gateway: Gateway, stream: trio.abc.Stream, decoder: FrameDecoder) -> None:
-        """The gateway's frames until ``bye`` or the end of its stream."""
+    async def serve(self, link: GatewayLink, stream: trio.abc.Stream, decoder: FrameDecoder) -> bool:
+        """The gateway's frames until ``bye`` (True) or the end of its stream (False)."""
         sessions = self.sessions
         presence, now = sessions.presence, sessions.clock.now
-        outbox = gateway.outbox
+        gateway, outbox = link.gateway, link.outbox
         while True:
             message = await receive_message(stream, decoder)
             if message is None or message is BYE:
-                return
+                return message is BYE
             if type(message) is Touch:
                 t = now()
                 for uid in message.uids:
                     presence.touch_owned(uid, gateway, t)
             elif type(message) is Marked and outbox is not None and outbox.marks:
                 outbox.answered(message.t)
+                if gateway.unconfirmed is not None:
+                    await self.confirm(gateway)
                 if presence.mark(gateway, message.t):
                     sessions.wake_ticker()
             elif type(message) is Attach:
@@ -182,6 +262,8 @@ class Gateways:
             previous, event = presence.login(uid, gateway, now, wall, message.keepalive)
             sessions.take_over(uid, previous, gateway)
             gateway.uids[uid] = None
+            if gateway.unconfirmed is not None:
+                gateway.unconfirmed.pop(uid, None)
             sessions.publish(event)
             if index % ATTACH_CHUNK == 0:  # a 1 MiB attach is ~100k uids: don't hold the loop for all of them
                 sessions.wake_ticker()
@@ -206,15 +288,34 @@ class Gateways:
                 now, wall = clock.now(), time.time()
 
     async def lost(self, gateway: Gateway) -> None:
-        """The gateway connection ended: every session it still owns goes offline (``gateway_lost``)."""
-        sessions = self.sessions
-        ended = 0
-        while gateway.uids:
-            await sessions.room()
-            now, wall = sessions.clock.now(), time.time()
-            for _ in range(min(DEFAULT_CHUNK, len(gateway.uids))):
-                sessions.publish(sessions.presence.logout(gateway.uids.popitem()[0], gateway, now, wall, "gateway_lost"))
-                ended += 1
-            await trio.sleep(0)
+        """The gateway is gone: every session it still owns goes offline (``gateway_lost``)."""
+        ended = await self._end(gateway, gateway.uids)
+        self.sessions.presence.untrack_owner(gateway)
+        if self.resumable.get(gateway.name) is gateway:
+            del self.resumable[gateway.name]
         if ended:
             log.info("gateway %s lost: %d sessions offline", gateway.name, ended)
+
+    async def confirm(self, gateway: Gateway) -> None:
+        """A resumed gateway has attached again every user it still has (its first answer to a mark follows
+        them): the sessions it did not are users who left while it was away (``gateway_lost``)."""
+        unconfirmed, gateway.unconfirmed = gateway.unconfirmed or {}, None
+        ended = await self._end(gateway, unconfirmed)
+        log.info("gateway %s confirmed its sessions after resuming: %d not attached again went offline",
+                 gateway.name, ended)
+
+    async def _end(self, gateway: Gateway, uids: dict[Uid, None]) -> int:
+        """End these sessions of ``gateway`` (``gateway_lost``), in chunks; returns how many."""
+        sessions = self.sessions
+        ended = 0
+        while uids:
+            await sessions.room()
+            now, wall = sessions.clock.now(), time.time()
+            for _ in range(min(DEFAULT_CHUNK, len(uids))):
+                uid = uids.popitem()[0]
+                gateway.uids.pop(uid, None)
+                event = sessions.presence.logout(uid, gateway, now, wall, "gateway_lost")
+                sessions.publish(event)
+                ended += event is not None
+            await trio.sleep(0)
+        return ended

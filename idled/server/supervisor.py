@@ -49,7 +49,7 @@ from idled.ops.config import Config, ConfigError
 from idled.ops.fatal import EXIT_FAILURE, Fatal
 from idled.protocol import Login
 from idled.server.edge.occupancy import Occupancy
-from idled.server.gateways import Gateway
+from idled.server.gateways import GatewayLink
 from idled.server.internal import peer_pid
 
 __all__ = ["BACKOFF_MAX", "BACKOFF_MIN", "STARTUP_TIMEOUT", "STOP_TIMEOUT", "Supervisor", "Worker", "edge_command"]
@@ -256,7 +256,7 @@ class Supervisor:
 
     def is_link(self, peer: object) -> bool:
         """Whether a peer of the core is one of its edges' own links (a gateway named after a worker)."""
-        return isinstance(peer, Gateway) and peer.name in self._names
+        return isinstance(peer, GatewayLink) and peer.name in self._names
 
     # -- running -----------------------------------------------------------------------------------------
 
