@@ -114,6 +114,7 @@ class Server:
             retention_seconds=config.retention_seconds,
         )
         self.seqs = SeqBlocks(SeqReservation(self.log.directory))
+        self._event_counters: dict[tuple[str, str], Any] = {}
         self.bus = EventBus(on_event=self._count_event)
         self.clock = Clock(config.stall_ticks * config.tick)
         self.monitor = Monitor(self.clock, tick=config.tick, env=self.env, metrics=self.metrics)
@@ -428,7 +429,12 @@ class Server:
     # -- what the outside sees --------------------------------------------------------------------------
 
     def _count_event(self, event: PresenceEvent) -> None:
-        self.metrics.presence_events.labels(kind=event.kind, reason=event.reason).inc()
+        # One labelled child per (kind, reason), looked up once: labels() costs ~2 us, on every login and expiry.
+        key = (event.kind, event.reason)
+        counter = self._event_counters.get(key)
+        if counter is None:
+            counter = self._event_counters[key] = self.metrics.presence_events.labels(kind=event.kind, reason=event.reason)
+        counter.inc()
         peer_log.event(event)
 
     def _status_line(self) -> str:

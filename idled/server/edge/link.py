@@ -13,10 +13,14 @@ stops an edge from reading its users and answering their pings.
   covered by the attach). The flusher sends at most ``flush_interval`` (10 ms) after the first pending
   operation, or at once when ``flush_size`` touches are pending, all frames in one write. A keepalive's
   deadline at the core therefore moves by at most the batch interval plus transfer time.
-* *Attaches are acknowledged.* An attach is flushed at once, followed by a ping; the core handles a
-  gateway's frames in order, so its pong says the attach is done. ``attach`` returns the event that pong
-  sets (shared by every attach of that flush; released too if the connection ends): the edge sends the user's
-  welcome after it, so a welcome means "online in the record", as for a direct login.
+* *Attaches are acknowledged.* An attach is flushed followed by a ping; the core handles a gateway's frames
+  in order, so its pong says the attach is done. ``attach`` returns the event that pong sets (shared by
+  every attach of that flush; released too if the connection ends): the edge sends the user's welcome after
+  it, so a welcome means "online in the record", as for a direct login. One acknowledgement is in flight at
+  a time: an attach is flushed at once when none is, else when its pong arrives (or with the next batch of
+  touches), so under a login storm the attaches of one round trip share one frame and one pong -- the
+  batches grow with the core's lag instead of the pongs multiplying (2,000 logins/s cost the core 2,000
+  pong writes before).
 * *Reconnecting.* When the connection ends (refused, reset, end of stream, the core's ``server_shutdown``):
   the reader or the flusher that saw it records why and ends the connection -- nothing is raised out of
   ``run()``, whatever else is cancelled at the same time -- and the link
@@ -182,6 +186,7 @@ class CoreLink:
         self._attached = trio.Event()  # set when the attaches filed since the last flush are done at the core
         self.attaches_in_flight = 0  # attaches filed and not yet acknowledged by the core
         self._filed = 0  # of those, filed since the last flush
+        self._acking = 0  # acknowledgement pings in flight (see Attaches)
         # One entry per ping in flight, oldest first: the event its pong sets and the attaches it acknowledges
         # (None, 0: a liveness ping only).
         self._pongs: deque[tuple[trio.Event | None, int]] = deque()
@@ -202,7 +207,8 @@ class CoreLink:
             self.attaches_in_flight += 1
             self._filed += 1
             self._pending()
-            self._urgent.set()
+            if not self._acking:
+                self._urgent.set()  # else the pong of the acknowledgement in flight flushes it (see Attaches)
             return self._attached
         self.batch.live[uid] = keepalive
         return None
@@ -310,7 +316,7 @@ class CoreLink:
                     waiting.set()
             self._pongs.clear()
             self._attached = trio.Event()
-            self.attaches_in_flight = self._filed = 0
+            self.attaches_in_flight = self._filed = self._acking = 0
             self._mark = None
             with trio.CancelScope(shield=True):
                 await stream.aclose()
@@ -339,7 +345,11 @@ class CoreLink:
                 attached, count = self._pongs.popleft()
                 if attached is not None:
                     self.attaches_in_flight -= count
+                    self._acking -= 1
                     attached.set()
+                    if self.batch.attaching:
+                        self._wake.set()
+                        self._urgent.set()  # the attaches that waited for this pong
 
     async def _flusher(self, stream: trio.abc.Stream, first: list[bytes]) -> None:
         """The only writer of the connection: the re-attach, then batches, pings, and the final bye."""
@@ -375,6 +385,7 @@ class CoreLink:
                 if attaching:
                     self._pongs.append((self._attached, self._filed))
                     self._attached, self._filed = trio.Event(), 0
+                    self._acking += 1
                 else:
                     self._pongs.append((None, 0))
             closing = self._closing
