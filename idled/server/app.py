@@ -68,6 +68,7 @@ from idled.server.lagwatch import LagWatch
 from idled.server.listen import Shortage, accept_all, bound_address, display, open_listeners, precheck_host, require_auth
 from idled.server.monitor import Monitor
 from idled.server.observers import Observers
+from idled.server.plane import UserPlane
 from idled.server.seqs import SeqBlocks
 from idled.server.sessions import Sessions
 from idled.server.signals import until_stopped
@@ -126,6 +127,7 @@ class Server:
         self._gateways: Gateways | None = None
         self._observers: Observers | None = None
         self._lagwatch: LagWatch | None = None
+        self._plane: UserPlane | None = None
         self._damage = (0, 0)  # (bytes, records) the recovery found damaged: exported as gauges
         self._accept_scope = trio.CancelScope()
         self._stop_event = trio.Event()
@@ -209,7 +211,10 @@ class Server:
         self._gateways = Gateways(sessions, self._peers, max_frame=cfg.max_gateway_frame, grace=cfg.gateway_grace)
         self._observers = observers = Observers(presence, self.bus, self.log, first_seq=self.seqs.first, peers=self._peers)
         self._damage = (recovery.skipped_bytes + recovery.truncated_bytes, recovery.corrupt_records)
-        roles = {"uid": functools.partial(run_user, CoreUsers(sessions)), "gateway": self._gateways.run, "observer": observers.run}
+        users = CoreUsers(sessions)
+        # Logged-in plain TCP users are served by one task (idled.server.plane), not one each.
+        self._plane = users.plane = UserPlane(users, release=self._user_closed, reject=lambda code: self._reject(code))
+        roles = {"uid": functools.partial(run_user, users), "gateway": self._gateways.run, "observer": observers.run}
         self._door = Doorway(
             cfg, sessions=sessions, roles=roles, secret=self.secret, metrics=self.metrics, connections=self.connections,
             trusts=self.workers.trusts if self.workers is not None else None, public=self.workers is None,
@@ -249,8 +254,9 @@ class Server:
                 functools.partial(serve_metrics, health=health), self.metrics.registry, cfg.metrics_host, cfg.metrics_port
             )
             log.info("metrics on http://%s:%d/metrics", cfg.metrics_host, port)
-        assert self._gateways is not None
+        assert self._gateways is not None and self._plane is not None
         self._gateways.spawn = nursery.start_soon  # grace periods of gateways that lost their connection
+        nursery.start_soon(self._plane.run)
         ticker = Ticker(sessions, tick=cfg.tick, metrics=self.metrics)
         sessions.wake_ticker = ticker.wake
         nursery.start_soon(ticker.run)
@@ -269,6 +275,13 @@ class Server:
             hooks.append(self.gc_policy.maybe_thaw)
         # Started after READY=1, so the manager never sees WATCHDOG=1 (or STATUS=) before it.
         nursery.start_soon(self.monitor.run, self._status_line, hooks)
+
+    def _user_closed(self) -> None:
+        self.connections["user"] -= 1  # a user the plane served (the doorway counted it in)
+
+    def _reject(self, code: str) -> None:
+        assert self._door is not None
+        self._door.reject(code)
 
     async def handle(self, stream: trio.abc.Stream) -> None:
         """Serve one connection, as the accept loop does for each it accepts (once ``serve()`` has started)."""

@@ -25,6 +25,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from typing import Final
 
 import trio
 
@@ -37,8 +38,8 @@ from idled.server.sessions import Sessions
 from idled.server.tls import Front, HandshakeFailed
 
 __all__ = [
-    "ROLE_LABELS", "SEND_ERROR_TIMEOUT", "Connection", "Doorway", "Role", "auth_secret", "close_with", "refuse",
-    "refuse_out_of_descriptors",
+    "HANDED_OVER", "ROLE_LABELS", "SEND_ERROR_TIMEOUT", "Connection", "Doorway", "Role", "auth_secret", "close_with",
+    "refuse", "refuse_out_of_descriptors",
 ]
 
 log = logging.getLogger("idled.server.conn")
@@ -48,7 +49,10 @@ CERTIFIED_TOKEN_TTL = 60.0  # seconds: the token a certificate login carries on 
 SEND_ERROR_TIMEOUT = 1.0  # a peer that doesn't read can't hold a closing connection longer than this
 ROLE_LABELS: Mapping[str, str] = {"uid": "user", "gateway": "gateway", "observer": "observer"}  # login role -> label
 
-Role = Callable[[trio.abc.Stream, FrameDecoder, Login], Awaitable[None]]
+# A role returns HANDED_OVER when it gave the open connection to someone who will close it and give its count
+# back (the user plane, idled.server.plane); the doorway then leaves both alone.
+HANDED_OVER: Final = "handed over"
+Role = Callable[[trio.abc.Stream, FrameDecoder, Login], Awaitable[str | None]]
 
 
 class Connection:
@@ -154,6 +158,7 @@ class Doorway:
         role = "pending"
         if not counted:
             self.connections[role] += 1
+        handed_over = False
         raw = stream  # closed in the end, whatever was wrapped around it
         address = peer_address(stream)
         try:
@@ -184,7 +189,7 @@ class Doorway:
                 role = ROLE_LABELS[login.role]
                 self.connections[role] += 1
                 peer_log.debug("login", "login %s %r from %s", role, login.name, address)
-                await self.roles[login.role](stream, decoder, login)
+                handed_over = await self.roles[login.role](stream, decoder, login) == HANDED_OVER
             except ProtocolError as exc:
                 self.reject(exc.code)
                 peer_log.debug("reject", "reject %s from %s: %s", exc.code, address, exc.reason)
@@ -197,13 +202,14 @@ class Doorway:
         except Exception:
             log.exception("connection handler failed (bug); connection closed, server unaffected")
         finally:
-            self.connections[role] -= 1
-            if stream is not raw:
-                # TLS: a close_notify first, bounded like an error frame; the socket is closed regardless.
-                with trio.move_on_after(SEND_ERROR_TIMEOUT) as scope:
-                    scope.shield = True
-                    await stream.aclose()
-            await raw.aclose()
+            if not handed_over:  # (a connection handed over is the new holder's to count and close)
+                self.connections[role] -= 1
+                if stream is not raw:
+                    # TLS: a close_notify first, bounded like an error frame; the socket is closed regardless.
+                    with trio.move_on_after(SEND_ERROR_TIMEOUT) as scope:
+                        scope.shield = True
+                        await stream.aclose()
+                await raw.aclose()
 
     def reject(self, code: str) -> None:
         self.metrics.frames_rejected.labels(reason=str(code)).inc()

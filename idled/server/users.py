@@ -21,7 +21,13 @@ connection closed while it waits (kicked, shut down) stops waiting.
 
 No per-connection timer exists: idleness is the detector's job (at an edge, the core's), which ends an idle
 session by cancelling the connection's scope (``Connection.release``); this task then sends the error frame
-and closes. ``end`` is called however the connection ends but by cancellation -- bye (``logout``), end of
+and closes.
+
+*Handing over.* Right after the welcome a plain TCP connection is handed over to the user plane
+(``idled.server.plane``: one task for every logged-in user, no task of its own) when the ``UserSessions``
+has one: the task returns ``HANDED_OVER`` and ends, and the doorway leaves the connection open and counted
+(the plane gives the count back when it closes it). TLS connections and in-memory test streams stay here.
+Both loops apply the same frame rule (``user_step``). ``end`` is called however the connection ends but by cancellation -- bye (``logout``), end of
 stream, a broken stream or a protocol error (``closed``), or the server closing it -- and does nothing unless
 the connection still owns its session: one the server ended (idle, kicked, shutdown) was already replaced.
 
@@ -41,12 +47,32 @@ import trio
 
 from idled.core.presence import Uid
 from idled.protocol import BYE, PING, PONG_FRAME, ErrorCode, FrameDecoder, Login, Msg, ProtocolError, Welcome, encode, receive_message
-from idled.server.conn import Connection, close_with
+from idled.server.conn import HANDED_OVER, Connection, close_with
 from idled.server.sessions import Sessions
 
-__all__ = ["CoreUsers", "UserSessions", "run_user"]
+__all__ = ["CoreUsers", "HANDED_OVER", "LOGOUT", "NOTHING", "PONG", "UserSessions", "run_user", "user_step"]
+
+NOTHING, PONG, LOGOUT = 0, 1, 2  # what a user's frame asks for (user_step)
+
+
+def user_step(message: Any) -> int:
+    """The user role's frame rule, after the frame has counted as activity: ``PONG`` for a ping, ``LOGOUT``
+    for bye, ``NOTHING`` for msg; anything else is a protocol error."""
+    if message is PING:
+        return PONG
+    if message is BYE:
+        return LOGOUT
+    if type(message) is not Msg:
+        raise ProtocolError(ErrorCode.NOT_ALLOWED, f"{type(message).__name__.lower()} is not for users")
+    return NOTHING
 
 C = TypeVar("C", bound=Connection)
+
+
+class Plane(Protocol):
+    """Whoever takes logged-in connections over (``idled.server.plane.UserPlane``)."""
+
+    def adopt(self, stream: trio.abc.Stream, uid: Uid, conn: Any, decoder: FrameDecoder) -> bool: ...
 
 
 class UserSessions(Protocol[C]):
@@ -54,6 +80,7 @@ class UserSessions(Protocol[C]):
 
     touch: Callable[[Uid, float], None]  # activity at ``now()``: the per-packet path
     now: Callable[[], float]
+    plane: Plane | None  # takes logged-in plain TCP connections over (None: every one keeps its task)
 
     async def begin(self, login: Login) -> C:
         """The session of ``login.name`` starts, owned by the connection returned. May raise ProtocolError."""
@@ -68,12 +95,13 @@ class UserSessions(Protocol[C]):
 class CoreUsers:
     """The core's ``UserSessions``: the presence table, changed through ``Sessions``."""
 
-    __slots__ = ("sessions", "touch", "now")
+    __slots__ = ("sessions", "touch", "now", "plane")
 
     def __init__(self, sessions: Sessions) -> None:
         self.sessions = sessions
         self.touch = sessions.presence.touch
         self.now = sessions.clock.now
+        self.plane: Plane | None = None
 
     async def begin(self, login: Login) -> Connection:
         sessions = self.sessions
@@ -94,26 +122,28 @@ class CoreUsers:
         sessions.publish(sessions.presence.logout(uid, conn, self.now(), time.time(), reason))
 
 
-async def run_user(users: UserSessions[Any], stream: trio.abc.Stream, decoder: FrameDecoder, login: Login) -> None:
-    """Serve a logged-in user (bind ``users`` with functools.partial to make it a role)."""
+async def run_user(users: UserSessions[Any], stream: trio.abc.Stream, decoder: FrameDecoder, login: Login) -> str | None:
+    """Serve a logged-in user (bind ``users`` with functools.partial to make it a role). Returns
+    ``HANDED_OVER`` when the user plane took the connection (the caller must leave it open)."""
     uid = login.name
     conn = await users.begin(login)
-    touch, now = users.touch, users.now
+    touch, now, plane = users.touch, users.now, users.plane
     reason = "closed"
     try:
         with conn.scope:
             timeout = await users.ready(uid, conn)
             await stream.send_all(encode(Welcome("uid", uid, timeout)))
+            if plane is not None and plane.adopt(stream, uid, conn, decoder):
+                return HANDED_OVER
             while (message := await receive_message(stream, decoder)) is not None:
                 if conn.end is None:  # a kicked connection's last frames are not the new owner's activity
                     touch(uid, now())  # any frame is activity
-                if message is PING:
+                step = user_step(message)
+                if step == PONG:
                     await stream.send_all(PONG_FRAME)
-                elif message is BYE:
+                elif step == LOGOUT:
                     reason = "logout"
                     break
-                elif type(message) is not Msg:
-                    raise ProtocolError(ErrorCode.NOT_ALLOWED, f"{type(message).__name__.lower()} is not for users")
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         pass
     except Exception:
@@ -123,3 +153,4 @@ async def run_user(users: UserSessions[Any], stream: trio.abc.Stream, decoder: F
     users.end(uid, conn, reason)
     if conn.end is not None:
         await close_with(stream, *conn.end)
+    return None

@@ -53,6 +53,7 @@ from idled.server.edge.link import CoreLink
 from idled.server.edge.occupancy import Occupancy
 from idled.server.edge.users import EdgeUsers
 from idled.server.monitor import Monitor
+from idled.server.plane import UserPlane
 from idled.server.signals import until_stopped
 from idled.server.users import run_user
 
@@ -93,6 +94,8 @@ class Edge:
         self.link = self.users.link
         self.connections = {"user": 0, "gateway": 0, "observer": 0, "pending": 0}
         relay = self.users.relay
+        self.plane = self.users.plane = UserPlane(self.users, release=self._user_closed,
+                                                  reject=lambda code: self.door.reject(code))
         self.door = Doorway(
             config, sessions=self.users,  # type: ignore[arg-type]  # it needs only stopping/refuse_if_stopping
             roles={"uid": functools.partial(run_user, self.users), "gateway": relay, "observer": relay},
@@ -119,6 +122,7 @@ class Edge:
                 hooks.append(self._publish)
             nursery.start_soon(self.monitor.run, self._status_line, hooks)
             nursery.start_soon(self.link.run)
+            nursery.start_soon(self.plane.run)
             if cfg.metrics_port and self.metrics.registry is not None:
                 await nursery.start(serve_metrics, self.metrics.registry, cfg.metrics_host, cfg.metrics_port)
             log.info("waiting for the core at %s", self.link.address)
@@ -139,6 +143,9 @@ class Edge:
             await self._until_stopped()
             await self._drain()
             nursery.cancel_scope.cancel()
+
+    def _user_closed(self) -> None:
+        self.connections["user"] -= 1  # a user the plane served (the doorway counted it in)
 
     def _status_line(self) -> str:
         return f"{self.connections['user']} users; core link {'up' if self.link.connected else 'down'}"
