@@ -23,6 +23,13 @@ with `notices=True` the notices are also queued for ``async for uids, reason in 
 the connection) until it catches up -- nothing is dropped. An `idle` or `kicked` uid is no longer live (it
 is not re-attached after a reconnect); a `shutdown` one stays live, so it is re-attached when the server is
 back. Without either option the login is unchanged and the server never sends the message.
+
+Watermarks: with `marks=True` the gateway logs in with `"marks": true` and answers the server's `mark`
+requests after sending everything the application had reported before the request arrived: the server then
+holds a session due while the gateway lags -- its batch, its link, the server's socket -- instead of
+taking it offline, and keeps the gateway's sessions for its grace period when the connection breaks, so the
+reconnect (which attaches every live uid again) resumes them with no event (docs/protocol.md, "Watermarks").
+The application's own lag before it calls `touch` is not covered: report activity as it happens.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from typing import Any, Final
 from idled.client.core import DEFAULT_FLUSH_INTERVAL, DEFAULT_MAX_PENDING, Backoff, GatewayBatcher
 from idled.client.errors import ClientError
 from idled.client.link import Conn, Link, Mailbox, Runtime
-from idled.protocol import DEFAULT_MAX_FRAME, Ended, Login, Uid, Welcome
+from idled.protocol import DEFAULT_MAX_FRAME, Ended, Login, Mark, Marked, Uid, Welcome, encode
 
 __all__ = ["Gateway", "NOTICE_BUFFER", "EndedCallback"]
 
@@ -69,11 +76,12 @@ class Gateway(Link):
 
     def __init__(self, runtime: Runtime, host: str, port: int, name: str, *, token: str | None = None,
                  flush_interval: float = DEFAULT_FLUSH_INTERVAL, max_pending: int = DEFAULT_MAX_PENDING,
-                 on_ended: EndedCallback | None = None, notices: bool = False, reconnect: bool = True,
+                 on_ended: EndedCallback | None = None, notices: bool = False, marks: bool = False,
+                 reconnect: bool = True,
                  backoff: Backoff | None = None, connect_timeout: float = 10.0,
                  ssl_context: ssl.SSLContext | None = None, server_hostname: str | None = None) -> None:
         opt_in = on_ended is not None or notices
-        super().__init__(runtime, host, port, Login("gateway", name, token, None, opt_in), reconnect=reconnect,
+        super().__init__(runtime, host, port, Login("gateway", name, token, None, opt_in, marks), reconnect=reconnect,
                          backoff=backoff, connect_timeout=connect_timeout,
                          ssl_context=ssl_context, server_hostname=server_hostname)
         if not flush_interval > 0:
@@ -148,7 +156,10 @@ class Gateway(Link):
             self.frames_sent += len(frames)
 
     async def _on_message(self, message: Any) -> None:
-        if type(message) is Ended:
+        if type(message) is Mark:
+            await self.flush()  # everything reported before the request, ahead of the answer
+            await self.send_frame(encode(Marked(message.t)))
+        elif type(message) is Ended:
             if message.reason != "shutdown":
                 live = self.batch.live
                 for uid in message.uids:

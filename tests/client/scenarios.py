@@ -137,6 +137,22 @@ async def gateway_hears_which_sessions_ended(lib: ModuleType, sleep: Sleep, idle
     assert [notice async for notice in gateway.ended()] == []  # closed: the iterator ends
 
 
+async def gateway_answers_marks(lib: ModuleType, sleep: Sleep, idled: Idled) -> None:
+    """A gateway with `marks=True`: the server's mark requests are answered (after the batch), so the uids it
+    keeps touching stay online and the silent one expires."""
+    heard: list[tuple[tuple[Any, ...], str]] = []
+    async with lib.open_gateway(HOST, idled.port, "edge", marks=True, backoff=FAST,
+                                on_ended=lambda uids, reason: heard.append((uids, reason))) as gateway, \
+            lib.open_observer(HOST, idled.port, "watch", subscribe=False, backoff=FAST) as observer:
+        await gateway.attach(["talk", "quiet"], keepalive=1)  # timeout 1.5 s
+        for _ in range(8):
+            await sleep(0.5)
+            await gateway.touch(["talk"])
+        await until(sleep, lambda: heard == [(("quiet",), "idle")])
+        assert await observer.query(["talk", "quiet"]) == {"talk": True, "quiet": False}
+        assert gateway.connections == 1 and gateway.last_error is None  # every answer was accepted
+
+
 async def observer_resumes_across_restarts(lib: ModuleType, sleep: Sleep, idled: Idled) -> None:
     """A server restart in the middle of the stream, then the observer's own restart from a checkpoint."""
     processed: list[Event] = []

@@ -34,6 +34,10 @@ def test_gateway_hears_which_sessions_ended(idled: Idled) -> None:
     asyncio.run(scenarios.gateway_hears_which_sessions_ended(lib, asyncio.sleep, idled))
 
 
+def test_gateway_answers_marks(idled: Idled) -> None:
+    asyncio.run(scenarios.gateway_answers_marks(lib, asyncio.sleep, idled))
+
+
 def test_observer_resumes_across_restarts(idled: Idled) -> None:
     asyncio.run(scenarios.observer_resumes_across_restarts(lib, asyncio.sleep, idled))
 

@@ -30,6 +30,10 @@ async def test_gateway_hears_which_sessions_ended(idled: Idled) -> None:
     await scenarios.gateway_hears_which_sessions_ended(lib, trio.sleep, idled)
 
 
+async def test_gateway_answers_marks(idled: Idled) -> None:
+    await scenarios.gateway_answers_marks(lib, trio.sleep, idled)
+
+
 async def test_observer_resumes_across_restarts(idled: Idled) -> None:
     await scenarios.observer_resumes_across_restarts(lib, trio.sleep, idled)
 
