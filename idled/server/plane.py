@@ -138,10 +138,14 @@ class UserPlane:
                     record = conns.get(fd)
                     if record is None:
                         continue
-                    if mask & select.EPOLLOUT:
-                        self._flush(record)
-                    if mask & ~select.EPOLLOUT and record.reading:
-                        self._read(record, now)
+                    try:
+                        if mask & select.EPOLLOUT:
+                            self._flush(record)
+                        if mask & ~select.EPOLLOUT and record.reading:
+                            self._read(record, now)
+                    except Exception:  # a bug: that connection is closed, the others are served on
+                        log.exception("user plane: serving %r failed (bug); connection closed", record.uid)
+                        self._close(record, "closed")
                 if self._closing:
                     try:
                         os.eventfd_read(self._wakeup)
