@@ -398,6 +398,11 @@ class EventLog:
         self._written_since_sync = False
         self._durable_seq = self._last_seq
 
+    def fits(self, records: int) -> bool:
+        """Whether ``records`` records of any size (up to MAX_RECORD_BYTES each) fit the active segment: an
+        append of them then neither rotates nor runs retention, only writes (the writer may do it inline)."""
+        return self._fd is not None and self._size + records * (MAX_RECORD_BYTES + HEADER_BYTES) <= self.segment_bytes
+
     def release_rotated(self) -> None:
         """Close rotated-away segments without syncing them (for callers that never sync, fsync=never)."""
         while self._rotated:
