@@ -289,10 +289,10 @@ class Gateways:
 
     async def lost(self, gateway: Gateway) -> None:
         """The gateway is gone: every session it still owns goes offline (``gateway_lost``)."""
+        if self.resumable.get(gateway.name) is gateway:
+            del self.resumable[gateway.name]  # first: a login of its name from now on starts a new gateway
         ended = await self._end(gateway, gateway.uids)
         self.sessions.presence.untrack_owner(gateway)
-        if self.resumable.get(gateway.name) is gateway:
-            del self.resumable[gateway.name]
         if ended:
             log.info("gateway %s lost: %d sessions offline", gateway.name, ended)
 

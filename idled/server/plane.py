@@ -23,7 +23,7 @@ reading the connection, as a task blocked in ``send_all`` would: a user that pin
 counting as active and its session goes idle.
 
 Closing from elsewhere (idle, kicked, shutdown) is ``Connection.close``, which cancels the connection's
-``scope``; an adopted connection's scope is a ``PlaneScope`` that files the close and wakes the plane
+``scope``; an adopted connection's scope is its ``Adopted`` record, which files the close and wakes the plane
 through an eventfd. The plane then ends the session (``users.end``), sends the error frame (best effort: a
 fresh socket's buffer takes it), closes the socket and gives the connection's count back (``release``).
 
@@ -44,9 +44,9 @@ import trio
 
 from idled.protocol import NEED_DATA, PONG_FRAME, Error, FrameDecoder, ProtocolError, encode
 from idled.protocol.messages import ErrorCode
-from idled.server.users import LOGOUT, PONG, user_step
+from idled.server.users import LOGOUT, PONG, UserSessions, user_step
 
-__all__ = ["MAX_OUT", "PlaneScope", "UserPlane"]
+__all__ = ["MAX_OUT", "Adopted", "UserPlane"]
 
 log = logging.getLogger("idled.server.plane")
 
@@ -56,8 +56,8 @@ _IN = select.EPOLLIN | select.EPOLLRDHUP
 _RETRY: Final = (BlockingIOError, InterruptedError)
 
 
-class _Adopted:
-    """One adopted connection (also its ``PlaneScope``: what ``Connection.close`` cancels)."""
+class Adopted:
+    """One adopted connection; also its connection's ``scope`` (what ``Connection.close`` cancels)."""
 
     __slots__ = ("plane", "fd", "uid", "conn", "sock", "decoder", "out", "reading")
 
@@ -76,19 +76,18 @@ class _Adopted:
         self.plane.request_close(self)
 
 
-PlaneScope = _Adopted  # what an adopted connection's ``scope`` is
-
 class UserPlane:
     """See the module docstring. ``users`` is the ``UserSessions`` the connections belong to; ``release`` gives
     a closed connection's count back (the doorway's); ``reject(code)`` counts a protocol error."""
 
-    def __init__(self, users: Any, *, release: Callable[[], None], reject: Callable[[str], None]) -> None:
+    def __init__(self, users: UserSessions[Any], *, release: Callable[[], None],
+                 reject: Callable[[str], None]) -> None:
         self.users = users
         self.release = release
         self.reject = reject
         self.epoll = select.epoll()
-        self.conns: dict[int, _Adopted] = {}
-        self._closing: dict[_Adopted, None] = {}
+        self.conns: dict[int, Adopted] = {}
+        self._closing: dict[Adopted, None] = {}
         self._wakeup = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self.epoll.register(self._wakeup, select.EPOLLIN)
 
@@ -107,7 +106,7 @@ class UserPlane:
         trio.lowlevel.notify_closing(stream.socket)  # out of trio's epoll: ours from now on
         sock = socket.socket(fileno=stream.socket.detach())
         sock.setblocking(False)
-        record = _Adopted(self, uid, conn, sock, decoder)
+        record = Adopted(self, uid, conn, sock, decoder)
         self.conns[record.fd] = record
         conn.scope = record
         self.epoll.register(record.fd, _IN)
@@ -117,7 +116,7 @@ class UserPlane:
             self._frames(record, self.users.now())
         return True
 
-    def request_close(self, record: _Adopted) -> None:
+    def request_close(self, record: Adopted) -> None:
         """Close ``record``'s connection at the plane's next step (its ``conn.end`` says how)."""
         if self.conns.get(record.fd) is record and record not in self._closing:
             self._closing[record] = None
@@ -161,7 +160,7 @@ class UserPlane:
             epoll.close()
             os.close(self._wakeup)
 
-    def _read(self, record: _Adopted, now: float) -> None:
+    def _read(self, record: Adopted, now: float) -> None:
         try:
             data = record.sock.recv(RECV_BYTES)
         except _RETRY:
@@ -177,12 +176,12 @@ class UserPlane:
         record.decoder.receive_data(data)
         self._frames(record, now)
 
-    def _failed(self, record: _Adopted, exc: ProtocolError) -> None:
+    def _failed(self, record: Adopted, exc: ProtocolError) -> None:
         self.reject(exc.code)
         if record.conn.end is None:
             record.conn.end = (exc.code, exc.reason)
 
-    def _frames(self, record: _Adopted, now: float) -> None:
+    def _frames(self, record: Adopted, now: float) -> None:
         touch = self.users.touch
         try:
             while (message := record.decoder.next_event()) is not NEED_DATA:
@@ -198,7 +197,7 @@ class UserPlane:
             self._failed(record, exc)
             self._close(record, "closed")
 
-    def _send(self, record: _Adopted, data: bytes) -> None:
+    def _send(self, record: Adopted, data: bytes) -> None:
         if record.out:
             record.out += data
         else:
@@ -216,7 +215,7 @@ class UserPlane:
             record.reading = False  # it does not read: stop reading it (its session goes idle)
             self.epoll.modify(record.fd, select.EPOLLOUT)
 
-    def _flush(self, record: _Adopted) -> None:
+    def _flush(self, record: Adopted) -> None:
         try:
             sent = record.sock.send(record.out)
         except _RETRY:
@@ -231,7 +230,7 @@ class UserPlane:
 
     # -- leaving ---------------------------------------------------------------------------------------------
 
-    def _close(self, record: _Adopted, reason: str) -> None:
+    def _close(self, record: Adopted, reason: str) -> None:
         """End the connection: its session (``users.end`` does nothing if it no longer owns it), the error
         frame if it was closed by the server or for a protocol error (best effort: a socket's buffer takes
         it), the socket, and its count."""
