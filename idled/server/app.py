@@ -71,7 +71,7 @@ from idled.server.observers import Observers
 from idled.server.plane import UserPlane
 from idled.server.seqs import SeqBlocks
 from idled.server.sessions import Sessions
-from idled.server.signals import until_stopped
+from idled.server.signals import SIGNALS, until_stopped
 from idled.server.supervisor import STOP_TIMEOUT, Supervisor
 from idled.server import internal
 from idled.server.workermetrics import WorkerCollector
@@ -180,11 +180,13 @@ class Server:
             if self.workers is not None:
                 listeners = [await self._open_internal(listeners)]
             self.clock.start()
-            async with trio.open_nursery() as nursery:
-                await self._start(nursery, recovery, listeners)
-                task_status.started(self.ports)
-                await self._until_stopped()
-                await self._shutdown(nursery)
+            # Signals are received from before READY=1 / IDLED_LISTENING on: a SIGTERM right after is a stop.
+            with trio.open_signal_receiver(*SIGNALS) as signals:
+                async with trio.open_nursery() as nursery:
+                    await self._start(nursery, recovery, listeners)
+                    task_status.started(self.ports)
+                    await until_stopped(self._stop_event, self._hangup, signals)
+                    await self._shutdown(nursery)
         finally:
             if self.workers is not None and self.workers.socket_path is not None:
                 internal.remove_socket(self.workers.socket_path)  # only if we bound it: never another core's
@@ -312,10 +314,6 @@ class Server:
         cfg = self.config
         precheck_host(cfg.host, cfg.port, self.env, secret=self.secret, insecure=cfg.insecure)
         return await open_listeners(cfg.host, cfg.port, self.env)
-
-    async def _until_stopped(self) -> None:
-        """Wait for SIGTERM/SIGINT (or ``stop()``); SIGHUP reloads, here and in every worker."""
-        await until_stopped(self._stop_event, self._hangup)
 
     def _hangup(self) -> None:
         self._reload()

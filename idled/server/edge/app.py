@@ -54,7 +54,7 @@ from idled.server.edge.occupancy import Occupancy
 from idled.server.edge.users import EdgeUsers
 from idled.server.monitor import Monitor
 from idled.server.plane import UserPlane
-from idled.server.signals import until_stopped
+from idled.server.signals import SIGNALS, until_stopped
 from idled.server.users import run_user
 
 __all__ = ["Edge", "RELOADABLE"]
@@ -133,14 +133,16 @@ class Edge:
                 # meanwhile reaches the core that much later. (Its thaw is the monitor's hook.)
                 self.gc_policy.start()
             listeners = self._listeners() if self.listen_fds else await trio.open_tcp_listeners(cfg.port, host=cfg.host)
-            for listener in listeners:
-                host, port = listener.socket.getsockname()[:2]
-                self.ports.append(port)
-                log.info("edge listening on %s:%d, core %s", host, port, self.link.address)
-                print(f"IDLED_LISTENING host={host} port={port}", file=sys.stderr, flush=True)
-            nursery.start_soon(self._accept, listeners, nursery)
-            task_status.started(self.ports)
-            await self._until_stopped()
+            # Signals are received from before IDLED_LISTENING on (until then the default handlers end it).
+            with trio.open_signal_receiver(*SIGNALS) as signals:
+                for listener in listeners:
+                    host, port = listener.socket.getsockname()[:2]
+                    self.ports.append(port)
+                    log.info("edge listening on %s:%d, core %s", host, port, self.link.address)
+                    print(f"IDLED_LISTENING host={host} port={port}", file=sys.stderr, flush=True)
+                nursery.start_soon(self._accept, listeners, nursery)
+                task_status.started(self.ports)
+                await until_stopped(self._stop, self._reload, signals, stopping="draining")
             await self._drain()
             nursery.cancel_scope.cancel()
 
@@ -209,9 +211,6 @@ class Edge:
 
     def stop(self) -> None:
         self._stop.set()
-
-    async def _until_stopped(self) -> None:
-        await until_stopped(self._stop, self._reload, stopping="draining")
 
     async def _drain(self) -> None:
         self.users.stopping = True
