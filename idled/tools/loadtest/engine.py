@@ -13,7 +13,7 @@ pipes to the coordinator. It waits on its own ``select.epoll`` object's fd with
    protocol's decoder. An ``error`` frame, EOF or a socket error ends the session; a connecting session
    that turned writable is checked (``SO_ERROR``), sends its PROXY header and steps its TLS handshake or
    sends its login; a logging-in session waits for its ``welcome``.
-2. Timers due (`wheel.TimerWheel`, 20 ms slots; an entry is ``k << 2 | kind``): PING sends a keepalive
+2. Timers due (`wheel.TimerWheel`, 40 ms slots; an entry is ``k << 2 | kind``): PING sends a keepalive
    and files the next one (`wheel.Schedule`, the load test's rule), or the session's silent / bye MOMENT
    instead once the next keepalive would fall after it; CONNECT_DEADLINE fails a connection still
    opening after ``connect_timeout``; BYE_DEADLINE gives up on a bye the server has not closed in 10 s.
@@ -22,15 +22,17 @@ pipes to the coordinator. It waits on its own ``select.epoll`` object's fd with
    loopback the TCP handshake is over when ``connect()`` returns, so a new connection sends its login in
    the same turn (no EPOLLOUT round trip) unless it really is still connecting.
 
-Pacing. A trio wakeup costs ~50 us of CPU on this machine -- as much as a keepalive -- so a busy loop must
-not wake once per packet. Turns run on a grid of 20 ms (the wheel's slots lie on it: timers are never late
-by design, and at most one slot early): while sockets keep turning ready, the loop sleeps to the next grid
-point and collects everything at once; only an idle loop waits on the epoll fd (then on to the grid point
-after the wakeup) or for the next timer. A worker of 16,000 connections makes ~50 turns a second. Reads
-are thus seen up to one grid step late: a login's latency is taken from the kernel's receive timestamp of
-the welcome (``SO_TIMESTAMPNS``), not from the turn that read it, and the connect latency is measured in
-the turn that connected. TLS handshakes need several round trips, so while any is in flight the grid is
-2 ms.
+Pacing. A trio wakeup costs ~50 us of CPU on this machine, and a whole turn ~230 us of fixed cost at 16,000
+connections -- as much as a few dozen keepalives -- so a busy loop must not wake once per packet. Turns run
+on a grid of 40 ms (the wheel's slots lie on it: timers are never late by design, and at most one slot
+early): while sockets keep turning ready, the loop sleeps to the next grid point and collects everything at
+once; only an idle loop waits on the epoll fd (then on to the grid point after the wakeup) or for the next
+timer. A busy worker makes 25 turns a second. Each worker's grid has its own phase (worker w of W starts
+its slots w / W of a slot later), so the bursts of keepalives the workers send interleave at the server
+instead of coinciding. Reads are seen up to one grid step late: a login's latency is taken from the
+kernel's receive timestamp of the welcome (``SO_TIMESTAMPNS``), not from the turn that read it, and the
+connect latency is measured around the ``connect()`` itself. TLS handshakes need several round trips, so
+while connections are opening over TLS the grid is 2 ms.
 
 What goes on the record is read where it happens: the wall time of each send with `time.time()` just before
 the ``send()`` that put the frame in the socket (the last two per session are kept: a pinger the server
@@ -76,7 +78,7 @@ __all__ = ["run_users", "Engine"]
 # timer kinds (low two bits of a wheel entry)
 PING, MOMENT, CONNECT_DEADLINE, BYE_DEADLINE = range(4)
 
-SLOT: Final = 0.020  # wheel slot: timers run up to this much early, never late by design
+SLOT: Final = 0.040  # wheel slot: timers run up to this much early, never late by design
 PACE: Final = SLOT  # the turns' grid when busy: one turn per wheel slot
 PACE_TLS: Final = 0.002  # ... while TLS handshakes are in flight (several round trips each)
 # Linux: stamp received packets, so a login's latency is the welcome's arrival, not the turn that read it
@@ -99,7 +101,9 @@ class Engine(ConnTable):
         super().__init__(w)
         self.moments: dict[int, tuple[int, float]] = {}  # k -> (SILENT | BYE, engine time)
         self.late_at: dict[int, float] = {}  # k -> engine time after which one keepalive goes late
-        self.wheel = TimerWheel(SLOT)
+        # each worker's turns on a grid of its own phase: the workers' bursts interleave at the server
+        self.origin = SLOT * w.index / max(1, w.workers)
+        self.wheel = TimerWheel(SLOT, self.origin)
         # engine time is time.perf_counter(); trio's clock is the same plus a constant offset
         self.offset = trio.current_time() - time.perf_counter()
         self.wall_offset = time.time() - time.perf_counter()  # wall time = engine time + wall_offset
@@ -129,7 +133,8 @@ class Engine(ConnTable):
                 # Turns run on a grid of `pace` seconds (the wheel's slots lie on it): the first point after
                 # the previous turn, unless the loop is idle -- then it waits for a socket or the next timer.
                 pace = PACE_TLS if self.tls is not None and self.inflight else PACE
-                grid = (math.floor(last / pace) + 1.0) * pace
+                origin = self.origin
+                grid = origin + (math.floor((last - origin) / pace) + 1.0) * pace
                 wake = min(self._wake(), stop_at)
                 if busy or wake <= grid:
                     await trio.sleep_until(grid + offset)
@@ -138,7 +143,8 @@ class Engine(ConnTable):
                         await trio.lowlevel.wait_readable(self.ep.fileno())
                     now = clock()
                     if now < wake:  # a socket is ready: on to the grid, collecting whatever else comes
-                        await trio.sleep_until(max(grid, math.ceil(now / pace) * pace) + offset)
+                        point = origin + math.ceil((now - origin) / pace) * pace
+                        await trio.sleep_until(max(grid, point) + offset)
                 last = clock()
                 busy = self._turn(last)
                 w.turn_hist.record(clock() - last)
@@ -255,14 +261,15 @@ class Engine(ConnTable):
     def _ramp(self, now: float) -> None:
         w = self.w
         while self.next_k < self.n and self.inflight < self.max_inflight and self._start_time(self.next_k) <= now:
-            self._start(self.next_k, now)
+            self._start(self.next_k)
             self.next_k += 1
         if not w.ramp_done and self.next_k == self.n and not self.inflight:
             w.set_ramp_done()
 
-    def _start(self, k: int, now: float) -> None:
+    def _start(self, k: int) -> None:
         w = self.w
         i = self.index(k)
+        now = time.perf_counter()  # (not the turn's start: earlier dials in this turn are not this one's latency)
         try:
             sock = dial(w.sources[i % len(w.sources)], w.host, w.port)
         except OSError as exc:

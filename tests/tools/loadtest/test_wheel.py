@@ -81,3 +81,14 @@ def test_keepalives_follow_the_load_tests_rule() -> None:
 def test_the_schedule_is_reproducible_from_its_random_source() -> None:
     a, b = _schedule(None), _schedule(None)
     assert [a.next(float(t)) for t in range(50)] == [b.next(float(t)) for t in range(50)]
+
+
+def test_an_origin_shifts_every_slot_boundary() -> None:
+    wheel = TimerWheel(0.04, origin=0.015)  # e.g. worker 3 of 8: slots start at 0.015 + 0.04 s
+    wheel.add(1, 0.050)  # in the slot [0.015, 0.055)
+    wheel.add(2, 0.056)  # in the next, [0.055, 0.095)
+    assert wheel.next_time() == pytest.approx(0.015)
+    assert wheel.due(0.0149) == []
+    assert wheel.due(0.015) == [1]
+    assert wheel.next_time() == pytest.approx(0.055)
+    assert wheel.due(0.0549) == [] and wheel.due(0.055) == [2]
