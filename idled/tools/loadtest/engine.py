@@ -24,7 +24,7 @@ pipes to the coordinator. It waits on its own ``select.epoll`` object's fd with
 
 Pacing. A trio wakeup costs ~50 us of CPU on this machine, and a whole turn ~230 us of fixed cost at 16,000
 connections -- as much as a few dozen keepalives -- so a busy loop must not wake once per packet. Turns run
-on a grid of 40 ms (the wheel's slots lie on it: timers are never late by design, and at most one slot
+on a grid of 40 ms (``--user-tick``; the wheel's slots lie on it: timers are never late by design, and at most one slot
 early): while sockets keep turning ready, the loop sleeps to the next grid point and collects everything at
 once; only an idle loop waits on the epoll fd (then on to the grid point after the wakeup) or for the next
 timer. A busy worker makes 25 turns a second. Each worker's grid has its own phase (worker w of W starts
@@ -78,9 +78,8 @@ __all__ = ["run_users", "Engine"]
 # timer kinds (low two bits of a wheel entry)
 PING, MOMENT, CONNECT_DEADLINE, BYE_DEADLINE = range(4)
 
-SLOT: Final = 0.040  # wheel slot: timers run up to this much early, never late by design
-PACE: Final = SLOT  # the turns' grid when busy: one turn per wheel slot
-PACE_TLS: Final = 0.002  # ... while TLS handshakes are in flight (several round trips each)
+SLOT: Final = 0.040  # default wheel slot (--user-tick) and the turns' grid when busy: timers run up to one
+PACE_TLS: Final = 0.002  # slot early, never late by design; the grid while TLS handshakes are in flight
 # Linux: stamp received packets, so a login's latency is the welcome's arrival, not the turn that read it
 SO_TIMESTAMPNS: Final = getattr(socket, "SO_TIMESTAMPNS", 35)
 _TIMESPEC: Final = struct.Struct("@qq")
@@ -102,8 +101,9 @@ class Engine(ConnTable):
         self.moments: dict[int, tuple[int, float]] = {}  # k -> (SILENT | BYE, engine time)
         self.late_at: dict[int, float] = {}  # k -> engine time after which one keepalive goes late
         # each worker's turns on a grid of its own phase: the workers' bursts interleave at the server
-        self.origin = SLOT * w.index / max(1, w.workers)
-        self.wheel = TimerWheel(SLOT, self.origin)
+        self.slot = float(w.cfg.get("user_tick") or SLOT)
+        self.origin = self.slot * w.index / max(1, w.workers)
+        self.wheel = TimerWheel(self.slot, self.origin)
         # engine time is time.perf_counter(); trio's clock is the same plus a constant offset
         self.offset = trio.current_time() - time.perf_counter()
         self.wall_offset = time.time() - time.perf_counter()  # wall time = engine time + wall_offset
@@ -132,7 +132,7 @@ class Engine(ConnTable):
                     break
                 # Turns run on a grid of `pace` seconds (the wheel's slots lie on it): the first point after
                 # the previous turn, unless the loop is idle -- then it waits for a socket or the next timer.
-                pace = PACE_TLS if self.tls is not None and self.inflight else PACE
+                pace = PACE_TLS if self.tls is not None and self.inflight else self.slot
                 origin = self.origin
                 grid = origin + (math.floor((last - origin) / pace) + 1.0) * pace
                 wake = min(self._wake(), stop_at)
@@ -194,12 +194,12 @@ class Engine(ConnTable):
             k = owner.get(fd)
             if k is None:
                 continue
+            if ev & select.EPOLLOUT and k in self.outq:  # (rare: a socket that would not take a frame)
+                self._flush(k)
+                if state[k] == DONE or not ev & ~select.EPOLLOUT:
+                    continue
             st = state[k]
             if st >= UP:
-                if ev & select.EPOLLOUT and k in self.outq:
-                    self._flush(k)
-                    if state[k] == DONE or not ev & ~select.EPOLLOUT:
-                        continue
                 try:
                     data = socks[k].recv(RECV_BYTES)  # type: ignore[union-attr]
                     if tls is not None and data:

@@ -65,7 +65,7 @@ class WorkerPool:
             "ping_every": sc.ping_every, "late_by": sc.late_by,
             "max_seconds": sc.duration + sc.drain_timeout + 120.0,  # the worker's own bound on its life
             "connect_timeout": sc.connect_timeout, "max_inflight": sc.max_inflight,
-            "gateway_tick": sc.gateway_tick, "seed": sc.seed, "report_interval": 0.5,
+            "gateway_tick": sc.gateway_tick, "user_tick": sc.user_tick, "seed": sc.seed, "report_interval": 0.5,
             # (index, kind, moment) triples: the pipe's decoder takes string map keys only
             "plan": [[i, kind, moment] for i, (kind, moment) in plan.items()],
             "secret": self.secret.hex() if self.secret else None,

@@ -53,6 +53,7 @@ class Scenario:
     connect_timeout: float = 10.0
     max_inflight: int = 500
     gateway_tick: float = 0.05
+    user_tick: float = 0.04  # user connections: the engine's timer slot and turn grid
     secret_file: str | None = None
     server_log: str | None = None
     sample_interval: float = 1.0
