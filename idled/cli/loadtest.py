@@ -117,6 +117,11 @@ def _load_flags(load: argparse._ArgumentGroup) -> None:
                       help="fraction of sessions that stop pinging at a recorded moment (default 0.05)")
     load.add_argument("--bye-fraction", type=float, default=0.01, metavar="F",
                       help="fraction of sessions that log out with bye / detach (default 0.01)")
+    load.add_argument("--late-fraction", type=float, default=0.0, metavar="F",
+                      help="user connections: fraction of sessions that send one keepalive --late-by seconds late "
+                           "(a lagging client, simulated: past the timeout its offline is right, within it false)")
+    load.add_argument("--late-by", type=float, default=0.0, metavar="S",
+                      help="with --late-fraction: how late that keepalive is sent, in seconds")
     load.add_argument("--duration", type=float, metavar="S",
                       help=f"length of the measurement from the first connection (default {DEFAULT_DURATION:g})")
     load.add_argument("--tick", type=float, default=1.0, metavar="S",
@@ -125,7 +130,7 @@ def _load_flags(load: argparse._ArgumentGroup) -> None:
     load.add_argument("--workers", type=int, metavar="W",
                       help=f"worker processes (default: connections / {MAX_PER_WORKER}, rounded up)")
     load.add_argument("--sources", type=int, metavar="K",
-                      help="loopback source addresses 127.0.0.2.. (default: one per 20,000 connections, at least 2)")
+                      help="loopback source addresses 127.0.0.2.. (default: one per 10,000 connections + 1, at least 2)")
     load.add_argument("--seed", type=int, default=1, help="seed of the plan (default 1)")
     load.add_argument("--uid-base", type=int, metavar="N",
                       help="session i has uid N+i (default 0 with --spawn, a time-derived base with --target)")
@@ -137,6 +142,9 @@ def _load_flags(load: argparse._ArgumentGroup) -> None:
                       help="connections being opened at once per worker (default 500)")
     load.add_argument("--gateway-tick", type=float, default=0.05, metavar="S",
                       help="a gateway batches its touches into slots of this many seconds (default 0.05)")
+    load.add_argument("--user-tick", type=float, default=0.04, metavar="S",
+                      help="user connections: each worker's timer slot and loop turn, in seconds (default 0.04); "
+                           "smaller sends keepalives more evenly, at more generator CPU")
     load.add_argument("--tls", action="store_true",
                       help="connect over TLS (with --spawn: the server gets a throw-away self-signed P-256 "
                            "certificate made with openssl, unless the server flags give --tls-cert)")
@@ -230,6 +238,10 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
         raise UsageError("--jitter must be in [0, 0.5): a keepalive later than 1.5x would be a real timeout")
     if args.ping_every is not None and not (mode == "users" and 0.05 <= args.ping_every <= args.keepalive):
         raise UsageError("--ping-every needs user connections and 0.05 <= S <= --keepalive")
+    if not 0.001 <= args.user_tick <= 1.0:
+        raise UsageError("--user-tick must be 0.001..1 s")
+    if args.late_fraction and not (mode == "users" and 0 < args.late_fraction <= 1 and args.late_by > 0):
+        raise UsageError("--late-fraction needs user connections, 0 < F <= 1 and --late-by S > 0")
     ramp = args.ramp or (DEFAULT_RAMP_USERS if mode == "users" else DEFAULT_RAMP_GATEWAY_SESSIONS)
     if not ramp > 0:
         raise UsageError("--ramp must be > 0")
@@ -247,8 +259,10 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
         bye_fraction=args.bye_fraction, duration=duration, tick=tick, seed=args.seed, uid_base=uid_base,
         target=target, spawn=spawn, server_args=tuple(server_argv), detector=args.detector,
         server_pid=args.server_pid, metrics_port=args.metrics_port, connect_timeout=args.connect_timeout,
-        max_inflight=args.max_inflight, gateway_tick=args.gateway_tick, secret_file=args.secret_file,
+        max_inflight=args.max_inflight, gateway_tick=args.gateway_tick, user_tick=args.user_tick,
+        secret_file=args.secret_file,
         server_log=args.server_log, quiet=args.quiet, drain_timeout=args.drain_timeout, ping_every=args.ping_every,
+        late_fraction=args.late_fraction, late_by=args.late_by if args.late_fraction else 0.0,
         **front,
     )
     if not (0 <= sc.silent_fraction <= 1 and 0 <= sc.bye_fraction <= 1 and sc.silent_fraction + sc.bye_fraction <= 1):

@@ -97,8 +97,10 @@ def test_loadtest_help_documents_the_exit_statuses(tmp_path: Path) -> None:
 
 
 def test_loadtest_with_a_failed_target_says_failed_and_exits_3(tmp_path: Path) -> None:
-    # The server caps every timeout at 1 s while sessions ping every 0.9..1.1 s: pingers go offline (false
-    # offlines). The run completes; its verdict must be FAILED and the exit status 3.
+    # The server caps every timeout at 1 s while sessions ping every 0.9..1.1 s: pingers go offline. Their own
+    # send times show the generator did not send within the timeout, so these are not false offlines but
+    # "generator late" -- the server was right, the run's figures are not to be trusted. The run completes;
+    # its verdict must be FAILED and the exit status 3.
     out = tmp_path / "r.json"
     proc = idled(["loadtest", "--spawn", "--connections", "60", "--keepalive", "1", "--tick", "0.25",
                   "--duration", "6", "--quiet", "--json", str(out), "--", "--max-timeout", "1", "--timeout", "1"],
@@ -106,9 +108,12 @@ def test_loadtest_with_a_failed_target_says_failed_and_exits_3(tmp_path: Path) -
     result = json.loads(out.read_text())
     assert proc.returncode == EXIT_TARGET_FAILED, proc.stderr
     assert result["aborted"] is None
-    assert result["ok"] is False and result["verdict"]["false_offlines"] > 0
-    assert "false_offlines == 0" in result["targets_failed"]
-    assert "false_offlines == 0: FAIL" in proc.stdout
+    # (a session whose offline came later than its tick allows, after a newer keepalive had arrived, is still
+    # the server's fault: on a loaded host a few may be, so false offlines are not asserted either way)
+    assert result["ok"] is False and result["verdict"]["generator_late"] > 0
+    assert "generator_late == 0" in result["targets_failed"]
+    assert "generator_late == 0: FAIL" in proc.stdout
+    assert "generator was the bottleneck: figures not trustworthy" in proc.stdout
     assert "verdict       FAILED" in proc.stdout and "verdict       OK" not in proc.stdout
 
 

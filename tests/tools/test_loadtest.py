@@ -156,7 +156,7 @@ def test_silent_window_leaves_room_for_timeout_and_two_ticks() -> None:
 
 def test_plan_has_exact_counts_inside_the_window_and_is_reproducible() -> None:
     plan = make_plan(10000, silent_fraction=0.05, bye_fraction=0.01, window=(5.0, 20.0), seed=42)
-    assert plan.counts() == {"pinger": 9400, "silent": 500, "bye": 100}
+    assert plan.counts() == {"pinger": 9400, "silent": 500, "bye": 100, "late": 0}
     assert all(5.0 <= moment <= 20.0 for _, moment in plan.special.values())
     assert plan == make_plan(10000, silent_fraction=0.05, bye_fraction=0.01, window=(5.0, 20.0), seed=42)
     assert plan.special != make_plan(10000, silent_fraction=0.05, bye_fraction=0.01, window=(5.0, 20.0), seed=43).special
@@ -206,7 +206,7 @@ def test_matcher_clean_run() -> None:
     assert v.lateness_generator.count == 3
     assert v.lateness_generator.max == pytest.approx(0.031)
     assert v.lateness_server.max == pytest.approx(0.030)
-    assert v.to_dict()["planned"] == {"pinger": 6, "silent": 3, "bye": 1}
+    assert v.to_dict()["planned"] == {"pinger": 6, "silent": 3, "bye": 1, "late": 0}
 
 
 def test_matcher_counts_false_offlines_of_pingers_whatever_the_reason() -> None:
@@ -370,7 +370,10 @@ def test_only_loopback_targets_are_accepted() -> None:
 
 def test_scenario_from_args_sizes_workers_and_refuses_impossible_runs() -> None:
     sc = loadtest.scenario_from_args(_parse(["--spawn", "--connections", "19000", "--duration", "120"]))
-    assert sc.mode == "users" and sc.workers == 3 and len(sc.sources) >= 2
+    assert sc.mode == "users" and sc.workers == 2 and len(sc.sources) >= 2
+    # at most ~16,000 connections per worker process, ~10,000 per loopback source address
+    sc = loadtest.scenario_from_args(_parse(["--spawn", "--connections", "100000", "--duration", "150"]))
+    assert sc.workers == 7 and 100000 / len(sc.sources) <= 10000
     assert sc.expected_timeout == 45.0 and sc.uid_base == 0
     sc = loadtest.scenario_from_args(_parse(["--spawn", "--gateways", "20", "--sessions", "1000000",
                                              "--duration", "200", "--", "--tick", "0.5"]))

@@ -16,33 +16,12 @@ import pytest
 from idled.cli import loadtest
 from idled.tools.loadtest.rates import phase, reported_rate, sweep_rows, sweep_table
 from idled.tools.loadtest.target import Sample, ServerProcess
-from idled.tools.loadtest.users import _due
-from idled.tools.loadtest.workerstate import Worker
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     loadtest.add_arguments(parser)
     return parser.parse_args(argv)
-
-
-def _worker(ping_every: float | None) -> Worker:
-    w = Worker({"worker": 0, "workers": 1, "mode": "users", "host": "127.0.0.1", "port": 1, "sources": ["127.0.0.2"],
-                "uid_base": 0, "sessions": 1000, "keepalive": 30.0, "jitter": 0.1, "ramp": 100.0,
-                "connect_timeout": 10.0, "plan": [], "ping_every": ping_every})
-    w.t0 = 0.0  # the ramp's planned end (fast_from) is then 1000 / 100 = 10 s
-    return w
-
-
-def test_ping_every_takes_over_at_the_ramps_end_at_a_random_phase() -> None:
-    slow, fast = _worker(None), _worker(1.0)
-    assert fast.fast_from == 10.0
-    for _ in range(200):
-        assert 30 * 0.9 <= _due(slow, 3.0) - 3.0 <= 30 * 1.1  # no --ping-every: the keepalive, as before
-        assert 1.5 <= _due(slow, 0.0, first=True) <= 30.0  # the first at a random phase
-        assert 10.0 < _due(fast, 3.0) <= 11.0  # due after the ramp: joins the fast schedule instead
-        assert 12.0 + 0.9 <= _due(fast, 12.0) <= 12.0 + 1.1  # on it: every S x U(1 - jitter, 1 + jitter)
-        assert 12.0 < _due(fast, 12.0, first=True) <= 13.0  # logged in after the ramp's end
 
 
 def test_ping_every_is_for_user_connections_and_at_most_the_keepalive() -> None:

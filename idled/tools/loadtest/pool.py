@@ -6,7 +6,8 @@ Theory of operation
 configuration (its share of the plan: worker w owns every session, or every gateway, with index = w mod W)
 on its stdin and waits for every ``ready``. One reader task per worker then takes its reports as they come
 and feeds the records in them -- which session fell silent and when its last frame was sent, which said
-bye, which never logged in -- straight into the `Matcher`; the latest report of each worker is kept for
+bye, which never logged in, which pinger the server closed and when it last sent, which late session
+delayed a keepalive -- straight into the `Matcher`; the latest report of each worker is kept for
 the totals and the progress line. `stop` sends ``stop``, closes the pipes, waits for the final reports (with
 the latency histograms) and reaps the processes, killing any that linger.
 """
@@ -61,9 +62,10 @@ class WorkerPool:
             "worker": w, "workers": sc.workers, "mode": sc.mode, "host": host, "port": port,
             "sources": list(sc.sources), "uid_base": sc.uid_base, "sessions": sc.sessions,
             "gateways": sc.gateways, "keepalive": sc.keepalive, "jitter": sc.jitter, "ramp": sc.ramp,
-            "ping_every": sc.ping_every,
+            "ping_every": sc.ping_every, "late_by": sc.late_by,
+            "max_seconds": sc.duration + sc.drain_timeout + 120.0,  # the worker's own bound on its life
             "connect_timeout": sc.connect_timeout, "max_inflight": sc.max_inflight,
-            "gateway_tick": sc.gateway_tick, "seed": sc.seed, "report_interval": 0.5,
+            "gateway_tick": sc.gateway_tick, "user_tick": sc.user_tick, "seed": sc.seed, "report_interval": 0.5,
             # (index, kind, moment) triples: the pipe's decoder takes string map keys only
             "plan": [[i, kind, moment] for i, (kind, moment) in plan.items()],
             "secret": self.secret.hex() if self.secret else None,
@@ -113,6 +115,10 @@ class WorkerPool:
                     matcher.bye(i, sent)
                 for i in msg.get("failed", ()):
                     matcher.failed(i)
+                for i, sent_prev, sent_last, at, how in msg.get("closed", ()):
+                    matcher.closed(i, sent_prev, sent_last, at, how)
+                for i, last_sent, planned in msg.get("late", ()):
+                    matcher.late(i, last_sent, planned)
                 state.last = msg
                 if t == "final":
                     state.final = msg
@@ -138,7 +144,8 @@ class WorkerPool:
         timeouts: list[float] = []
         for s in self.workers:
             m = s.final or s.last
-            for key in ("conns", "logged_in", "attached", "pinging", "pings", "frames", "pongs", "timeouts_differ"):
+            for key in ("conns", "logged_in", "attached", "pinging", "pings", "frames", "pongs", "ended",
+                        "timeouts_differ"):
                 tot[key] += int(m.get(key, 0) or 0)
             errors.update(m.get("errors", {}))
             closes.update(m.get("closes", {}))

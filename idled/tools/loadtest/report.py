@@ -48,6 +48,8 @@ def targets(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
         "false_offlines == 0": _target(v["false_offlines"], 0, le=False),
         "missed_offlines == 0": _target(v["missed_offlines"], 0, le=False),
         "early_offlines == 0": _target(v["early_offlines"], 0, le=False),
+        # offlines the generator caused by sending late: the server was right, the run's figures are not
+        "generator_late == 0": _target(v.get("generator_late"), 0, le=False),
         "lateness p99 <= tick + 50 ms": _target(result["lateness"]["generator"]["p99"], tick + LATENESS_SLACK),
         **({"server RSS per TLS connection <= 32 KiB": _target(result["server"].get("rss_per_session_bytes"),
                                                                TLS_RSS_PER_CONNECTION_LIMIT, applies=users and enough)}
@@ -95,6 +97,7 @@ def summary_text(result: dict[str, Any]) -> str:
         f"  ping rate     {_rate(pr['achieved_per_s'])}/s achieved vs {_rate(pr['target_per_s'])}/s target"
         + (f" ({pr['ratio'] * 100:.1f}%)" if pr.get("ratio") else "")
         + f"; client lag max {_ms(pr['client_lag_max_seconds'])}; client CPU {_pct(result['client']['cpu_percent_mean'])}",
+        *_generator_lines(result.get("generator")),
         f"  lateness gen  {_lat(result['lateness']['generator'])}",
         f"  lateness srv  {_lat(result['lateness']['server'])}",
         f"  deadline shift {_lat_short(result['lateness'].get('deadline_shift', {}))} "
@@ -103,7 +106,8 @@ def summary_text(result: dict[str, Any]) -> str:
         f"(never {v['missed_never']}, late {v['missed_late']}), early {v['early_offlines']}, "
         f"unjudged {v['unjudged_silent']}, silent {v['planned']['silent']}, "
         f"logouts {v['logouts_seen']}/{v['planned']['bye']} (missed {v['missed_logouts']}), "
-        f"duplicate offlines {v['duplicate_offlines']}, online missing {v['online_missing']}",
+        f"duplicate offlines {v['duplicate_offlines']}, online missing {v['online_missing']}; "
+        f"generator late {v.get('generator_late', 0)}" + _late_text(v),
         f"  server        pid {srv.get('pid')}, CPU mean {_pct(srv.get('cpu_percent_mean'))} "
         f"(steady {_pct(srv.get('cpu_percent_steady'))}, max {_pct(srv.get('cpu_percent_max'))}), "
         f"RSS base {_mib(srv.get('rss_base_bytes'))} peak {_mib(srv.get('rss_peak_bytes'))}, "
@@ -129,6 +133,37 @@ def summary_text(result: dict[str, Any]) -> str:
             f"{name}: {'PASS' if t['pass'] else 'n/a' if t['pass'] is None else 'FAIL'}" for name, t in ts.items()))
     lines.append(f"  verdict       {'OK' if result['ok'] else 'FAILED'}")
     return "\n".join(lines)
+
+
+def _late_text(v: dict[str, Any]) -> str:
+    """The planned late sessions (--late-fraction), if any."""
+    if not v.get("late_planned"):
+        return ""
+    return (f"; late sessions {v['late_planned']} (owed an offline {v['late_expected']}, offline "
+            f"{v['late_offlines']}, missed {v['late_missed']})")
+
+
+def _generator_lines(gen: dict[str, Any] | None) -> list[str]:
+    """The generator's own cost and lag (`idled.tools.loadtest.genstats`)."""
+    if not gen or not gen.get("total"):
+        return []
+
+    def cpu(name: str) -> str:
+        ph = gen.get(name)
+        if not ph:
+            return f"{name} -"
+        each = "" if ph["cpu_us_per_op"] is None else f", {ph['cpu_us_per_op']:.1f} us/op"
+        return f"{name} {_pct(ph['cpu_percent'])} ({ph['seconds']:.0f} s, {ph['ops_per_s']:,.0f} ops/s{each})"
+
+    c = gen["counts"]
+    lag = gen["lag"]
+    return [
+        f"  generator     {gen['workers']} worker processes, CPU of one core: {cpu('ramp')}; {cpu('steady')}; "
+        f"{cpu('total')}; coordinator {_pct(gen.get('coordinator_cpu_percent'))}",
+        f"  gen. lag      timers {_lat_short(lag)}; largest loop turn {_ms(gen.get('turn_max_seconds'))} "
+        f"(p99 {_ms(gen.get('turn_p99_seconds'))}, {gen.get('turns', 0)} turns); ops: logins {c['logins']}, "
+        f"pings {c['pings']}, pongs {c['pongs']}, ends {c['ended']}",
+    ]
 
 
 def _phase_lines(phases: dict[str, Any]) -> list[str]:

@@ -16,11 +16,12 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from idled.tools.loadtest.genstats import generator_figures
 from idled.tools.loadtest.histogram import Histogram
 from idled.tools.loadtest.observer import Observer
 from idled.tools.loadtest.rates import phase, reported_rate
 from idled.tools.loadtest.report import targets
-from idled.tools.loadtest.scenario import flag_value
+from idled.tools.loadtest.scenario import Scenario, flag_value
 from idled.tools.loadtest.state import RunState
 from idled.tools.loadtest.target import Sample, ServerProcess, describe, parse_stall
 
@@ -39,8 +40,10 @@ class Window:
     rate_mark: tuple[float, Sample | None, list[tuple[float, int]]] | None = None  # keepalive phase start
     end_wall: float = 0.0
     pings_end: list[tuple[float, int]] = field(default_factory=list)
-    client_cpu0: float = 0.0
+    client_cpu0: float = 0.0  # coordinator + workers (psutil)
     client_cpu1: float = 0.0
+    coordinator_cpu0: float = 0.0  # the coordinator alone (getrusage)
+    coordinator_cpu1: float = 0.0
     fence: float | None = None
     fence_end: float | None = None
     aborted: str | None = None
@@ -96,6 +99,9 @@ def build_result(r: RunState, w: Window, observer: Observer, server: ServerProce
                      "fence_start_seconds": w.fence, "fence_end_seconds": w.fence_end,
                      "delivery_delay": observer.delivery.summary()},
         "host": _host_summary(r),
+        "generator": generator_figures(
+            r.pool.finals(), (w.coordinator_cpu1 - w.coordinator_cpu0) / client_window * 100.0
+            if client_window > 0 else None),
         "client": {"workers": sc.workers, "cpu_percent_mean":
                    ((w.client_cpu1 - w.client_cpu0) / client_window * 100.0) if client_window > 0 else None,
                    "frames": tot["frames"], "pongs": tot["pongs"],
@@ -103,8 +109,21 @@ def build_result(r: RunState, w: Window, observer: Observer, server: ServerProce
         "workers_dead": {s.index: s.dead for s in r.pool.workers if s.dead},
         "metrics_end": {k: v for k, v in r.metrics_end.items() if "bucket" not in k},
         "timeseries": r.series,
-        "notes": r.notes,
+        "notes": r.notes + _generator_notes(sc, verdict.to_dict(), timeout),
     }
+
+
+def _generator_notes(sc: Scenario, verdict: dict[str, Any], timeout: float) -> list[str]:
+    """Say so when the generator, not the server, decided some figures."""
+    notes = []
+    if verdict["generator_late"]:
+        notes.append(f"generator was the bottleneck: figures not trustworthy ({verdict['generator_late']} pinger "
+                     "sessions went offline because the generator itself did not send within the timeout)")
+    longest = sc.keepalive * (1.0 + sc.jitter)  # (--ping-every is at most the keepalive)
+    if longest > timeout:
+        notes.append(f"the server's timeout ({timeout:g} s) is shorter than the generator's longest keepalive "
+                     f"interval ({longest:g} s): sessions go offline by the plan, and count as generator late")
+    return notes
 
 
 def _ping_rate(r: RunState, w: Window, tot: dict[str, Any]) -> dict[str, Any]:

@@ -30,6 +30,7 @@ builds the scenario, runs it once per detector for ``--compare``, and prints and
 
 from __future__ import annotations
 
+import resource
 import sys
 import time
 from typing import IO, Any, TextIO
@@ -148,6 +149,7 @@ async def _start_workers(r: RunState, nursery: trio.Nursery, server: ServerProce
     await trio.sleep(max(0.0, r.t0 - time.time()))
     w.start_sample = sampler.sample() if sampler else None
     w.client_cpu0 = r.client_cpu()
+    w.coordinator_cpu0 = _own_cpu()
     r.client_samples.append((time.time(), w.client_cpu0))
 
 
@@ -196,6 +198,12 @@ async def _measure(r: RunState, server: ServerProcess, sampler: ProcessSampler |
         w.aborted = "every worker died"
 
 
+def _own_cpu() -> float:
+    """CPU seconds of this process (the coordinator: observer, sampler, matcher), apart from the workers."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
 def _print_progress(line: str, tty: bool, err: IO[str]) -> None:
     print(("\r" + line + "\x1b[K") if tty else line, end="" if tty else "\n", file=err, flush=True)
 
@@ -208,6 +216,7 @@ async def _wind_down(r: RunState, server: ServerProcess, sampler: ProcessSampler
     w.end_sample = sampler.sample() if sampler else None
     w.pings_end = r.pool.pings()
     w.client_cpu1 = r.client_cpu()
+    w.coordinator_cpu1 = _own_cpu()
     if w.aborted is None:
         w.fence_end = await observer.fence(timeout=r.sc.drain_timeout)
         if w.fence_end is None:

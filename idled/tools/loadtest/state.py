@@ -25,7 +25,7 @@ from idled.tools.loadtest.target import STALL_METRIC, Sample, scrape_metrics
 __all__ = ["RunState", "SERIES"]
 
 SERIES = ("t", "connections", "sessions", "pinging", "pings_per_s", "online_events", "offline_events",
-          "false_offlines", "server_cpu_percent", "server_rss_bytes", "stall_max_seconds", "host_cpu_percent",
+          "pinger_offlines", "server_cpu_percent", "server_rss_bytes", "stall_max_seconds", "host_cpu_percent",
           "client_cpu_percent")
 
 
@@ -36,7 +36,8 @@ class RunState:
         self.sc = sc
         self.err = err
         self.plan: Plan = make_plan(sc.sessions, silent_fraction=sc.silent_fraction,
-                                    bye_fraction=sc.bye_fraction, window=sc.window(), seed=sc.seed)
+                                    bye_fraction=sc.bye_fraction, window=sc.window(), seed=sc.seed,
+                                    late_fraction=sc.late_fraction)
         self.matcher = Matcher(self.plan, sc.uid_base)
         self.secret: bytes | None = None
         if sc.secret_file:
@@ -110,7 +111,7 @@ class RunState:
             "t": round(now - self.t0, 3), "connections": tot["conns"], "sessions": sessions,
             "pinging": tot["pinging"], "pings_per_s": round(pings_rate, 2),
             "online_events": self.matcher.online_events, "offline_events": self.matcher.offline_events,
-            "false_offlines": self.matcher._pinger_offlines,
+            "pinger_offlines": self.matcher.pinger_offlines,
             "server_cpu_percent": None if sample is None else round(sample.cpu_percent, 2),
             "server_rss_bytes": None if sample is None else sample.rss,
             "stall_max_seconds": self.stall, "host_cpu_percent": round(self.host_cpu(), 1),
@@ -138,5 +139,5 @@ class RunState:
         delay = self.observer_delay() if self.observer_delay else None
         behind = "" if delay is None or delay < 1.0 else f" (observer {delay:.1f} s behind)"
         return (f"[{now - self.t0:6.1f}s] {up} pings/s {prev['rate']:7.1f} online {m.online_events} "
-                f"offline {m.offline_events}{behind} (false {m._pinger_offlines}) errors {errors}{srv}{stall}"
+                f"offline {m.offline_events}{behind} (pingers {m.pinger_offlines}) errors {errors}{srv}{stall}"
                 + ("" if host is None else f" | host cpu {host:.0f}%"))

@@ -11,13 +11,15 @@ uniformly from the *silent window*. The window starts when the ramp is done and 
 session silent at its very end must be reported offline, even two ticks late, before the measurement ends:
 ``window_end = duration - timeout - bound_ticks * tick - margin``. Everyone else is a pinger.
 
-**Matching.** The coordinator feeds a `Matcher` three streams in any order -- the plan, what the workers did
+**Matching.** The coordinator feeds a `Matcher` four streams in any order -- the plan, what the workers did
 (`silent(idx, last_sent)`: the wall time the session's last frame was sent before it fell silent;
-`bye(idx, sent)`; `failed(idx)`: never logged in) and the observer's events -- and `judge()` settles the
-run afterwards. Storage is per kind: one byte per session counts online events, but offline events are kept
-in full only for planned silent / bye sessions (bounded by the plan); an offline for a pinger is a *false
-offline* (counted, first few kept as examples), whatever its reason, because the generator never stopped
-it. For a silent session with last frame sent at ``L``, timeout ``T`` and tick ``k``:
+`bye(idx, sent)`; `failed(idx)`: never logged in; `closed(idx, prev, last, at, how)`: a pinger the server
+closed, with the wall times of its last two sends; `late(idx, last_sent, planned)`: a planned late session
+delaying a keepalive) and the observer's events -- and `judge()` settles the run afterwards. Storage is per
+kind: one byte per session counts online events; offline events are kept in full for planned sessions and
+for pingers (a pinger's offline is judged at the end, against its close record:
+`idled.tools.loadtest.verdict.classify_offline` tells a *false offline*, the server's fault, from the
+generator's own lateness). For a silent session with last frame sent at ``L``, timeout ``T`` and tick ``k``:
 
 * generator lateness = ``event.ts - (L + T)`` and server lateness = ``event.ts - event.deadline``, both
   recorded in histograms (negative values are clamped to 0 in the buckets but kept exactly as the minimum);
@@ -26,6 +28,12 @@ it. For a silent session with last frame sent at ``L``, timeout ``T`` and tick `
 * an offline before ``L + T - tolerance`` (or before the server's own deadline) is an *early offline*;
 * no offline at or before ``L + T + bound_ticks * k`` is a *missed offline* -- whether one came later
   (`missed_late`) or never (`missed_never`); a session whose bound falls after the cutoff is *unjudged*.
+
+A planned *late* session (``--late-fraction``) is a pinger that sends one keepalive ``late_by`` seconds late.
+If the gap it planned (its delayed send minus the send before) exceeds ``T`` it owes an offline by ``L + T +
+bound_ticks * k`` (else *late missed*), and that offline is judged like any pinger's -- by its send times --
+so it comes out as generator late, counted apart as planned. A gap within ``T`` owes nothing: an offline
+then is false, as for any pinger.
 """
 
 from __future__ import annotations
@@ -33,13 +41,13 @@ from __future__ import annotations
 import random
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final
 
-from idled.tools.loadtest.histogram import Histogram
+from idled.tools.loadtest.verdict import FALSE, Tally, Verdict, classify_offline
 
 __all__ = [
-    "PINGER", "SILENT", "BYE", "IDLE_REASONS", "LOGOUT_REASONS",
+    "PINGER", "SILENT", "BYE", "LATE", "IDLE_REASONS", "LOGOUT_REASONS",
     "Plan", "silent_window", "make_plan", "Matcher", "Verdict",
 ]
 
@@ -48,6 +56,7 @@ __all__ = [
 PINGER: Final = 0
 SILENT: Final = 1
 BYE: Final = 2
+LATE: Final = 3  # a pinger that sends one keepalive late (--late-fraction / --late-by)
 
 # Offline reasons that mean "timed out" and "logged out"; the server names them, other spellings are
 # accepted so a rename on the server side shows up as figures, not as a crash here.
@@ -88,7 +97,7 @@ class Plan:
 
     def counts(self) -> dict[str, int]:
         c = Counter(kind for kind, _ in self.special.values())
-        return {"pinger": self.sessions - len(self.special), "silent": c[SILENT], "bye": c[BYE]}
+        return {"pinger": self.sessions - c[SILENT] - c[BYE], "silent": c[SILENT], "bye": c[BYE], "late": c[LATE]}
 
     def split(self, owner: Callable[[int], int], parts: int) -> list[dict[int, tuple[int, float]]]:
         """The special entries per part (worker), `owner(i)` naming the part of session i."""
@@ -99,97 +108,32 @@ class Plan:
 
 
 def make_plan(sessions: int, *, silent_fraction: float, bye_fraction: float, window: tuple[float, float],
-              seed: int) -> Plan:
-    """Choose exactly round(n*fraction) silent and bye sessions, each with a moment uniform in `window`."""
+              seed: int, late_fraction: float = 0.0) -> Plan:
+    """Choose exactly round(n*fraction) silent, bye and late sessions, each with a moment uniform in `window`
+    (late sessions are pingers: the moment is when one of their keepalives goes late)."""
     if sessions < 0:
         raise ValueError("sessions must be >= 0")
     if not (0.0 <= silent_fraction <= 1.0 and 0.0 <= bye_fraction <= 1.0 and silent_fraction + bye_fraction <= 1.0):
         raise ValueError("silent and bye fractions must be in [0, 1] and sum to at most 1")
     n_silent = round(sessions * silent_fraction)
     n_bye = min(sessions - n_silent, round(sessions * bye_fraction))
+    if not 0.0 <= late_fraction <= 1.0:
+        raise ValueError("the late fraction must be in [0, 1]")
+    n_late = min(sessions - n_silent - n_bye, round(sessions * late_fraction))
     rng = random.Random(seed)
     chosen = rng.sample(range(sessions), n_silent + n_bye)
     lo, hi = window
     special: dict[int, tuple[int, float]] = {}
     for k, index in enumerate(chosen):
         special[index] = (SILENT if k < n_silent else BYE, rng.uniform(lo, hi))
+    if n_late:  # (drawn after the others: a plan without late sessions is the same as before they existed)
+        late_rng = random.Random(seed * 7919 + 1)
+        for index in late_rng.sample([i for i in range(sessions) if i not in special], n_late):
+            special[index] = (LATE, late_rng.uniform(lo, hi))
     return Plan(sessions, special, window)
 
 
 # -------------------------------------------------------------------------------------------- matching
-
-
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    """The settled run. Every count is of sessions; `ok` is what a test or CI asserts."""
-
-    sessions: int
-    planned: Mapping[str, int]
-    failed_logins: int
-    online_events: int
-    online_missing: int  # logged in, yet no online event seen
-    online_duplicates: int
-    offline_events: int
-    false_offlines: int  # pingers reported offline, and silent / bye sessions reported offline before they stopped
-    false_offline_reasons: Mapping[str, int]
-    false_offline_examples: tuple[Mapping[str, Any], ...]
-    early_offlines: int  # silent sessions reported offline before last_sent + timeout (or their own deadline)
-    missed_offlines: int  # silent sessions not reported offline by last_sent + timeout + bound
-    missed_never: int
-    missed_late: int
-    unjudged_silent: int  # bound falls after the cutoff (the run ended first)
-    unreported: int  # planned silent / bye, logged in, yet the worker never said it stopped
-    silent_wrong_reason: Mapping[str, int]
-    logouts_seen: int
-    missed_logouts: int
-    logout_wrong_reason: Mapping[str, int]
-    duplicate_offlines: int
-    foreign_events: int  # events for uids outside this run
-    timeout: float
-    tick: float
-    bound: float
-    lateness_generator: Histogram = field(repr=False)
-    lateness_server: Histogram = field(repr=False)
-    # server's deadline minus the generator's (last_sent + timeout): how much later than we sent it the
-    # server took the last frame to have arrived (loopback, its read queue, its clock)
-    deadline_shift: Histogram = field(repr=False)
-
-    @property
-    def ok(self) -> bool:
-        """Every event the server emitted was right, and every one it owed was emitted."""
-        return (self.false_offlines == 0 and self.missed_offlines == 0 and self.early_offlines == 0
-                and self.missed_logouts == 0 and self.duplicate_offlines == 0 and self.unreported == 0
-                and self.online_missing == 0)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "ok": self.ok,
-            "sessions": self.sessions,
-            "planned": dict(self.planned),
-            "failed_logins": self.failed_logins,
-            "online_events": self.online_events,
-            "online_missing": self.online_missing,
-            "online_duplicates": self.online_duplicates,
-            "offline_events": self.offline_events,
-            "false_offlines": self.false_offlines,
-            "false_offline_reasons": dict(self.false_offline_reasons),
-            "false_offline_examples": [dict(e) for e in self.false_offline_examples],
-            "early_offlines": self.early_offlines,
-            "missed_offlines": self.missed_offlines,
-            "missed_never": self.missed_never,
-            "missed_late": self.missed_late,
-            "unjudged_silent": self.unjudged_silent,
-            "unreported": self.unreported,
-            "silent_wrong_reason": dict(self.silent_wrong_reason),
-            "logouts_seen": self.logouts_seen,
-            "missed_logouts": self.missed_logouts,
-            "logout_wrong_reason": dict(self.logout_wrong_reason),
-            "duplicate_offlines": self.duplicate_offlines,
-            "foreign_events": self.foreign_events,
-            "timeout": self.timeout,
-            "tick": self.tick,
-            "bound": self.bound,
-        }
 
 
 class Matcher:
@@ -209,12 +153,13 @@ class Matcher:
         self._failed: set[int] = set()
         self._silent_sent: dict[int, float] = {}
         self._bye_sent: dict[int, float] = {}
+        self._closed: dict[int, tuple[float, float, float, str]] = {}  # pinger closes: (prev, last, at, how)
+        self._late: dict[int, tuple[float, float]] = {}  # planned late: (last sent, delayed send planned)
         # first offline of each planned silent / bye session: (ts, reason, deadline)
         self._special_offline: dict[int, tuple[float, str, float]] = {}
-        self._pinger_offlines = 0
-        self._pinger_offline_seen = bytearray(n)  # to count sessions, not events
-        self._false_reasons: Counter[str] = Counter()
-        self._examples: list[dict[str, Any]] = []
+        # first offline of each pinger (late sessions included): (ts, reason, deadline, last_seen)
+        self._pinger_offline: dict[int, tuple[float, str, float, float]] = {}
+        self.pinger_offlines = 0  # so far, before judging whose fault they were
         self.online_events = 0
         self.offline_events = 0
         self.duplicate_offlines = 0
@@ -232,10 +177,18 @@ class Matcher:
     def bye(self, index: int, sent: float) -> None:
         self._bye_sent[index] = sent
 
+    def closed(self, index: int, sent_prev: float, sent_last: float, at: float, how: str) -> None:
+        """The server closed pinger `index` at `at`; its last two sends were at `sent_prev`, `sent_last`."""
+        self._closed[index] = (sent_prev, sent_last, at, how)
+
+    def late(self, index: int, last_sent: float, planned: float) -> None:
+        """Planned late session `index` last sent at `last_sent` and delays its next keepalive to `planned`."""
+        self._late[index] = (last_sent, planned)
+
     # -- what the server said --
 
     def event(self, kind: str, uid: object, ts: float, reason: str, deadline: float, last_seen: float) -> None:
-        index = uid - self.uid_base if type(uid) is int else -1  # type: ignore[operator]
+        index = uid - self.uid_base if type(uid) is int else -1
         if not 0 <= index < self.plan.sessions:
             self.foreign_events += 1
             return
@@ -248,16 +201,12 @@ class Matcher:
             return
         self.offline_events += 1
         entry = self.plan.special.get(index)
-        if entry is None:
-            if self._pinger_offline_seen[index]:
+        if entry is None or entry[0] == LATE:
+            if index in self._pinger_offline:
                 self.duplicate_offlines += 1
                 return
-            self._pinger_offline_seen[index] = 1
-            self._pinger_offlines += 1
-            self._false_reasons[reason] += 1
-            if len(self._examples) < self.MAX_EXAMPLES:
-                self._examples.append({"uid": uid, "kind": "pinger", "ts": ts, "reason": reason,
-                                       "deadline": deadline, "last_seen": last_seen})
+            self._pinger_offline[index] = (ts, reason, deadline, last_seen)
+            self.pinger_offlines += 1
             return
         if index in self._special_offline:
             self.duplicate_offlines += 1
@@ -270,57 +219,84 @@ class Matcher:
               early_tolerance: float = 0.005) -> Verdict:
         """Settle every session. `cutoff`: wall time up to which events were collected."""
         bound = timeout + bound_ticks * tick
-        tally = _Tally(timeout=timeout, tick=tick, bound=bound, cutoff=cutoff, tolerance=early_tolerance,
-                       false_reasons=Counter(self._false_reasons), examples=list(self._examples))
+        t = Tally(timeout=timeout, tick=tick, bound=bound, cutoff=cutoff, tolerance=early_tolerance)
+        failed = self._failed
+        # A session whose login failed on our side may still have been logged in by the server (e.g. the
+        # welcome came after our login timeout): its offline then is our doing, not a false offline.
+        for index, off in self._pinger_offline.items():
+            if index not in failed:
+                self._judge_pinger(t, index, off)
         for index, (kind, moment) in self.plan.special.items():
-            if index in self._failed:
+            if index in failed:
                 continue
             if kind == SILENT:
-                self._judge_silent(tally, index, moment)
-            else:
-                self._judge_bye(tally, index, moment)
+                self._judge_silent(t, index, moment)
+            elif kind == BYE:
+                self._judge_bye(t, index, moment)
+            elif index in self._late:
+                self._judge_late(t, index)
         online = self._online
-        failed = self._failed
         zeros = online.count(0)
         online_missing = zeros - sum(1 for i in failed if online[i] == 0)
         online_duplicates = len(online) - zeros - online.count(1)
-        # A session whose login failed on our side may still have been logged in by the server (e.g. the
-        # welcome came after our login timeout): its offline then is our doing, not a false offline.
-        seen = self._pinger_offline_seen
-        failed_pingers = [i for i in failed if seen[i]]
-        pinger_false = self._pinger_offlines - len(failed_pingers)
-        examples = tally.examples
-        for i in failed_pingers:
-            examples = [e for e in examples if e["uid"] != self.uid_base + i]
         return Verdict(
             sessions=self.plan.sessions, planned=self.plan.counts(), failed_logins=len(failed),
             online_events=self.online_events, online_missing=online_missing, online_duplicates=online_duplicates,
-            offline_events=self.offline_events, false_offlines=pinger_false + tally.false_special,
-            false_offline_reasons=dict(tally.false_reasons), false_offline_examples=tuple(examples),
-            early_offlines=tally.early, missed_offlines=tally.missed_never + tally.missed_late,
-            missed_never=tally.missed_never, missed_late=tally.missed_late, unjudged_silent=tally.unjudged,
-            unreported=tally.unreported, silent_wrong_reason=dict(tally.silent_wrong),
-            logouts_seen=tally.logouts, missed_logouts=tally.missed_logouts,
-            logout_wrong_reason=dict(tally.logout_wrong), duplicate_offlines=self.duplicate_offlines,
+            offline_events=self.offline_events, false_offlines=t.false,
+            false_offline_reasons=dict(t.false_reasons), false_offline_examples=tuple(t.examples),
+            no_close_record=t.no_close_record, generator_late=t.generator_late,
+            generator_late_examples=tuple(t.late_examples), late_planned=t.late_planned,
+            late_expected=t.late_expected, late_offlines=t.late_offlines, late_missed=t.late_missed,
+            early_offlines=t.early, missed_offlines=t.missed_never + t.missed_late,
+            missed_never=t.missed_never, missed_late=t.missed_late, unjudged_silent=t.unjudged,
+            unreported=t.unreported, silent_wrong_reason=dict(t.silent_wrong),
+            logouts_seen=t.logouts, missed_logouts=t.missed_logouts,
+            logout_wrong_reason=dict(t.logout_wrong), duplicate_offlines=self.duplicate_offlines,
             foreign_events=self.foreign_events, timeout=timeout, tick=tick, bound=bound,
-            lateness_generator=tally.gen, lateness_server=tally.srv, deadline_shift=tally.shift,
+            lateness_generator=t.gen, lateness_server=t.srv, deadline_shift=t.shift,
         )
 
-    def _false_special(self, t: _Tally, reason: str, example: dict[str, Any] | None) -> None:
-        """A planned silent / bye session reported offline before it stopped: a false offline."""
-        t.false_special += 1
-        t.false_reasons[reason] += 1
-        if example is not None and len(t.examples) < self.MAX_EXAMPLES:
-            t.examples.append(example)
+    def _judge_pinger(self, t: Tally, index: int, off: tuple[float, str, float, float]) -> None:
+        """A pinger reported offline: the server's fault, or the generator's (its own send times say)."""
+        ts, reason, deadline, last_seen = off
+        example: dict[str, Any] = {"uid": self.uid_base + index, "kind": "pinger", "ts": ts, "reason": reason,
+                                   "deadline": deadline, "last_seen": last_seen}
+        record = self._closed.get(index)
+        if record is None:  # the worker never saw the server close it: nothing clears the server
+            t.no_close_record += 1
+            t.false_offline(reason, {**example, "close_record": None})
+            return
+        sent_prev, sent_last, at, how = record
+        example.update(sent_prev=sent_prev, sent_last=sent_last, closed_at=at, closed_how=how)
+        verdict = classify_offline(ts, (sent_prev, sent_last), timeout=t.timeout, tolerance=t.tolerance,
+                                   bound=t.bound)
+        if verdict == FALSE:
+            t.false_offline(reason, example)
+        elif self.plan.kind(index) == LATE:
+            t.late_offlines += 1  # what --late-fraction asked for
+        else:
+            t.generator_late += 1
+            if len(t.late_examples) < self.MAX_EXAMPLES:
+                t.late_examples.append(example)
 
-    def _judge_silent(self, t: _Tally, index: int, moment: float) -> None:
+    def _judge_late(self, t: Tally, index: int) -> None:
+        """A planned late session: owed an offline if its delayed keepalive was past the timeout."""
+        last_sent, planned = self._late[index]
+        t.late_planned += 1
+        if planned - last_sent <= t.timeout + t.tolerance:
+            return  # within the timeout: nothing owed (an offline is judged as any pinger's)
+        t.late_expected += 1
+        if index not in self._pinger_offline and last_sent + t.bound <= t.cutoff:
+            t.late_missed += 1
+
+    def _judge_silent(self, t: Tally, index: int, moment: float) -> None:
         off = self._special_offline.get(index)
         uid = self.uid_base + index
         last_sent = self._silent_sent.get(index)
         if last_sent is None:  # the worker never said it stopped
             if off is not None and off[0] < self.t0_wall + moment:  # offline while it was still pinging
-                self._false_special(t, off[1], {"uid": uid, "kind": "silent", "ts": off[0], "reason": off[1],
-                                                "planned_silent_at": self.t0_wall + moment})
+                t.false_offline(off[1], {"uid": uid, "kind": "silent", "ts": off[0], "reason": off[1],
+                                         "planned_silent_at": self.t0_wall + moment})
             else:
                 t.unreported += 1
             return
@@ -333,8 +309,8 @@ class Matcher:
             return
         ts, reason, deadline = off
         if ts < last_sent - t.tolerance:  # reported offline before it even stopped pinging
-            self._false_special(t, reason, {"uid": uid, "kind": "silent", "ts": ts, "reason": reason,
-                                            "last_sent": last_sent})
+            t.false_offline(reason, {"uid": uid, "kind": "silent", "ts": ts, "reason": reason,
+                                     "last_sent": last_sent})
             return
         if reason not in IDLE_REASONS:
             t.silent_wrong[reason] += 1
@@ -348,12 +324,12 @@ class Matcher:
         elif ts > limit:
             t.missed_late += 1
 
-    def _judge_bye(self, t: _Tally, index: int, moment: float) -> None:
+    def _judge_bye(self, t: Tally, index: int, moment: float) -> None:
         off = self._special_offline.get(index)
         sent = self._bye_sent.get(index)
         if sent is None:
             if off is not None and off[0] < self.t0_wall + moment:
-                self._false_special(t, off[1], None)
+                t.false_offline(off[1], None)
             else:
                 t.unreported += 1
             return
@@ -363,34 +339,8 @@ class Matcher:
             return
         ts, reason, _ = off
         if ts < sent - t.tolerance:
-            self._false_special(t, reason, None)
+            t.false_offline(reason, None)
             return
         t.logouts += 1
         if reason not in LOGOUT_REASONS:
             t.logout_wrong[reason] += 1
-
-
-@dataclass(slots=True)
-class _Tally:
-    """What `Matcher.judge` accumulates while it settles the planned sessions one by one."""
-
-    timeout: float
-    tick: float
-    bound: float
-    cutoff: float
-    tolerance: float
-    false_reasons: Counter[str]
-    examples: list[dict[str, Any]]
-    gen: Histogram = field(default_factory=Histogram)
-    srv: Histogram = field(default_factory=Histogram)
-    shift: Histogram = field(default_factory=Histogram)
-    early: int = 0
-    missed_never: int = 0
-    missed_late: int = 0
-    unjudged: int = 0
-    unreported: int = 0
-    false_special: int = 0
-    logouts: int = 0
-    missed_logouts: int = 0
-    silent_wrong: Counter[str] = field(default_factory=Counter)
-    logout_wrong: Counter[str] = field(default_factory=Counter)

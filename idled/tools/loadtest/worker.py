@@ -11,9 +11,11 @@ the process exits.
 Time: the plan is in seconds after t0 (wall clock); each worker converts it to trio time once
 (``t0_trio = t0 - (time.time() - trio.current_time())``) and schedules on trio's monotonic clock.
 
-The sessions themselves are driven by `idled.tools.loadtest.users` (one connection per session) or
-`idled.tools.loadtest.gateways` (a wheel of sessions per gateway connection); this module holds what they
-share -- configuration, counters, records -- and the process around them.
+The sessions themselves are driven by `idled.tools.loadtest.engine` (user connections: one epoll loop, one
+trio task for all of them) or `idled.tools.loadtest.gateways` (a wheel of sessions per gateway connection);
+`idled.tools.loadtest.workerstate` holds what they share -- configuration, counters, records, the
+self-measurement -- and this module the process around them. The trio loop stays: it carries the pipes to
+the coordinator, and the engine waits on its epoll fd through it.
 
 Reports (``{"t": "report", ...}``) go to the coordinator every `report_interval` seconds from one task;
 records (silent, bye, failed) accumulate in lists bounded by the number of sessions between reports, so a
@@ -29,8 +31,8 @@ import time
 import trio
 
 from idled.tools.loadtest import ipc
+from idled.tools.loadtest.engine import run_users
 from idled.tools.loadtest.gateways import run_gateways
-from idled.tools.loadtest.users import run_users
 from idled.tools.loadtest.workerstate import Worker
 
 __all__ = ["serve", "main"]
@@ -43,6 +45,7 @@ async def serve(w: Worker, control: ipc.Reader, out: trio.abc.SendStream) -> Non
     if not start or start.get("t") != "start":
         return
     w.t0 = trio.current_time() + (float(start["t0"]) - time.time())
+    w.mark("start")
     interval = float(w.cfg.get("report_interval", 0.5))
     async with trio.open_nursery() as outer:
 
@@ -59,6 +62,7 @@ async def serve(w: Worker, control: ipc.Reader, out: trio.abc.SendStream) -> Non
                 while True:
                     msg = await control.recv()
                     if msg is None or msg.get("t") == "stop":
+                        w.mark("stop")  # (before the sockets are closed: that is teardown, not load)
                         sessions.cancel_scope.cancel()
                         return
 

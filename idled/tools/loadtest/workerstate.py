@@ -1,13 +1,22 @@
 """What a load-test worker's sessions share: configuration, counters, records, and the report they make.
 
-`Worker` runs on one trio loop, so the counters are plain ints touched by every session task without locks.
-Records (silent, bye, failed) accumulate between reports and are handed over, and reset, by `report()`.
+`Worker` runs on one trio loop, so the counters are plain ints touched by the engine (user connections) or
+the gateway tasks without locks. Records (silent, bye, failed, closed, late) accumulate between reports and
+are handed over, and reset, by `report()`.
+
+The worker also measures itself, so the run can tell the generator's cost and lag from the server's: its
+own CPU seconds (``getrusage``) and its operations (logins + keepalives sent + pongs read + connections
+ended) at three marks -- the start, the moment its ramp is done (every session logged in or failed), and
+the stop -- plus two histograms: timer lag (how late a keepalive, a silent / bye moment or a gateway slot
+ran behind its schedule) and, for the engine, the duration of each loop turn. The marks and histograms go
+in every report's ``gen`` block (the histograms in the final one only).
 """
 
 from __future__ import annotations
 
 import os
 import random
+import resource
 import time
 from collections import Counter
 from typing import Any
@@ -41,6 +50,9 @@ class Worker:
         self.plan: dict[int, tuple[int, float]] = {int(i): (int(kind), float(at)) for i, kind, at in cfg["plan"]}
         self.gateways: int = cfg.get("gateways", 0)
         self.gateway_tick: float = cfg.get("gateway_tick", 0.05)
+        self.late_by: float = float(cfg.get("late_by") or 0.0)  # planned late sessions: delay of one keepalive
+        # a bound on the worker's own life (seconds after t0): it stops even if the coordinator never says so
+        self.max_seconds: float = float(cfg.get("max_seconds") or 86400.0)
         self.secret: bytes | None = bytes.fromhex(cfg["secret"]) if cfg.get("secret") else None
         self.rng = random.Random(cfg.get("seed", 0) * 1000 + self.index)
         self.inflight = trio.CapacityLimiter(cfg.get("max_inflight", 500))
@@ -54,7 +66,10 @@ class Worker:
         self.pings = 0  # session keepalives sent (pings, or uids touched)
         self.frames = 0
         self.pongs = 0
+        self.ended = 0  # connections that ended after logging in (closed by the server, bye, error)
         self.lag_max = 0.0  # how late a ping / slot ran behind its schedule (client overload)
+        self.lag_hist = Histogram()
+        self.turn_hist = Histogram()  # engine loop turns (seconds of work between two waits)
         self.errors: Counter[str] = Counter()
         self.closes: Counter[str] = Counter()  # how silent / bye connections ended (expected)
         self.timeout: float | None = None
@@ -67,6 +82,12 @@ class Worker:
         self.silent_records: list[tuple[int, float]] = []
         self.bye_records: list[tuple[int, float]] = []
         self.failed_records: list[int] = []
+        # pingers closed by the server: (index, send before last, last send, close time, how) -- wall clock
+        self.closed_records: list[tuple[int, float, float, float, str]] = []
+        # planned late sessions: (index, last send, when the delayed keepalive is planned) -- wall clock
+        self.late_records: list[tuple[int, float, float]] = []
+        # self-measurement marks: {"wall", "cpu", "ops"} at start, ramp done, stop
+        self.marks: dict[str, dict[str, float]] = {}
 
     # -- helpers --
 
@@ -83,14 +104,31 @@ class Worker:
         return mint(self.secret, role, name, time.time() + 7 * 86400)
 
     def lag(self, late: float) -> None:
-        """How late a ping or a slot ran behind its schedule (client overload): keep the largest."""
+        """How late a ping or a slot ran behind its schedule (client overload): the distribution, the largest."""
+        self.lag_hist.record(late)
         if late > self.lag_max:
             self.lag_max = late
 
     def gateway_ramped(self) -> None:
         """One more gateway of this worker has attached all its sessions."""
         self._gateways_ramped += 1
-        self.ramp_done = self._gateways_ramped == len(range(self.index, self.gateways, self.workers))
+        if self._gateways_ramped == len(range(self.index, self.gateways, self.workers)):
+            self.set_ramp_done()
+
+    def set_ramp_done(self) -> None:
+        self.ramp_done = True
+        self.mark("ramp")
+
+    @property
+    def ops(self) -> int:
+        """Operations on connections so far: logins (attaches) + keepalives sent + pongs read + ends."""
+        return self.logged_in + self.attached + self.pings + self.pongs + self.ended
+
+    def mark(self, name: str) -> None:
+        """Note the wall time, this process's CPU seconds and the operations so far (first call per name)."""
+        if name not in self.marks:
+            ru = resource.getrusage(resource.RUSAGE_SELF)
+            self.marks[name] = {"wall": time.time(), "cpu": ru.ru_utime + ru.ru_stime, "ops": self.ops}
 
     def report(self, final: bool = False) -> dict[str, Any]:
         msg: dict[str, Any] = {
@@ -99,10 +137,22 @@ class Worker:
             "frames": self.frames, "pongs": self.pongs, "lag_max": self.lag_max, "errors": dict(self.errors),
             "closes": dict(self.closes), "timeout": self.timeout, "timeouts_differ": self.timeouts_differ,
             "ramp_done": self.ramp_done, "silent": self.silent_records, "bye": self.bye_records,
-            "failed": self.failed_records,
+            "failed": self.failed_records, "closed": self.closed_records, "late": self.late_records,
+            "ended": self.ended, "gen": self._gen(final),
         }
         self.silent_records, self.bye_records, self.failed_records = [], [], []
+        self.closed_records, self.late_records = [], []
         if final:
             msg["connect_hist"] = self.connect_hist.to_dict()
             msg["login_hist"] = self.login_hist.to_dict()
         return msg
+
+    def _gen(self, final: bool) -> dict[str, Any]:
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        gen: dict[str, Any] = {"cpu": ru.ru_utime + ru.ru_stime, "ops": self.ops, "marks": self.marks,
+                               "counts": {"logins": self.logged_in + self.attached, "pings": self.pings,
+                                          "pongs": self.pongs, "ended": self.ended}}
+        if final:
+            gen["lag_hist"] = self.lag_hist.to_dict()
+            gen["turn_hist"] = self.turn_hist.to_dict()
+        return gen

@@ -1,0 +1,55 @@
+"""Inbound frames of the user engine, sans-IO: bytes in, frame bodies and server messages out.
+
+Theory of operation
+-------------------
+A frame is a 4-byte big-endian length N and N bytes of msgpack (`idled.protocol.codec`). The engine keeps no
+decoder per connection: a connection that has nothing pending costs nothing here. When bytes arrive it
+calls ``cut_frames(pending + data, max_frame)``, which returns the complete bodies and the incomplete tail
+(``b""`` when none); only a non-empty tail is stored (one ``bytes`` per connection, and only while a frame
+is split across reads). The length is checked against `max_frame` as soon as its 4 bytes are in, before
+anything is buffered, so a tail is never longer than ``max_frame + 4``. Worked by hand::
+
+    cut_frames(PONG_FRAME + b"\\x00\\x00", 4096) -> ([b"\\x81\\xa2op\\xa4pong"], b"\\x00\\x00")
+    cut_frames(b"\\x00\\x00" + b"\\x00\\x05ab", 4096) -> ([], b"\\x00\\x00\\x00\\x05ab")     (2 of 5 body bytes)
+
+`server_message(body)` is the protocol's own decoder (`decode_server_body`: msgpack, the frame rules, then
+`parse_server_message`), with the pong recognised by comparing bytes first: the commonest frame by far
+never reaches msgpack. Before any of this the engine compares a whole read with `PONG_FRAME` (one pong,
+nothing pending): the hot path, which does not even call `cut_frames`.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Final
+
+from idled.protocol import PONG, PONG_FRAME, ErrorCode, ProtocolError, ServerMessage, decode_server_body
+
+__all__ = ["PONG_BODY", "cut_frames", "server_message"]
+
+PONG_BODY: Final = PONG_FRAME[4:]
+_unpack_header = struct.Struct(">I").unpack_from
+
+
+def cut_frames(data: bytes, max_frame: int) -> tuple[list[bytes], bytes]:
+    """(complete frame bodies, incomplete tail) of `data`; ProtocolError(too_large) on an oversized length."""
+    bodies: list[bytes] = []
+    pos = 0
+    size = len(data)
+    while size - pos >= 4:
+        n = _unpack_header(data, pos)[0]
+        if n > max_frame:
+            raise ProtocolError(ErrorCode.TOO_LARGE, f"frame of {n} bytes exceeds the limit of {max_frame}")
+        end = pos + 4 + n
+        if end > size:
+            break
+        bodies.append(data[pos + 4 : end])
+        pos = end
+    return bodies, (data[pos:] if pos < size else b"")
+
+
+def server_message(body: bytes) -> ServerMessage:
+    """One frame body from the server -> its message (ProtocolError: bad_frame / bad_message)."""
+    if body == PONG_BODY:
+        return PONG
+    return decode_server_body(body)
