@@ -9,10 +9,9 @@ is the writer's handle, `EventLog`, and re-exports every name callers import fro
 
 **Segments.** Records live in files named by the seq of their first record, `f"{first_seq:020d}.seg"`
 (zero-padded, so name order is seq order). Only the newest segment, the *active* one, is ever written.
-`append` encodes and validates the whole batch first (seq strictly increasing), then writes it with one
-`os.write` per segment touched -- no user-space buffer, so readers see appended records at once. A record
-that would take a non-empty active segment past `segment_bytes` starts a new segment. Rotation sequence
-for a batch holding seq 41..50 when 44 crosses the limit::
+`append` validates and encodes the whole batch first, then writes it with one `os.write` per segment
+touched (no user-space buffer: readers see appended records at once). A record that would take a non-empty
+active segment past `segment_bytes` starts a new segment. Rotation for a batch of seq 41..50 when 44 crosses::
 
     00000000000000000001.seg  [1..43]  <- 41..43 written here, fd kept open until the next sync()
     next-segment.spare  -> renamed 00000000000000000044.seg [44..50], becomes active; directory dirty
@@ -28,17 +27,15 @@ retention, which must list the directory, waits for a free slot (`retention_defe
 still find no spare (several rolls in one batch), it is *deferred*: the batch goes on into the active
 segment (past segment_bytes) and the next append tries again (`deferred_rolls`, `spare_failures`).
 
-**Durability.** `append` never fsyncs; `sync()` fdatasyncs every segment written since the last sync (the
-rotated one too) and then, if a segment was created, the directory. A failed fsync raises `FsyncFailed`
-and poisons the log (PostgreSQL's "fsyncgate": a retry could report success for data that is gone).
+**Durability.** `append` never fsyncs; `sync()` fdatasyncs every segment written since the last sync (and
+a new segment's directory). A failed fsync raises `FsyncFailed` and poisons the log ("fsyncgate").
 
 **Recovery** (`recover()`, once, before the first append): takes an exclusive `flock` on `<dir>/lock`,
 scans the log (`recovery.scan_log`), and cuts only the tail of the newest segment -- the bytes after its
 last good record -- after copying them to a quarantine file. Damage followed by good records is skipped
 in place and reported (see `idled.log.recovery`). The next seq is past the largest good seq, the last
 segment's name and the snapshot's seq, so seqs are never reused for records that reached the disk.
-`online` maps each open session's uid to its last online record: the server writes an offline "restart"
-record for each before accepting connections.
+`online` maps each open session's uid to its last online record (the server closes each: "restart").
 
 **Retention** (`apply_retention()`, also run after every rotation): deletes whole segments from the oldest
 end while the log is over `retention_bytes`, or while a segment's mtime is older than `retention_seconds`;
@@ -47,9 +44,8 @@ covered by a snapshot, it writes one (`idled.log.snapshot`: the open sessions as
 recovery never forgets a session whose online record retention removed. If the snapshot cannot be
 written, nothing uncovered is deleted (`snapshot_failures`).
 
-**Reading** (`iter_records`, `EventLog.read_from`, `LogTailer`) streams segments in 1 MiB chunks, so a
-reader's memory is bounded by the chunk plus one record whatever the segment size; damage is skipped,
-a segment deleted under a reader is skipped.
+**Reading** (`iter_records`, `EventLog.read_from`, `LogTailer`) streams segments in 1 MiB chunks (memory:
+the chunk plus one record); damage, and a segment deleted under a reader, are skipped.
 """
 
 from __future__ import annotations
@@ -399,8 +395,7 @@ class EventLog:
         self._durable_seq = self._last_seq
 
     def fits(self, records: int) -> bool:
-        """Whether ``records`` records of any size (up to MAX_RECORD_BYTES each) fit the active segment: an
-        append of them then neither rotates nor runs retention, only writes (the writer may do it inline)."""
+        """Whether an append of ``records`` records of any size would only write (no roll, no retention)."""
         return self._fd is not None and self._size + records * (MAX_RECORD_BYTES + HEADER_BYTES) <= self.segment_bytes
 
     def release_rotated(self) -> None:
