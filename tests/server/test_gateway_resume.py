@@ -33,23 +33,33 @@ async def events(observer: Client, count: int) -> list[tuple[str, str, str]]:
     return [(e.uid, e.kind, e.reason) for e in [await observer.expect(Event) for _ in range(count)]]
 
 
+async def attached(h: Harness, *uids: str) -> tuple[Client, Client]:
+    """An observer, and an edge that attached ``uids`` (their online events read)."""
+    observer = await h.observer()
+    gateway = await edge(h)
+    await gateway.send(Attach(uids, 20.0))
+    assert await events(observer, len(uids)) == [(uid, "online", "login") for uid in uids]
+    return observer, gateway
+
+
+async def nothing_more(observer: Client, seconds: float) -> None:
+    with trio.move_on_after(seconds):
+        unexpected = await observer.recv()
+        raise AssertionError(f"no other event expected, got {unexpected}")
+
+
 async def test_a_reconnect_within_the_grace_period_resumes_every_session_without_an_event(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     async with running(tmp_path, timeout=30.0, gateway_grace=5.0) as h:
-        observer = await h.observer()
-        first = await edge(h)
-        await first.send(Attach(("a", "b"), 20.0))
-        assert await events(observer, 2) == [("a", "online", "login"), ("b", "online", "login")]
+        observer, first = await attached(h, "a", "b")
         await first.stream.aclose()  # the link breaks: no bye
         await trio.sleep(3.0)
         second = await edge(h)  # back within the grace period
         await second.send(Attach(("a",), 20.0))  # "b" left while it was away
         await answer_one_mark(second)  # follows the attach: confirms it
         assert await events(observer, 1) == [("b", "offline", "gateway_lost")]
-        with trio.move_on_after(10.0):
-            unexpected = await observer.recv()
-            raise AssertionError(f"no other event expected, got {unexpected}")
+        await nothing_more(observer, 10.0)
         assert h.server.presence is not None and h.server.presence.owner_of("a") is not None
 
 
@@ -57,10 +67,7 @@ async def test_past_the_grace_period_the_gateway_is_lost(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     async with running(tmp_path, timeout=30.0, gateway_grace=5.0) as h:
-        observer = await h.observer()
-        first = await edge(h)
-        await first.send(Attach(("a", "b"), 20.0))
-        await events(observer, 2)
+        observer, first = await attached(h, "a", "b")
         await first.stream.aclose()
         start = trio.current_time()
         assert sorted(await events(observer, 2)) == [("a", "offline", "gateway_lost"), ("b", "offline", "gateway_lost")]
@@ -71,10 +78,7 @@ async def test_past_the_grace_period_the_gateway_is_lost(
 
 async def test_bye_ends_the_sessions_at_once(tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
     async with running(tmp_path, timeout=30.0, gateway_grace=5.0) as h:
-        observer = await h.observer()
-        first = await edge(h)
-        await first.send(Attach(("a",), 20.0))
-        await events(observer, 1)
+        observer, first = await attached(h, "a")
         start = trio.current_time()
         await first.send(BYE)
         assert await events(observer, 1) == [("a", "offline", "gateway_lost")]
@@ -85,28 +89,20 @@ async def test_a_newer_connection_takes_over_one_still_open(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     async with running(tmp_path, timeout=30.0) as h:
-        observer = await h.observer()
-        old = await edge(h)
-        await old.send(Attach(("a",), 20.0))
-        await events(observer, 1)
+        observer, old = await attached(h, "a")
         new = await edge(h)  # the core had not noticed the old connection die
         while type(message := await old.recv()) is not Error:
             pass
         assert message.code == ErrorCode.KICKED
         await new.send(Attach(("a",), 20.0))
         await answer_one_mark(new)
-        with trio.move_on_after(5.0):
-            unexpected = await observer.recv()
-            raise AssertionError(f"no event expected, got {unexpected}")
+        await nothing_more(observer, 5.0)
 
 
 async def test_without_a_grace_period_a_lost_connection_ends_its_sessions_at_once(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     async with running(tmp_path, timeout=30.0, gateway_grace=0.0) as h:
-        observer = await h.observer()
-        first = await edge(h)
-        await first.send(Attach(("a",), 20.0))
-        await events(observer, 1)
+        observer, first = await attached(h, "a")
         await first.stream.aclose()
         assert await events(observer, 1) == [("a", "offline", "gateway_lost")]
