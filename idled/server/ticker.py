@@ -14,7 +14,7 @@ are reported without waiting.
 *Never ahead of what was read.* A keepalive that reached a socket before a deadline must win against the
 tick, even when the loop is busy. trio runs tasks in batches, each after one poll of the sockets; a task
 woken by its socket reads it in that batch, and one that found data without waiting returns it one batch
-later. So the tick task expires only up to the clock it read *two* checkpoints earlier (``_horizon``): by
+later. So the tick task expires only up to the clock it read *two* checkpoints earlier (``_Horizon``): by
 then every connection task has read, and touched, whatever its socket held at that reading. An edge's
 sessions are the edge's watermark's business (``idled.core.watermarks``): the tick task asks an edge for a
 mark at once (``want_mark``) when it holds one of its sessions.

@@ -480,6 +480,7 @@ def _assert_correct(result: dict[str, Any], tick: float) -> None:
     assert result["ok"] is True
 
 
+@pytest.mark.slow
 def test_real_run_with_user_connections(tmp_path: Path) -> None:
     proc, result = _loadtest(
         ["--spawn", "--connections", "300", "--workers", "2", "--keepalive", "1", "--tick", TICK_S,
@@ -496,6 +497,7 @@ def test_real_run_with_user_connections(tmp_path: Path) -> None:
     assert "verdict       OK" in proc.stdout
 
 
+@pytest.mark.slow
 def test_real_run_with_gateways(tmp_path: Path) -> None:
     proc, result = _loadtest(
         ["--spawn", "--gateways", "3", "--sessions", "3000", "--keepalive", "1", "--tick", TICK_S,
@@ -508,6 +510,7 @@ def test_real_run_with_gateways(tmp_path: Path) -> None:
     assert 0.5 < result["ping_rate"]["ratio"] < 1.5
 
 
+@pytest.mark.slow
 def test_real_compare_runs_once_per_detector(tmp_path: Path) -> None:
     proc, doc = _loadtest(
         ["--compare", "ring,scan", "--connections", "100", "--keepalive", "1", "--tick", TICK_S,
@@ -521,6 +524,7 @@ def test_real_compare_runs_once_per_detector(tmp_path: Path) -> None:
     assert "ring/scan" in proc.stdout
 
 
+@pytest.mark.slow
 def test_real_run_against_a_running_target(tmp_path: Path) -> None:
     server = subprocess.Popen(
         [sys.executable, "-m", "idled.cli.main", "serve", "--host", "127.0.0.1", "--port", "0", "--tick", TICK_S,
