@@ -16,9 +16,9 @@ stops an edge from reading its users and answering their pings.
 * *Attaches are acknowledged.* An attach is flushed followed by a ping; the core handles a gateway's frames
   in order, so its pong says the attach is done. ``attach`` returns the event that pong sets (shared by
   every attach of that flush; released too if the connection ends): the edge sends the user's welcome after
-  it, so a welcome means "online in the record", as for a direct login. One acknowledgement is in flight at
-  a time: an attach is flushed at once when none is, else when its pong arrives (or with the next batch of
-  touches), so under a login storm the attaches of one round trip share one frame and one pong -- the
+  it, so a welcome means "online in the record", as for a direct login. An attach is flushed at once while
+  no acknowledgement is in flight, else when that one's pong arrives or the batch interval is up, whichever
+  comes first: under a login storm the attaches of a round trip share one frame and one pong, so the
   batches grow with the core's lag instead of the pongs multiplying (2,000 logins/s cost the core 2,000
   pong writes before).
 * *Reconnecting.* When the connection ends (refused, reset, end of stream, the core's ``server_shutdown``):
@@ -37,8 +37,8 @@ stops an edge from reading its users and answering their pings.
   which replaces the backlog by one re-attach of the live uids. Reads are ``RECEIVE_BYTES`` at a time, and a
   frame from the core is at most ``CORE_MAX_FRAME``.
 * *Watermarks* (``idled.core.watermarks``). The link logs in with ``"marks": true``. When the core asks
-  ``mark(t)``, the flusher answers ``marked(t)`` after two event-loop turns -- by then every user task has
-  read, and touched, whatever its socket held when the request arrived -- and after the touches it
+  ``mark(t)``, the flusher answers ``marked(t)`` after two event-loop turns -- by then the user plane (and
+  any user task) has read, and touched, whatever a socket held when the request arrived -- and after the touches it
   collected, in the same write. The core holds a session of this edge until an answer passes its deadline:
   a keepalive that reached this edge in time is never lost to a lagging or stopped edge, a full batch or a
   busy link. Only the latest request waiting is answered (it covers the earlier ones).
