@@ -27,10 +27,10 @@ reads it.
 ``wanted`` records, per owner, the latest deadline a held session is waiting on: the server asks that owner
 for a mark now instead of at its next periodic one, so a held session costs one round trip, not a period.
 
-Bounds: a session is in ``held`` at most once; the per-owner queues may also hold stale entries (a
-session taken back by a touch, a login or a logout, or held again with a later deadline) that are dropped when they reach the front, and a queue
-is compacted when stale entries outnumber live ones, so its length stays within twice the owner's held
-sessions plus a constant.
+Bounds: a session is in ``held`` at most once; the per-owner queues may also hold stale entries (a session
+taken back by a touch, a login or a logout, or held again with a later deadline), dropped when they reach
+the front, and a queue is compacted when stale entries outnumber live ones, so its length stays within
+twice the owner's held sessions plus a constant.
 """
 
 from __future__ import annotations

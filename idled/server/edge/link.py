@@ -38,8 +38,8 @@ stops an edge from reading its users and answering their pings.
   frame from the core is at most ``CORE_MAX_FRAME``.
 * *Watermarks* (``idled.core.watermarks``). The link logs in with ``"marks": true``. When the core asks
   ``mark(t)``, the flusher answers ``marked(t)`` after two event-loop turns -- by then the user plane (and
-  any user task) has read, and touched, whatever a socket held when the request arrived -- and after the touches it
-  collected, in the same write. The core holds a session of this edge until an answer passes its deadline:
+  any user task) has read, and touched, whatever a socket held when the request arrived -- and after the
+  touches it collected, in the same write. The core holds a session of this edge until an answer passes its deadline:
   a keepalive that reached this edge in time is never lost to a lagging or stopped edge, a full batch or a
   busy link. Only the latest request waiting is answered (it covers the earlier ones).
 * *Admission.* ``attaches_in_flight`` counts the attaches the core has not acknowledged yet; past ``MAX_ATTACHING``
