@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Final
 
+from idled.core.timeouts import KEEPALIVE_FACTOR
 from idled.protocol import (
     DEFAULT_MAX_FRAME, MAX_KEEPALIVE, MAX_UID_BYTES, MIN_KEEPALIVE, Attach, Detach, Event, Subscribe, Touch, Uid, encode,
 )
@@ -61,7 +62,7 @@ def ping_interval(timeout: float | None, keepalive: float | None) -> float | Non
     """Seconds of silence after which to ping, or None when the connection needs no keepalive."""
     if timeout is None:
         return None
-    interval = timeout / 1.5
+    interval = timeout / KEEPALIVE_FACTOR
     return interval if keepalive is None else min(keepalive, interval)
 
 

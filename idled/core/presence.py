@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from idled.core.detector import Detector, DetectorStats, Entry
+from idled.core.timeouts import timeout_for
 from idled.core.watermarks import Holds
 
 Uid = Hashable
@@ -150,10 +151,8 @@ class PresenceTable:
     # -- rules ----------------------------------------------------------------------------------------
 
     def timeout_for(self, keepalive: float | None) -> float:
-        """MQTT's rule: a client that promises a keepalive every k seconds is allowed 1.5 k of silence."""
-        if keepalive is None:
-            return self._timeout
-        return min(max(1.5 * keepalive, self._tick), self._max_timeout)
+        """The timeout rule (``idled.core.timeouts``) with this table's default, tick and cap."""
+        return timeout_for(keepalive, self._timeout, self._tick, self._max_timeout)
 
     def ticks_for(self, seconds: float) -> int:
         return ticks_for(seconds, self._tick)

@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from idled.core.detector import MAX_TIMEOUT_TICKS
+from idled.core.timeouts import DEFAULT_MAX_TIMEOUT, DEFAULT_TICK, DEFAULT_TIMEOUT
 from idled.log.eventlog import FSYNC_POLICIES
+from idled.protocol import DEFAULT_MAX_FRAME
 
 DETECTORS = ("ring", "scan", "heap")
 POLICIES = ("lazy", "eager")
@@ -45,13 +47,13 @@ class ConfigError(ValueError):
 class Config:
     host: str = "127.0.0.1"
     port: int = 7878
-    timeout: float = 30.0
-    tick: float = 1.0
+    timeout: float = DEFAULT_TIMEOUT
+    tick: float = DEFAULT_TICK
     slots: int = 30
-    max_timeout: float = 3600.0
+    max_timeout: float = DEFAULT_MAX_TIMEOUT
     detector: str = "ring"
     policy: str = "lazy"
-    max_frame: int = 4096
+    max_frame: int = DEFAULT_MAX_FRAME
     max_gateway_frame: int = 1 << 20
     login_timeout: float = 5.0
     max_connections: int = 100_000

@@ -65,8 +65,9 @@ import trio
 
 from idled.client.core import Backoff, GatewayBatcher
 from idled.core.presence import Uid
+from idled.core.timeouts import DEFAULT_MAX_TIMEOUT, DEFAULT_TICK, DEFAULT_TIMEOUT, timeout_for
 from idled.protocol import (
-    BYE_FRAME, PING_FRAME, PONG, Attach, Detach, Ended, Error, FrameDecoder, Login, Mark, Marked, ProtocolError,
+    DEFAULT_MAX_FRAME, BYE_FRAME, PING_FRAME, PONG, Attach, Detach, Ended, Error, FrameDecoder, Login, Mark, Marked, ProtocolError,
     Welcome, encode, parse_server_message, receive_message, tokens,
 )
 
@@ -132,16 +133,14 @@ class CoreParams:
     __slots__ = ("timeout", "tick", "max_timeout", "max_frame")
 
     def __init__(self, welcome: Welcome) -> None:
-        self.timeout = welcome.timeout if welcome.timeout is not None else 30.0
-        self.tick = welcome.tick if welcome.tick is not None else 1.0
-        self.max_timeout = welcome.max_timeout if welcome.max_timeout is not None else 3600.0
-        self.max_frame = welcome.max_frame or 4096
+        self.timeout = welcome.timeout if welcome.timeout is not None else DEFAULT_TIMEOUT
+        self.tick = welcome.tick if welcome.tick is not None else DEFAULT_TICK
+        self.max_timeout = welcome.max_timeout if welcome.max_timeout is not None else DEFAULT_MAX_TIMEOUT
+        self.max_frame = welcome.max_frame or DEFAULT_MAX_FRAME
 
     def timeout_for(self, keepalive: float | None) -> float:
-        """The core's rule (``PresenceTable.timeout_for``), so a user's welcome says what a direct login would."""
-        if keepalive is None:
-            return self.timeout
-        return min(max(1.5 * keepalive, self.tick), self.max_timeout)
+        """The core's rule (``idled.core.timeouts``), so a user's welcome says what a direct login would."""
+        return timeout_for(keepalive, self.timeout, self.tick, self.max_timeout)
 
 
 class CoreLink:

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 from idled.core.factory import make_detector
 from idled.core.presence import PresenceTable, ticks_for
+from idled.core.timeouts import DEFAULT_MAX_TIMEOUT, DEFAULT_TICK, KEEPALIVE_FACTOR
 from idled.ops.gcpolicy import GcPolicy
 from idled.tools.bench.detectors import CLOCKS
 
@@ -77,9 +78,9 @@ class GrowthResult:
 
 
 def _table(kind: str, timeout: float, slots: int) -> PresenceTable:
-    tick = 1.0
+    tick = DEFAULT_TICK
     detector = make_detector(kind, timeout=ticks_for(timeout, tick), slots=slots)
-    return PresenceTable(detector, tick=tick, timeout=timeout, max_timeout=3600.0, detector_name=kind)
+    return PresenceTable(detector, tick=tick, timeout=timeout, max_timeout=DEFAULT_MAX_TIMEOUT, detector_name=kind)
 
 
 def _tick_task(presence: PresenceTable, now: float, chunk: int | None, clock: Clock, calls: list[int]) -> int:
@@ -112,7 +113,7 @@ def grow(
     presence = _table(kind, timeout, slots)
     owners = [_Owner() for _ in range(OWNERS)]
     n = len(uids)
-    period = PING_FRACTION * (timeout / 1.5 if keepalive is None else keepalive)
+    period = PING_FRACTION * (timeout / KEEPALIVE_FACTOR if keepalive is None else keepalive)
     logins: list[int] = []
     calls: list[int] = []
     pauses: list[int] = []

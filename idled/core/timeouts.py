@@ -1,0 +1,32 @@
+"""The timeout rule and the defaults it starts from, named once for the core, the edge, clients and tools.
+
+A client that promises a keepalive every k seconds is allowed ``KEEPALIVE_FACTOR`` x k of silence (MQTT's
+rule: 1.5 k), so one late keepalive -- a lost scheduling slice, a slow hop -- does not take it offline. Two
+bounds apply: the timeout is at least one tick (the detector cannot see less), and at most ``max_timeout``
+(an operator's cap: the detector's horizon and how long a vanished client may look online). A client that
+asks for no keepalive gets the server's default timeout.
+
+The presence table applies it to every login; an edge computes the same value from the core's welcome
+(timeout, tick, max_timeout) so its users' welcomes say what a direct login would; the load tester predicts
+it. Whoever needs the rule calls ``timeout_for``: it is written nowhere else.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+__all__ = ["DEFAULT_MAX_TIMEOUT", "DEFAULT_TICK", "DEFAULT_TIMEOUT", "KEEPALIVE_FACTOR", "timeout_for"]
+
+KEEPALIVE_FACTOR: Final = 1.5  # seconds of silence allowed per second of promised keepalive
+DEFAULT_TIMEOUT: Final = 30.0  # seconds: a client that asks for no keepalive
+DEFAULT_TICK: Final = 1.0  # seconds: the detector's resolution
+DEFAULT_MAX_TIMEOUT: Final = 3600.0  # seconds: no client gets longer
+
+
+def timeout_for(keepalive: float | None, default: float, tick: float, max_timeout: float) -> float:
+    """The timeout of a client asking for ``keepalive`` (None: ``default``, returned as the very object given,
+    which the presence table tests by identity): ``KEEPALIVE_FACTOR`` x keepalive, at least ``tick``, at most
+    ``max_timeout``."""
+    if keepalive is None:
+        return default
+    return min(max(KEEPALIVE_FACTOR * keepalive, tick), max_timeout)
