@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Final
 
+from idled.core.timeouts import DEFAULT_MAX_TIMEOUT, DEFAULT_TIMEOUT, timeout_for
 from idled.tools.loadtest.stats import silent_window
 
 __all__ = [
@@ -75,8 +76,16 @@ class Scenario:
         return {"tls": self.tls, "tls_ca": self.tls_ca, "proxy_protocol": self.proxy_protocol}
 
     @property
+    def max_timeout(self) -> float:
+        """The server's cap on timeouts: a spawned server's ``--max-timeout``, else the default (a ``--target``
+        server's own is not known here)."""
+        given = flag_value(list(self.server_args), "--max-timeout") if self.spawn else None
+        return DEFAULT_MAX_TIMEOUT if given is None else float(given)
+
+    @property
     def expected_timeout(self) -> float:
-        return 1.5 * self.keepalive  # the MQTT rule the server applies (capped by its max_timeout)
+        """The timeout the server gives each session: its own rule, with its tick and cap."""
+        return timeout_for(self.keepalive, DEFAULT_TIMEOUT, self.tick, self.max_timeout)
 
     @property
     def settle(self) -> float:
