@@ -43,13 +43,22 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from idled.core.detector import Detector, DetectorStats, Entry
 from idled.core.timeouts import timeout_for
 from idled.core.watermarks import Holds
 
 Uid = Hashable
+
+
+class Owner(Protocol):
+    """Whoever a session belongs to: a user's connection, or the gateway (an edge) that attached it. The table
+    only stores owners and compares them by identity; it returns them with the events that end their sessions
+    (``expire``, ``end_all``) and a replaced one from ``login``, and the caller tells them with ``release``."""
+
+    def release(self, uid: Uid, code: str, reason: str) -> None:
+        """The server ended ``uid``'s session (``code``: the protocol's error code, e.g. ``idle_timeout``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,11 +101,11 @@ class Session(Entry):
 
     __slots__ = ("owner", "seen", "seconds")
 
-    owner: Any
+    owner: Owner
     seen: float  # last activity, server clock
     seconds: float  # the timeout; the table's default float object itself when it is the default
 
-    def __init__(self, owner: Any, seen: float, seconds: float) -> None:
+    def __init__(self, owner: Owner, seen: float, seconds: float) -> None:
         self.owner = owner
         self.seen = seen
         self.seconds = seconds
@@ -179,7 +188,9 @@ class PresenceTable:
 
     # -- changes ------------------------------------------------------------------------------------------
 
-    def login(self, uid: Uid, owner: Any, now: float, wall: float, keepalive: float | None = None) -> tuple[Any, PresenceEvent | None]:
+    def login(
+        self, uid: Uid, owner: Owner, now: float, wall: float, keepalive: float | None = None
+    ) -> tuple[Owner | None, PresenceEvent | None]:
         """Start (or take over) ``uid``'s session. Returns (previous owner or None, online event or None)."""
         timeout = self.timeout_for(keepalive)
         old = self._sessions.get(uid)
@@ -215,7 +226,7 @@ class PresenceTable:
             ticks = self.ticks_for(session.seconds)
             self._detector.add(uid, self._due_tick(now, session.seconds) - ticks, ticks, session)
 
-    def touch_owned(self, uid: Uid, owner: Any, now: float) -> bool:
+    def touch_owned(self, uid: Uid, owner: Owner, now: float) -> bool:
         """Activity reported by ``owner`` (a gateway) for ``uid``; ignored unless it owns the session."""
         session = self._sessions.get(uid)
         if session is None:
@@ -235,7 +246,7 @@ class PresenceTable:
             self._touch_entry(session, tick)
         return True
 
-    def logout(self, uid: Uid, owner: Any, now: float, wall: float, reason: str) -> PresenceEvent | None:
+    def logout(self, uid: Uid, owner: Owner, now: float, wall: float, reason: str) -> PresenceEvent | None:
         """End ``uid``'s session if ``owner`` still owns it."""
         session = self._sessions.get(uid)
         if session is None:
@@ -254,7 +265,7 @@ class PresenceTable:
         last_seen = wall - (now - session.seen)
         return self._event("offline", session.key, wall, reason, last_seen, session.seconds)
 
-    def expire(self, now: float, wall: float, limit: int | None = None) -> list[tuple[PresenceEvent, Any]]:
+    def expire(self, now: float, wall: float, limit: int | None = None) -> list[tuple[PresenceEvent, Owner]]:
         """Offline events (reason ``idle``) for sessions whose deadline passed, with their owners: held sessions
         their owner's watermark has now passed, then the detector's due ones -- except those it holds."""
         holds = self.holds
@@ -270,7 +281,7 @@ class PresenceTable:
         expired += due
         return [(self._offline(session, now, wall, "idle"), session.owner) for session in expired]
 
-    def end_all(self, now: float, wall: float, reason: str) -> Iterator[tuple[PresenceEvent, Any]]:
+    def end_all(self, now: float, wall: float, reason: str) -> Iterator[tuple[PresenceEvent, Owner]]:
         """End every session (shutdown), yielding as it goes so the caller can checkpoint."""
         sessions = self._sessions
         while sessions:
@@ -320,7 +331,7 @@ class PresenceTable:
         session = self._sessions.get(uid)
         return self.holds.held.get(uid) if session is None else session  # type: ignore[return-value]
 
-    def owner_of(self, uid: Uid) -> Any:
+    def owner_of(self, uid: Uid) -> Owner | None:
         session = self._session(uid)
         return None if session is None else session.owner
 
@@ -333,15 +344,15 @@ class PresenceTable:
 
     # -- owners that report watermarks (idled.core.watermarks) -------------------------------------------------
 
-    def track_owner(self, owner: Any, now: float) -> None:
+    def track_owner(self, owner: Owner, now: float) -> None:
         """``owner`` (a gateway that answers marks, owning no session yet) will report watermarks: hold its
         sessions until they pass."""
         self.holds.track(owner, now)
 
-    def untrack_owner(self, owner: Any) -> None:
+    def untrack_owner(self, owner: Owner) -> None:
         self.holds.untrack(owner)
 
-    def mark(self, owner: Any, t: float) -> bool:
+    def mark(self, owner: Owner, t: float) -> bool:
         """``owner`` has forwarded its users' activity up to ``t``; True if held sessions are due now."""
         return self.holds.mark(owner, t)
 

@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from idled.core.factory import make_detector
-from idled.core.presence import PresenceTable, ticks_for
+from idled.core.presence import Owner, PresenceTable, Uid, ticks_for
 from idled.core.timeouts import DEFAULT_MAX_TIMEOUT, DEFAULT_TICK, KEEPALIVE_FACTOR
 from idled.ops.gcpolicy import GcPolicy
 from idled.tools.bench.detectors import CLOCKS
@@ -55,9 +55,12 @@ SLOWEST = 5  # slowest logins listed, with the session count they happened at
 
 
 class _Owner:
-    """A gateway, as far as the presence table is concerned: an identity."""
+    """A gateway, as far as the presence table is concerned: an identity (told nothing: nobody releases here)."""
 
     __slots__ = ()
+
+    def release(self, uid: Uid, code: str, reason: str) -> None:
+        pass
 
 
 @dataclass(slots=True)
@@ -172,7 +175,7 @@ def grow(
 
 
 def _keepalives(
-    touch_owned: Callable[[str, object, float], bool], uids: Sequence[str], owners: Sequence[object],
+    touch_owned: Callable[[Uid, Owner, float], bool], uids: Sequence[str], owners: Sequence[Owner],
     rate: float, period: float, tick: int, logged_in: int,
 ) -> None:
     """The keepalives of the simulated second ending at ``tick``: every session whose login was a whole
