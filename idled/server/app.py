@@ -11,6 +11,7 @@ touches sockets and handles signals, and this module wires its pieces together r
   take-over, the shutdown flag);
 * ``conn.Doorway``: admission, login and dispatch of each connection to its role -- ``users.run_user`` (the
   user loop, on the presence table through ``users.CoreUsers``), ``gateways.Gateways``, ``observers.Observers``;
+  wired, limited and reloaded as an edge's is (``lifecycle``: the parts the two processes share);
 * ``ticker.Ticker``: expiry; ``monitor.Monitor``: loop lag, the watchdog, periodic hooks;
 * the log writer (``idled.log.writer.run_writer``), which group-commits the records the bus queues.
 
@@ -34,7 +35,6 @@ grace period -- then cancel the rest.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import os
@@ -51,7 +51,7 @@ from idled.log.eventlog import EventLog, Recovery
 from idled.log.seqs import SeqReservation
 from idled.log.writer import run_writer
 from idled.ops import systemd
-from idled.ops.config import Config, ConfigError
+from idled.ops.config import Config
 from idled.ops.fatal import fatal_on_log_error
 from idled.ops.fdbudget import Budget, open_file_limit
 from idled.ops.gcpolicy import GcPolicy
@@ -65,6 +65,9 @@ from idled.server.clock import Clock
 from idled.server.conn import Connection, Doorway, auth_secret, refuse_out_of_descriptors
 from idled.server.gateways import Gateways
 from idled.server.lagwatch import LagWatch
+from idled.server.lifecycle import (
+    DOOR_RELOADABLE, connection_counts, connection_limit, reload, reload_door, roles, user_plane,
+)
 from idled.server.listen import Shortage, accept_all, bound_address, display, open_listeners, precheck_host, require_auth
 from idled.server.monitor import Monitor
 from idled.server.observers import Observers
@@ -76,7 +79,7 @@ from idled.server.supervisor import STOP_TIMEOUT, Supervisor
 from idled.server import internal
 from idled.server.workermetrics import WorkerCollector
 from idled.server.ticker import Ticker
-from idled.server.users import CoreUsers, run_user
+from idled.server.users import CoreUsers
 
 __all__ = ["RELOADABLE", "Server"]
 
@@ -85,7 +88,7 @@ peer_log = PeerLog(logging.getLogger("idled.server.peers"))  # debug lines, rate
 
 # Settings SIGHUP applies to the running server; they only shape what happens next (new connections,
 # new frames, the log level). The others size structures or bind sockets: they need a restart.
-RELOADABLE = ("log_level", "max_connections", "login_timeout", "max_frame", "max_gateway_frame", "stall_ticks")
+RELOADABLE = (*DOOR_RELOADABLE, "max_gateway_frame", "stall_ticks")
 MIN_GRACE = 5.0  # seconds a shutdown may take at least (at least login_timeout, too)
 
 
@@ -119,7 +122,7 @@ class Server:
         self.bus = EventBus(on_event=self._count_event)
         self.clock = Clock(config.stall_ticks * config.tick)
         self.monitor = Monitor(self.clock, tick=config.tick, env=self.env, metrics=self.metrics)
-        self.connections = {"user": 0, "gateway": 0, "observer": 0, "pending": 0}
+        self.connections = connection_counts()
         # Built by serve() after recovery, which fixes the first seq:
         self.presence: PresenceTable | None = None
         self._sessions: Sessions | None = None
@@ -215,24 +218,17 @@ class Server:
         self._damage = (recovery.skipped_bytes + recovery.truncated_bytes, recovery.corrupt_records)
         users = CoreUsers(sessions)
         # Logged-in plain TCP users are served by one task (idled.server.plane), not one each.
-        self._plane = users.plane = UserPlane(users, release=self._user_closed, reject=lambda code: self._reject(code))
-        roles = {"uid": functools.partial(run_user, users), "gateway": self._gateways.run, "observer": observers.run}
+        self._plane = user_plane(users, self.connections, self._reject)
         self._door = Doorway(
-            cfg, sessions=sessions, roles=roles, secret=self.secret, metrics=self.metrics, connections=self.connections,
+            cfg, sessions=users, roles=roles(users, gateway=self._gateways.run, observer=observers.run),
+            secret=self.secret, metrics=self.metrics, connections=self.connections,
             trusts=self.workers.trusts if self.workers is not None else None, public=self.workers is None,
         )
         self._door.limit = self._connection_limit(cfg.max_connections)
         return recovery
 
     def _connection_limit(self, max_connections: int) -> int:
-        """``max_connections``, capped to the descriptor budget (with a warning giving the arithmetic)."""
-        budget = self.budget
-        if budget is None or max_connections <= budget.connections:
-            log.info("connections limited to %d (descriptor budget: %s)", max_connections, budget)
-            return max_connections
-        log.warning("max_connections %d is more than the descriptors allow (%s): capped to %d",
-                    max_connections, budget, budget.connections)
-        return budget.connections
+        return connection_limit(max_connections, self.budget, log)
 
     async def _start(
         self, nursery: trio.Nursery, recovery: Recovery, listeners: Sequence[trio.SocketListener]
@@ -272,14 +268,12 @@ class Server:
         systemd.notify(systemd.READY, env=self.env)
         # Edges that fall behind say so (the threshold: beyond a GC walk's pause and a couple of ticks).
         self._lagwatch = LagWatch(presence.holds, self.clock.now, threshold=max(2.0, 2 * cfg.tick))
-        hooks = [functools.partial(self.seqs.extend_ahead, presence, nursery), self._lagwatch.check]
+        hooks: list[Callable[[], object]] = [functools.partial(self.seqs.extend_ahead, presence, nursery),
+                                             self._lagwatch.check]
         if self.gc_policy is not None:
             hooks.append(self.gc_policy.maybe_thaw)
         # Started after READY=1, so the manager never sees WATCHDOG=1 (or STATUS=) before it.
         nursery.start_soon(self.monitor.run, self._status_line, hooks)
-
-    def _user_closed(self) -> None:
-        self.connections["user"] -= 1  # a user the plane served (the doorway counted it in)
 
     def _reject(self, code: str) -> None:
         assert self._door is not None
@@ -325,42 +319,15 @@ class Server:
         self._stop_event.set()
 
     def _reload(self) -> None:
-        """SIGHUP: re-read the configuration and apply what can change without a restart (``RELOADABLE``);
-        report the rest. Logs go to stderr (journald), so there is no log file to reopen."""
-        if self._reload_config is None:
-            log.info("SIGHUP: no configuration source to reload")
-            return
-        systemd.notify(systemd.RELOADING, env=self.env)
-        try:
-            new = self._reload_config()
-        except ConfigError as exc:
-            log.error("SIGHUP: configuration not reloaded: %s", exc)
-            return
-        finally:
-            systemd.notify(systemd.READY, env=self.env)
-        applied = {name: getattr(new, name) for name in RELOADABLE if getattr(new, name) != getattr(self.config, name)}
-        ignored = [
-            field.name
-            for field in dataclasses.fields(new)
-            if field.name not in RELOADABLE and getattr(new, field.name) != getattr(self.config, field.name)
-        ]
-        self._apply(dataclasses.replace(self.config, **applied))
-        if "log_level" in applied:
-            logging.getLogger().setLevel(self.config.log_level.upper())
-        log.info(
-            "SIGHUP: reloaded %s%s",
-            ", ".join(f"{k}={v}" for k, v in applied.items()) or "nothing changed",
-            f"; needs a restart: {', '.join(ignored)}" if ignored else "",
-        )
+        """SIGHUP: apply what can change without a restart (``RELOADABLE``), report the rest (``lifecycle.reload``)."""
+        reload(self.config, self._reload_config, RELOADABLE, self._apply, log, env=self.env)
 
     def _apply(self, config: Config) -> None:
         """Hand a reloaded configuration to every piece that reads a RELOADABLE setting."""
         previous, self.config = self.config, config
         self.clock.stall_limit = config.stall_ticks * config.tick
         if self._door is not None:
-            self._door.config = config
-            if config.max_connections != previous.max_connections:
-                self._door.limit = self._connection_limit(config.max_connections)
+            reload_door(self._door, previous, config, self._connection_limit)
         if self._gateways is not None:
             self._gateways.max_frame = config.max_gateway_frame
         if self.workers is not None:

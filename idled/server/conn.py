@@ -25,7 +25,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Final
+from typing import Final, Protocol
 
 import trio
 
@@ -34,12 +34,11 @@ from idled.ops.logs import PeerLog, peer_address
 from idled.ops.metrics import Metrics, NullMetrics
 from idled.core.presence import Uid
 from idled.protocol import Error, ErrorCode, FrameDecoder, Login, ProtocolError, encode, receive_message, tokens
-from idled.server.sessions import Sessions
 from idled.server.tls import Front, HandshakeFailed
 
 __all__ = [
-    "HANDED_OVER", "ROLE_LABELS", "SEND_ERROR_TIMEOUT", "Connection", "Doorway", "Role", "auth_secret", "close_with",
-    "refuse", "refuse_out_of_descriptors",
+    "HANDED_OVER", "ROLE_LABELS", "SEND_ERROR_TIMEOUT", "Admission", "Connection", "Doorway", "Role", "auth_secret",
+    "close_with", "refuse", "refuse_out_of_descriptors",
 ]
 
 log = logging.getLogger("idled.server.conn")
@@ -53,6 +52,18 @@ ROLE_LABELS: Mapping[str, str] = {"uid": "user", "gateway": "gateway", "observer
 # back (the user plane, idled.server.plane); the doorway then leaves both alone.
 HANDED_OVER: Final = "handed over"
 Role = Callable[[trio.abc.Stream, FrameDecoder, Login], Awaitable[str | None]]
+
+
+class Admission(Protocol):
+    """What the doorway asks of the sessions behind it (the core's, an edge's: ``idled.server.users.UserSessions``
+    extends it): whether shutdown has begun, before and after the login."""
+
+    @property
+    def stopping(self) -> bool:
+        """Shutdown (or an edge's drain) has begun: a new connection is refused before its login."""
+
+    def refuse_if_stopping(self) -> None:
+        """Raise ``ProtocolError(SERVER_SHUTDOWN)`` once shutdown has begun (a login that arrived meanwhile)."""
 
 
 class Connection:
@@ -112,15 +123,15 @@ class Doorway:
     ``limit`` is the connection limit in force (``max_connections`` capped to the descriptor budget: the
     server sets it). ``connections`` counts open connections by role label, plus ``pending``. ``public``
     False (the core's internal socket behind ``--workers``) serves without the PROXY/TLS front, whatever the
-    configuration says: the edges terminate those. Assigning ``config`` to a serving doorway is a reload
-    (SIGHUP): it re-reads the TLS certificate files, and new handshakes use them.
+    configuration says: the edges terminate those. A reload (SIGHUP) calls ``reload(config)``: the new
+    configuration, and the TLS certificate files read again for new handshakes.
     """
 
     def __init__(
         self,
         config: Config,
         *,
-        sessions: Sessions,
+        sessions: Admission,
         roles: Mapping[str, Role],
         secret: bytes | None,
         metrics: Metrics | NullMetrics,
@@ -140,16 +151,11 @@ class Doorway:
         self.connections = connections
         self.limit = config.max_connections
 
-    @property
-    def config(self) -> Config:
-        return self._config
-
-    @config.setter
-    def config(self, config: Config) -> None:
-        # A configuration assigned to a serving doorway is a reload (SIGHUP): re-read the certificate files.
-        first = not hasattr(self, "_config")
-        self._config = config
-        if not first and self.front is not None:
+    def reload(self, config: Config) -> None:
+        """SIGHUP: serve new connections with ``config``, and re-read the TLS certificate files (which may have
+        been replaced even when no setting changed; on failure the previous certificate stays, logged)."""
+        self.config = config
+        if self.front is not None:
             self.front.reload()
 
     async def handle(self, stream: trio.abc.Stream, counted: bool = False) -> None:

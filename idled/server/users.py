@@ -4,7 +4,8 @@ Theory of operation
 -------------------
 After the login the task is one loop -- read a message, touch, answer a ping -- and that loop is the per-packet
 path of the whole daemon (~3.3k packets/s at 100k users). What a session does beyond its connection is a
-``UserSessions``, the one thing that differs between a user served by the core and one served by an edge:
+``UserSessions``, the one thing that differs between a user served by the core and one served by an edge (it
+is also what the doorway admits connections against: ``stopping``, ``refuse_if_stopping``):
 
 * ``begin(login)``, before the welcome. Core: wait for the log's room, ``presence.login``, tell a previous
   owner ``kicked``, publish the online event. Edge: ``link.attach``, tell a previous connection here ``kicked``.
@@ -47,7 +48,7 @@ import trio
 
 from idled.core.presence import Uid
 from idled.protocol import BYE, PING, PONG_FRAME, ErrorCode, FrameDecoder, Login, Msg, ProtocolError, Welcome, encode, receive_message
-from idled.server.conn import HANDED_OVER, Connection, close_with
+from idled.server.conn import HANDED_OVER, Admission, Connection, close_with
 from idled.server.sessions import Sessions
 
 __all__ = ["CoreUsers", "HANDED_OVER", "LOGOUT", "NOTHING", "PONG", "UserSessions", "run_user", "user_step"]
@@ -75,12 +76,19 @@ class Plane(Protocol):
     def adopt(self, stream: trio.abc.Stream, uid: Uid, conn: Any, decoder: FrameDecoder) -> bool: ...
 
 
-class UserSessions(Protocol[C]):
-    """What happens to a user's session as its connection goes (see the module docstring)."""
+class UserSessions(Admission, Protocol[C]):
+    """What happens to a user's session as its connection goes (see the module docstring); the doorway in
+    front of it asks it whether shutdown has begun (``Admission``)."""
 
-    touch: Callable[[Uid, float], None]  # activity at ``now()``: the per-packet path
-    now: Callable[[], float]
     plane: Plane | None  # takes logged-in plain TCP connections over (None: every one keeps its task)
+
+    @property
+    def touch(self) -> Callable[[Uid, float], None]:
+        """Activity of a uid at ``now()``: the per-packet path."""
+
+    @property
+    def now(self) -> Callable[[], float]:
+        """The clock ``touch`` is given."""
 
     async def begin(self, login: Login) -> C:
         """The session of ``login.name`` starts, owned by the connection returned. May raise ProtocolError."""
@@ -102,6 +110,13 @@ class CoreUsers:
         self.touch = sessions.presence.touch
         self.now = sessions.clock.now
         self.plane: Plane | None = None
+
+    @property
+    def stopping(self) -> bool:
+        return self.sessions.stopping
+
+    def refuse_if_stopping(self) -> None:
+        self.sessions.refuse_if_stopping()
 
     async def begin(self, login: Login) -> Connection:
         sessions = self.sessions

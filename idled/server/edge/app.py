@@ -26,12 +26,12 @@ silence on that clock, so a pause of the edge itself (SIGSTOP, a GC walk) never 
 SIGTERM/SIGINT drain: stop accepting, close every user with ``server_shutdown`` (each task detaches its uid
 on the link), wait for them (bounded by the grace period), send the link's pending frames and ``bye``, exit.
 SIGHUP re-reads the configuration (file and environment; flags still win) and applies the log level and the
-doorway's limits (``max_connections``, ``login_timeout``, ``max_frame``).
+doorway's limits (``max_connections``, ``login_timeout``, ``max_frame``) and TLS certificates, as the core does
+(``idled.server.lifecycle``: the counts, role table, user plane, connection limit and reload they share).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import socket
@@ -40,8 +40,8 @@ from collections.abc import Callable, Sequence
 
 import trio
 
-from idled.ops.config import Config, ConfigError
-from idled.ops.fdbudget import RESERVE, Budget, open_file_limit
+from idled.ops.config import Config
+from idled.ops.fdbudget import Budget, open_file_limit
 from idled.ops.gcpolicy import GcPolicy
 from idled.ops.http import serve_metrics
 from idled.ops.metrics import Metrics, NullMetrics
@@ -52,16 +52,17 @@ from idled.server.listen import Shortage, accept_all
 from idled.server.edge.link import CoreLink
 from idled.server.edge.occupancy import Occupancy
 from idled.server.edge.users import EdgeUsers
+from idled.server.lifecycle import (
+    DOOR_RELOADABLE, connection_counts, connection_limit, reload, reload_door, roles, user_plane,
+)
 from idled.server.monitor import Monitor
-from idled.server.plane import UserPlane
 from idled.server.signals import SIGNALS, until_stopped
-from idled.server.users import run_user
 
 __all__ = ["Edge", "RELOADABLE"]
 
 log = logging.getLogger("idled.server.edge")
 
-RELOADABLE = ("log_level", "max_connections", "login_timeout", "max_frame")
+RELOADABLE = DOOR_RELOADABLE
 GRACE = 5.0  # seconds a drain may take at most
 
 
@@ -92,13 +93,11 @@ class Edge:
         link = CoreLink(core, name, secret=link_secret, on_ended=self._on_ended, clock=self.clock.now)
         self.users = EdgeUsers(link, core)
         self.link = self.users.link
-        self.connections = {"user": 0, "gateway": 0, "observer": 0, "pending": 0}
+        self.connections = connection_counts()
         relay = self.users.relay
-        self.plane = self.users.plane = UserPlane(self.users, release=self._user_closed,
-                                                  reject=lambda code: self.door.reject(code))
+        self.plane = user_plane(self.users, self.connections, lambda code: self.door.reject(code))
         self.door = Doorway(
-            config, sessions=self.users,  # type: ignore[arg-type]  # it needs only stopping/refuse_if_stopping
-            roles={"uid": functools.partial(run_user, self.users), "gateway": relay, "observer": relay},
+            config, sessions=self.users, roles=roles(self.users, gateway=relay, observer=relay),
             secret=self.secret, metrics=self.metrics, connections=self.connections,
         )
         self.gc_policy = gc_policy  # None: the interpreter's default (tests run many edges in one process)
@@ -117,7 +116,7 @@ class Edge:
         cfg = self.config
         async with trio.open_nursery() as nursery:
             self.clock.start()
-            hooks = [self.gc_policy.maybe_thaw] if self.gc_policy is not None else []
+            hooks: list[Callable[[], object]] = [self.gc_policy.maybe_thaw] if self.gc_policy is not None else []
             if self.occupancy is not None:
                 hooks.append(self._publish)
             nursery.start_soon(self.monitor.run, self._status_line, hooks)
@@ -146,9 +145,6 @@ class Edge:
             await self._drain()
             nursery.cancel_scope.cancel()
 
-    def _user_closed(self) -> None:
-        self.connections["user"] -= 1  # a user the plane served (the doorway counted it in)
-
     def _status_line(self) -> str:
         return f"{self.connections['user']} users; core link {'up' if self.link.connected else 'down'}"
 
@@ -161,16 +157,10 @@ class Edge:
 
     def _limit(self, max_connections: int) -> int:
         """``max_connections`` capped to the descriptor budget (``idled.ops.fdbudget``), with a warning."""
-        budget = Budget.of(open_file_limit(), listeners=max(1, len(self.listen_fds)) + 1)  # + the core link
-        self.budget = budget
-        if self.occupancy is not None:  # max_connections is the daemon's (checked in full()): this edge's is its budget
-            return min(max_connections, budget.connections)
-        if max_connections > budget.connections:
-            log.warning("max_connections %d is more than the descriptors allow (open-file limit %d - reserve %d - "
-                        "%d listener(s) and link = %d): capped to %d", max_connections, budget.nofile, RESERVE,
-                        budget.listeners, budget.connections, budget.connections)
-            return budget.connections
-        return max_connections
+        # The core link holds a descriptor too: counted as a listener.
+        self.budget = Budget.of(open_file_limit(), listeners=max(1, len(self.listen_fds)) + 1)
+        # --workers: max_connections is the daemon's (checked in full()), this edge's own limit its budget.
+        return connection_limit(max_connections, self.budget, log, shared=self.occupancy is not None)
 
     # -- the accept loop's Room (idled.server.listen): pause when full, so a shared socket's connections go to
     # an edge with room
@@ -227,18 +217,9 @@ class Edge:
             log.info("drained: closed %d users", closed)
 
     def _reload(self) -> None:
-        if self._reload_config is None:
-            log.info("SIGHUP: no configuration source to reload")
-            return
-        try:
-            new = self._reload_config()
-        except ConfigError as exc:
-            log.error("SIGHUP: configuration not reloaded: %s", exc)
-            return
-        applied = {name: getattr(new, name) for name in RELOADABLE if getattr(new, name) != getattr(self.config, name)}
-        self.config = self.door.config = dataclasses.replace(self.config, **applied)
-        if "max_connections" in applied:
-            self.door.limit = self._limit(self.config.max_connections)
-        if "log_level" in applied:
-            logging.getLogger().setLevel(self.config.log_level.upper())
-        log.info("SIGHUP: reloaded %s", ", ".join(f"{k}={v}" for k, v in applied.items()) or "nothing changed")
+        """SIGHUP (``lifecycle.reload``); the supervisor, not the edge, tells systemd."""
+        reload(self.config, self._reload_config, RELOADABLE, self._apply, log)
+
+    def _apply(self, config: Config) -> None:
+        previous, self.config = self.config, config
+        reload_door(self.door, previous, config, self._limit)

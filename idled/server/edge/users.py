@@ -42,7 +42,7 @@ from idled.core.presence import Uid
 from idled.protocol import ErrorCode, FrameDecoder, Login, ProtocolError, encode
 from idled.server.conn import Connection
 from idled.server.edge.link import MAX_ATTACHING, CoreLink, open_core_stream
-from idled.server.plane import UserPlane
+from idled.server.users import Plane
 
 __all__ = ["EdgeUser", "EdgeUsers", "RELAY_BYTES"]
 
@@ -79,7 +79,7 @@ class EdgeUsers:
         self.users: dict[Uid, EdgeUser] = {}
         self.relays = 0
         self.stopping = False
-        self.plane: UserPlane | None = None  # set by the edge (idled.server.plane)
+        self.plane: Plane | None = None  # set by the edge (idled.server.plane)
 
     def refuse_if_stopping(self) -> None:
         """What the doorway asks of its ``sessions``: no login is accepted once the edge is draining."""
