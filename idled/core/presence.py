@@ -155,7 +155,7 @@ class PresenceTable:
         # Cache of the current activity tick: one int object shared by every touch within a tick.
         self._tick_low = self._tick_high = math.inf
         self._tick_now = 0
-        self.holds = Holds()  # sessions due while their owner's watermark lagged (see idled.core.watermarks)
+        self.holds: Holds[Session] = Holds()  # sessions due while their owner's watermark lagged (see idled.core.watermarks)
 
     # -- rules ----------------------------------------------------------------------------------------
 
@@ -195,7 +195,7 @@ class PresenceTable:
         timeout = self.timeout_for(keepalive)
         old = self._sessions.get(uid)
         if old is None and self.holds.held:
-            old = self.holds.take(uid)  # type: ignore[assignment]
+            old = self.holds.take(uid)
         session = Session(owner, now, self._timeout if timeout == self._timeout else timeout)
         self._file(uid, session, now)
         if old is not None:
@@ -234,7 +234,7 @@ class PresenceTable:
             if held is None or held.owner is not owner:
                 return False
             self.holds.take(uid)
-            self._file(uid, held, now)  # type: ignore[arg-type]  # it spoke before its deadline after all
+            self._file(uid, held, now)  # it spoke before its deadline after all
             return True
         if session.owner is not owner:
             return False
@@ -254,7 +254,7 @@ class PresenceTable:
             if held is None or held.owner is not owner:
                 return None
             self.holds.take(uid)
-            return self._offline(held, now, wall, reason)  # type: ignore[arg-type]
+            return self._offline(held, now, wall, reason)
         if session.owner is not owner:
             return None
         self._detector.remove(uid)
@@ -269,7 +269,7 @@ class PresenceTable:
         """Offline events (reason ``idle``) for sessions whose deadline passed, with their owners: held sessions
         their owner's watermark has now passed, then the detector's due ones -- except those it holds."""
         holds = self.holds
-        expired: list[Session] = holds.release(limit) if holds.ready else []  # type: ignore[assignment]
+        expired: list[Session] = holds.release(limit) if holds.ready else []
         if limit is not None:
             limit -= len(expired)
             if limit <= 0:
@@ -294,7 +294,7 @@ class PresenceTable:
                     yield self._offline(session, now, wall, reason), session.owner
         while self.holds.held:
             for uid in list(self.holds.held):
-                held: Session | None = self.holds.take(uid)  # type: ignore[assignment]
+                held = self.holds.take(uid)
                 if held is not None:
                     yield self._offline(held, now, wall, reason), held.owner
 
@@ -329,7 +329,7 @@ class PresenceTable:
 
     def _session(self, uid: Uid) -> Session | None:
         session = self._sessions.get(uid)
-        return self.holds.held.get(uid) if session is None else session  # type: ignore[return-value]
+        return self.holds.held.get(uid) if session is None else session
 
     def owner_of(self, uid: Uid) -> Owner | None:
         session = self._session(uid)

@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Hashable
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 __all__ = ["Holdable", "Holds"]
 
@@ -54,7 +54,10 @@ class Holdable(Protocol):
     seconds: float
 
 
-class _Owner:
+H = TypeVar("H", bound=Holdable)  # the holder's session record, handed back as it was given
+
+
+class _Owner(Generic[H]):
     """A tracked owner: its watermark, its held sessions in the order they came due, and how many are live."""
 
     __slots__ = ("watermark", "queue", "count")
@@ -65,18 +68,19 @@ class _Owner:
         self.watermark = since
         # (deadline, session) in the order they came due; an entry is live while the session is held with that
         # very deadline (a session touched, then held again, has a later one: its old entry is stale)
-        self.queue: deque[tuple[float, Holdable]] = deque()
+        self.queue: deque[tuple[float, H]] = deque()
         self.count = 0
 
 
-class Holds:
-    """Held sessions and the tracked owners' watermarks (see the module docstring)."""
+class Holds(Generic[H]):
+    """Held sessions and the tracked owners' watermarks (see the module docstring). ``H``: the session record
+    the caller holds (``idled.core.presence.Session``), returned by ``take`` and ``release`` as it was held."""
 
     __slots__ = ("held", "_owners", "_ready", "_wanted")
 
     def __init__(self) -> None:
-        self.held: dict[Hashable, Holdable] = {}
-        self._owners: dict[Any, _Owner] = {}
+        self.held: dict[Hashable, H] = {}
+        self._owners: dict[Any, _Owner[H]] = {}
         self._ready: dict[Any, None] = {}  # owners whose oldest held session may be past their watermark
         self._wanted: dict[Any, float] = {}  # owner -> latest deadline a held session waits on
 
@@ -134,7 +138,7 @@ class Holds:
 
     # -- sessions --------------------------------------------------------------------------------------------
 
-    def hold(self, session: Holdable) -> bool:
+    def hold(self, session: H) -> bool:
         """The detector found ``session`` due: hold it if its owner's watermark has not reached its deadline.
         Returns whether it was held (else it really expired)."""
         state = self._owners.get(session.owner)
@@ -150,7 +154,7 @@ class Holds:
             self._wanted[session.owner] = deadline
         return True
 
-    def take(self, key: Hashable) -> Holdable | None:
+    def take(self, key: Hashable) -> H | None:
         """Stop holding ``key`` (touched again, logged in elsewhere, logged out, ended): its session, or None."""
         session = self.held.pop(key, None)
         if session is not None:
@@ -159,9 +163,9 @@ class Holds:
                 state.count -= 1
         return session
 
-    def release(self, limit: int | None = None) -> list[Holdable]:
+    def release(self, limit: int | None = None) -> list[H]:
         """Held sessions whose owner's watermark has passed their deadline (at most ``limit``): expired."""
-        out: list[Holdable] = []
+        out: list[H] = []
         held = self.held
         for owner in list(self._ready):
             state = self._owners.get(owner)
@@ -179,11 +183,11 @@ class Holds:
             del self._ready[owner]
         return out
 
-    def _live(self, entry: tuple[float, Holdable]) -> bool:
+    def _live(self, entry: tuple[float, H]) -> bool:
         deadline, session = entry
         return self.held.get(session.key) is session and session.seen + session.seconds == deadline
 
-    def _front(self, state: _Owner) -> float | None:
+    def _front(self, state: _Owner[H]) -> float | None:
         """The deadline of an owner's oldest live held session (dropping stale entries on the way)."""
         queue = state.queue
         while queue:
