@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
 import trio
 
 from idled.core.detector import DEFAULT_CHUNK
-from idled.core.presence import PresenceEvent, PresenceTable, Uid
+from idled.core.presence import Owner, PresenceEvent, PresenceTable, Uid
 from idled.protocol import ErrorCode, ProtocolError
 from idled.server.bus import EventBus
 from idled.server.clock import Clock
@@ -68,7 +67,7 @@ class Sessions:
             self.bus.publish(event)
 
     @staticmethod
-    def take_over(uid: Uid, previous: Any, owner: Any) -> None:
+    def take_over(uid: Uid, previous: Owner | None, owner: Owner) -> None:
         """``owner`` logged ``uid`` in: a different previous owner is told (newest wins)."""
         if previous is not None and previous is not owner:
             previous.release(uid, ErrorCode.KICKED, "logged in elsewhere")
