@@ -67,8 +67,8 @@ from idled.client.core import Backoff, GatewayBatcher
 from idled.core.presence import Uid
 from idled.core.timeouts import DEFAULT_MAX_TIMEOUT, DEFAULT_TICK, DEFAULT_TIMEOUT, timeout_for
 from idled.protocol import (
-    BYE_FRAME, DEFAULT_MAX_FRAME, PING_FRAME, PONG, Attach, Detach, Ended, Error, FrameDecoder, Login, Mark, Marked, ProtocolError,
-    Welcome, encode, parse_server_message, receive_message, tokens,
+    BYE_FRAME, DEFAULT_MAX_FRAME, PING_FRAME, PONG, Attach, Detach, Ended, Error, FrameDecoder, Login, Mark, Marked,
+    ProtocolError, Welcome, encode, parse_server_message, receive_message, tokens,
 )
 
 __all__ = ["CoreLink", "CoreParams", "parse_address"]
