@@ -155,7 +155,8 @@ class PresenceTable:
         # Cache of the current activity tick: one int object shared by every touch within a tick.
         self._tick_low = self._tick_high = math.inf
         self._tick_now = 0
-        self.holds: Holds[Session] = Holds()  # sessions due while their owner's watermark lagged (see idled.core.watermarks)
+        # Sessions due while their owner's watermark lagged (see idled.core.watermarks).
+        self.holds: Holds[Session] = Holds()
 
     # -- rules ----------------------------------------------------------------------------------------
 
