@@ -298,7 +298,7 @@ class Supervisor:
             try:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._copy_log, worker, process)
-                    await process.wait()
+                    returncode = await process.wait()
             finally:
                 with trio.CancelScope(shield=True):
                     if process.returncode is None:  # cancelled (the core is failing): leave no orphan
@@ -307,7 +307,7 @@ class Supervisor:
                     await process.stderr.aclose()
             if self.stopping:
                 return
-            how = describe_exit(process.returncode)
+            how = describe_exit(returncode)
             if not worker.ever_listened:
                 raise Fatal("worker", worker.name, f"{how} before it listened (see its log lines above)", EXIT_FAILURE)
             if time.monotonic() - worker.started_at >= STEADY:
