@@ -34,7 +34,7 @@ class Monitor:
         self.metrics = metrics
         self.largest_stall = 0.0  # seconds the event loop was late, at worst
 
-    async def run(self, status: Callable[[], str], hooks: Sequence[Callable[[], None]] = ()) -> None:
+    async def run(self, status: Callable[[], str], hooks: Sequence[Callable[[], object]] = ()) -> None:
         """Until cancelled. Start it after READY=1, so the manager never sees WATCHDOG=1 (or STATUS=) first."""
         clock, interval, metrics = self.clock, self.interval, self.metrics
         watchdog = systemd.watchdog_interval(self.env)

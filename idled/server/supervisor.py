@@ -34,7 +34,6 @@ import ctypes
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -229,13 +228,13 @@ class Supervisor:
         self.occupancy_fd, self.occupancy = Occupancy.create(len(self.workers)) if self.workers else (-1, [])
         self.core_address = ""
         self.socket_path: Path | None = None  # the internal socket, once bound (removed at exit)
-        self.public: list[socket.socket] = []
+        self.public: list[trio.socket.SocketType] = []  # the listeners' own sockets (fileno, close)
         self.stopping = False
         self.command = edge_command  # what starts one edge (tests substitute a stand-in)
         self.config_file: str | None = None  # the core's --config (or $IDLED_CONFIG), forwarded to the edges
         self._preexec = _death_signal()
 
-    def adopt(self, public: Sequence[socket.socket], core_socket: Path) -> None:
+    def adopt(self, public: Sequence[trio.socket.SocketType], core_socket: Path) -> None:
         """The public listening sockets to hand to the children, and the core's internal socket path."""
         self.public = list(public)
         self.core_address = f"unix:{core_socket}"
