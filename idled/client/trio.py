@@ -40,7 +40,7 @@ class TrioConn:
         self.stream = stream
         self.tls = tls
 
-    async def receive_some(self, max_bytes: int | None = None, /) -> bytes:
+    async def receive_some(self, max_bytes: int | None = None, /) -> bytes | bytearray:  # as trio's streams
         try:
             return await self.stream.receive_some(max_bytes)
         except _IO_ERRORS as exc:

@@ -6,6 +6,8 @@ imports them back, so there is no cycle.
 
 from __future__ import annotations
 
+from typing import Final, Literal
+
 from idled.core.baselines import DeadlineHeap, FullScan
 from idled.core.detector import DEFAULT_CHUNK, Detector
 from idled.core.wheel import TimingWheel
@@ -13,12 +15,13 @@ from idled.core.wheel import TimingWheel
 __all__ = ["DETECTOR_KINDS", "DEFAULT_CHUNK", "make_detector"]
 
 DETECTOR_KINDS = ("ring-eager", "ring-lazy", "scan", "heap")
+_RING_POLICIES: Final[dict[str, Literal["eager", "lazy"]]] = {"ring-eager": "eager", "ring-lazy": "lazy"}
 
 
 def make_detector(kind: str, *, timeout: int, slots: int = 30) -> Detector:
     """Build a detector by name (as `idled bench` and `idled serve --detector` spell them)."""
-    if kind in ("ring-eager", "ring-lazy"):
-        return TimingWheel(timeout=timeout, slots=slots, policy=kind.removeprefix("ring-"))
+    if kind in _RING_POLICIES:
+        return TimingWheel(timeout=timeout, slots=slots, policy=_RING_POLICIES[kind])
     if kind == "scan":
         return FullScan(timeout=timeout)
     if kind == "heap":

@@ -125,11 +125,12 @@ def scan_log(directory: str) -> LogScan:
                 max_seq = seq
             if seq < from_seq:
                 continue  # already in the snapshot
-            kind = record.get("kind")
+            kind, uid = record.get("kind"), record.get("uid")
+            if uid is None:
+                continue  # not a session's event (the writer never omits a uid; only the seq was checked)
             if kind == "online":
-                full[record.get("uid")] = record  # its summary is made once, at the end
+                full[uid] = record  # its summary is made once, at the end
             elif kind == "offline":
-                uid = record.get("uid")
                 full.pop(uid, None)
                 sessions.pop(uid, None)
         records += count

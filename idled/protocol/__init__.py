@@ -10,7 +10,7 @@ their own module.
 from idled.protocol.messages import (
     DEFAULT_MAX_FRAME, MAX_FRAME_LIMIT, MAX_UID_BYTES, MAX_NAME_BYTES, MAX_TOKEN_CHARS, MIN_KEEPALIVE,
     MAX_KEEPALIVE, MAX_INT_UID, MAX_SEQ, MAX_DATA_DEPTH, ROLES, ErrorCode, ProtocolError, NEED_DATA,
-    NeedData, Uid, Role, Login, Ping, Msg, Bye, Attach, Touch, Detach, Marked, Subscribe, Query, Welcome, Pong,
+    NeedData, Uid, Role, EventKind, Login, Ping, Msg, Bye, Attach, Touch, Detach, Marked, Subscribe, Query, Welcome, Pong,
     Event, Status, Error, Ended, Mark, ENDED_REASONS, DETACH_REASONS, PING, BYE, PONG, ClientMessage, ServerMessage,
     Message,
 )
@@ -22,7 +22,7 @@ from idled.protocol.stream import RECEIVE_BYTES, ByteStream, messages, receive_m
 __all__ = [
     "DEFAULT_MAX_FRAME", "MAX_FRAME_LIMIT", "MAX_UID_BYTES", "MAX_NAME_BYTES", "MAX_TOKEN_CHARS",
     "MIN_KEEPALIVE", "MAX_KEEPALIVE", "MAX_INT_UID", "MAX_SEQ", "MAX_DATA_DEPTH", "ROLES", "ErrorCode",
-    "ProtocolError", "NEED_DATA", "NeedData", "Uid", "Role", "Login", "Ping", "Msg", "Bye", "Attach",
+    "ProtocolError", "NEED_DATA", "NeedData", "Uid", "Role", "EventKind", "Login", "Ping", "Msg", "Bye", "Attach",
     "Touch", "Detach", "Marked", "Subscribe", "Query", "Welcome", "Pong", "Event", "Status", "Error", "Ended", "Mark",
     "ENDED_REASONS", "DETACH_REASONS", "PING", "BYE",
     "PONG", "ClientMessage", "ServerMessage", "Message", "parse_client_message", "parse_server_message",

@@ -116,11 +116,12 @@ class FrameDecoder:
         if not buf:
             self._buf = data  # no copy: frames are consumed in place by advancing _pos
             return
-        if type(buf) is bytes:
+        if isinstance(buf, bytearray):  # (not `type(buf) is bytes`: mypy narrows only this way round)
+            if self._pos:
+                del buf[: self._pos]
+        else:
             buf = bytearray(memoryview(buf)[self._pos:])
             self._buf = buf
-        elif self._pos:
-            del buf[: self._pos]
         self._pos = 0
         buf += data
 
@@ -163,10 +164,10 @@ class FrameDecoder:
     def _need_data(self, buf: bytes | bytearray, pos: int) -> NeedData:
         # Keep only the partial frame, not the whole chunk it arrived in.
         if pos:
-            if type(buf) is bytes:
-                self._buf = buf[pos:]
-            else:
+            if isinstance(buf, bytearray):
                 del buf[:pos]
+            else:
+                self._buf = buf[pos:]
             self._pos = 0
         return NEED_DATA
 

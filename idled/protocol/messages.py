@@ -18,7 +18,7 @@ from typing import Any, Final, Literal, TypeAlias
 __all__ = [
     "DEFAULT_MAX_FRAME", "MAX_FRAME_LIMIT", "MAX_UID_BYTES", "MAX_NAME_BYTES", "MAX_TOKEN_CHARS",
     "MIN_KEEPALIVE", "MAX_KEEPALIVE", "MAX_INT_UID", "MAX_SEQ", "MAX_DATA_DEPTH", "ROLES",
-    "ErrorCode", "ProtocolError", "NEED_DATA", "NeedData", "Uid", "Role",
+    "ErrorCode", "ProtocolError", "NEED_DATA", "NeedData", "Uid", "Role", "EventKind",
     "Login", "Ping", "Msg", "Bye", "Attach", "Touch", "Detach", "Marked", "Subscribe", "Query",
     "Welcome", "Pong", "Event", "Status", "Error", "Ended", "Mark", "ENDED_REASONS", "DETACH_REASONS",
     "PING", "BYE", "PONG", "ClientMessage", "ServerMessage", "Message",
@@ -43,6 +43,7 @@ MAX_DATA_DEPTH: Final = 32
 
 Uid: TypeAlias = str | int
 Role: TypeAlias = Literal["uid", "gateway", "observer"]
+EventKind: TypeAlias = Literal["online", "offline"]
 ROLES: Final[tuple[Role, ...]] = ("uid", "gateway", "observer")
 
 
@@ -197,7 +198,7 @@ class Event:
     """A presence change. `extra` carries optional additional fields (e.g. "timeout", "detector")."""
 
     seq: int
-    kind: Literal["online", "offline"]
+    kind: EventKind
     uid: Uid
     ts: float  # wall-clock unix seconds of the event
     reason: str

@@ -28,13 +28,14 @@ import msgpack
 from idled.protocol.messages import (
     BYE, DETACH_REASONS, MAX_DATA_DEPTH, MAX_FRAME_LIMIT, MAX_INT_UID, MAX_KEEPALIVE, MAX_NAME_BYTES, MAX_SEQ, MAX_TOKEN_CHARS,
     MAX_UID_BYTES, MIN_KEEPALIVE, PING, PONG, Attach, Bye, ClientMessage, Detach, Error, ErrorCode, Event,
-    Ended, Login, Mark, Marked, Msg, Ping, ProtocolError, Query, Role, ServerMessage, Status, Subscribe, Touch, Uid,
+    EventKind, Ended, Login, Mark, Marked, Msg, Ping, ProtocolError, Query, Role, ServerMessage, Status, Subscribe, Touch, Uid,
     Welcome,
 )
 
 __all__ = ["parse_client_message", "parse_server_message", "check_uid"]
 
 EVENT_KEYS: Final = frozenset({"op", "seq", "kind", "uid", "ts", "reason", "last_seen", "deadline"})
+_EVENT_KINDS: Final[dict[str, EventKind]] = {"online": "online", "offline": "offline"}
 
 
 def _short(value: Any) -> str:
@@ -317,9 +318,10 @@ def _parse_event(obj: dict[Any, Any]) -> Event:
     for key in ("seq", "kind", "uid", "ts", "reason", "last_seen", "deadline"):
         if key not in obj:
             raise _bad(f"event needs {key}")
-    kind = obj["kind"]
-    if type(kind) is not str or kind not in ("online", "offline"):
-        raise _bad(f"event kind must be 'online' or 'offline', got {_short(kind)}")
+    raw_kind = obj["kind"]
+    kind = _EVENT_KINDS.get(raw_kind) if type(raw_kind) is str else None  # typed EventKind, unlike `in`
+    if kind is None:
+        raise _bad(f"event kind must be 'online' or 'offline', got {_short(raw_kind)}")
     extra = None
     if len(obj) > len(EVENT_KEYS):
         extra = {}

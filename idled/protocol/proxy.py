@@ -87,7 +87,7 @@ class ProxyParser:
             return max(1, _V2_FIXED + struct.unpack_from(">H", buf, 14)[0] - len(buf))
         return max(1, MAX_V1 - len(buf))  # v1: only its CRLF ends it; whatever follows it is kept (trailing)
 
-    def receive_data(self, data: bytes) -> None:
+    def receive_data(self, data: bytes | bytearray) -> None:  # what trio.abc.ReceiveStream returns
         if self._header is not None:
             self.trailing += data
             return

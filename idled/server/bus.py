@@ -50,7 +50,7 @@ LOG_BACKLOG_LIMIT = 50_000  # producers wait in room() while more records than t
 
 def event_frame(record: dict[str, Any]) -> bytes:
     """The wire frame observers receive for one event record (live and replayed alike)."""
-    extra = {key: record[key] for key in ("timeout", "detector") if key in record}
+    extra: dict[str, Any] = {key: record[key] for key in ("timeout", "detector") if key in record}
     return encode(
         Event(
             record["seq"],

@@ -50,8 +50,10 @@ async def open_internal_listener(path: Path) -> trio.SocketListener:
     if len(os.fsencode(path)) > _SUN_PATH_MAX:
         raise ConfigError(f"internal socket path too long for a unix socket ({len(str(path))} bytes): {path}")
     try:
-        if path.is_socket():
-            path.unlink()  # left by a core that crashed; we hold the event log's lock, so it is not live
+        # Left by a core that crashed; we hold the event log's lock, so it is not live. (Blocking calls, but once
+        # at startup on a local directory, before anything else runs.)
+        if path.is_socket():  # noqa: ASYNC240
+            path.unlink()  # noqa: ASYNC240
     except FileNotFoundError:
         pass
     sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

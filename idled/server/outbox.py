@@ -36,12 +36,13 @@ import math
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Final
+from typing import Final, cast
 
 import trio
 
 from idled.core.presence import Uid
 from idled.protocol import MAX_UID_BYTES, Ended, ErrorCode, Mark, ProtocolError, encode
+from idled.protocol import Uid as WireUid
 
 __all__ = ["FLUSH_INTERVAL", "MAX_OUTSTANDING", "Outbox", "mark_interval", "outbox_running"]
 
@@ -83,7 +84,7 @@ class Outbox:
         self.max_frame = max_frame
         self.notices = notices
         self.marks = marks
-        self.pending: dict[str, dict[Uid, None]] = {}  # reason -> uids, in the order they ended
+        self.pending: dict[str, dict[WireUid, None]] = {}  # reason -> uids, in the order they ended
         self.lock = trio.Lock()
         self.sent_frames = 0
         self._wake = trio.Event()
@@ -97,7 +98,8 @@ class Outbox:
 
     def add(self, uid: Uid, code: str) -> None:
         if self.notices:
-            self.pending.setdefault(REASONS.get(code, str(code)), {})[uid] = None
+            # A gateway attaches wire uids (str | int); the core's Uid is wider only because the core is generic.
+            self.pending.setdefault(REASONS.get(code, str(code)), {})[cast(WireUid, uid)] = None
             self._wake.set()
 
     def take(self) -> list[bytes]:
@@ -105,7 +107,7 @@ class Outbox:
         budget = self.max_frame - _FRAME_OVERHEAD
         frames: list[bytes] = []
         for reason, uids in self.pending.items():
-            chunk: list[Uid] = []
+            chunk: list[WireUid] = []
             size = 0
             for uid in uids:
                 n = _uid_size(uid)

@@ -34,7 +34,6 @@ import ctypes
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -229,13 +228,13 @@ class Supervisor:
         self.occupancy_fd, self.occupancy = Occupancy.create(len(self.workers)) if self.workers else (-1, [])
         self.core_address = ""
         self.socket_path: Path | None = None  # the internal socket, once bound (removed at exit)
-        self.public: list[socket.socket] = []
+        self.public: list[trio.socket.SocketType] = []  # the listeners' own sockets (fileno, close)
         self.stopping = False
         self.command = edge_command  # what starts one edge (tests substitute a stand-in)
         self.config_file: str | None = None  # the core's --config (or $IDLED_CONFIG), forwarded to the edges
         self._preexec = _death_signal()
 
-    def adopt(self, public: Sequence[socket.socket], core_socket: Path) -> None:
+    def adopt(self, public: Sequence[trio.socket.SocketType], core_socket: Path) -> None:
         """The public listening sockets to hand to the children, and the core's internal socket path."""
         self.public = list(public)
         self.core_address = f"unix:{core_socket}"
@@ -298,7 +297,7 @@ class Supervisor:
             try:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._copy_log, worker, process)
-                    await process.wait()
+                    returncode = await process.wait()
             finally:
                 with trio.CancelScope(shield=True):
                     if process.returncode is None:  # cancelled (the core is failing): leave no orphan
@@ -307,7 +306,7 @@ class Supervisor:
                     await process.stderr.aclose()
             if self.stopping:
                 return
-            how = describe_exit(process.returncode)
+            how = describe_exit(returncode)
             if not worker.ever_listened:
                 raise Fatal("worker", worker.name, f"{how} before it listened (see its log lines above)", EXIT_FAILURE)
             if time.monotonic() - worker.started_at >= STEADY:

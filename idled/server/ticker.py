@@ -102,7 +102,7 @@ class Ticker:
         slice_end = time.perf_counter() + AHEAD_SLICE
         while presence.work_ahead(DEFAULT_CHUNK):
             if time.perf_counter() >= slice_end:
-                await trio.sleep(0)
+                await trio.lowlevel.checkpoint()
                 due = presence.next_due()
                 if due is not None and due <= clock.now():
                     return
@@ -130,5 +130,5 @@ class _Horizon:
         self._next = now()
 
     async def turn(self) -> None:
-        await trio.sleep(0)
+        await trio.lowlevel.checkpoint()
         self.read, self._next = self._next, self._now()

@@ -140,7 +140,7 @@ async def _gateway(w: Worker, g: int) -> None:
             w.failed_records.extend(unattached)
 
 
-async def _reader(w: Worker, stream: trio.SocketStream, decoder: FrameDecoder, scope: trio.CancelScope) -> None:
+async def _reader(w: Worker, stream: trio.abc.Stream, decoder: FrameDecoder, scope: trio.CancelScope) -> None:
     try:
         while (msg := await receive_message(stream, decoder, _READ_BYTES)) is not None:
             if msg is PONG:
@@ -158,7 +158,7 @@ async def _reader(w: Worker, stream: trio.SocketStream, decoder: FrameDecoder, s
 class _GatewayRun:
     """One gateway's wheel: which of its sessions are attached, and when each one is touched next."""
 
-    def __init__(self, w: Worker, g: int, stream: trio.SocketStream, max_frame: int) -> None:
+    def __init__(self, w: Worker, g: int, stream: trio.abc.Stream, max_frame: int) -> None:
         self.w = w
         self.g = g
         self.stream = stream

@@ -53,11 +53,11 @@ class _CountingStream:
 
     __slots__ = ("_stream", "reads")
 
-    def __init__(self, stream: trio.SocketStream) -> None:
+    def __init__(self, stream: trio.abc.Stream) -> None:
         self._stream = stream
         self.reads = 0
 
-    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
         self.reads += 1
         return await self._stream.receive_some(max_bytes)
 
@@ -75,7 +75,7 @@ class Observer:
         self._token = token or (lambda role, name: None)
         self.keepalive = keepalive
         self.ping_interval = ping_interval
-        self._stream: trio.SocketStream | None = None
+        self._stream: trio.abc.Stream | None = None
         self._decoder = FrameDecoder(1 << 20, parse=parse_server_message)
         self._waiting: dict[str, trio.Event] = {}  # probe uid -> set when its online event is read
         self.events = 0
@@ -94,7 +94,7 @@ class Observer:
     async def connect(self) -> None:
         self._stream = await self._open(None)
 
-    async def _open(self, from_seq: int | None) -> trio.SocketStream:
+    async def _open(self, from_seq: int | None) -> trio.abc.Stream:
         stream = await open_from("127.0.0.1", self.host, self.port, self.front)
         decoder = FrameDecoder(1 << 20, parse=parse_server_message)
         try:
@@ -143,7 +143,7 @@ class Observer:
             for waiter in self._waiting.values():
                 waiter.set()  # nobody waits forever on a dead observer
 
-    async def _read(self, stream: trio.SocketStream) -> str:
+    async def _read(self, stream: trio.abc.Stream) -> str:
         """Read one connection's events until it ends; return why it ended."""
         decoder = self._decoder
         on_event = self.on_event
@@ -181,7 +181,7 @@ class Observer:
             nursery.cancel_scope.cancel()
         return reason
 
-    async def _pinger(self, stream: trio.SocketStream) -> None:
+    async def _pinger(self, stream: trio.abc.Stream) -> None:
         try:
             while True:
                 await trio.sleep(self.ping_interval)

@@ -59,7 +59,8 @@ async def run_scenario(sc: Scenario, err: TextIO | None = None) -> dict[str, Any
     """
     r = RunState(sc, err or sys.stderr)
     server: ServerProcess | None = None
-    log_file = open(sc.server_log, "a", encoding="utf-8") if sc.server_log else None  # noqa: SIM115
+    # Blocking, but once before the run starts; it must outlive the nursery below, hence no `with`.
+    log_file = open(sc.server_log, "a", encoding="utf-8") if sc.server_log else None  # noqa: SIM115, ASYNC230
     try:
         async with trio.open_nursery() as nursery:
             try:
