@@ -183,6 +183,7 @@ class Server:
             with trio.open_signal_receiver(*SIGNALS) as signals:
                 async with trio.open_nursery() as nursery:
                     await self._start(nursery, recovery, listeners)
+                    del recovery  # its open sessions are closed now: not held for the whole run
                     task_status.started(self.ports)
                     await until_stopped(self._stop_event, self._hangup, signals)
                     await self._shutdown(nursery)

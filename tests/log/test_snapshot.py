@@ -60,7 +60,7 @@ def test_records_after_the_snapshot_override_it(tmp_path: Path) -> None:
     with EventLog(tmp_path) as log:
         recovery = log.recover()
     assert set(recovery.online) == {"b", "c"}
-    assert recovery.online["c"]["seq"] == seq + 1  # replayed: the full record, not the snapshot's summary
+    assert recovery.online["c"]["seq"] == seq + 1  # replayed: its own seq, not the snapshot's
 
 
 def test_a_damaged_newest_snapshot_is_reported_and_the_previous_one_used(tmp_path: Path) -> None:
