@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from idled.log.errors import FsyncFailed
 from idled.log.records import Damage
@@ -132,7 +132,7 @@ def scan_log(directory: str) -> LogScan:
                 continue  # already in the snapshot
             kind = record.get("kind")
             if kind == "online":
-                uid = record.get("uid")
+                uid = cast(Uid, record.get("uid"))
                 sessions[uid] = session_summary(record)  # not the record: see the module docstring
                 replayed[uid] = seq
             elif kind == "offline":

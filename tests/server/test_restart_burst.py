@@ -23,7 +23,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from idled.log.eventlog import iter_records
 from idled.protocol import Attach
-
 from tests import peers
 
 pytestmark = pytest.mark.slow  # real `idled serve` subprocesses, 200,000 sessions

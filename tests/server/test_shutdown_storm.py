@@ -10,6 +10,7 @@ than the event before them. The log must show every session ending `shutdown`, a
 
 from __future__ import annotations
 
+import itertools
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +20,6 @@ import pytest
 import trio
 
 from idled.log.eventlog import iter_records
-
 from tests import peers
 
 pytestmark = pytest.mark.slow  # real `idled serve --workers 2`, thousands of real connections
@@ -77,7 +77,7 @@ async def test_sigterm_mid_login_storm_logs_every_session_shutdown(tmp_path: Pat
     stderr = daemon.stderr()
     online = [r for r in records if r["kind"] == "online"]
     offline = [r for r in records if r["kind"] == "offline"]
-    backwards = [(a["seq"], b["seq"]) for a, b in zip(records, records[1:]) if b["ts"] < a["ts"]]
+    backwards = [(a["seq"], b["seq"]) for a, b in itertools.pairwise(records) if b["ts"] < a["ts"]]
     print(f"{len(clients)} users welcomed, {len(online)} logged online; offline reasons:",
           {reason: sum(r["reason"] == reason for r in offline) for reason in {r["reason"] for r in offline}},
           f"; ts going back at {len(backwards)} events")
