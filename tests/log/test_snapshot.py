@@ -135,8 +135,10 @@ async def test_sigkill_after_retention_still_closes_a_long_online_session(tmp_pa
     restarted = peers.Daemon(peers.serve_command(data_dir, *options), tmp_path / "run-1.stderr")
     try:
         await restarted.started()
-        records = list(iter_records(data_dir))
-        closing = [r for r in records if r["uid"] == "steady"]
+        # The restart record is published before the daemon listens; the writer may put it on disk just after.
+        with trio.fail_after(10):
+            while not (closing := [r for r in iter_records(data_dir) if r["uid"] == "steady"]):
+                await trio.sleep(0.05)
         assert [(r["kind"], r["reason"]) for r in closing] == [("offline", "restart")]
         assert closing[0]["timeout"] == 300 * 1.5  # from the snapshot: the session's own timeout
         assert await restarted.stop() == 0
