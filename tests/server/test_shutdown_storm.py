@@ -72,7 +72,9 @@ async def test_sigterm_mid_login_storm_logs_every_session_shutdown(tmp_path: Pat
     finally:
         daemon.kill()
         for client in clients:
-            client.stream.socket.close()  # (the daemon is gone: nothing to say goodbye to)
+            stream = client.stream
+            assert isinstance(stream, trio.SocketStream)
+            stream.socket.close()  # (the daemon is gone: nothing to say goodbye to)
     records: list[dict[str, Any]] = list(iter_records(data_dir))
     stderr = daemon.stderr()
     online = [r for r in records if r["kind"] == "online"]
