@@ -35,7 +35,7 @@ scans the log (`recovery.scan_log`), and cuts only the tail of the newest segmen
 last good record -- after copying them to a quarantine file. Damage followed by good records is skipped
 in place and reported (see `idled.log.recovery`). The next seq is past the largest good seq, the last
 segment's name and the snapshot's seq, so seqs are never reused for records that reached the disk.
-`online` maps each open session's uid to its last online record (the server closes each: "restart").
+`online` maps each open session's uid to its last online record, minimal (the server closes each: "restart").
 
 **Retention** (`apply_retention()`, also run after every rotation): deletes whole segments from the oldest
 end while the log is over `retention_bytes`, or while a segment's mtime is older than `retention_seconds`;
@@ -232,7 +232,7 @@ class EventLog:
             next_seq=next_seq,
             truncated_bytes=truncated,
             corrupt_records=corrupt,
-            online=OnlineSessions(dict(scan.sessions), scan.full, scan.snapshot.seq),
+            online=OnlineSessions(dict(scan.sessions), scan.replayed, scan.snapshot.seq),
             records=scan.records,
             segments=len(scan.segments),
             skipped_bytes=skipped,

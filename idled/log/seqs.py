@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from typing import Final
 
 from idled.log.errors import EventLogError, FsyncFailed
@@ -26,11 +27,17 @@ class SeqReservation:
     next seq is ``max(last good record + 1, reserved + 1)``. The cost is one small fsync per block and a gap
     of at most one block in the seqs after a crash -- a gap consumers can see, never a silent reuse. A clean
     stop, once the log is synced, lowers the mark back to the last seq, so restarts leave no gap.
+
+    One writer at a time: ``record`` holds a lock from the temp file's creation to the directory's fsync.
+    Two threads writing the one temp file together left it holding both marks run together (``600\\n000000``,
+    which ``load`` rejects: the next start failed), or renamed it away under the other (FileNotFoundError).
+    The lock makes the writes whole; *which* mark wins is the caller's to order (``idled.server.seqs``).
     """
 
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.directory = os.fspath(directory)
         self.path = os.path.join(self.directory, RESERVATION_NAME)
+        self._lock = threading.Lock()  # record() runs in worker threads: one write of the file at a time
 
     def load(self) -> int:
         """The reserved mark (0 when none was ever written)."""
@@ -48,6 +55,10 @@ class SeqReservation:
         """Durably record that seqs up to ``upto`` may be issued. Blocking I/O: run it in a thread.
 
         Lowering the mark is only safe once every issued seq is durably in the log (a clean stop)."""
+        with self._lock:
+            self._record(upto)
+
+    def _record(self, upto: int) -> None:
         temporary = self.path + ".tmp"
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         try:

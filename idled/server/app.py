@@ -39,7 +39,6 @@ import functools
 import logging
 import os
 import sys
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -187,6 +186,7 @@ class Server:
             with trio.open_signal_receiver(*SIGNALS) as signals:
                 async with trio.open_nursery() as nursery:
                     await self._start(nursery, recovery, listeners)
+                    del recovery  # its open sessions are closed now: not held for the whole run
                     task_status.started(self.ports)
                     await until_stopped(self._stop_event, self._hangup, signals)
                     await self._shutdown(nursery)
@@ -237,12 +237,10 @@ class Server:
         cfg, presence, sessions = self.config, self.presence, self._sessions
         assert presence is not None and sessions is not None
         await nursery.start(self._run_writer)
-        # Sessions a crashed run left online end now, before anyone can log in again.
-        wall = time.time()
-        for record in recovery.online.values():
-            self.bus.publish(presence.restart_event(record, wall))
+        # Sessions a crashed run left online end now, before anyone can log in again (in bounded chunks).
         if recovery.online:
-            log.info("closed %s left online by the previous run (reason restart)", plural(len(recovery.online), "session"))
+            ended = await sessions.end_recovered(recovery.online.values())
+            log.info("closed %s left online by the previous run (reason restart)", plural(ended, "session"))
         self.metrics.register_snapshot(self.snapshot)
         if self.workers is not None and self.metrics.registry is not None:
             self.metrics.registry.register(WorkerCollector(self.workers.view))

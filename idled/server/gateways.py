@@ -39,8 +39,9 @@ follows those attaches, *confirms* them: the sessions it did not attach again ar
 (``gateway_lost``). A login of a name whose connection is still open (the core had not noticed the old one
 die) takes the gateway over and closes the old connection (``kicked``). Past the grace period, or after
 ``bye``, the gateway is lost: every session it owns goes offline (``gateway_lost``) and it is no longer
-tracked. Gateways that do not report watermarks are not resumed (their names need not be unique): losing
-the connection loses them at once, as before.
+tracked -- unless shutdown has begun: then shutdown ends them all (``shutdown``), whatever happens to the
+gateway's connection meanwhile. Gateways that do not report watermarks are not resumed (their names need not
+be unique): losing the connection loses them at once, as before.
 """
 
 from __future__ import annotations
@@ -202,7 +203,12 @@ class Gateways:
 
     async def _unlinked(self, gateway: Gateway, *, resumable: bool) -> None:
         """The gateway's connection ended: its sessions end now, or after the grace period unless resumed."""
-        if not (resumable and self.grace > 0 and self.spawn is not None and not self.sessions.stopping):
+        if self.sessions.stopping:
+            # Shutdown's end_all ends them (``shutdown``), held ones too: still tracked, they are not expired
+            # meanwhile. An edge's attach refused during the shutdown drops its link; its sessions' offlines
+            # must not turn into ``gateway_lost`` for that.
+            return
+        if not (resumable and self.grace > 0 and self.spawn is not None):
             await self.lost(gateway)
             return
         log.info("gateway %s lost its connection: its %d sessions are kept %g s for it to come back",
@@ -292,7 +298,8 @@ class Gateways:
         if self.resumable.get(gateway.name) is gateway:
             del self.resumable[gateway.name]  # first: a login of its name from now on starts a new gateway
         ended = await self._end(gateway, gateway.uids)
-        self.sessions.presence.untrack_owner(gateway)
+        if not self.sessions.stopping:  # (else shutdown ends the rest, and the watermark must keep holding them)
+            self.sessions.presence.untrack_owner(gateway)
         if ended:
             log.info("gateway %s lost: %d sessions offline", gateway.name, ended)
 
@@ -305,11 +312,14 @@ class Gateways:
                  gateway.name, ended)
 
     async def _end(self, gateway: Gateway, uids: dict[Uid, None]) -> int:
-        """End these sessions of ``gateway`` (``gateway_lost``), in chunks; returns how many."""
+        """End these sessions of ``gateway`` (``gateway_lost``), in chunks; returns how many. Stops once shutdown
+        began: from then on, every session that ends at the server's hand ends ``shutdown`` (``end_all``)."""
         sessions = self.sessions
         ended = 0
         while uids:
             await sessions.room()
+            if sessions.stopping:
+                break
             now, wall = sessions.clock.now(), time.time()
             for _ in range(min(DEFAULT_CHUNK, len(uids))):
                 uid = uids.popitem()[0]

@@ -10,8 +10,15 @@ server's side of it, on the event loop, every file operation in a worker thread:
 * ``extend_ahead(presence, nursery)``: called by the monitor; once fewer than half a block is left, a task
   records the next block. So producers almost never wait...
 * ``headroom(presence)``: ...but they do wait (in ``Sessions.room``) rather than issue a seq within
-  ``SEQ_HEADROOM`` of the mark.
+  ``SEQ_HEADROOM`` of the mark -- and extend the mark themselves when no extension is under way (a burst
+  before the monitor runs, such as the restart records at start, reserves as it goes).
 * ``finish(last_seq)``: a clean stop, once the log is synced, lowers the mark to the last seq: no gap next run.
+
+*One write at a time, the last one last.* An extension (a monitor hook, any time) and ``finish`` (shutdown,
+shielded) both write the mark from worker threads. They take one lock, and ``finish`` closes the blocks:
+an extension that was under way is written before the final mark (``finish`` waits for the lock), and one
+that comes after it writes nothing. Otherwise an extension landing after ``finish`` would raise the mark
+again (a gap after a clean stop), and two threads writing the one file together could corrupt it.
 """
 
 from __future__ import annotations
@@ -35,7 +42,9 @@ class SeqBlocks:
         self.reservation = reservation
         self.reserved = 0  # every seq issued is <= this, durably
         self.first = 1  # the first seq of this run
+        self.finished = False  # finish() has begun: the mark only comes down from here on
         self._extending = False
+        self._writing = trio.Lock()  # held around every write of the mark
 
     async def start(self, next_seq: int) -> int:
         """The first seq of this run (``next_seq``: the log's, after recovery); reserves the first block."""
@@ -43,30 +52,41 @@ class SeqBlocks:
         first = max(next_seq, reserved + 1)
         if first > next_seq:
             log.info("seqs %d..%d may have been seen but not logged before the last stop: skipped", next_seq, first - 1)
-        await trio.to_thread.run_sync(self.reservation.record, first + SEQ_BLOCK)
+        async with self._writing:
+            await trio.to_thread.run_sync(self.reservation.record, first + SEQ_BLOCK)
         self.reserved = first + SEQ_BLOCK
         self.first = first
         return first
 
     def extend_ahead(self, presence: PresenceTable, nursery: trio.Nursery) -> None:
         """Start recording the next block once less than half of this one is left (one extension at a time)."""
-        if not self._extending and presence.next_seq + SEQ_BLOCK // 2 > self.reserved:
+        if not self._extending and not self.finished and presence.next_seq + SEQ_BLOCK // 2 > self.reserved:
             self._extending = True
             nursery.start_soon(self._extend, presence)
 
     async def _extend(self, presence: PresenceTable) -> None:
         try:
-            upto = presence.next_seq + SEQ_BLOCK
-            await trio.to_thread.run_sync(self.reservation.record, upto)
-            self.reserved = upto
+            async with self._writing:
+                if self.finished:
+                    return  # the final mark is written (or about to be): raising it now would leave a gap
+                upto = presence.next_seq + SEQ_BLOCK
+                await trio.to_thread.run_sync(self.reservation.record, upto)
+                self.reserved = upto
         finally:
             self._extending = False
 
     async def headroom(self, presence: PresenceTable) -> None:
-        """Wait until the next seqs are well below the durable mark."""
+        """Wait until the next seqs are well below the durable mark, extending it if nobody else is."""
         while presence.next_seq + SEQ_HEADROOM > self.reserved:
-            await trio.sleep(HEADROOM_POLL)
+            if self._extending or self.finished:
+                await trio.sleep(HEADROOM_POLL)
+            else:
+                self._extending = True
+                await self._extend(presence)
 
     async def finish(self, last_seq: int) -> None:
-        """A clean stop: every seq up to ``last_seq`` is durably in the log, so the mark comes back down to it."""
-        await trio.to_thread.run_sync(self.reservation.record, last_seq)
+        """A clean stop: every seq up to ``last_seq`` is durably in the log, so the mark comes back down to it.
+        Waits for an extension under way; none is written after it."""
+        self.finished = True
+        async with self._writing:
+            await trio.to_thread.run_sync(self.reservation.record, last_seq)

@@ -13,6 +13,12 @@ Every change of presence follows the same steps, and this is the one object that
 4. ``publish`` the event it returned (in seq order: no checkpoint between the change and the publish), tell a
    replaced owner (``take_over``: ``kicked``), and ``wake_ticker`` if a new deadline may come sooner.
 
+The bursts that are nobody's connection go through the same steps, a chunk (``DEFAULT_CHUNK``) at a time:
+``end_recovered`` (at start, one ``restart`` offline for every session a killed run left online) and
+``end_all`` (shutdown). Each chunk waits for ``room()`` and reads the time afresh, so a million sessions
+never put a million records in the writer's queue, never run the seqs past the reserved block, never hold
+the loop for seconds, and never log a ``ts`` older than an event published by someone else meanwhile.
+
 The roles get this object, not the server: an edge that terminates user connections and relays them to the
 core as a gateway would give its user role a ``Sessions`` of its own kind.
 """
@@ -20,7 +26,8 @@ core as a gateway would give its user role a ``Sessions`` of its own kind.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import trio
 
@@ -74,12 +81,42 @@ class Sessions:
 
     async def end_all(self, reason: str, code: str, message: str) -> int:
         """Shutdown: end every session (``reason``), telling each owner ``code``; returns how many."""
-        bus = self.bus
+        presence, bus, clock = self.presence, self.bus, self.clock
         ended = 0
-        for event, owner in self.presence.end_all(self.clock.now(), time.time(), reason):
-            bus.publish(event)
-            owner.release(event.uid, code, message)
-            ended += 1
-            if ended % DEFAULT_CHUNK == 0:
-                await trio.sleep(0)
+        while True:
+            await self.room()
+            chunk = presence.end_all(clock.now(), time.time(), reason, DEFAULT_CHUNK)
+            if not chunk:
+                return ended
+            for event, owner in chunk:
+                bus.publish(event)
+                owner.release(event.uid, code, message)
+            ended += len(chunk)
+            await trio.sleep(0)
+
+    async def end_recovered(self, records: Iterable[dict[str, Any]]) -> int:
+        """At start: the offline (``restart``) closing each session a killed run left online (``records``: its
+        last online record, from recovery); returns how many. Nobody can log in yet."""
+        ended = 0
+        chunk: list[dict[str, Any]] = []
+        for record in records:
+            chunk.append(record)
+            if len(chunk) == DEFAULT_CHUNK:
+                ended += await self._restart(chunk)
+        ended += await self._restart(chunk)
         return ended
+
+    async def _restart(self, chunk: list[dict[str, Any]]) -> int:
+        await self.room()
+        wall = time.time()
+        for record in chunk:
+            self.bus.publish(self.presence.restart_event(record, wall))
+        n = len(chunk)
+        chunk.clear()
+        await trio.sleep(0)
+        # The monitor, which beats the clock, starts once the server listens: this burst comes before. Its
+        # checkpoints are the loop running, so they beat (as the monitor does: now() first, to catch a real
+        # stall), or the burst's length would read as a pause of the loop and move every deadline.
+        self.clock.now()
+        self.clock.beat(trio.current_time())
+        return n

@@ -320,6 +320,29 @@ def test_end_all_ends_every_session_with_its_owner() -> None:
     assert len(p) == 0 and p.next_due() is None and p.expire(100.0, wall(100.0)) == []
 
 
+def test_end_all_in_chunks_each_at_the_time_of_its_call() -> None:
+    # Shutdown ends sessions a chunk at a time and other events interleave: each chunk is stamped with the
+    # time of its own call, so ts never goes backwards along the seqs.
+    p = table()
+    owners = {uid: Owner(str(uid)) for uid in range(10)}
+    for uid, owner in owners.items():
+        p.login(uid, owner, 0.0, wall(0.0))
+    first = p.end_all(0.5, wall(0.5), "shutdown", 4)
+    p.logout(first[0][0].uid, first[0][1], 0.6, wall(0.6), "logout")  # already ended: nothing
+    gone = next(uid for uid in owners if p.is_online(uid))
+    logout = p.logout(gone, owners[gone], 0.6, wall(0.6), "logout")  # ended by its owner meanwhile
+    second = p.end_all(0.7, wall(0.7), "shutdown", 4)
+    third = p.end_all(0.8, wall(0.8), "shutdown", 4)
+    assert p.end_all(0.9, wall(0.9), "shutdown", 4) == []
+    assert [len(first), len(second), len(third)] == [4, 4, 1]
+    assert logout is not None and logout.uid not in {e.uid for e, _ in first + second + third}
+    events = sorted([e for e, _ in first + second + third] + [logout], key=lambda e: e.seq)
+    assert [e.seq for e in events] == list(range(11, 21))
+    assert [e.ts for e in events] == sorted(e.ts for e in events)
+    assert {e.ts for e, _ in third} == {wall(0.8)}
+    assert len(p) == 0
+
+
 # -- a model test: random traffic against a plain dict of deadlines -----------------------------------------
 
 operations = st.lists(

@@ -404,7 +404,12 @@ def test_recovery_online_map_is_each_uids_last_record(tmp_path: Path) -> None:
     assert len(list_segments(tmp_path)) > 2
     with EventLog(tmp_path) as log:
         recovery = log.recover()
-    assert recovery.online == {1: history[2], "1": history[4], "bob": history[6]}
+    # each uid's last online record, as much of it as a restart record needs (not the whole record: see
+    # idled.log.recovery)
+    assert recovery.online == {
+        e["uid"]: {"kind": "online", "uid": e["uid"], "seq": e["seq"], "last_seen": e["last_seen"], "timeout": e["timeout"]}
+        for e in (history[2], history[4], history[6])
+    }
 
 
 # ---------------------------------------------------------------------------------------------- rotation
