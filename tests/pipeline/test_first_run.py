@@ -22,7 +22,7 @@ def first_run_block() -> list[str]:
     """The commands of the first ```sh block under "## A first run", the install line left out."""
     text = PAGE.read_text(encoding="utf-8")
     section = text.split("## A first run", 1)[1]
-    block = re.search(r"```sh\n(.*?)```", section, re.S)
+    block = re.search(r"```sh\n(.*?)```", section, re.DOTALL)
     assert block, "no ```sh block under ## A first run"
     return [line for line in block.group(1).splitlines() if line.strip() and "pip install" not in line]
 
