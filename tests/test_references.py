@@ -10,7 +10,11 @@ of it): that command fails on a fresh machine. Local files only, well under a se
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 # Files whose comments name paths of the tree (the Markdown pages' links are tests/test_docs.py's job).
@@ -52,3 +56,16 @@ def test_nothing_says_pip_install_idled_from_pypi() -> None:
              for m in _PIP_FROM_PYPI.finditer(p.read_text(encoding="utf-8", errors="replace"))]
     assert _PIP_FROM_PYPI.search("pip install 'idled[plot]'") and not _PIP_FROM_PYPI.search("pip install -e '.[plot]'")
     assert found == []
+
+
+def test_gitignore_ignores_no_tracked_file_and_the_readme_secret() -> None:
+    """.gitignore must not hide a tracked file (deploy/idled.toml, say: edits to it would go unseen) and must
+    keep the HMAC secret the README's auth step writes into the checkout out of any commit."""
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.fail("not a git checkout: the test asks git which files its ignore rules match")
+    tracked_but_ignored = subprocess.run(["git", "ls-files", "-ci", "--exclude-standard"], cwd=ROOT,
+                                         capture_output=True, text=True, check=True, timeout=30).stdout.split()
+    assert tracked_but_ignored == []
+    assert "> secret" in (ROOT / "README.md").read_text(encoding="utf-8")
+    ignored = subprocess.run(["git", "check-ignore", "-q", "--no-index", "secret"], cwd=ROOT, check=False, timeout=30)
+    assert ignored.returncode == 0, "the README's ./secret would be committable"
