@@ -3,8 +3,9 @@
 Shared by the tests that talk to a server: `running()` starts a `Server` in the test's own trio loop (its
 connections over memory streams handed to `Server.handle`, or over a real loopback listener) and yields a
 `Harness`; `Daemon` is a real `idled serve` subprocess. Imported as a plain module,
-`from tests.peers import Client, Daemon, running`: tests/ has no __init__.py, so pytest's default ("prepend")
-import mode puts tests/ itself on sys.path when it loads tests/conftest.py and the test modules.
+`from tests.peers import Client, Daemon, running`: tests/ and each of its subdirectories are packages (they
+have an ``__init__.py``), so pytest's default ("prepend") import mode puts the first directory above them
+without one -- the project root -- on sys.path, and every test module imports as ``tests.<dir>.<name>``.
 
 Only what the files really share lives here; a file's own variant (its command line, its /metrics scrape, its
 receive timeout) stays in that file and reaches these helpers as a parameter.

@@ -1,6 +1,6 @@
 """Generates idled-dashboard.json (run: python deploy/grafana/generate_dashboard.py).
 
-Edit this file, not the JSON: tests/test_deploy.py checks the JSON is this script's output, that every
+Edit this file, not the JSON: tests/deploy/test_deploy.py checks the JSON is this script's output, that every
 series it queries is one idled exports, and that every query parses as PromQL.
 """
 
@@ -110,7 +110,7 @@ ts("File descriptors", [(f'process_open_fds{{{SEL}}}', "open"), (f'process_max_f
 
 dash = {
     "__inputs": [], "annotations": {"list": []}, "editable": True, "graphTooltip": 1,
-    "description": "idled: connection-idle (presence) detector. Metrics from idled/metrics.py.",
+    "description": "idled: connection-idle (presence) detector. Metrics from idled/ops/metrics.py.",
     "links": [], "panels": panels, "refresh": "30s", "schemaVersion": 39, "style": "dark",
     "tags": ["idled"], "time": {"from": "now-6h", "to": "now"}, "timezone": "",
     "title": "idled", "uid": "idled-overview", "version": 1,

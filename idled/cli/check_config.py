@@ -2,7 +2,8 @@
 
 Takes exactly `idled serve`'s flags and reads the same sources (TOML file < ``IDLED_*`` environment <
 flags), then checks what `idled serve` would refuse before listening: every value's range, the secret file,
-a non-loopback listener without auth, and a data directory that exists but is not a writable directory.
+a non-loopback listener without auth, and a data directory `serve` could not create or write (tried for real:
+a probe file created, locked, written, synced and removed, as /readyz does).
 Prints the one-line summary `idled serve` logs at start, then every effective setting as TOML (usable as a
 config file), and exits 0; or one line on stderr and exit status 2.
 """
@@ -19,6 +20,7 @@ from pathlib import Path
 from idled.ops import config as config_module
 from idled.ops.config import Config, ConfigError
 from idled.ops.fatal import EXIT_OK, EXIT_USAGE, Fatal
+from idled.ops.health import probe_directory
 from idled.ops.logs import config_summary
 from idled.protocol import tokens
 
@@ -46,15 +48,28 @@ def as_toml(cfg: Config) -> str:
 
 
 def _check_data_dir(path: Path) -> None:
-    if path.exists():
-        if not path.is_dir():
-            raise ConfigError(f"data_dir {path} exists and is not a directory")
-        if not os.access(path, os.W_OK | os.X_OK):
-            raise ConfigError(f"data_dir {path} is not writable")
-        return
-    parent = next((p for p in path.absolute().parents if p.exists()), None)
-    if parent is None or not os.access(parent, os.W_OK | os.X_OK):
-        raise ConfigError(f"data_dir {path} does not exist and cannot be created under {parent}")
+    """What `idled serve` does to the directory, for real: create it if missing, then create, lock, write,
+    sync and remove a probe file in it (as /readyz does). ``os.access`` would answer for permission bits only:
+    as root it says yes to /proc, a read-only mount or an immutable directory, where `serve` then exits 5.
+    Directories made for the probe are removed again; the daemon's own lock file is not touched (a running
+    daemon holds it while its next configuration is checked)."""
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"data_dir {path} exists and is not a directory")
+    missing = [p for p in (path.absolute(), *path.absolute().parents) if not p.exists()]
+    try:
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"data_dir {path} cannot be created: {exc.strerror or exc}") from None
+        problem = probe_directory(path)
+        if problem is not None:
+            raise ConfigError(f"data_dir {path} is not writable: {problem}")
+    finally:
+        for made in missing:  # deepest first
+            try:
+                made.rmdir()
+            except OSError:
+                pass  # never made, or not ours to remove any more
 
 
 def run(args: argparse.Namespace) -> int:

@@ -25,7 +25,8 @@ from typing import TypeVar
 
 import trio
 
-from idled.client import ClientError
+from idled.client import ClientError, ConnectFailed
+from idled.ops.config import ConfigError, parse_port
 from idled.ops.fatal import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, exception_leaves
 from idled.protocol.tokens import SecretError, load_secret, mint
 
@@ -41,7 +42,7 @@ class UsageError(Exception):
 
 def add_client_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="daemon address (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=7878, help="daemon client port (default 7878)")
+    parser.add_argument("--port", type=_port, default=7878, help="daemon client port (default 7878)")
     auth = parser.add_mutually_exclusive_group()
     auth.add_argument("--token", metavar="TOKEN",
                       help="login token from idled token (default none: for a daemon with auth off)")
@@ -58,6 +59,13 @@ def add_client_arguments(parser: argparse.ArgumentParser) -> None:
     tls.add_argument("--key-file", metavar="FILE", help="private key of --cert-file (default: in --cert-file)")
     tls.add_argument("--insecure-skip-verify", action="store_true",
                      help="TLS without verifying the daemon's certificate: for tests only, never in production")
+
+
+def _port(text: str) -> int:
+    try:
+        return parse_port(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def tls_context(args: argparse.Namespace) -> ssl.SSLContext | None:
@@ -161,6 +169,9 @@ def run_command(prog: str, body: Callable[[Interrupt], Awaitable[int]]) -> int:
 
 def describe(exc: ClientError) -> str:
     """One line for an operator: what failed, and the server's code when it sent one."""
+    if isinstance(exc, ConnectFailed):
+        hint = " (is it running? start it with: idled serve)" if exc.refused else ""
+        return f"cannot reach the daemon: {exc.reason}{hint}"
     if exc.code == "connection_lost":
-        return f"cannot reach the daemon or lost it: {exc.reason}"
+        return f"lost the daemon: {exc.reason}"
     return f"{exc.code}: {exc.reason}"

@@ -332,7 +332,7 @@ def check_outputs(args: argparse.Namespace) -> None:
         try:
             importlib.import_module("matplotlib")  # imported, not just found: a broken install fails here too
         except ImportError as exc:
-            raise UsageError(f"--plot needs matplotlib ({exc}): pip install 'idled[plot]', or drop --plot") from None
+            raise UsageError(f"--plot needs matplotlib ({exc}): pip install matplotlib (the plot extra), or drop --plot") from None
         _check_writable(args.plot, "--plot")
     if args.server_log:
         _check_writable(args.server_log, "--server-log")

@@ -91,7 +91,10 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_FAILURE
     except (OSError, socket.timeout) as exc:
         reason = getattr(exc, "reason", None) or exc
-        print(f"{PROG}: cannot reach the daemon's metrics endpoint {args.metrics}: {reason}", file=sys.stderr)
+        refused = isinstance(reason, ConnectionRefusedError)
+        hint = " (is it running? start it with: idled serve)" if refused else ""
+        words = reason.strerror if refused and isinstance(reason, OSError) else reason
+        print(f"{PROG}: cannot reach the daemon's metrics endpoint {args.metrics}: {words}{hint}", file=sys.stderr)
         return EXIT_FAILURE
     except ValueError as exc:
         print(f"{PROG}: {args.metrics}/status: {exc}", file=sys.stderr)

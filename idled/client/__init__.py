@@ -9,7 +9,7 @@
 """
 
 from idled.client.errors import (
-    AuthFailed, Busy, ClientError, ConnectionLost, Gone, IdleTimeout, Kicked, ProtocolMismatch, ServerError,
+    AuthFailed, Busy, ClientError, ConnectFailed, ConnectionLost, Gone, IdleTimeout, Kicked, ProtocolMismatch, ServerError,
     ServerShutdown,
 )
 from idled.client.gateway import Gateway
@@ -17,6 +17,6 @@ from idled.client.observer import Observer
 from idled.client.session import Session
 
 __all__ = [
-    "ClientError", "ConnectionLost", "ServerError", "AuthFailed", "Kicked", "Busy", "ServerShutdown",
+    "ClientError", "ConnectionLost", "ConnectFailed", "ServerError", "AuthFailed", "Kicked", "Busy", "ServerShutdown",
     "IdleTimeout", "Gone", "ProtocolMismatch", "Session", "Gateway", "Observer",
 ]

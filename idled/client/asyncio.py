@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
-from idled.client.errors import ConnectionLost
+from idled.client.errors import ConnectFailed, ConnectionLost
 from idled.client.gateway import Gateway
 from idled.client.link import TLS, Link
 from idled.client.observer import Observer
@@ -71,7 +71,7 @@ class AsyncioRuntime:
         try:
             return AsyncioConn(*await asyncio.open_connection(host, port, **options))
         except OSError as exc:
-            raise ConnectionLost(f"connect to {host}:{port} failed: {exc}") from None
+            raise ConnectFailed(host, port, exc) from None
 
     async def race(self, *fns: Callable[[], Awaitable[Any]]) -> Any:
         tasks = [asyncio.ensure_future(fn()) for fn in fns]

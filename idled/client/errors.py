@@ -10,13 +10,14 @@ Unknown codes are final, as the wire contract asks of clients.
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Final
 
 from idled.protocol import ErrorCode
 
 __all__ = [
-    "ClientError", "ConnectionLost", "ServerError", "AuthFailed", "Kicked", "Busy", "ServerShutdown",
+    "ClientError", "ConnectionLost", "ConnectFailed", "ServerError", "AuthFailed", "Kicked", "Busy", "ServerShutdown",
     "IdleTimeout", "Gone", "ProtocolMismatch", "CONNECTION_LOST", "RETRYABLE_CODES", "error_from",
 ]
 
@@ -49,6 +50,32 @@ class ConnectionLost(ClientError):
 
     def __init__(self, reason: str) -> None:
         super().__init__(CONNECTION_LOST, reason)
+
+
+class ConnectFailed(ConnectionLost):
+    """No connection could be made (refused, unreachable, unknown host): nothing listens there, or not yet.
+    Retryable like any ConnectionLost; a command line can say "is the daemon running?" only to this one."""
+
+    def __init__(self, host: str, port: int, exc: OSError) -> None:
+        causes = _leaves(exc)
+        reasons = [_words(c) for c in causes]
+        super().__init__(f"connect to {host}:{port} failed: {'; '.join(dict.fromkeys(reasons))}")
+        # True when every address answered "nothing listens here" (the likeliest cause: no daemon).
+        self.refused = all(isinstance(c, ConnectionRefusedError) for c in causes)
+
+
+def _leaves(exc: OSError) -> list[BaseException]:
+    # trio wraps one error per address it tried in an ExceptionGroup behind a generic "all attempts to
+    # connect to ... failed", which alone says nothing.
+    cause = exc.__cause__
+    return list(cause.exceptions) if isinstance(cause, BaseExceptionGroup) and cause.exceptions else [exc]
+
+
+def _words(exc: BaseException) -> str:
+    """The operating system's words ("Connection refused"), without the address the caller names already."""
+    if isinstance(exc, OSError) and exc.errno is not None and exc.errno > 0:
+        return os.strerror(exc.errno)
+    return (exc.strerror if isinstance(exc, OSError) else None) or str(exc)  # e.g. a resolver error
 
 
 class ServerError(ClientError):

@@ -197,15 +197,6 @@ class Link:
             self.frames_sent += 1
             self._sent(frame)
 
-    async def send_frames(self, frames: list[bytes]) -> None:
-        """Several frames in one write."""
-        if frames:
-            async with self._send_lock:
-                conn = await self.wait_connected()
-                await conn.send_all(b"".join(frames))
-                self.frames_sent += len(frames)
-                self._sent(frames[-1])
-
     def _sent(self, frame: bytes) -> None:
         """Hook: a frame went out (sessions count it as activity)."""
 

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import trio
 
-from idled.client.errors import ClientError, ConnectionLost
+from idled.client.errors import ClientError, ConnectFailed, ConnectionLost
 from idled.client.gateway import Gateway
 from idled.client.link import TLS, Link
 from idled.client.observer import Observer
@@ -76,7 +76,7 @@ class TrioRuntime:
         try:
             tcp = await trio.open_tcp_stream(host, port)
         except OSError as exc:
-            raise ConnectionLost(f"connect to {host}:{port} failed: {exc}") from None
+            raise ConnectFailed(host, port, exc) from None
         if tls is None:
             return TrioConn(tcp)
         stream = trio.SSLStream(tcp, tls.context, server_hostname=tls.server_hostname)

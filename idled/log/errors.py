@@ -42,9 +42,14 @@ class SeqOrderError(EventLogError):
 
 
 class LogLocked(EventLogError):
-    """Another EventLog (this process or another) holds the directory's lock."""
+    """Another EventLog (this process or another) holds the directory's lock; `pid`: the holder's, when the
+    lock file names it (`idled.log.dirlock`)."""
 
     code = "locked"
+
+    def __init__(self, reason: str, pid: int | None = None) -> None:
+        super().__init__(reason)
+        self.pid = pid
 
 
 class LogStateError(EventLogError):

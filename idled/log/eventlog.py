@@ -30,7 +30,8 @@ segment (past segment_bytes) and the next append tries again (`deferred_rolls`, 
 **Durability.** `append` never fsyncs; `sync()` fdatasyncs every segment written since the last sync (and
 a new segment's directory). A failed fsync raises `FsyncFailed` and poisons the log ("fsyncgate").
 
-**Recovery** (`recover()`, once, before the first append): takes an exclusive `flock` on `<dir>/lock`,
+**Recovery** (`recover()`, once, before the first append): takes an exclusive `flock` on `<dir>/lock`
+(`idled.log.dirlock`, which writes our pid there for a rival's refusal),
 scans the log (`recovery.scan_log`), and cuts only the tail of the newest segment -- the bytes after its
 last good record -- after copying them to a quarantine file. Damage followed by good records is skipped
 in place and reported (see `idled.log.recovery`). The next seq is past the largest good seq, the last
@@ -51,12 +52,13 @@ the chunk plus one record); damage, and a segment deleted under a reader, are sk
 from __future__ import annotations
 
 import errno
-import fcntl
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Final, Literal
 
+from idled.log import dirlock
+from idled.log.dirlock import LOCK_NAME
 from idled.log.errors import (
     EventLogError, FsyncFailed, LogLocked, LogStateError, RecordTooLarge, SeqOrderError, WriteFailed,
 )
@@ -84,7 +86,6 @@ FSYNC_POLICIES: Final[tuple[str, ...]] = ("always", "interval", "never")
 DEFAULT_SEGMENT_BYTES: Final = 64 * 1024 * 1024
 DEFAULT_RETENTION_BYTES: Final = 1024 * 1024 * 1024
 DEFAULT_RETENTION_SECONDS: Final = 7 * 24 * 3600.0
-LOCK_NAME: Final = "lock"
 SPARE_NAME: Final = "next-segment.spare"
 _NO_DESCRIPTOR: Final = (errno.EMFILE, errno.ENFILE)
 
@@ -174,13 +175,7 @@ class EventLog:
         if self._state != "new":
             raise LogStateError(f"recover() called on a log that is {self._state}")
         os.makedirs(self.directory, exist_ok=True)
-        lock_fd = os.open(os.path.join(self.directory, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(lock_fd)
-            raise LogLocked(f"{self.directory} is locked by another writer") from None
-        self._lock_fd = lock_fd
+        self._lock_fd = dirlock.acquire(self.directory)  # LogLocked names the holder's pid
         try:
             self._dir_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             self._reserve_fd = os.dup(self._dir_fd)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import ipaddress
 import os
 import tomllib
@@ -37,6 +38,18 @@ def parse_workers(value: str) -> int:
         return int(value)
     except ValueError:
         raise ConfigError(f"workers must be a number or auto, got {value!r}") from None
+
+
+def parse_port(value: str, name: str = "port") -> int:
+    """``--port``, ``--metrics-port`` and their variables: a TCP port number, 0..65535. The error names the
+    setting and the value; argparse or the loader prefixes where it came from (``argument --port: ...``)."""
+    try:
+        port = int(value)
+    except ValueError:
+        raise ConfigError(f"{name} must be a number 0..65535, got {value!r}") from None
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"{name} must be 0..65535, got {port}")
+    return port
 
 
 class ConfigError(ValueError):
@@ -91,7 +104,8 @@ class Config:
             if not ok:
                 raise ConfigError(message)
 
-        need(0 <= self.port <= 65535 and 0 <= self.metrics_port <= 65535, "ports must be 0..65535")
+        need(0 <= self.port <= 65535, f"port must be 0..65535, got {self.port}")
+        need(0 <= self.metrics_port <= 65535, f"metrics_port must be 0..65535, got {self.metrics_port}")
         need(0.001 <= self.tick <= 60, "tick must be between 0.001 and 60 seconds")
         need(self.tick <= self.timeout <= self.max_timeout, "need tick <= timeout <= max_timeout")
         need(self.max_timeout <= 10 * 86400, "max_timeout is at most ten days")
@@ -177,7 +191,11 @@ HELP: dict[str, str] = {
 }
 
 # Fields whose text form is not just their type (flag, TOML string, environment variable).
-_PARSERS = {"workers": parse_workers}
+_PARSERS: dict[str, Callable[[str], Any]] = {
+    "workers": parse_workers,
+    "port": parse_port,
+    "metrics_port": functools.partial(parse_port, name="metrics_port"),
+}
 _CHOICES = {"detector": DETECTORS, "policy": POLICIES, "fsync": FSYNC_POLICIES, "log_level": LOG_LEVELS}
 
 

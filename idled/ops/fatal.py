@@ -28,7 +28,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Final
 
-from idled.log.eventlog import EventLogError
+import psutil
+
+from idled.log.eventlog import EventLogError, LogLocked
 
 __all__ = [
     "EXIT_OK", "EXIT_FAILURE", "EXIT_USAGE", "EXIT_TARGET_FAILED", "EXIT_LISTEN", "EXIT_LOG", "EXIT_RESOURCES",
@@ -80,6 +82,8 @@ def fatal_on_log_error(where: str) -> Iterator[None]:
 
 
 def _log_reason(exc: EventLogError | OSError) -> tuple[str, int]:
+    if isinstance(exc, LogLocked):
+        return f"locked by another writer, {holder(exc.pid)}; stop it, or give this one another data_dir", EXIT_LOG
     cause = exc if isinstance(exc, OSError) else exc.__cause__
     if not isinstance(cause, OSError):
         assert isinstance(exc, EventLogError)
@@ -91,6 +95,28 @@ def _log_reason(exc: EventLogError | OSError) -> tuple[str, int]:
     if isinstance(exc, EventLogError) and exc.code not in ("eventlog", "write_failed"):
         reason = f"{exc.code.replace('_', ' ')}: {reason}"  # e.g. "fsync failed: Input/output error"
     return reason, EXIT_RESOURCES if cause.errno in _RESOURCE_ERRNOS else EXIT_LOG
+
+
+def holder(pid: int | None) -> str:
+    """Who holds a lock, for the one who cannot have it: ``pid 4242 (idled serve --port 7878), listening on
+    127.0.0.1:7878, 127.0.0.1:9878`` -- the pid from the lock file, the rest read from the process (and its
+    edge children) if it is ours to see."""
+    if pid is None:
+        return "pid unknown"
+    try:
+        process = psutil.Process(pid)
+        argv = process.cmdline()
+        listening = sorted({
+            f"{conn.laddr.ip}:{conn.laddr.port}"
+            for each in (process, *process.children(recursive=True))
+            for conn in each.net_connections("inet")
+            if conn.status == psutil.CONN_LISTEN
+        })
+    except psutil.Error:
+        return f"pid {pid}"
+    # The interpreter and script by their names: "python3 idled serve ..." rather than two venv paths.
+    command = " ".join([*(arg.rsplit("/", 1)[-1] for arg in argv[:2]), *argv[2:]])
+    return f"pid {pid}" + (f" ({command})" if command else "") + (f", listening on {', '.join(listening)}" if listening else "")
 
 
 def exception_leaves(exc: BaseException) -> Iterator[BaseException]:

@@ -1,13 +1,15 @@
 """Health for probes and operators: what /healthz, /readyz and /status on the metrics endpoint answer.
 
 See `idled.ops.metrics` (the endpoint) and docs/operations.md (the probes). ``/readyz`` probes the event log's
-directory with a real write -- create, write, fsync, unlink a small file, in a worker thread -- because
+directory with a real write -- create, lock, write, fsync, unlink a small file (`probe_directory`, which
+`idled check-config` runs too), in a worker thread -- because
 ``os.access`` says nothing about a full disk, a read-only remount, an immutable or removed directory; the
 answer is cached for ``cache_seconds`` so a probe storm costs one write per second.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import time
@@ -19,9 +21,27 @@ import trio
 
 from idled import __version__
 
-__all__ = ["PROBE_NAME", "Health", "health_response"]
+__all__ = ["PROBE_NAME", "Health", "health_response", "probe_directory"]
 
 PROBE_NAME = ".readyz-probe"  # the file /readyz writes and removes in the data directory
+
+
+def probe_directory(directory: Path) -> str | None:
+    """None if a file can be created, flock'ed (the log locks its directory), written, synced and removed in
+    ``directory``; else the operating system's reason. Blocking I/O."""
+    path = directory / PROBE_NAME
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.write(fd, b"ok\n")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.unlink(path)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
 
 
 class Health:
@@ -52,18 +72,8 @@ class Health:
 
     def _probe_log(self) -> str | None:
         """In a worker thread: None if a file can be created, written, synced and removed in the directory."""
-        path = self.data_dir / PROBE_NAME
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            try:
-                os.write(fd, b"ok\n")
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.unlink(path)
-        except OSError as exc:
-            return f"event log directory {self.data_dir} is not writable: {exc.strerror or exc}"
-        return None
+        problem = probe_directory(self.data_dir)
+        return None if problem is None else f"event log directory {self.data_dir} is not writable: {problem}"
 
     async def log_problem(self) -> str | None:
         """Why the event log cannot be written (None: it can), probed at most once per ``cache_seconds``."""

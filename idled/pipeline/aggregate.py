@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from idled.pipeline.pairing import USER, date_of, lateness_input_of, pair, pair_count, sessions_of, span, uid_columns
 from idled.pipeline.rules import BUCKETS, NOT_USER_ENDS, FlapParams, bucket_label
+from idled.pipeline.schemas import SMALL_SCHEMAS
 from idled.pipeline.spark import materialize
 
 if TYPE_CHECKING:
@@ -67,7 +68,7 @@ def _concurrency(spark: SparkSession, sessions: DataFrame, bounds: tuple[int, in
     else:
         extent = None if found is None or found[0] is None else (found[0], found[1])
     if extent is None:
-        return spark.createDataFrame([], "date DATE, minute_start BIGINT, users_online BIGINT")
+        return spark.createDataFrame([], SMALL_SCHEMAS["concurrency"])
     # Every minute from the first to the one before the last delta (which brings the count back to 0).
     minutes = spark.range(extent[0], extent[1], 1, 1).withColumnRenamed("id", "minute")
     timeline = Window.orderBy("minute").rowsBetween(Window.unboundedPreceding, 0)

@@ -51,7 +51,7 @@ def spark_home() -> str:
 
     spec = importlib.util.find_spec("pyspark")
     if spec is None or spec.origin is None:
-        raise ClusterError("pyspark is not installed (pip install 'idled[pipeline]')")
+        raise ClusterError("pyspark is not installed (the pipeline extra: pip install -e '.[pipeline]' in the checkout)")
     return os.path.dirname(spec.origin)
 
 

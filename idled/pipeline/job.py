@@ -38,8 +38,9 @@ from typing import TYPE_CHECKING, Any
 
 from idled.pipeline.aggregate import TABLES, Laps, Tables, build_tables
 from idled.pipeline.decode import EVENT_SCHEMA, daemon_names, file_totals, read_events
-from idled.pipeline.output import read_small_tables, summarize, write_summary, write_tables
+from idled.pipeline.output import SmallTables, read_small_tables, summarize, write_summary, write_tables
 from idled.pipeline.rules import FlapParams
+from idled.pipeline.schemas import SMALL_SCHEMAS
 from idled.pipeline.spark import materialize, spark_conf, start_spark
 
 if TYPE_CHECKING:
@@ -154,18 +155,7 @@ def _run(config: JobConfig, spark: SparkSession, t0: float) -> JobResult:
         event_count=event_count, tables=tables, small=small, written=written, timings=timings,
     )
     summary["pairing"] = path
-    if config.chart:
-        from idled.pipeline.report import write_chart
-
-        summary["chart"] = write_chart(small.concurrency, os.path.join(config.out, "concurrency.png"))
-    total = time.perf_counter() - t0
-    timings["total"] = round(total, 3)
-    summary["events_per_s"] = {
-        "end_to_end": round(event_count / total) if total > 0 else None,
-        "decode": round(event_count / (t_decoded - t_started)) if t_decoded > t_started else None,
-    }
-    write_summary(summary, config.out)
-    return JobResult(summary)
+    return _finish(config, summary, timings, small, t0, rated=(event_count, t_decoded - t_started))
 
 
 def _run_incremental(config: JobConfig, spark: SparkSession | None, t0: float) -> JobResult:
@@ -211,22 +201,29 @@ def _incremental_in(config: JobConfig, spark: SparkSession, t0: float, state: An
         event_count=counts["events"], tables=tables, small=small, written=written, timings=timings,
     )
     summary["incremental"] = {"files_decoded": len(work), "nothing_new": False, "state": os.path.abspath(config.state)}
+    return _finish(config, summary, timings, small, t0, rated=None)  # (a batch's rate says little of the whole)
+
+
+def _finish(config: JobConfig, summary: dict[str, Any], timings: dict[str, Any], small: SmallTables, t0: float,
+            rated: tuple[int, float] | None) -> JobResult:
+    """The summary's tail, the same for a full and an incremental run: the chart, the total time (chart
+    included), the rates -- ``rated`` is (events, seconds spent decoding them), None for no rates -- then
+    summary.json."""
     if config.chart:
         from idled.pipeline.report import write_chart
 
         summary["chart"] = write_chart(small.concurrency, os.path.join(config.out, "concurrency.png"))
     total = time.perf_counter() - t0
     timings["total"] = round(total, 3)
-    summary["events_per_s"] = {"end_to_end": None, "decode": None}
+    events, decoding = rated if rated is not None else (0, 0.0)
+    summary["events_per_s"] = {
+        "end_to_end": round(events / total) if rated is not None and total > 0 else None,
+        "decode": round(events / decoding) if rated is not None and decoding > 0 else None,
+    }
     write_summary(summary, config.out)
     return JobResult(summary)
 
 
 def _table_schemas(spark: SparkSession) -> dict[str, DataFrame]:
     """Empty frames with each small table's schema, for reading them back (`output.read_small_tables`)."""
-    return {
-        "concurrency": spark.createDataFrame([], "minute_start BIGINT, users_online BIGINT, date DATE"),
-        "dau": spark.createDataFrame([], "active_users BIGINT, sessions_started BIGINT, date DATE"),
-        "flappers": spark.createDataFrame([], "uid STRING, uid_type STRING, short_sessions BIGINT, max_in_window BIGINT, "
-                                              "first_flagged_ts DOUBLE, date DATE"),
-    }
+    return {name: spark.createDataFrame([], SMALL_SCHEMAS[name]) for name in ("concurrency", "dau", "flappers")}

@@ -52,6 +52,7 @@ from idled.pipeline.output import SmallTables
 from idled.pipeline.records import FileStats, iter_rows
 from idled.pipeline.reference import concurrency_rows, dau_rows, session_length_rows
 from idled.pipeline.rules import FlapParams
+from idled.pipeline.schemas import SMALL_SCHEMAS
 from idled.pipeline.tally import Tally
 from idled.pipeline.userpass import PartitionResult, finish_detector, finish_user
 
@@ -61,16 +62,6 @@ if TYPE_CHECKING:
 __all__ = ["Run", "Decoded", "runs_of_files", "joins_in_seq_order", "decode_paired", "finish_paired", "small_table_rows", "part_of"]
 
 _PICKLE: Final = pickle.HIGHEST_PROTOCOL
-
-_SMALL_SCHEMAS: Final = {
-    "concurrency": "date DATE, minute_start BIGINT, users_online BIGINT",
-    "lateness": "date DATE, hour_start BIGINT, detector STRING, offlines BIGINT, early BIGINT, p50_s DOUBLE, "
-                "p99_s DOUBLE, max_s DOUBLE",
-    "flappers": "date DATE, uid STRING, uid_type STRING, short_sessions BIGINT, max_in_window BIGINT, "
-                "first_flagged_ts DOUBLE",
-    "dau": "date DATE, active_users BIGINT, sessions_started BIGINT",
-    "session_lengths": "date DATE, bucket INT, label STRING, lo_s DOUBLE, hi_s DOUBLE, sessions BIGINT",
-}
 
 
 def _sessions_table(out: str) -> str:
@@ -325,7 +316,7 @@ def finish_paired(spark: SparkSession, decoded: Decoded, names: Sequence[str], p
     laps.mark("user_pass")
     rows = small_table_rows(result)
     written = {"sessions": table}
-    for name, schema in _SMALL_SCHEMAS.items():
+    for name, schema in SMALL_SCHEMAS.items():
         written[name] = os.path.join(out, name)
         write_rows(rows[name], schema, written[name])
     laps.mark("write_small_tables")

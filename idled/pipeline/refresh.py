@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Final
 from idled.pipeline.aggregate import Laps, _concurrency, _flappers, _lateness, _session_lengths
 from idled.pipeline.pairing import USER, date_of, span
 from idled.pipeline.rules import NOT_USER_ENDS, FlapParams, unix_date
+from idled.pipeline.schemas import SMALL_SCHEMAS
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -194,7 +195,7 @@ def _concurrency_tail(spark: SparkSession, out: str, sessions: DataFrame, spanni
         .unionByName(_old_reaching(spark, out, spanning, low))
     clipped = reaching.withColumn("online_ts", F.greatest(F.col("online_ts"), F.lit(float(low * _MINUTE))))
     tail = _concurrency(spark, clipped, (low, last))
-    kept = partitions(spark, os.path.join(out, "concurrency"), "minute_start BIGINT, users_online BIGINT, date DATE",
+    kept = partitions(spark, os.path.join(out, "concurrency"), SMALL_SCHEMAS["concurrency"],
                       date_strings(change.cover_days)).where(F.col("minute_start") < low * _MINUTE)
     return kept.unionByName(tail)
 
@@ -234,8 +235,8 @@ def _dau_days(spark: SparkSession, out: str, state_dir: str, sessions: DataFrame
 
     active = _stored_day_users(spark, state_dir, days).unionByName(_day_users(sessions, days)).distinct() \
         .groupBy("day").agg(F.count("*").alias("active_users"))
-    old = partitions(spark, os.path.join(out, "dau"), "active_users BIGINT, sessions_started BIGINT, date DATE",
-                     date_strings(days)).select(F.unix_date("date").cast("long").alias("day"), "sessions_started")
+    old = partitions(spark, os.path.join(out, "dau"), SMALL_SCHEMAS["dau"], date_strings(days)) \
+        .select(F.unix_date("date").cast("long").alias("day"), "sessions_started")
     new = sessions.where(~F.col("carried")).groupBy(F.col("d0").alias("day")).agg(F.count("*").alias("sessions_started"))
     started = old.unionByName(new).groupBy("day").agg(F.sum("sessions_started").alias("sessions_started"))
     return active.join(started, "day", "left").select(

@@ -108,8 +108,6 @@ def _encode_welcome(m: Welcome) -> bytes:
     return _frame(d)
 
 
-_EVENT_KEYS: Final = frozenset({"op", "seq", "kind", "uid", "ts", "reason", "last_seen", "deadline"})
-
 def _encode_event(m: Event) -> bytes:
     d: dict[str, Any] = {
         "op": "event", "seq": m.seq, "kind": m.kind, "uid": m.uid, "ts": m.ts, "reason": m.reason,

@@ -200,6 +200,25 @@ def test_example_config_is_flat_toml_with_every_setting_documented() -> None:
     assert config["metrics_host"] == "127.0.0.1"
 
 
+# The timeout rule as the example config and operations.md state it; the test below holds the core to it.
+TIMEOUT_RULE = "min(max(1.5 x k, tick), max_timeout)"
+
+
+def test_the_stated_timeout_rule_is_the_one_the_core_applies() -> None:
+    from idled.core.factory import make_detector
+    from idled.core.presence import PresenceTable, ticks_for
+
+    assert TIMEOUT_RULE in (DEPLOY / "idled.toml").read_text()
+    assert TIMEOUT_RULE.replace(" x ", " ") in (ROOT / "docs" / "operations.md").read_text()
+    tick, timeout, max_timeout = 1.0, 30.0, 3600.0
+    table = PresenceTable(make_detector("ring-lazy", timeout=ticks_for(timeout, tick), slots=30), tick=tick,
+                          timeout=timeout, max_timeout=max_timeout, detector_name="ring-lazy")
+    for k in (0.1, 0.5, 2.0, 20.0, 5000.0):
+        assert table.timeout_for(k) == min(max(1.5 * k, tick), max_timeout), k
+    assert table.timeout_for(0.1) == tick  # the floor: never under one tick
+    assert table.timeout_for(None) == timeout  # no keepalive asked: the configured timeout
+
+
 def test_scrape_target_matches_the_example_config() -> None:
     config = tomllib.loads((DEPLOY / "idled.toml").read_text())
     target = f'"{config["metrics_host"]}:{config["metrics_port"]}"'

@@ -83,3 +83,27 @@ def test_bad_config_file(tmp_path: Path) -> None:
     result = serve("--config", str(config), "--data-dir", str(tmp_path))
     assert result.returncode == EXIT_USAGE
     assert "no_such_setting" in one_line(result.stderr)
+
+
+def test_data_dir_locked_by_a_running_daemon_names_its_pid_and_ports(tmp_path: Path) -> None:
+    """The refusal says whom to stop: the holder's pid (from the lock file), its command and its listeners."""
+    data = tmp_path / "data"
+    first = subprocess.Popen([sys.executable, "-m", "idled.cli.main", "serve", "--port", "0", "--metrics-port", "0",
+                              "--data-dir", str(data)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        assert first.stderr is not None
+        port = None
+        for line in first.stderr:  # the first daemon is up once it says where it listens
+            if line.startswith("IDLED_LISTENING"):
+                port = int(line.rsplit("port=", 1)[1])
+                break
+        assert port is not None, "the first daemon never listened"
+        result = serve("--port", "0", "--metrics-port", "0", "--data-dir", str(data))
+    finally:
+        first.terminate()
+        first.wait(30)
+    assert result.returncode == EXIT_LOG
+    line = one_line(result.stderr)
+    assert f"locked by another writer, pid {first.pid} (" in line and "idled.cli.main serve --port 0" in line, line
+    assert f"listening on 127.0.0.1:{port}" in line and "another data_dir" in line, line

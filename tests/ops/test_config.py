@@ -45,10 +45,11 @@ def test_flags_not_given_do_not_override_the_file(tmp_path: Path) -> None:
     "text, message",
     [
         ("nosuch = 1\n", "unknown setting"),
-        ('port = "x"\n', "port must be int"),
+        ('port = "x"\n', "port must be a number 0..65535, got 'x'"),
         ("timeout = 0.1\ntick = 1\n", "tick <= timeout"),
         ('detector = "wheel"\n', "detector must be one of"),
-        ("port = 70000\n", "ports"),
+        ("port = 70000\n", "port must be 0..65535, got 70000"),
+        ("metrics_port = -1\n", "metrics_port must be 0..65535, got -1"),
         ("port = [\n", "cannot read"),
         ("gc_thaw_every = 0.5\n", "gc_thaw_every must be 1..604800"),
     ],
@@ -63,6 +64,19 @@ def test_bad_files_are_clear_errors(tmp_path: Path, text: str, message: str) -> 
 def test_bad_environment_is_named() -> None:
     with pytest.raises(ConfigError, match="IDLED_PORT"):
         config.load(parse(), env={"IDLED_PORT": "seven"})
+
+
+@pytest.mark.parametrize("flag", ["--port", "--metrics-port"])
+def test_an_out_of_range_port_flag_names_itself_and_its_value(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse(flag, "99999")
+    name = flag.removeprefix("--").replace("-", "_")
+    assert f"argument {flag}: {name} must be 0..65535, got 99999" in capsys.readouterr().err
+
+
+def test_an_out_of_range_port_variable_names_itself_and_its_value() -> None:
+    with pytest.raises(ConfigError, match=r"IDLED_METRICS_PORT: metrics_port must be 0\.\.65535, got 70000"):
+        config.load(parse(), env={"IDLED_METRICS_PORT": "70000"})
 
 
 def test_data_dir_follows_systemd_state_directory() -> None:
