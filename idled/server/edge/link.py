@@ -6,8 +6,8 @@ The user tasks never wait on the link. ``attach``, ``touch`` and ``detach`` are 
 operation and return, whether the core is connected or not, so a core that is slow, restarting or gone never
 stops an edge from reading its users and answering their pings.
 
-* *Batching.* Attach and detach go into a ``GatewayBatcher`` (``idled.client.core``: ordered groups, frames
-  split by the core's frame limit, and the live uids with their keepalive). A touch -- the per-packet path --
+* *Batching.* Attach and detach go into a ``GatewayBatcher`` (``idled.client.core``: ordered groups, a
+  detach's reason, frames split by the core's frame limit, and the live uids with their keepalive). A touch -- the per-packet path --
   is one dict store into ``touches``; the flusher folds them into the batcher when it flushes (after the
   attach/detach groups: a touch of a uid detached meanwhile is ignored by the core, one attached meanwhile is
   covered by the attach). The flusher sends at most ``flush_interval`` (10 ms) after the first pending
@@ -66,8 +66,8 @@ import trio
 from idled.client.core import Backoff, GatewayBatcher
 from idled.core.presence import Uid
 from idled.protocol import (
-    BYE_FRAME, PING_FRAME, PONG, Attach, Detach, Ended, Error, FrameDecoder, Login, Mark, Marked, ProtocolError,
-    Welcome, encode, parse_server_message, receive_message, tokens,
+    BYE_FRAME, PING_FRAME, PONG, Ended, Error, FrameDecoder, Login, Mark, Marked, ProtocolError, Welcome, encode,
+    parse_server_message, receive_message, tokens,
 )
 
 __all__ = ["CoreLink", "CoreParams", "parse_address"]
@@ -103,27 +103,6 @@ async def open_core_stream(address: str) -> trio.abc.Stream:
         if host == "unix":
             return await trio.open_unix_socket(str(port))
         return await trio.open_tcp_stream(host, int(port))
-
-
-class EdgeBatcher(GatewayBatcher):
-    """The client library's batcher, with a reason on detaches (``logout``, ``closed``) so an edge's users
-    leave the same offline record as direct connections. A detach group's reason rides in the slot that
-    attach groups use for the keepalive: groups of different reasons stay apart and in order."""
-
-    @property
-    def attaching(self) -> bool:
-        """Whether an attach is pending (the next flush must be acknowledged: see ``CoreLink.attach``)."""
-        return any(op == "attach" for op, _, _ in self._groups)
-
-    def detach_because(self, uid: Uid, reason: str) -> None:
-        self.live.pop(uid, None)
-        self._add(self._group("detach", reason, 0.0), (uid,))  # type: ignore[arg-type]
-
-    @staticmethod
-    def _encode(op: str, keepalive: Any, uids: list[Uid]) -> bytes:
-        if op == "detach":
-            return encode(Detach(tuple(uids), keepalive))
-        return encode(Attach(tuple(uids), keepalive)) if op == "attach" else GatewayBatcher._encode(op, keepalive, uids)
 
 
 class CoreParams:
@@ -170,7 +149,7 @@ class CoreLink:
         self.ping_interval = ping_interval
         self.dead_after = math.inf if host == "unix" else dead_after
         self.clock = clock
-        self.batch = EdgeBatcher(MAX_PENDING)
+        self.batch = GatewayBatcher(MAX_PENDING)
         self.touches: dict[Uid, None] = {}
         self.params: CoreParams | None = None
         self.ready = trio.Event()
@@ -227,14 +206,14 @@ class CoreLink:
     def detach(self, uid: Uid, reason: str) -> None:
         """``uid``'s connection here ended: ``reason`` is ``logout`` (bye) or ``closed``."""
         if self.connected:
-            self.batch.detach_because(uid, reason)
+            self.batch.detach((uid,), 0.0, reason)
             self._pending()
         else:
-            self.batch.live.pop(uid, None)
+            self.batch.forget((uid,))
 
     def forget(self, uid: Uid) -> None:
         """The core ended ``uid`` itself (idle, kicked): it is no longer live here and is not re-attached."""
-        self.batch.live.pop(uid, None)
+        self.batch.forget((uid,))
         self.touches.pop(uid, None)
 
     def _pending(self) -> None:
