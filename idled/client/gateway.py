@@ -130,10 +130,7 @@ class Gateway(GatewayLink):
         """Send everything pending now (waits while reconnecting)."""
         async with self._send_lock:
             conn = await self.wait_connected()
-            frames = self.batch.take(self.max_frame)
-            if frames:
-                await conn.send_all(b"".join(frames))
-                self.frames_sent += len(frames)
+            await self._write(conn, self.batch.take(self.max_frame))
 
     async def aclose(self, linger: float = 1.0) -> None:
         """Flush, then log out: the server detaches every live uid (reason `gateway_lost`)."""

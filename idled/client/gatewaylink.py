@@ -67,6 +67,10 @@ class GatewayLink(Link):
 
     async def _send_first(self, conn: Conn, frames: list[bytes]) -> None:
         """Write the re-attach, before anything else is sent on `conn`."""
+        await self._write(conn, frames)
+
+    async def _write(self, conn: Conn, frames: list[bytes]) -> None:
+        """`frames` in one write (none: nothing); the caller is the connection's only writer for now."""
         if frames:
             await conn.send_all(b"".join(frames))
             self.frames_sent += len(frames)

@@ -311,9 +311,7 @@ class CoreLink(GatewayLink):
     async def _flusher(self, conn: Conn) -> None:
         """The only writer of the connection: the re-attach, then batches, pings, and the final bye."""
         first, self._first = self._first, []
-        if first:
-            self.frames_sent += len(first)
-            await conn.send_all(b"".join(first))
+        await self._write(conn, first)
         next_ping = trio.current_time() + self.ping_interval
         self._heard = self.clock()
         while True:
@@ -349,9 +347,7 @@ class CoreLink(GatewayLink):
             closing = self._closing
             if closing:
                 frames.append(BYE_FRAME)
-            if frames:
-                self.frames_sent += len(frames)
-                await conn.send_all(b"".join(frames))
+            await self._write(conn, frames)
             if closing:
                 await trio.sleep_forever()  # the core closes the connection after the bye
 
