@@ -252,7 +252,7 @@ class CoreLink(GatewayLink):
         self._down = trio.Event()
         self._scope = trio.CancelScope()  # the flusher runs in it; a cancel before it starts counts too
         self.touches = {}
-        await super()._on_welcome(conn, welcome)  # no checkpoint: _send_first only keeps the frames
+        await super()._on_welcome(conn, welcome)  # up, re-attach taken; _send_first keeps it for the flusher
         log.info("core link to %s up (connection %d): re-attaching %d users", self.address, self.connections, self.live)
         self.ready.set()
 
