@@ -15,12 +15,13 @@ link does not take the user offline). Any frame sent (`msg`) counts as activity 
 clients cut off by one restart spread their return over the whole window instead of arriving in lockstep.
 
 *Gateway batching.* `attach` / `touch` / `detach` calls append to a list of groups; consecutive calls of the
-same kind (and keepalive) share a group, an insertion-ordered dict used as a set, so repeated touches of one
-uid cost nothing until the flush, and the order of an attach then a detach of one uid is kept. A touch of a
-uid whose attach is still pending in the last group is dropped (the attach is activity already). `take()`
-encodes the groups into frames no larger than the connection's frame limit. The batcher also remembers the
-live uids (attached, not detached) with their keepalive: after a reconnect `reattach()` replaces whatever was
-pending with attach frames for all of them (the server forgot them: `gateway_lost`).
+same kind (and keepalive, or detach reason) share a group, an insertion-ordered dict used as a set, so
+repeated touches of one uid cost nothing until the flush, and the order of an attach then a detach of one uid
+is kept. A touch of a uid whose attach is still pending in the last group is dropped (the attach is activity
+already). `take()` encodes the groups into frames no larger than the connection's frame limit. The batcher
+also remembers the live uids (attached, not detached) with their keepalive: after a reconnect `reattach()`
+replaces whatever was pending with attach frames for all of them (the server forgot them: `gateway_lost`).
+Both gateway links batch here: the client library's `Gateway` and the edge's `CoreLink`.
 
 *Observer position.* `ObserverCursor.last` is the last seq handed to the application (or its stored
 checkpoint at start); `subscribe()` asks for ``from = last + 1``, durable-only when `durable` (by default
@@ -104,6 +105,24 @@ def _uid_size(uid: Uid) -> int:
     return 9 if type(uid) is int else len(uid.encode()) + 3  # type: ignore[union-attr]
 
 
+class _Group:
+    """One run of consecutive operations of one kind: the uids (an insertion-ordered dict used as a set) and
+    what the frame carries beside them (an attach's keepalive, a detach's reason)."""
+
+    __slots__ = ("keepalive", "op", "reason", "uids")
+
+    def __init__(self, op: str, keepalive: float | None, reason: str | None) -> None:
+        self.op = op
+        self.keepalive = keepalive
+        self.reason = reason
+        self.uids: dict[Uid, None] = {}
+
+    def encode(self, uids: list[Uid]) -> bytes:
+        if self.op == "attach":
+            return encode(Attach(tuple(uids), self.keepalive))
+        return encode(Touch(tuple(uids)) if self.op == "touch" else Detach(tuple(uids), self.reason))
+
+
 class GatewayBatcher:
     """Pending gateway operations and the live uids; see the module docstring.
 
@@ -116,8 +135,7 @@ class GatewayBatcher:
             raise ValueError("max_pending must be at least 1")
         self.max_pending = max_pending
         self.live: dict[Uid, float | None] = {}
-        # (op, keepalive, uids): op is "attach", "touch" or "detach"; uids an ordered set.
-        self._groups: list[tuple[str, float | None, dict[Uid, None]]] = []
+        self._groups: list[_Group] = []
         self.pending = 0
         self.first_pending: float | None = None
 
@@ -125,22 +143,23 @@ class GatewayBatcher:
     def full(self) -> bool:
         return self.pending >= self.max_pending
 
-    def _group(self, op: str, keepalive: float | None, now: float) -> dict[Uid, None]:
-        groups = self._groups
-        if groups:
-            last_op, last_keepalive, uids = groups[-1]
-            if last_op == op and last_keepalive == keepalive:
-                return uids
-        uids = {}
-        groups.append((op, keepalive, uids))
-        if self.first_pending is None:
-            self.first_pending = now
-        return uids
+    @property
+    def attaching(self) -> bool:
+        """Whether an attach is pending (an edge acknowledges the flush that carries one)."""
+        return any(group.op == "attach" for group in self._groups)
 
-    def _add(self, group: dict[Uid, None], uids: Iterable[Uid]) -> None:
-        before = len(group)
-        group.update(dict.fromkeys(uids))
-        self.pending += len(group) - before
+    def _add(self, op: str, keepalive: float | None, reason: str | None, uids: Iterable[Uid], now: float) -> None:
+        groups = self._groups
+        if groups and (last := groups[-1]).op == op and last.keepalive == keepalive and last.reason == reason:
+            group = last
+        else:
+            group = _Group(op, keepalive, reason)
+            groups.append(group)
+            if self.first_pending is None:
+                self.first_pending = now
+        before = len(group.uids)
+        group.uids.update(dict.fromkeys(uids))
+        self.pending += len(group.uids) - before
 
     def attach(self, uids: Iterable[Uid], keepalive: float | None, now: float) -> None:
         # Checked here, where the caller can see it: the server answers a bad keepalive by closing the
@@ -150,22 +169,31 @@ class GatewayBatcher:
         uids = tuple(uids)
         for uid in uids:
             self.live[uid] = keepalive
-        self._add(self._group("attach", keepalive, now), uids)
+        self._add("attach", keepalive, None, uids, now)
 
     def touch(self, uids: Iterable[Uid], now: float) -> None:
         groups = self._groups
-        if groups and groups[-1][0] == "attach":
-            attached = groups[-1][2]
+        if groups and groups[-1].op == "attach":
+            attached = groups[-1].uids
             uids = [uid for uid in uids if uid not in attached]
             if not uids:
                 return
-        self._add(self._group("touch", None, now), uids)
+        self._add("touch", None, None, uids, now)
 
-    def detach(self, uids: Iterable[Uid], now: float) -> None:
+    def detach(self, uids: Iterable[Uid], now: float, reason: str | None = None) -> None:
+        """These uids disconnected; `reason` (one of the protocol's `DETACH_REASONS`, e.g. an edge's ``logout``
+        or ``closed``) is the offline reason the server records, None for its default (``detach``). Detaches
+        of different reasons travel in separate frames, in order."""
         uids = tuple(uids)
         for uid in uids:
             self.live.pop(uid, None)
-        self._add(self._group("detach", None, now), uids)
+        self._add("detach", None, reason, uids, now)
+
+    def forget(self, uids: Iterable[Uid]) -> None:
+        """The server ended these sessions itself (idle, kicked): no longer live, not re-attached."""
+        live = self.live
+        for uid in uids:
+            live.pop(uid, None)
 
     def take(self, max_frame: int = DEFAULT_MAX_FRAME) -> list[bytes]:
         """Every pending operation as frames of at most `max_frame` body bytes, in order; clears them."""
@@ -173,39 +201,34 @@ class GatewayBatcher:
         budget = max_frame - _FRAME_OVERHEAD
         if budget < MAX_UID_BYTES + 3:
             raise ValueError(f"max_frame {max_frame} is too small for a gateway frame")
-        for op, keepalive, group in self._groups:
+        for group in self._groups:
             chunk: list[Uid] = []
             size = 0
-            for uid in group:
+            for uid in group.uids:
                 n = _uid_size(uid)
                 if size + n > budget:
-                    frames.append(self._encode(op, keepalive, chunk))
+                    frames.append(group.encode(chunk))
                     chunk, size = [], 0
                 chunk.append(uid)
                 size += n
             if chunk:
-                frames.append(self._encode(op, keepalive, chunk))
+                frames.append(group.encode(chunk))
+        self._clear()
+        return frames
+
+    def _clear(self) -> None:
         self._groups = []
         self.pending = 0
         self.first_pending = None
-        return frames
-
-    @staticmethod
-    def _encode(op: str, keepalive: float | None, uids: list[Uid]) -> bytes:
-        if op == "attach":
-            return encode(Attach(tuple(uids), keepalive))
-        return encode(Touch(tuple(uids)) if op == "touch" else Detach(tuple(uids)))
 
     def reattach(self, now: float) -> None:
         """After a reconnect: drop what was pending; attach every live uid again (grouped by keepalive)."""
-        self._groups = []
-        self.pending = 0
-        self.first_pending = None
+        self._clear()
         by_keepalive: dict[float | None, list[Uid]] = {}
         for uid, keepalive in self.live.items():
             by_keepalive.setdefault(keepalive, []).append(uid)
         for keepalive, uids in by_keepalive.items():
-            self._add(self._group("attach", keepalive, now), uids)
+            self._add("attach", keepalive, None, uids, now)
 
 
 class ObserverCursor:

@@ -11,7 +11,10 @@ few thousand uids within one interval cost one or two frames, and the detector s
 `flush_interval` late (keep it well below the users' timeouts).
 
 After a reconnect the server has forgotten this gateway's uids (they went offline with `gateway_lost`), so
-the first thing sent on the new connection is an `attach` of every uid still live, with its keepalive.
+the first thing sent on the new connection is an `attach` of every uid still live, with its keepalive. That
+rule, the login, the backoff and the notices' effect on the live uids are `idled.client.gatewaylink`'s,
+shared with the edge's link to its core; this module adds the application's side: the calls, the flusher,
+the notice queue and the answer to marks.
 
 Session-ended notices: given `on_ended(uids, reason)` or `notices=True`, the gateway logs in with
 `"ended": true` and the server tells it which of its sessions it ended: reason `idle` (timed out), `kicked`
@@ -35,18 +38,18 @@ The application's own lag before it calls `touch` is not covered: report activit
 from __future__ import annotations
 
 import ssl
-from collections.abc import Callable, Iterable
-from typing import Any, Final
+from collections.abc import Iterable
+from typing import Final
 
-from idled.client.core import DEFAULT_FLUSH_INTERVAL, DEFAULT_MAX_PENDING, Backoff, GatewayBatcher
+from idled.client.core import DEFAULT_FLUSH_INTERVAL, DEFAULT_MAX_PENDING, Backoff
 from idled.client.errors import ClientError
-from idled.client.link import Conn, Link, Mailbox, Runtime
-from idled.protocol import DEFAULT_MAX_FRAME, Ended, Login, Mark, Marked, Uid, Welcome, encode
+from idled.client.gatewaylink import EndedCallback, GatewayLink
+from idled.client.link import Conn, Mailbox, Runtime
+from idled.protocol import Marked, Uid, encode
 
 __all__ = ["Gateway", "NOTICE_BUFFER", "EndedCallback"]
 
 NOTICE_BUFFER: Final = 1024  # ended notices (frames) queued for `ended()` before the reader waits
-EndedCallback = Callable[[tuple[Uid, ...], str], Any]
 
 
 class _Notices:
@@ -71,7 +74,7 @@ class _Notices:
         return notice
 
 
-class Gateway(Link):
+class Gateway(GatewayLink):
     """A gateway connection; create it through `idled.client.trio.open_gateway` or the asyncio twin."""
 
     def __init__(self, runtime: Runtime, host: str, port: int, name: str, *, token: str | None = None,
@@ -80,24 +83,15 @@ class Gateway(Link):
                  reconnect: bool = True,
                  backoff: Backoff | None = None, connect_timeout: float = 10.0,
                  ssl_context: ssl.SSLContext | None = None, server_hostname: str | None = None) -> None:
-        opt_in = on_ended is not None or notices
-        super().__init__(runtime, host, port, Login("gateway", name, token, None, opt_in, marks), reconnect=reconnect,
-                         backoff=backoff, connect_timeout=connect_timeout,
-                         ssl_context=ssl_context, server_hostname=server_hostname)
+        super().__init__(runtime, host, port, name, token=token, ended=on_ended is not None or notices, marks=marks,
+                         on_ended=on_ended, max_pending=max_pending, reconnect=reconnect, backoff=backoff,
+                         connect_timeout=connect_timeout, ssl_context=ssl_context, server_hostname=server_hostname)
         if not flush_interval > 0:
             raise ValueError("flush_interval must be positive")
         self.flush_interval = flush_interval
-        self.batch = GatewayBatcher(max_pending)
-        self.on_ended = on_ended
         self._notices: Mailbox[tuple[tuple[Uid, ...], str]] | None = (
             Mailbox(runtime, NOTICE_BUFFER) if notices else None)
-        self.max_frame = DEFAULT_MAX_FRAME
         self._wake = runtime.event()
-
-    @property
-    def live(self) -> int:
-        """Uids attached through this gateway and not detached."""
-        return len(self.batch.live)
 
     def ended(self) -> _Notices:
         """``async for uids, reason in gateway.ended()``: the session-ended notices (needs `notices=True`).
@@ -136,10 +130,7 @@ class Gateway(Link):
         """Send everything pending now (waits while reconnecting)."""
         async with self._send_lock:
             conn = await self.wait_connected()
-            frames = self.batch.take(self.max_frame)
-            if frames:
-                await conn.send_all(b"".join(frames))
-                self.frames_sent += len(frames)
+            await self._write(conn, self.batch.take(self.max_frame))
 
     async def aclose(self, linger: float = 1.0) -> None:
         """Flush, then log out: the server detaches every live uid (reason `gateway_lost`)."""
@@ -147,29 +138,14 @@ class Gateway(Link):
             await self.flush()
         await super().aclose(linger)
 
-    async def _on_welcome(self, conn: Conn, welcome: Welcome) -> None:
-        self.max_frame = welcome.max_frame or DEFAULT_MAX_FRAME
-        self.batch.reattach(self.runtime.now())
-        frames = self.batch.take(self.max_frame)
-        if frames:
-            await conn.send_all(b"".join(frames))
-            self.frames_sent += len(frames)
+    async def _on_mark(self, t: float) -> None:
+        await self.flush()  # everything reported before the request, ahead of the answer
+        await self.send_frame(encode(Marked(t)))
 
-    async def _on_message(self, message: Any) -> None:
-        if type(message) is Mark:
-            await self.flush()  # everything reported before the request, ahead of the answer
-            await self.send_frame(encode(Marked(message.t)))
-        elif type(message) is Ended:
-            if message.reason != "shutdown":
-                live = self.batch.live
-                for uid in message.uids:
-                    live.pop(uid, None)
-            if self.on_ended is not None:
-                result = self.on_ended(message.uids, message.reason)
-                if result is not None and hasattr(result, "__await__"):
-                    await result
-            if self._notices is not None:
-                await self._notices.put((message.uids, message.reason))
+    async def _on_ended(self, uids: tuple[Uid, ...], reason: str) -> None:
+        await super()._on_ended(uids, reason)
+        if self._notices is not None:
+            await self._notices.put((uids, reason))
 
     def _on_done(self) -> None:
         if self._notices is not None:

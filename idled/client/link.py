@@ -8,7 +8,12 @@ until either ends: the reader (`receive_message`, the protocol's one receive loo
 and the role's timer (`_background`: keepalive pings, batch flushes). When the connection fails with a
 retryable `ClientError` (connection lost, `busy`, `server_shutdown`...) and reconnecting is enabled, `run()`
 sleeps a full-jitter backoff and starts over; a final error (`auth_failed`, `kicked`, ...) or `aclose()` ends
-it, and the error is kept in `error` and raised to whoever waits on the link.
+it, and the error is kept in `error` and raised to whoever waits on the link. The backoff counts the attempts
+since the last successful login: a link that was up starts again from the shortest delay.
+
+Beyond the client roles, the edge's link to its core is a `Link` too (through `idled.client.gatewaylink`):
+it opens its own streams (`_open`: TCP or a unix socket), logs in with a fresh token each time (`_login`),
+retries whatever the core said (`_retryable`) and logs each retry (`_on_retry`).
 
 The I/O primitives come from a `Runtime` (`idled.client.trio.TRIO`, `idled.client.asyncio.ASYNCIO`): connect,
 sleep, now, run-until-first-finishes, timeouts, events, a lock. That is all that differs between trio and
@@ -207,19 +212,25 @@ class Link:
         attempt = 0
         try:
             while not self._closing:
+                before = self.connections
                 try:
                     await self._connection()
-                    attempt = 0  # only reached after a login that succeeded
+                    attempt = 0
                 except ClientError as exc:
                     if self._closing:
                         return
-                    if not (self.reconnect and exc.retryable):
+                    if not self._retryable(exc):
                         self.error = exc
                         return
                     self.last_error = exc
-                    if self.connections == 0 and attempt == 0 and not isinstance(exc, ConnectionLost):
+                    was_up = self.connections > before
+                    if was_up:
+                        attempt = 0  # the backoff counts failed attempts since the last login, not connections
+                    elif self.connections == 0 and attempt == 0 and not isinstance(exc, ConnectionLost):
                         attempt = 1  # refused at once (busy): do not hammer
-                    await self.runtime.sleep(self.backoff.delay(attempt))
+                    delay = self.backoff.delay(attempt)
+                    self._on_retry(exc, was_up, delay)
+                    await self.runtime.sleep(delay)
                     attempt += 1
         finally:
             self.done = True
@@ -228,10 +239,10 @@ class Link:
 
     async def _connection(self) -> None:
         runtime = self.runtime
-        conn = await runtime.with_timeout(self.connect_timeout, lambda: runtime.connect(self.host, self.port, self.tls))
+        conn = await runtime.with_timeout(self.connect_timeout, self._open)
         decoder = FrameDecoder(CLIENT_MAX_FRAME, parse=parse_server_message)
         try:
-            await conn.send_all(encode(self.login))
+            await conn.send_all(encode(self._login()))
             welcome = await runtime.with_timeout(self.connect_timeout, lambda: self._receive(conn, decoder))
             if not isinstance(welcome, Welcome):
                 raise ProtocolMismatch("bad_message", f"expected welcome, got {type(welcome).__name__}")
@@ -286,6 +297,21 @@ class Link:
                 pass
 
     # -- role hooks -------------------------------------------------------------------------------------------
+
+    async def _open(self) -> Conn:
+        """A new connection to the server (within `connect_timeout`)."""
+        return await self.runtime.connect(self.host, self.port, self.tls)
+
+    def _login(self) -> Login:
+        """The login frame of a new connection."""
+        return self.login
+
+    def _retryable(self, exc: ClientError) -> bool:
+        """Whether to reconnect after `exc` (else it is the link's final error)."""
+        return self.reconnect and exc.retryable
+
+    def _on_retry(self, exc: ClientError, was_up: bool, delay: float) -> None:
+        """The connection ended (`was_up`: after its login) or failed to log in; the next attempt is in `delay` s."""
 
     async def _on_welcome(self, conn: Conn, welcome: Welcome) -> None:
         """Restore the role's state on a new connection (before anyone else may send on it)."""

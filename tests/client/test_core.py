@@ -76,6 +76,33 @@ def test_batcher_reattaches_live_uids_by_keepalive() -> None:
     assert bodies(batch.take()) == [{"op": "attach", "uids": [1], "keepalive": 5.0}, {"op": "attach", "uids": [3]}]
 
 
+
+def test_batcher_keeps_detach_reasons_apart_and_in_order() -> None:
+    """A detach's reason (an edge's ``logout`` or ``closed``) is its own field of the group, not the keepalive's."""
+    batch = GatewayBatcher()
+    batch.attach(["a", "b", "c"], 30.0, now=0.0)
+    assert batch.attaching
+    batch.detach(["a"], now=0.0, reason="logout")
+    batch.detach(["b"], now=0.0, reason="logout")
+    batch.detach(["c"], now=0.0, reason="closed")
+    batch.detach(["d"], now=0.0)
+    assert bodies(batch.take()) == [
+        {"op": "attach", "uids": ["a", "b", "c"], "keepalive": 30.0},
+        {"op": "detach", "uids": ["a", "b"], "reason": "logout"},
+        {"op": "detach", "uids": ["c"], "reason": "closed"},
+        {"op": "detach", "uids": ["d"]},
+    ]
+    assert not batch.attaching and batch.live == {}
+
+
+def test_batcher_forgets_uids_the_server_ended() -> None:
+    batch = GatewayBatcher()
+    batch.attach([1, 2], 5.0, now=0.0)
+    batch.take()
+    batch.forget([1, 3])
+    batch.reattach(now=1.0)
+    assert bodies(batch.take()) == [{"op": "attach", "uids": [2], "keepalive": 5.0}]
+
 def event(seq: int) -> Event:
     return Event(seq, "online", "u", 0.0, "login", 0.0, 1.0)
 

@@ -85,7 +85,7 @@ async def bench(args: argparse.Namespace, tmp: Path) -> None:
     link.params = CoreParams(Welcome("gateway", "bench", 30.0, 1 << 20, 1.0, 3600.0))
 
     def connect() -> None:  # after the login's attach (filed while "disconnected": no ack to wait for)
-        link.connected = True
+        link.up = True
 
     async with running(tmp, fsync="never", metrics=False) as h:
         door = h.server._door
@@ -95,7 +95,7 @@ async def bench(args: argparse.Namespace, tmp: Path) -> None:
         best = {"core": float("inf"), "edge": float("inf")}
         for i in range(args.rounds):
             best["core"] = min(best["core"], await time_role(core_role, f"c{i}", args.pings, args.per_read))
-            link.connected = False
+            link.up = False
             best["edge"] = min(best["edge"], await time_role(edge_role, f"e{i}", args.pings, args.per_read, connect))
     per = {role: seconds / args.pings * 1e6 for role, seconds in best.items()}
     print(f"idled user loop: {args.pings} pings per round, {args.per_read} per read, best of {args.rounds} rounds")

@@ -3,7 +3,8 @@
 The scripted core speaks the gateway side of the protocol by hand, so each test decides exactly when the core
 answers, closes or vanishes: the link must treat every end of a connection as a reason to reconnect (or, once
 closing, to return) -- never raise out of ``run()`` -- and a login's attach must be done at the core before
-the edge may welcome the user.
+the edge may welcome the user. The last tests run the same script against both users of the one gateway
+link (``idled.client.gatewaylink``): the edge's ``CoreLink`` and the client library's ``Gateway``.
 """
 
 from __future__ import annotations
@@ -12,9 +13,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+import pytest
 import trio
 
 from idled.client.core import Backoff
+from idled.client.gateway import Gateway
+from idled.client.gatewaylink import GatewayLink
+from idled.client.trio import TRIO
 from idled.protocol import BYE, PING, PONG_FRAME, Attach, Detach, FrameDecoder, Login, Touch, Welcome, encode, receive_message
 from idled.server.edge.link import CoreLink
 
@@ -250,3 +255,100 @@ async def test_the_edge_freezes_its_long_lived_objects_like_the_core(tmp_path: A
         assert core.seen[0][-1] is BYE
     finally:
         policy.stop()
+
+
+async def test_a_backlog_past_max_pending_drops_the_connection_and_reattaches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Beyond ``MAX_PENDING`` pending uids the connection is dropped at once -- from the welcome on, whatever its
+    writer is doing -- and the next one carries one re-attach of the live uids instead of the backlog."""
+    import idled.server.edge.link as edge_link
+
+    monkeypatch.setattr(edge_link, "MAX_PENDING", 10)
+    async with linked(serve_forever) as peers:
+        core, link = peers.core, peers.link
+        for uid in range(11):  # filed in one go: no flush in between
+            link.attach(f"u{uid}", 30.0)
+        await wait_for(lambda: link.connections == 2 and link.connected)
+        await wait_for(lambda: len(core.seen) == 2 and bool(core.seen[1]))
+        assert core.seen[1][0] == Attach(tuple(f"u{uid}" for uid in range(11)), 30.0)
+        assert not any(type(m) is Attach for m in core.seen[0])  # dropped before its flush
+
+# -- one gateway link, two users ------------------------------------------------------------------------------
+
+LINKS = ["edge", "client"]
+
+
+@asynccontextmanager
+async def gateway_link(kind: str, core: ScriptedCore, backoff: Backoff) -> AsyncIterator[GatewayLink]:
+    """The edge's link or the client library's gateway to ``core`` (serving), running; cancelled at the end."""
+    link: GatewayLink
+    if kind == "edge":
+        link = CoreLink(f"127.0.0.1:{core.port}", "edge-test", secret=None, on_ended=lambda uids, reason: None,
+                        backoff=backoff)
+    else:
+        link = Gateway(TRIO, "127.0.0.1", core.port, "gateway-test", on_ended=lambda uids, reason: None,
+                       backoff=backoff)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(link.run)
+        yield link
+        nursery.cancel_scope.cancel()
+
+
+async def report(link: GatewayLink, attach: list[tuple[str, float | None]], detach: list[str]) -> None:
+    """File these operations through the link's own API (each user has its own) and send them."""
+    if isinstance(link, CoreLink):
+        for uid, keepalive in attach:
+            link.attach(uid, keepalive)
+        for uid in detach:
+            link.detach(uid, "logout")
+    else:
+        assert isinstance(link, Gateway)
+        for uid, keepalive in attach:
+            await link.attach([uid], keepalive)
+        await link.detach(detach)
+        await link.flush()
+
+
+class CountingBackoff(Backoff):
+    """Records the attempt number of every delay asked for (and waits next to nothing)."""
+
+    def __init__(self) -> None:
+        super().__init__(base=0.001, cap=0.01)
+        self.attempts: list[int] = []
+
+    def delay(self, attempt: int) -> float:
+        self.attempts.append(attempt)
+        return super().delay(attempt)
+
+
+@pytest.mark.parametrize("kind", LINKS)
+async def test_both_gateway_links_reattach_every_live_uid_first_on_each_welcome(kind: str) -> None:
+    core = ScriptedCore(vanish_after(1))  # a crash right after the first frame; then a core that serves
+    async with trio.open_nursery() as nursery:
+        await nursery.start(core.serve)
+        async with gateway_link(kind, core, Backoff(base=0.01, cap=0.05)) as link:
+            await wait_for(lambda: link.up)
+            await report(link, attach=[("alice", 30.0), ("bob", None), ("carol", 30.0)], detach=["carol"])
+            await wait_for(lambda: link.connections == 2 and link.up)
+            await wait_for(lambda: len(core.seen) == 2 and len(core.seen[1]) >= 2)
+            # The first frames of the new connection: every uid still live, grouped by keepalive.
+            assert core.seen[1][:2] == [Attach(("alice",), 30.0), Attach(("bob",), None)]
+            assert link.live == 2
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("kind", LINKS)
+async def test_both_gateway_links_count_the_backoff_from_the_last_login(kind: str) -> None:
+    """A connection that logged in resets the backoff: a core that restarts every few minutes must not push
+    its gateways towards the cap (the client library's gateway used to count every reconnect since start)."""
+
+    async def welcome_then_close(stream: trio.SocketStream, decoder: FrameDecoder, seen: list[Any]) -> None:
+        pass
+
+    core = ScriptedCore(*[welcome_then_close] * 4)
+    backoff = CountingBackoff()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(core.serve)
+        async with gateway_link(kind, core, backoff) as link:
+            await wait_for(lambda: link.connections == 5 and link.up)
+            assert backoff.attempts == [0, 0, 0, 0]
+        nursery.cancel_scope.cancel()

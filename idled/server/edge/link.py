@@ -6,11 +6,16 @@ The user tasks never wait on the link. ``attach``, ``touch`` and ``detach`` are 
 operation and return, whether the core is connected or not, so a core that is slow, restarting or gone never
 stops an edge from reading its users and answering their pings.
 
-* *Batching.* Attach and detach go into a ``GatewayBatcher`` (``idled.client.core``: ordered groups, frames
-  split by the core's frame limit, and the live uids with their keepalive). A touch -- the per-packet path --
-  is one dict store into ``touches``; the flusher folds them into the batcher when it flushes (after the
-  attach/detach groups: a touch of a uid detached meanwhile is ignored by the core, one attached meanwhile is
-  covered by the attach). The flusher sends at most ``flush_interval`` (10 ms) after the first pending
+* *One gateway link.* ``CoreLink`` is the client library's ``GatewayLink`` (``idled.client.gatewaylink``, the
+  same code as the application's ``Gateway``): connecting, the login, reconnecting after a backoff, the
+  re-attach on every welcome and the dispatch of notices are written once there; this module adds what an
+  edge needs on top -- synchronous filing, acknowledged attaches, one writer, liveness, marks answered after
+  its loop turns, the drain.
+* *Batching.* Attach and detach go into the link's ``GatewayBatcher`` (``idled.client.core``: ordered groups,
+  a detach's reason, frames split by the core's frame limit, and the live uids with their keepalive). A touch
+  -- the per-packet path -- is one dict store into ``touches``; the flusher folds them into the batcher when
+  it flushes (after the attach/detach groups: a touch of a uid detached meanwhile is ignored by the core, one
+  attached meanwhile is covered by the attach). The flusher sends at most ``flush_interval`` (10 ms) after the first pending
   operation, or at once when ``flush_size`` touches are pending, all frames in one write. A keepalive's
   deadline at the core therefore moves by at most the batch interval plus transfer time.
 * *Attaches are acknowledged.* An attach is flushed followed by a ping; the core handles a gateway's frames
@@ -21,21 +26,23 @@ stops an edge from reading its users and answering their pings.
   comes first: under a login storm the attaches of a round trip share one frame and one pong, so the
   batches grow with the core's lag instead of the pongs multiplying (2,000 logins/s cost the core 2,000
   pong writes before).
-* *Reconnecting.* When the connection ends (refused, reset, end of stream, the core's ``server_shutdown``):
-  the reader or the flusher that saw it records why and ends the connection -- nothing is raised out of
-  ``run()``, whatever else is cancelled at the same time -- and the link
-  sleeps a full-jitter backoff (``Backoff``: attempt n waits uniform(0, min(cap, base 2^n)), so a thousand
-  edges do not return in lockstep) and connects again. While disconnected only the live uids are kept up to
-  date (``touches`` are dropped: the re-attach is fresh activity for all of them). On every welcome the
-  batcher's ``reattach`` replaces whatever was pending by an attach of every live uid: the core forgot them
-  (``gateway_lost``, ``shutdown`` or ``restart`` offlines) and they come back ``online``.
+* *Reconnecting* (``Link.run``). When the connection ends (refused, reset, end of stream, any error frame
+  of the core -- an edge retries them all, ``auth_failed`` included): the reader or the flusher that saw it
+  raises ``ConnectionLost`` (or the core's error), the other is cancelled, nothing is raised out of
+  ``run()``, and the link sleeps a full-jitter backoff (``Backoff``: attempt n after the last login waits
+  uniform(0, min(cap, base 2^n)), so a thousand edges do not return in lockstep) and connects again. While
+  disconnected (not ``up``) only the live uids are kept up to date (``touches`` are dropped: the re-attach
+  is fresh activity for all of them). On every welcome the batcher's ``reattach`` replaces whatever was
+  pending by an attach of every live uid: the core forgot them (``gateway_lost``, ``shutdown`` or
+  ``restart`` offlines) and they come back ``online``; the flusher writes it first.
 * *Notices.* The link logs in with ``"ended": true``; each ``ended`` frame is handed to ``on_ended(uids,
-  reason)``. The welcome's ``timeout``, ``tick`` and ``max_timeout`` are kept in ``params`` (``timeout_for``):
-  the edge answers its users' logins with them.
+  reason)``, which decides per uid what to forget (``EdgeUsers.on_ended``: a notice that crossed a fresh
+  login re-attaches it instead). The welcome's ``timeout``, ``tick`` and ``max_timeout`` are kept in
+  ``params`` (``timeout_for``): the edge answers its users' logins with them.
 * *Bounds.* ``touches`` holds at most one entry per live uid. Attach/detach groups grow with logins while the
   core is not reading; beyond ``max_pending`` pending uids the connection is dropped and re-established,
-  which replaces the backlog by one re-attach of the live uids. Reads are ``RECEIVE_BYTES`` at a time, and a
-  frame from the core is at most ``CORE_MAX_FRAME``.
+  which replaces the backlog by one re-attach of the live uids. A frame from the core is at most the client
+  library's ``CLIENT_MAX_FRAME``.
 * *Watermarks* (``idled.core.watermarks``). The link logs in with ``"marks": true``. When the core asks
   ``mark(t)``, the flusher answers ``marked(t)`` after two event-loop turns -- by then the user plane (and
   any user task) has read, and touched, whatever a socket held when the request arrived -- and after the
@@ -54,31 +61,33 @@ stops an edge from reading its users and answering their pings.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any, Final
 
 import trio
 
-from idled.client.core import Backoff, GatewayBatcher
-from idled.core.presence import Uid
+from idled.client.core import Backoff
+from idled.client.errors import ClientError, ConnectionLost
+from idled.client.gatewaylink import EndedCallback, GatewayLink
+from idled.client.link import Conn
+from idled.client.trio import TRIO, TrioConn
 from idled.core.timeouts import DEFAULT_MAX_TIMEOUT, DEFAULT_TICK, DEFAULT_TIMEOUT, timeout_for
 from idled.protocol import (
-    BYE_FRAME, DEFAULT_MAX_FRAME, PING_FRAME, PONG, Attach, Detach, Ended, Error, FrameDecoder, Login, Mark, Marked,
-    ProtocolError, Welcome, encode, parse_server_message, receive_message, tokens,
+    BYE_FRAME, DEFAULT_MAX_FRAME, PING_FRAME, Login, Marked, Uid, Welcome, encode, tokens,
 )
 
-__all__ = ["CoreLink", "CoreParams", "parse_address"]
+__all__ = ["CoreLink", "CoreParams", "open_core_stream", "parse_address"]
 
 log = logging.getLogger("idled.server.edge.link")
 
 FLUSH_INTERVAL: Final = 0.010  # seconds an operation may wait for company
 FLUSH_SIZE: Final = 4096  # pending touches that trigger a flush at once
 MAX_PENDING: Final = 1_000_000  # pending attach/detach uids before the connection is dropped and re-attached
-CORE_MAX_FRAME: Final = 1 << 24  # the largest frame accepted from the core (ended batches are below its limit)
 TOKEN_TTL: Final = 86400.0  # a gateway token minted per connection lives this long
 CONNECT_TIMEOUT: Final = 10.0
 MAX_ATTACHING: Final = 1000  # unacknowledged attaches before new logins are refused busy (see Admission)
@@ -106,27 +115,6 @@ async def open_core_stream(address: str) -> trio.abc.Stream:
         return await trio.open_tcp_stream(host, int(port))
 
 
-class EdgeBatcher(GatewayBatcher):
-    """The client library's batcher, with a reason on detaches (``logout``, ``closed``) so an edge's users
-    leave the same offline record as direct connections. A detach group's reason rides in the slot that
-    attach groups use for the keepalive: groups of different reasons stay apart and in order."""
-
-    @property
-    def attaching(self) -> bool:
-        """Whether an attach is pending (the next flush must be acknowledged: see ``CoreLink.attach``)."""
-        return any(op == "attach" for op, _, _ in self._groups)
-
-    def detach_because(self, uid: Uid, reason: str) -> None:
-        self.live.pop(uid, None)
-        self._add(self._group("detach", reason, 0.0), (uid,))  # type: ignore[arg-type]
-
-    @staticmethod
-    def _encode(op: str, keepalive: Any, uids: list[Uid]) -> bytes:
-        if op == "detach":
-            return encode(Detach(tuple(uids), keepalive))
-        return encode(Attach(tuple(uids), keepalive)) if op == "attach" else GatewayBatcher._encode(op, keepalive, uids)
-
-
 class CoreParams:
     """What the core's welcome said: its default timeout, tick and largest timeout."""
 
@@ -143,7 +131,7 @@ class CoreParams:
         return timeout_for(keepalive, self.timeout, self.tick, self.max_timeout)
 
 
-class CoreLink:
+class CoreLink(GatewayLink):
     """See the module docstring. ``run()`` until cancelled; ``ready`` is set at the first welcome."""
 
     def __init__(
@@ -152,36 +140,32 @@ class CoreLink:
         name: str,
         *,
         secret: bytes | None,
-        on_ended: Callable[[tuple[Uid, ...], str], None],
+        on_ended: EndedCallback,
         flush_interval: float = FLUSH_INTERVAL,
         backoff: Backoff | None = None,
         ping_interval: float = 5.0,
         dead_after: float = 15.0,
         clock: Callable[[], float] = trio.current_time,
     ) -> None:
-        host, _ = parse_address(address)  # fail early on a malformed address
+        host, port = parse_address(address)  # fail early on a malformed address
+        super().__init__(TRIO, host, port if isinstance(port, int) else 0, name, ended=True, marks=True,
+                         on_ended=on_ended, max_pending=MAX_PENDING, backoff=backoff or Backoff(base=0.1, cap=5.0),
+                         connect_timeout=CONNECT_TIMEOUT)
         self.address = address
         self.name = name
         self.secret = secret
-        self.on_ended = on_ended
         self.flush_interval = flush_interval
-        self.backoff = backoff or Backoff(base=0.1, cap=5.0)
         self.ping_interval = ping_interval
         self.dead_after = math.inf if host == "unix" else dead_after
         self.clock = clock
-        self.batch = EdgeBatcher(MAX_PENDING)
         self.touches: dict[Uid, None] = {}
         self.params: CoreParams | None = None
         self.ready = trio.Event()
-        self.connected = False
-        self.connections = 0  # welcomes so far: 1 + reconnects
-        self.frames_sent = 0
+        self._first: list[bytes] = []  # the re-attach, for the flusher to write first
         self._wake = trio.Event()
         self._urgent = trio.Event()
-        self._scope: trio.CancelScope | None = None  # the current connection's
-        self._closing = False
+        self._scope: trio.CancelScope | None = None  # the connection's flusher's: cancelled to drop a connection
         self._down = trio.Event()  # set when the current connection ended
-        self._lost = ""  # why it ended
         self._attached = trio.Event()  # set when the attaches filed since the last flush are done at the core
         self.attaches_in_flight = 0  # attaches filed and not yet acknowledged by the core
         self._filed = 0  # of those, filed since the last flush
@@ -201,7 +185,7 @@ class CoreLink:
         ping; the core answers frames in order, so its pong proves the attach is done -- the session is
         online in the record before the user reads its ``welcome``, exactly as for a direct login. Attaches
         filed meanwhile share the flush, the ping and the event."""
-        if self.connected:
+        if self.up:
             self.batch.attach((uid,), keepalive, 0.0)
             self.attaches_in_flight += 1
             self._filed += 1
@@ -215,7 +199,7 @@ class CoreLink:
     def touch(self, uid: Uid, now: float = 0.0) -> None:
         """Activity from ``uid``. ``now`` is not used: the core stamps a touch when it arrives (the argument
         makes this the user loop's ``touch(uid, now())``, as the core's presence table is)."""
-        if self.connected:
+        if self.up:
             touches = self.touches
             touches[uid] = None
             if len(touches) == 1:
@@ -225,15 +209,15 @@ class CoreLink:
 
     def detach(self, uid: Uid, reason: str) -> None:
         """``uid``'s connection here ended: ``reason`` is ``logout`` (bye) or ``closed``."""
-        if self.connected:
-            self.batch.detach_because(uid, reason)
+        if self.up:
+            self.batch.detach((uid,), 0.0, reason)
             self._pending()
         else:
-            self.batch.live.pop(uid, None)
+            self.batch.forget((uid,))
 
     def forget(self, uid: Uid) -> None:
         """The core ended ``uid`` itself (idle, kicked): it is no longer live here and is not re-attached."""
-        self.batch.live.pop(uid, None)
+        self.batch.forget((uid,))
         self.touches.pop(uid, None)
 
     def _pending(self) -> None:
@@ -242,119 +226,93 @@ class CoreLink:
             log.warning("core link: %d operations pending, the core is not reading; reconnecting", self.batch.pending)
             self._scope.cancel()
 
-    @property
-    def live(self) -> int:
-        return len(self.batch.live)
+    # -- the connection (the loop itself is Link.run's) -------------------------------------------------------
 
-    # -- the connection loop ---------------------------------------------------------------------------------
-
-    async def run(self) -> None:
-        """Connect, log in, serve; reconnect with backoff after any failure; until cancelled or closed.
-
-        Never raises a connection failure: a refused connect, a reset, the core's end of stream or error
-        frame all end one connection (``_connection`` returns why) and lead to the next attempt -- or, once
-        ``close()`` was called, to a plain return."""
-        attempt = 0
-        while not self._closing:
-            try:
-                reason = await self._connection()
-                was_up, attempt = True, 0
-            except LINK_ERRORS as exc:  # connecting or logging in failed
-                reason, was_up = f"{type(exc).__name__}: {exc}", False
-            if self._closing:
-                return
-            if was_up:
-                log.warning("core link to %s lost (%s); keeping %d users, reconnecting", self.address, reason, self.live)
-            delay = self.backoff.delay(attempt)
-            log.debug("core link: %s; next attempt in %.2f s", reason, delay)
-            attempt += 1
-            await trio.sleep(delay)
-
-    async def _connection(self) -> str:
-        """One connection, from connect to its end; returns why it ended (raises only before the welcome)."""
-        stream = await open_core_stream(self.address)
+    async def _open(self) -> Conn:
         try:
-            token = None
-            if self.secret is not None:
-                token = tokens.mint(self.secret, "gateway", self.name, time.time() + TOKEN_TTL)
-            await stream.send_all(encode(Login("gateway", self.name, token, None, ended=True, marks=True)))
-            decoder = FrameDecoder(CORE_MAX_FRAME, parse=parse_server_message)
-            with trio.fail_after(CONNECT_TIMEOUT):
-                welcome = await _next(stream, decoder)
-            if type(welcome) is not Welcome:
-                raise _CoreSaid(f"expected welcome, got {type(welcome).__name__}")
-            self.params = CoreParams(welcome)
-            self.connections += 1
-            self._down = trio.Event()
-            self._lost = "the core closed the connection"
-            with trio.CancelScope() as self._scope:
-                self.connected = True
-                # No checkpoint between here and take(): every operation from now on lands after the reattach.
-                self.touches = {}
-                self.batch.reattach(0.0)
-                frames = self.batch.take(self.params.max_frame)
-                log.info("core link to %s up (connection %d): re-attaching %d users",
-                         self.address, self.connections, self.live)
-                self.ready.set()
-                async with trio.open_nursery() as nursery:
-                    # Each side ends the connection on its own failure instead of raising: a failure is
-                    # the normal end of a link (the core stopped, crashed or reset it), never an error of
-                    # the edge, and nothing may escape as an exception group next to a cancellation.
-                    nursery.start_soon(self._guard, self._flusher, stream, frames, nursery.cancel_scope)
-                    await self._guard(self._reader, stream, decoder, nursery.cancel_scope)
-            return self._lost
-        finally:
-            self.connected = False
-            self._scope = None
-            self.touches = {}
-            self._down.set()
-            # Logins waiting for an attach that will never be answered: the re-attach on the next welcome
-            # covers them, and their users are served meanwhile.
-            for waiting, _ in (*self._pongs, (self._attached, 0)):
-                if waiting is not None:
-                    waiting.set()
-            self._pongs.clear()
-            self._attached = trio.Event()
-            self.attaches_in_flight = self._filed = self._acking = 0
-            self._mark = None
-            with trio.CancelScope(shield=True):
-                await stream.aclose()
+            return TrioConn(await open_core_stream(self.address))
+        except (OSError, trio.TooSlowError) as exc:
+            raise ConnectionLost(f"connect to {self.address} failed: {exc!r}") from None
 
-    async def _guard(self, side: Callable[..., Awaitable[None]], stream: trio.abc.Stream, arg: Any,
-                     connection: trio.CancelScope) -> None:
-        """Run the reader or the flusher; its end (a failure, or the core's end of stream) ends the connection."""
-        try:
-            await side(stream, arg)
-        except LINK_ERRORS as exc:
-            if not connection.cancel_called:  # the first failure is the reason; the other side is cancelled
-                self._lost = f"{type(exc).__name__}: {exc}" if not isinstance(exc, _CoreClosed) else str(exc)
-        connection.cancel()
+    def _login(self) -> Login:
+        if self.secret is None:
+            return self.login
+        token = tokens.mint(self.secret, "gateway", self.name, time.time() + TOKEN_TTL)  # fresh per connection
+        return dataclasses.replace(self.login, token=token)
 
-    async def _reader(self, stream: trio.abc.Stream, decoder: FrameDecoder) -> None:
-        while True:
-            message = await _next(stream, decoder)
-            self._heard = self.clock()
-            if type(message) is Ended:
-                self.on_ended(message.uids, message.reason)
-            elif type(message) is Mark:
-                self._mark = message.t
-                self._wake.set()
-                self._urgent.set()
-            elif message is PONG and self._pongs:
-                attached, count = self._pongs.popleft()
-                if attached is not None:
-                    self.attaches_in_flight -= count
-                    self._acking -= 1
-                    attached.set()
-                    if self.batch.attaching:
-                        self._wake.set()
-                        self._urgent.set()  # the attaches that waited for this pong
+    def _retryable(self, exc: ClientError) -> bool:
+        return True  # an edge waits for its core for ever, whatever it said
 
-    async def _flusher(self, stream: trio.abc.Stream, first: list[bytes]) -> None:
+    def _on_retry(self, exc: ClientError, was_up: bool, delay: float) -> None:
+        if was_up:
+            log.warning("core link to %s lost (%s); keeping %d users, reconnecting", self.address, exc, self.live)
+        log.debug("core link: %s; next attempt in %.2f s", exc, delay)
+
+    async def _on_welcome(self, conn: Conn, welcome: Welcome) -> None:
+        self.params = CoreParams(welcome)
+        self._down = trio.Event()
+        self._scope = trio.CancelScope()  # the flusher runs in it; a cancel before it starts counts too
+        self.touches = {}
+        await super()._on_welcome(conn, welcome)  # up, re-attach taken; _send_first keeps it for the flusher
+        log.info("core link to %s up (connection %d): re-attaching %d users", self.address, self.connections, self.live)
+        self.ready.set()
+
+    async def _send_first(self, conn: Conn, frames: list[bytes]) -> None:
+        self._first = frames  # the flusher is the only writer (and the reader runs while it writes)
+
+    def _on_disconnect(self) -> None:
+        super()._on_disconnect()
+        self._scope = None
+        self.touches = {}
+        self._first = []
+        self._down.set()
+        # Logins waiting for an attach that will never be answered: the re-attach on the next welcome
+        # covers them, and their users are served meanwhile.
+        for waiting, _ in (*self._pongs, (self._attached, 0)):
+            if waiting is not None:
+                waiting.set()
+        self._pongs.clear()
+        self._attached = trio.Event()
+        self.attaches_in_flight = self._filed = self._acking = 0
+        self._mark = None
+
+    # -- the reader's side: GatewayLink dispatches ------------------------------------------------------------
+
+    async def _on_message(self, message: Any) -> None:
+        self._heard = self.clock()
+        await super()._on_message(message)
+
+    async def _on_ended(self, uids: tuple[Uid, ...], reason: str) -> None:
+        await self._notify(uids, reason)  # the edge's users decide what to forget (see Notices)
+
+    async def _on_mark(self, t: float) -> None:
+        self._mark = t
+        self._wake.set()
+        self._urgent.set()
+
+    def _on_pong(self) -> None:
+        if self._pongs:
+            attached, count = self._pongs.popleft()
+            if attached is not None:
+                self.attaches_in_flight -= count
+                self._acking -= 1
+                attached.set()
+                if self.batch.attaching:
+                    self._wake.set()
+                    self._urgent.set()  # the attaches that waited for this pong
+
+    # -- the writer ------------------------------------------------------------------------------------------
+
+    async def _background(self, conn: Conn) -> None:
+        assert self._scope is not None
+        with self._scope:
+            await self._flusher(conn)
+        raise ConnectionLost("too many operations pending: the core is not reading")  # the scope was cancelled
+
+    async def _flusher(self, conn: Conn) -> None:
         """The only writer of the connection: the re-attach, then batches, pings, and the final bye."""
-        if first:
-            self.frames_sent += len(first)
-            await stream.send_all(b"".join(first))
+        first, self._first = self._first, []
+        await self._write(conn, first)
         next_ping = trio.current_time() + self.ping_interval
         self._heard = self.clock()
         while True:
@@ -366,7 +324,7 @@ class CoreLink:
                 self._wake, self._urgent = trio.Event(), trio.Event()
             silent = self.clock() - self._heard
             if silent > self.dead_after:
-                raise trio.TooSlowError(f"no frame from the core for {silent:.1f} s")
+                raise ConnectionLost(f"no frame from the core for {silent:.1f} s")
             marked = self._mark
             if marked is not None:
                 self._mark = None
@@ -378,7 +336,7 @@ class CoreLink:
             frames = self._take()
             if marked is not None:
                 frames.append(encode(Marked(marked)))
-            if attaching or trio.current_time() >= next_ping:  # the pong proves the core is alive (see _reader)
+            if attaching or trio.current_time() >= next_ping:  # the pong proves the core is alive (see _on_pong)
                 frames.append(PING_FRAME)
                 next_ping = trio.current_time() + self.ping_interval
                 if attaching:
@@ -390,9 +348,7 @@ class CoreLink:
             closing = self._closing
             if closing:
                 frames.append(BYE_FRAME)
-            if frames:
-                self.frames_sent += len(frames)
-                await stream.send_all(b"".join(frames))
+            await self._write(conn, frames)
             if closing:
                 await trio.sleep_forever()  # the core closes the connection after the bye
 
@@ -400,38 +356,20 @@ class CoreLink:
         if self.touches:
             self.batch.touch(self.touches, 0.0)
             self.touches = {}
-        assert self.params is not None
-        return self.batch.take(self.params.max_frame)
+        return self.batch.take(self.max_frame)
 
     async def close(self, timeout: float = 2.0) -> None:
         """Drain: send what is pending (the users' detaches), then ``bye``, and stop reconnecting; bounded in
         time. Returns as soon as the connection is gone -- the core read the bye and closed it, or the link
         failed meanwhile (the core is gone: nothing more can be sent). The caller cancels ``run()`` afterwards."""
         self._closing = True
-        if not self.connected:
+        if not self.up:
             return
         self._wake.set()
         self._urgent.set()
         with trio.move_on_after(timeout):
             await self._down.wait()
 
-
-class _CoreSaid(Exception):
-    """The core refused or ended the link (an error frame, or an unexpected message)."""
-
-
-class _CoreClosed(Exception):
-    """The core closed the connection (end of stream): it stopped, restarted, or read our bye."""
-
-
-LINK_ERRORS: Final = (OSError, trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError,
-                      trio.TooSlowError, _CoreSaid, _CoreClosed, ProtocolError)
-
-
-async def _next(stream: trio.abc.Stream, decoder: FrameDecoder) -> Any:
-    message = await receive_message(stream, decoder)
-    if message is None:
-        raise _CoreClosed("the core closed the connection")
-    if type(message) is Error:
-        raise _CoreSaid(f"the core said {message.code}: {message.reason}")
-    return message
+    async def aclose(self, linger: float = 2.0) -> None:
+        """``close()``: the bye goes out in the flusher's write, never beside it."""
+        await self.close(linger)

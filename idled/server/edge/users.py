@@ -38,8 +38,7 @@ from collections.abc import Callable
 
 import trio
 
-from idled.core.presence import Uid
-from idled.protocol import ErrorCode, FrameDecoder, Login, ProtocolError, encode
+from idled.protocol import ErrorCode, FrameDecoder, Login, ProtocolError, Uid, encode
 from idled.server.conn import Connection
 from idled.server.edge.link import MAX_ATTACHING, CoreLink, open_core_stream
 from idled.server.users import Plane
