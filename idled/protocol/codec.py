@@ -186,7 +186,7 @@ def _unique_pairs(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
 
 
 # The exact check, used only where the cheap one cannot see (see the module docstring).
-_PAIRS_UNPACKERS: Final = {
+_PAIRS_UNPACKERS: Final[dict[Callable[..., Any], Callable[..., Any]]] = {
     unpack: functools.partial(unpack, object_pairs_hook=_unique_pairs) for unpack in (_unpack_strict, _unpack_lenient)
 }
 

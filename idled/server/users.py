@@ -46,8 +46,9 @@ from typing import Any, Protocol, TypeVar
 
 import trio
 
-from idled.core.presence import Uid
-from idled.protocol import BYE, PING, PONG_FRAME, ErrorCode, FrameDecoder, Login, Msg, ProtocolError, Welcome, encode, receive_message
+from idled.protocol import (
+    BYE, PING, PONG_FRAME, ErrorCode, FrameDecoder, Login, Msg, ProtocolError, Uid, Welcome, encode, receive_message,
+)
 from idled.server.conn import HANDED_OVER, Admission, Connection, close_with
 from idled.server.sessions import Sessions
 
