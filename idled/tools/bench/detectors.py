@@ -86,7 +86,8 @@ from idled.tools.loadtest.histogram import percentile
 
 __all__ = [
     "DEFAULT_SIZES", "DEFAULT_TIMEOUT", "DEFAULT_SLOTS", "DEFAULT_SECONDS", "DEFAULT_SILENT_FRACTION", "CLOCKS",
-    "REPEATS", "RunResult", "best_of", "run_floor", "run_detector", "check_expiries", "measure_bytes_per_key", "SizeReport", "bench_size",
+    "REPEATS", "RunResult", "best_of", "run_floor", "run_detector", "check_expiries", "measure_bytes_per_key",
+    "SizeReport", "bench_size",
 ]
 
 DEFAULT_SIZES = (10_000, 100_000, 1_000_000)
