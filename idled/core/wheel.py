@@ -64,6 +64,15 @@ in chunks, skipping any key that left the bucket meanwhile.
 ``_pending``; draining pops from them and can stop and resume at any key. A key touched or removed while its
 detached bucket waits is found there through ``entry.place`` as usual.
 
+**Bounded buckets.** A Python dict grows in one go: the insertion that fills its table copies every item
+into one twice the size. At 1M keys a ring bucket holds ~33k keys, and the insertion that took it past
+21,845 copied 21,845 items inside one chunk of a lazy drain (0.8-1.5 ms on a quiet host, 3.1 ms on a busy
+one: the chunk's own work is ~0.2 ms). So a ring or parking bucket takes at most ``bucket_cap`` keys
+(10,922: a 16,384-slot table, whose last growth copies 5,461 items); the next key of that slot starts a
+fresh bucket and the full one is kept aside in ``_full``, to be detached with its slot. A slot is then a
+few buckets, each key still in exactly one of them (``entry.place``). The overflow levels are not capped:
+keys enter them on login or an eager touch, outside the tick's drain.
+
 Memory: per key one ``entries`` item, the entry (a slotted object: key, tick, timeout, place) and one bucket
 item; values shared (``None`` in the ring, tick ints shared by all keys touched in the same tick, the
 default timeout). The caller may keep its own fields in the same entry (see ``idled.core.detector``): the
@@ -87,6 +96,10 @@ Bucket = dict[Hashable, "int | None"]  # key -> deadline (overflow levels, parki
 # (one per advance: ~0.3 ms of re-pointing at 1M keys, where every dict access is a cache miss).
 _COMPACT_MIN_BYTES = 64 * 1024
 _COMPACT_MAX_KEYS = 256
+
+# Ring and parking buckets grow to at most this many keys (see "Bounded buckets"): 2/3 of a 16,384-slot table,
+# the most it holds before its next growth.
+BUCKET_CAP = 10_922
 
 # Kinds of detached bucket waiting in _pending.
 _RING = 0  # a due ring bucket (or the overdue bucket): eager expires all, lazy checks the activity tick
@@ -118,6 +131,8 @@ class TimingWheel(EntryMap):
         "_now",
         "_ring",
         "_parked",
+        "_full",
+        "_cap",
         "_levels",
         "_pending",
         "_expired_total",
@@ -135,9 +150,12 @@ class TimingWheel(EntryMap):
         overflow_slots: int | None = None,
         policy: Literal["eager", "lazy"] = "lazy",
         start: int = 0,
+        bucket_cap: int = BUCKET_CAP,
     ) -> None:
         if slots < 1:
             raise ValueError("slots must be at least 1")
+        if bucket_cap < 1:
+            raise ValueError("bucket_cap must be at least 1")
         if policy not in ("eager", "lazy"):
             raise ValueError(f"policy must be 'eager' or 'lazy', got {policy!r}")
         super().__init__(timeout)
@@ -148,6 +166,9 @@ class TimingWheel(EntryMap):
         self._now = start
         self._ring: list[Bucket] = [{} for _ in range(self._n0)]
         self._parked: list[Bucket] = [{} for _ in range(self._n0)]
+        # Full buckets set aside, per slot: ring slot i at i, parking slot i at n0 + i (see "Bounded buckets").
+        self._full: list[list[Bucket]] = [[] for _ in range(2 * self._n0)]
+        self._cap = bucket_cap
         self._levels: list[_Level] = []
         self._pending: list[tuple[Bucket, int]] = []
         self._expired_total = 0
@@ -172,8 +193,11 @@ class TimingWheel(EntryMap):
         old = entry.place
         deadline = now + entry.timeout
         if 0 < deadline - self._now <= self._n0:
-            new = self._ring[deadline % self._n0]
+            index = deadline % self._n0
+            new = self._ring[index]
             if new is not old:  # touched twice in one tick: already in place
+                if len(new) >= self._cap:
+                    new = self._spill(self._ring, index, index)
                 del old[entry.key]  # type: ignore[index]
                 new[entry.key] = None
                 entry.place = new
@@ -234,7 +258,10 @@ class TimingWheel(EntryMap):
         """Put ``entry`` in the bucket for ``deadline``, relative to the current tick."""
         delta = deadline - self._now
         if 0 < delta <= self._n0:
-            bucket = self._ring[deadline % self._n0]
+            index = deadline % self._n0
+            bucket = self._ring[index]
+            if len(bucket) >= self._cap:
+                bucket = self._spill(self._ring, index, index)
             bucket[entry.key] = None
         elif delta <= 0:
             # Already due (time was passed in from behind the wheel's clock): expire at the next advance.
@@ -242,12 +269,22 @@ class TimingWheel(EntryMap):
             bucket[entry.key] = None
         elif delta <= 2 * self._n0:
             # Parked (see the module doc): re-filed when this bucket comes due, one revolution early.
-            bucket = self._parked[deadline % self._n0]
+            index = deadline % self._n0
+            bucket = self._parked[index]
+            if len(bucket) >= self._cap:
+                bucket = self._spill(self._parked, index, self._n0 + index)
             bucket[entry.key] = deadline
         else:
             bucket = self._overflow_bucket(deadline)
             bucket[entry.key] = deadline
         entry.place = bucket
+
+    def _spill(self, buckets: list[Bucket], index: int, full: int) -> Bucket:
+        """``buckets[index]`` is full: set it aside (in ``_full[full]``) and return a fresh one in its place."""
+        self._full[full].append(buckets[index])
+        fresh: Bucket = {}
+        buckets[index] = fresh
+        return fresh
 
     def _overdue_bucket(self) -> Bucket:
         for bucket, kind in self._pending:
@@ -279,11 +316,11 @@ class TimingWheel(EntryMap):
         return self._next_bucket_due()
 
     def _next_bucket_due(self) -> int | None:
-        now, n0, ring, parked = self._now, self._n0, self._ring, self._parked
+        now, n0, ring, parked, full = self._now, self._n0, self._ring, self._parked, self._full
         best = None
         for offset in range(1, n0 + 1):
             index = (now + offset) % n0
-            if ring[index] or parked[index]:
+            if ring[index] or parked[index] or any(full[index]) or any(full[n0 + index]):
                 best = now + offset
                 break
         for level in self._levels:
@@ -301,26 +338,32 @@ class TimingWheel(EntryMap):
         t = self._next_bucket_due()
         if t is None or t - self._now > self._n0:
             return 0  # the next due bucket is an overflow one: its cascade must happen at its tick
-        bucket = self._ring[t % self._n0]
+        index = t % self._n0
+        bucket = self._ring[index]
+        full = self._full[index]
         ahead = self._ahead
         if ahead is None or ahead[0] != t or ahead[1] is not bucket:
-            ahead = (t, bucket, list(bucket), 0)
+            ahead = (t, bucket, [key for b in (bucket, *full) for key in b], 0)
         _, _, keys, position = ahead
         end = min(position + limit, len(keys))
-        now, n0, ring, entries = self._now, self._n0, self._ring, self.entries
+        slot = {id(b) for b in (bucket, *full)}  # the buckets of the slot (alive: ids are theirs)
+        now, n0, ring, entries, cap = self._now, self._n0, self._ring, self.entries, self._cap
         for key in keys[position:end]:
             entry = entries.get(key)
-            if entry is None or entry.place is not bucket:
+            place = None if entry is None else entry.place
+            if place is None or id(place) not in slot:
                 continue  # removed, or moved, since the snapshot
-            deadline = entry.tick + entry.timeout
+            deadline = entry.tick + entry.timeout  # type: ignore[union-attr]
             if deadline > t:
-                del bucket[key]
+                del place[key]  # type: ignore[attr-defined]
                 if deadline - now <= n0:
                     target = ring[deadline % n0]
+                    if len(target) >= cap:
+                        target = self._spill(ring, deadline % n0, deadline % n0)
                     target[key] = None
-                    entry.place = target
+                    entry.place = target  # type: ignore[union-attr]
                 else:
-                    self._file(entry, deadline)
+                    self._file(entry, deadline)  # type: ignore[arg-type]
         # A finished pass keeps its marker (so the bucket is not walked again) but drops the snapshot.
         self._ahead = (t, bucket, keys if end < len(keys) else [], end if end < len(keys) else 0)
         return end - position
@@ -355,25 +398,34 @@ class TimingWheel(EntryMap):
         comes due. Once per advance, one bucket left holding few keys in a big table is rebuilt: the work is
         bounded (``_COMPACT_MAX_KEYS`` re-pointed keys), so it never becomes a stall of its own.
         """
-        ring, entries = self._ring, self.entries
-        for index, bucket in enumerate(ring):
-            if len(bucket) <= _COMPACT_MAX_KEYS and sys.getsizeof(bucket) > _COMPACT_MIN_BYTES:
-                fresh: Bucket = dict.fromkeys(bucket)
-                for key in fresh:
-                    entries[key].place = fresh
-                ring[index] = fresh
-                return
+        # The ring's buckets, then the full ones set aside in its slots (not the parking ones: their values
+        # are deadlines, which a rebuild with fromkeys would lose).
+        for buckets in (self._ring, *self._full[:self._n0]):
+            for index, bucket in enumerate(buckets):
+                if len(bucket) <= _COMPACT_MAX_KEYS and sys.getsizeof(bucket) > _COMPACT_MIN_BYTES:
+                    fresh: Bucket = dict.fromkeys(bucket)
+                    for key in fresh:
+                        self.entries[key].place = fresh
+                    buckets[index] = fresh
+                    return
 
     def _detach(self, t: int) -> None:
         """Queue every bucket that comes due at tick ``t`` (the clock is already at ``t``)."""
         index = t % self._n0
-        # _pending is a stack: the parking bucket goes under the ring bucket, so it is drained after it.
+        full, pending = self._full, self._pending
+        # _pending is a stack: the parking buckets go under the ring buckets, so they are drained after them.
         if self._parked[index]:
-            self._pending.append((self._parked[index], _CASCADE))
+            pending.append((self._parked[index], _CASCADE))
             self._parked[index] = {}
+        if full[self._n0 + index]:
+            pending.extend((bucket, _CASCADE) for bucket in full[self._n0 + index] if bucket)
+            full[self._n0 + index] = []
         if self._ring[index]:
-            self._pending.append((self._ring[index], _RING))
+            pending.append((self._ring[index], _RING))
             self._ring[index] = {}
+        if full[index]:
+            pending.extend((bucket, _RING) for bucket in full[index] if bucket)
+            full[index] = []
         for level in self._levels:
             if t % level.width:
                 break  # widths nest: not a boundary here means not one at any coarser level
@@ -384,7 +436,7 @@ class TimingWheel(EntryMap):
 
     def _drain(self, bucket: Bucket, kind: int, expired: list[Entry], budget: int) -> int:
         """Process keys of one detached bucket until it is empty or ``budget`` keys were examined."""
-        now, entries, n0, ring = self._now, self.entries, self._n0, self._ring
+        now, entries, n0, ring, cap = self._now, self.entries, self._n0, self._ring, self._cap
         lazy = self.policy == "lazy"
         before = len(expired)
         while bucket and budget:
@@ -401,6 +453,8 @@ class TimingWheel(EntryMap):
                 expired.append(entry)
             elif deadline - now <= n0:  # inline ring filing: the common lazy re-file
                 target = ring[deadline % n0]
+                if len(target) >= cap:
+                    target = self._spill(ring, deadline % n0, deadline % n0)
                 target[key] = None
                 entry.place = target
             else:
@@ -411,7 +465,8 @@ class TimingWheel(EntryMap):
     # -- observation ------------------------------------------------------------------------------------
 
     def stats(self) -> DetectorStats:
-        sizes = [len(bucket) for bucket in self._ring]
+        full = self._full
+        sizes = [len(bucket) + sum(map(len, full[index])) for index, bucket in enumerate(self._ring)]
         overflow = sum(len(bucket) for level in self._levels for bucket in level.buckets)
         return DetectorStats(
             keys=len(self.entries),

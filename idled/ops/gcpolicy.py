@@ -28,8 +28,10 @@ pausing 2-3x its CPU time on two cores).
 Per process role, by measurement. What a thaw reclaims is cyclic garbage among frozen objects: connections
 that lived long enough to be frozen, then closed (a trio task, its coroutine and stream, a traceback). What
 it costs is a walk of every live object. An edge, or a core serving users directly, holds ~34 objects per
-user connection and its users come and go: its thaws find garbage. A core behind edges holds a few gateway
-and observer connections, which rarely close, and one record per session, which never forms a cycle
+user connection and its users come and go: its thaws found garbage (less since closed TLS streams and
+user-plane records stopped forming cycles: ``idled.server.tls.untie``, ``tests/server/test_tls_garbage.py``).
+A core behind edges holds a few gateway and observer connections, which rarely close, and one record per
+session, which never forms a cycle
 (tests/core checks that ending sessions leaves nothing for the collector): at 1M sessions its walk costs
 ~0.2 s (`idled bench --growth`, full_gc_ms) and finds next to nothing. So the policy watches what each thaw's
 walk reclaims (the ``collected`` count of the full collection that follows it): under ``fruitful`` objects

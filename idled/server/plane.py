@@ -28,7 +28,9 @@ through an eventfd. The plane then ends the session (``users.end``), sends the e
 fresh socket's buffer takes it), closes the socket and gives the connection's count back (``release``).
 
 Memory per adopted connection: the socket object, a ``FrameDecoder`` (~80 bytes idle), one small record,
-and the epoll registration in the kernel.
+and the epoll registration in the kernel. The record and its ``Connection`` point at each other (the
+record is ``conn.scope``); closing unties them, so all of it is freed by reference counting at once rather
+than left in a cycle for the collector (frozen by ``idled.ops.gcpolicy``: until its next thaw).
 """
 
 from __future__ import annotations
@@ -156,6 +158,7 @@ class UserPlane:
             for fd in list(conns):
                 record = conns.pop(fd)
                 record.sock.close()
+                record.conn = None  # (the cycle, as in _close)
                 self.release()
             epoll.close()
             os.close(self._wakeup)
@@ -247,4 +250,5 @@ class UserPlane:
                 pass
         self.epoll.unregister(record.fd)
         record.sock.close()
+        record.conn = None  # conn.scope is this record: a cycle the collector (frozen: a thaw) would have to free
         self.release()

@@ -33,6 +33,13 @@ def build_all(start: int) -> dict[str, Detector]:
         detectors[f"ring-{policy}-7x2"] = TimingWheel(
             timeout=DEFAULT_TIMEOUT, slots=7, overflow_slots=2, policy=policy, start=start
         )
+        # Tiny bucket caps: a slot is several buckets almost at once (at 1M keys it is ~3 of 10,922).
+        detectors[f"ring-{policy}-30-cap2"] = TimingWheel(
+            timeout=DEFAULT_TIMEOUT, slots=30, policy=policy, start=start, bucket_cap=2
+        )
+        detectors[f"ring-{policy}-3-cap1"] = TimingWheel(
+            timeout=DEFAULT_TIMEOUT, slots=3, policy=policy, start=start, bucket_cap=1
+        )
     detectors["scan"] = FullScan(timeout=DEFAULT_TIMEOUT, start=start)
     detectors["heap"] = DeadlineHeap(timeout=DEFAULT_TIMEOUT, start=start)
     return detectors

@@ -187,3 +187,25 @@ def test_work_ahead_leaves_only_the_silent_keys_for_the_tick() -> None:
     assert wheel.advance(5) == [] and wheel.next_due() == 7
     assert sorted(wheel.advance(7)) == list(range(1, 8))
     assert wheel.advance(8) == [8]
+
+
+@pytest.mark.parametrize("policy", ["eager", "lazy"])
+def test_a_slot_past_the_bucket_cap_is_several_buckets(policy: str) -> None:
+    # Why: a dict grows in one go, copying every item; capped buckets keep each growth small (module doc).
+    wheel = TimingWheel(timeout=30, slots=30, policy=policy, bucket_cap=8)  # type: ignore[arg-type]
+    for key in range(100):
+        wheel.add(key, 0)  # all due at 30: one ring slot
+    buckets = [wheel._ring[30], *wheel._full[30]]
+    assert [len(b) for b in buckets] == [4] + [8] * 12  # the current bucket and the full ones set aside
+    assert wheel.stats().largest_slot == 100 and wheel.next_due() == 30
+    for key in range(0, 100, 2):
+        wheel.touch(key, 10)  # even keys speak: due at 40 (eager: moved now; lazy: re-filed at 30)
+    if policy == "lazy":
+        assert wheel.work_ahead(1000) == 100  # walks every bucket of the slot
+    expired = wheel.advance(30, limit=7)
+    while (due := wheel.next_due()) is not None and due <= 30:
+        expired += wheel.advance(30, limit=7)  # chunks of 7 across the slot's buckets
+    assert sorted(expired) == list(range(1, 100, 2))
+    assert wheel.advance(39) == [] and sorted(wheel.advance(40)) == list(range(0, 100, 2))
+    assert all(len(b) <= 8 for b in [*wheel._ring, *wheel._parked] + [b for f in wheel._full for b in f])
+    assert len(wheel) == 0 and wheel.next_due() is None

@@ -106,3 +106,44 @@ async def test_welcome_then_frames_already_buffered_are_served(tmp_path: Path) -
                                                     msgpack.packb({"op": "ping"}))))
         assert isinstance(await client.recv(), Welcome)
         assert await client.recv() is PONG
+
+
+async def test_closed_plane_connections_leave_no_cycles(tmp_path: Path) -> None:
+    # An adopted connection's Connection and its record point at each other (conn.scope is the record): the
+    # plane unties them on close, so reference counting frees both, the socket and the decoder at once --
+    # cyclic garbage would wait for a GC thaw (idled.ops.gcpolicy freezes what survives a full collection).
+    import gc
+    from collections import Counter
+
+    async with running(tmp_path, listen=True) as h:
+        gc.collect()
+        gc.disable()
+        try:
+            clients = {way: [await user(h, f"{way}{i}", keepalive=1.0) for i in range(20)]
+                       for way in ("bye", "gone", "idle", "kicked", "bad")}
+            newer = [await user(h, f"kicked{i}") for i in range(20)]
+            for client in clients["bye"]:
+                await client.send(BYE)
+            for client in clients["gone"]:
+                await client.stream.aclose()
+            for client in clients["bad"]:
+                await client.send(Attach(("x",)))
+            for client in clients["kicked"]:
+                assert (await client.expect(Error)).code == ErrorCode.KICKED
+            for client in clients["idle"]:
+                assert (await client.expect(Error)).code == ErrorCode.IDLE_TIMEOUT
+            for client in newer:
+                await client.send(BYE)
+            with trio.fail_after(10):
+                while h.server.connections["user"]:
+                    await trio.sleep(0.01)
+            for client in [c for cs in clients.values() for c in cs] + newer:
+                await client.stream.aclose()
+            gc.set_debug(gc.DEBUG_SAVEALL)
+            gc.collect()
+            kinds = Counter(type(o).__qualname__ for o in gc.garbage)
+            assert not gc.garbage, f"{len(gc.garbage)} objects in cycles after 120 sessions: {kinds.most_common(8)}"
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+            gc.enable()

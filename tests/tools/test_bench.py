@@ -241,3 +241,24 @@ def test_check_expiries_counts_early_missed_and_lateness() -> None:
     assert missed == 1  # `third` never expired
     assert third not in {key for _, keys in bad for key in keys}
     assert lateness > 2
+
+
+# -- best of two ----------------------------------------------------------------------------------------------
+
+
+def run_result(touch_ns: float, tick_max_ms: float) -> bench.RunResult:
+    return bench.RunResult(touch_ns=touch_ns, tick_mean_ms=1.0, tick_max_ms=tick_max_ms, call_max_ms=0.0,
+                           cpu_ms_per_s=10.0, bytes_per_key=0.0, lateness_max_ticks=0.0, early=0, missed=0, prunes=0)
+
+
+def test_best_of_keeps_a_stall_both_runs_make_and_drops_one_that_hit_a_single_run() -> None:
+    quiet = [100_000] * 200
+    first, second = list(quiet), list(quiet)
+    first[50] = 5_000_000  # a neighbour's burst: one run, one call
+    first[120] = second[120] = 1_500_000  # the detector's own stall: the same call in both runs
+    best = bench.best_of([(run_result(700.0, 9.0), first), (run_result(650.0, 8.0), second)])
+    assert best.call_max_ms == pytest.approx(1.5)
+    assert best.touch_ns == 650.0 and best.tick_max_ms == 8.0
+    # Runs that did not make the same calls (not expected): the run whose worst call was the least bad.
+    best = bench.best_of([(run_result(700.0, 9.0), first), (run_result(650.0, 8.0), second[:-1])])
+    assert best.call_max_ms == pytest.approx(1.5)
