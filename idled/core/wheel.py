@@ -83,7 +83,8 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Hashable
-from typing import Callable, Literal
+from typing import Literal
+from collections.abc import Callable
 
 from idled.core.detector import DetectorStats, Entry, EntryMap
 
@@ -198,11 +199,11 @@ class TimingWheel(EntryMap):
             if new is not old:  # touched twice in one tick: already in place
                 if len(new) >= self._cap:
                     new = self._spill(self._ring, index, index)
-                del old[entry.key]  # type: ignore[index]
+                del old[entry.key]  # type: ignore[attr-defined]  # place is the bucket filed in
                 new[entry.key] = None
                 entry.place = new
         else:
-            del old[entry.key]  # type: ignore[index]
+            del old[entry.key]  # type: ignore[attr-defined]  # place is the bucket filed in
             if deadline - now <= 2 * self._n0:  # catching up can only help a deadline the ring can hold
                 self._catch_up(now - 1)
             self._file(entry, deadline)
@@ -441,12 +442,14 @@ class TimingWheel(EntryMap):
         before = len(expired)
         while bucket and budget:
             budget -= 1
-            key, deadline = bucket.popitem()
+            key, filed = bucket.popitem()
             entry = entries[key]
             if lazy:
                 deadline = entry.tick + entry.timeout
             elif kind == _RING:
                 deadline = now  # eager ring buckets are exact: everything in a due one is due
+            else:
+                deadline = filed  # type: ignore[assignment]  # parking and overflow buckets hold the deadline
             if deadline <= now:
                 del entries[key]
                 entry.place = None

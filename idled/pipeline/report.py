@@ -12,7 +12,7 @@ __all__ = ["format_report", "write_chart"]
 def _utc(seconds: float | None) -> str:
     if seconds is None:
         return "-"
-    return dt.datetime.fromtimestamp(seconds, dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
@@ -75,7 +75,7 @@ def write_chart(concurrency: Sequence[tuple[int, int]], path: str) -> str | None
     import matplotlib.dates as mdates
     import matplotlib.pyplot as plt
 
-    times = [dt.datetime.fromtimestamp(m, dt.timezone.utc) for m, _ in concurrency]
+    times = [dt.datetime.fromtimestamp(m, dt.UTC) for m, _ in concurrency]
     users = [u for _, u in concurrency]
     fig, ax = plt.subplots(figsize=(11, 4), dpi=100)
     try:
@@ -83,7 +83,7 @@ def write_chart(concurrency: Sequence[tuple[int, int]], path: str) -> str | None
         ax.set_title("idled: users online per minute (any time during the minute)")
         ax.set_xlabel("time (UTC)")
         ax.set_ylabel("users online")
-        ax.xaxis.set_major_formatter(mdates.DateFormatter("%m-%d %H:%M", tz=dt.timezone.utc))
+        ax.xaxis.set_major_formatter(mdates.DateFormatter("%m-%d %H:%M", tz=dt.UTC))
         ax.grid(True, alpha=0.3)
         fig.autofmt_xdate()
         fig.tight_layout()

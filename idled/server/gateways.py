@@ -74,6 +74,7 @@ from idled.protocol import (
 from idled.server.conn import Connection, close_with
 from idled.server.outbox import Outbox, mark_interval, outbox_running
 from idled.server.sessions import Sessions
+import trio.lowlevel
 
 __all__ = ["ATTACH_CHUNK", "Gateway", "GatewayLink", "Gateways"]
 
@@ -273,7 +274,7 @@ class Gateways:
             sessions.publish(event)
             if index % ATTACH_CHUNK == 0:  # a 1 MiB attach is ~100k uids: don't hold the loop for all of them
                 sessions.wake_ticker()
-                await trio.sleep(0)
+                await trio.lowlevel.checkpoint()
                 await sessions.room()
                 sessions.refuse_if_stopping()
                 now, wall = clock.now(), time.time()
@@ -289,7 +290,7 @@ class Gateways:
             sessions.publish(presence.logout(uid, gateway, now, wall, reason))
             gateway.uids.pop(uid, None)
             if index % ATTACH_CHUNK == 0:  # like attach: a 1 MiB detach must not hold the loop for all of it
-                await trio.sleep(0)
+                await trio.lowlevel.checkpoint()
                 await sessions.room()
                 now, wall = clock.now(), time.time()
 
@@ -327,5 +328,5 @@ class Gateways:
                 event = sessions.presence.logout(uid, gateway, now, wall, "gateway_lost")
                 sessions.publish(event)
                 ended += event is not None
-            await trio.sleep(0)
+            await trio.lowlevel.checkpoint()
         return ended

@@ -37,6 +37,7 @@ from idled.protocol import ErrorCode, ProtocolError
 from idled.server.bus import EventBus
 from idled.server.clock import Clock
 from idled.server.seqs import SeqBlocks
+import trio.lowlevel
 
 __all__ = ["Sessions"]
 
@@ -92,7 +93,7 @@ class Sessions:
                 bus.publish(event)
                 owner.release(event.uid, code, message)
             ended += len(chunk)
-            await trio.sleep(0)
+            await trio.lowlevel.checkpoint()
 
     async def end_recovered(self, records: Iterable[dict[str, Any]]) -> int:
         """At start: the offline (``restart``) closing each session a killed run left online (``records``: its
@@ -113,7 +114,7 @@ class Sessions:
             self.bus.publish(self.presence.restart_event(record, wall))
         n = len(chunk)
         chunk.clear()
-        await trio.sleep(0)
+        await trio.lowlevel.checkpoint()
         # The monitor, which beats the clock, starts once the server listens: this burst comes before. Its
         # checkpoints are the loop running, so they beat (as the monitor does: now() first, to catch a real
         # stall), or the burst's length would read as a pause of the loop and move every deadline.

@@ -182,7 +182,7 @@ class Replay(trio.abc.Stream):
         self.head = head
         self.socket = getattr(stream, "socket", None)
 
-    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
         if self.head:
             n = len(self.head) if max_bytes is None else max_bytes
             data, self.head = self.head[:n], self.head[n:]

@@ -80,6 +80,7 @@ from idled.core.timeouts import DEFAULT_MAX_TIMEOUT, DEFAULT_TICK, DEFAULT_TIMEO
 from idled.protocol import (
     BYE_FRAME, DEFAULT_MAX_FRAME, PING_FRAME, Login, Marked, Uid, Welcome, encode, tokens,
 )
+import trio.lowlevel
 
 __all__ = ["CoreLink", "CoreParams", "open_core_stream", "parse_address"]
 
@@ -330,8 +331,8 @@ class CoreLink(GatewayLink):
                 self._mark = None
                 # Two loop turns: every user task woken by data that arrived before the request has read it
                 # and touched (see the module docstring); the touches go out ahead of the answer.
-                await trio.sleep(0)
-                await trio.sleep(0)
+                await trio.lowlevel.checkpoint()
+                await trio.lowlevel.checkpoint()
             attaching = self.batch.attaching
             frames = self._take()
             if marked is not None:

@@ -98,7 +98,7 @@ DEFAULT_SILENT_FRACTION = 0.01
 REPEATS = 2  # timed runs of the floor and of each detector, best kept (module docstring: "Best of two")
 
 
-TouchFn = Callable[[Hashable, int], Any]
+TouchFn = Callable[[str, int], Any]  # the benchmark's keys are strings
 Clock = Callable[[], int]  # nanoseconds
 
 # "cpu": this thread's CPU time, blind to the preemption a shared machine inflicts (the default: it measures
