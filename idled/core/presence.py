@@ -19,7 +19,7 @@ that attached it), a last-activity time and a timeout. The table owns an idle de
   is just below 43 in floating point, and a tick task woken at exactly ``43 * 0.1`` (a virtual clock does
   that) would otherwise find nothing due and spin.
 
-Storage: one record per session (``Session``: owner, last activity, timeout, and the detector's own fields),
+Storage: one record per session (``SessionEntry``: owner, last activity, timeout, and the detector's own fields),
 in one uid-keyed map -- the detector's ``entries``, shared (see ``idled.core.detector``). Six parallel maps
 (owner, last seen, timeouts here; bucket, last seen, timeouts in the wheel) used to grow in the same login,
 each copying itself: 65-160 ms event-loop stalls at ~350k and ~700k sessions.
@@ -95,7 +95,7 @@ def ticks_for(seconds: float, tick: float) -> int:
     return max(1, math.ceil(seconds / tick - 1e-9))
 
 
-class Session(Entry):
+class SessionEntry(Entry):
     """One online uid: the detector's entry for it (activity tick, timeout in ticks, its bucket) plus the
     table's own fields, in one record under one map (see ``idled.core.detector``)."""
 
@@ -143,8 +143,8 @@ class PresenceTable:
         if len(detector):
             raise ValueError("the presence table needs a detector of its own, empty")
         self._detector = detector
-        # The one uid-keyed map: the detector's entries, which are this table's Session records.
-        self._sessions: dict[Uid, Session] = detector.entries  # type: ignore[assignment]
+        # The one uid-keyed map: the detector's entries, which are this table's SessionEntry records.
+        self._sessions: dict[Uid, SessionEntry] = detector.entries  # type: ignore[assignment]
         self._plain_touch = detector.plain_touch
         self._touch_entry = detector.touch_entry
         self._detector_name = detector_name
@@ -158,7 +158,7 @@ class PresenceTable:
         self._tick_now = 0
         self._ending: list[Uid] = []  # end_all's snapshot of the uids still to end
         # Sessions due while their owner's watermark lagged (see idled.core.watermarks).
-        self.holds: Holds[Session] = Holds()
+        self.holds: Holds[SessionEntry] = Holds()
 
     # -- rules ----------------------------------------------------------------------------------------
 
@@ -185,7 +185,7 @@ class PresenceTable:
         """The first tick at or after ``now + timeout`` (the same 1e-9 slack as ``ticks_for``)."""
         return math.ceil((now + timeout) / self._tick - 1e-9)
 
-    def _own_tick(self, session: Session, now: float) -> int:
+    def _own_tick(self, session: SessionEntry, now: float) -> int:
         """The activity tick of a session whose timeout is not the default."""
         return self._due_tick(now, session.seconds) - session.timeout
 
@@ -199,7 +199,7 @@ class PresenceTable:
         old = self._sessions.get(uid)
         if old is None and self.holds.held:
             old = self.holds.take(uid)
-        session = Session(owner, now, self._timeout if timeout == self._timeout else timeout)
+        session = SessionEntry(owner, now, self._timeout if timeout == self._timeout else timeout)
         self._file(uid, session, now)
         if old is not None:
             return old.owner, None  # newest wins, without an offline/online flap
@@ -220,7 +220,7 @@ class PresenceTable:
             else:
                 self._touch_entry(session, tick)
 
-    def _file(self, uid: Uid, session: Session, now: float) -> None:
+    def _file(self, uid: Uid, session: SessionEntry, now: float) -> None:
         """Put ``session`` (active at ``now``) in the detector, replacing whatever it held for ``uid``."""
         session.seen = now
         if session.seconds is self._timeout:
@@ -263,7 +263,7 @@ class PresenceTable:
         self._detector.remove(uid)
         return self._offline(session, now, wall, reason)
 
-    def _offline(self, session: Session, now: float, wall: float, reason: str) -> PresenceEvent:
+    def _offline(self, session: SessionEntry, now: float, wall: float, reason: str) -> PresenceEvent:
         """The offline event of a session already out of the detector."""
         last_seen = wall - (now - session.seen)
         return self._event("offline", session.key, wall, reason, last_seen, session.seconds)
@@ -272,12 +272,14 @@ class PresenceTable:
         """Offline events (reason ``idle``) for sessions whose deadline passed, with their owners: held sessions
         their owner's watermark has now passed, then the detector's due ones -- except those it holds."""
         holds = self.holds
-        expired: list[Session] = holds.release(limit) if holds.ready else []
+        expired: list[SessionEntry] = holds.release(limit) if holds.ready else []
         if limit is not None:
             limit -= len(expired)
             if limit <= 0:
                 return [(self._offline(session, now, wall, "idle"), session.owner) for session in expired]
-        due: list[Session] = self._detector.advance_entries(math.floor(now / self._tick), limit)  # type: ignore[assignment]
+        due: list[SessionEntry] = self._detector.advance_entries(  # type: ignore[assignment]  # entries are ours
+            math.floor(now / self._tick), limit
+        )
         if holds.tracking:
             hold = holds.hold
             due = [session for session in due if not hold(session)]
@@ -299,7 +301,7 @@ class PresenceTable:
                 if not ending:
                     break
             uid = ending.pop()
-            session: Session | None = sessions.get(uid)
+            session: SessionEntry | None = sessions.get(uid)
             if session is not None:
                 self._detector.remove(uid)
             elif uid in holds.held:
@@ -337,7 +339,7 @@ class PresenceTable:
         """The detector's optional work before the next tick (see ``Detector.work_ahead``)."""
         return self._detector.work_ahead(limit)
 
-    def _session(self, uid: Uid) -> Session | None:
+    def _session(self, uid: Uid) -> SessionEntry | None:
         session = self._sessions.get(uid)
         return self.holds.held.get(uid) if session is None else session
 

@@ -46,7 +46,7 @@ COMPACT_SLACK = 64  # stale entries tolerated in a queue beyond its live ones be
 
 
 class Holdable(Protocol):
-    """What a held session must carry (``idled.core.presence.Session``)."""
+    """What a held session must carry (``idled.core.presence.SessionEntry``)."""
 
     key: Hashable
     owner: Any
@@ -74,7 +74,7 @@ class _Owner(Generic[H]):
 
 class Holds(Generic[H]):
     """Held sessions and the tracked owners' watermarks (see the module docstring). ``H``: the session record
-    the caller holds (``idled.core.presence.Session``), returned by ``take`` and ``release`` as it was held."""
+    the caller holds (``idled.core.presence.SessionEntry``), returned by ``take`` and ``release`` as it was held."""
 
     __slots__ = ("held", "_owners", "_ready", "_wanted")
 

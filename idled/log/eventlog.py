@@ -63,7 +63,7 @@ from idled.log.errors import (
     EventLogError, FsyncFailed, LogLocked, LogStateError, RecordTooLarge, SeqOrderError, WriteFailed,
 )
 from idled.log.records import HEADER_BYTES, MAX_RECORD_BYTES, DecodeResult, decode_buffer, encode_record
-from idled.log.recovery import OnlineSessions, Recovery, SegmentReport, quarantine_tail, scan_log, verify_log
+from idled.log.recovery import RecoveredSessions, Recovery, SegmentReport, quarantine_tail, scan_log, verify_log
 from idled.log.segments import (
     READ_CHUNK_BYTES, SEGMENT_SUFFIX, SegmentScan, fsync_directory, list_segments, segment_name, write_all,
 )
@@ -227,7 +227,7 @@ class EventLog:
             next_seq=next_seq,
             truncated_bytes=truncated,
             corrupt_records=corrupt,
-            online=OnlineSessions(dict(scan.sessions), scan.replayed, scan.snapshot.seq),
+            online=RecoveredSessions(dict(scan.sessions), scan.replayed, scan.snapshot.seq),
             records=scan.records,
             segments=len(scan.segments),
             skipped_bytes=skipped,

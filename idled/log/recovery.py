@@ -6,7 +6,7 @@ Theory of operation
 verifies. It returns the largest seq, every segment's damage, and the open sessions: the snapshot's (state
 after every seq < N), then every record with seq >= N replayed on top -- a uid whose last record is online
 is open. Each open session is kept compact -- its summary (last seen, timeout) and, when replayed, the seq
-of its online record; `OnlineSessions` builds a minimal record when asked -- so recovery of a million
+of its online record; `RecoveredSessions` builds a minimal record when asked -- so recovery of a million
 sessions does not hold a million dicts (full records held ~875 bytes a session: 175 MB at 200,000, more
 than the run that logged them had used in all).
 
@@ -35,7 +35,7 @@ from idled.log.segments import SegmentScan, fsync_directory, list_segments, writ
 from idled.log.snapshot import Snapshot, Uid, load_snapshot, session_summary, summary_record
 
 __all__ = [
-    "QUARANTINE_INFIX", "SegmentReport", "LogScan", "OnlineSessions", "Recovery", "scan_log", "verify_log",
+    "QUARANTINE_INFIX", "SegmentReport", "LogScan", "RecoveredSessions", "Recovery", "scan_log", "verify_log",
     "quarantine_tail",
 ]
 
@@ -69,7 +69,7 @@ class SegmentReport:
         return sum(region[2] for region in self.damage)
 
 
-class OnlineSessions(Mapping[Uid, dict[str, Any]]):
+class RecoveredSessions(Mapping[Uid, dict[str, Any]]):
     """uid -> last online record of every open session, minimal: kind, uid, last_seen and timeout (what a
     restart record needs), and ``seq`` when it was replayed from a segment or ``snapshot`` (the snapshot's
     seq) when it came from the snapshot."""
@@ -96,7 +96,7 @@ class OnlineSessions(Mapping[Uid, dict[str, Any]]):
         return len(self._sessions)
 
     def __repr__(self) -> str:
-        return f"OnlineSessions({dict(self.items())!r})"
+        return f"RecoveredSessions({dict(self.items())!r})"
 
 
 @dataclass(slots=True)
@@ -194,7 +194,7 @@ class Recovery:
     all of them first copied to `quarantined`. corrupt_records: records lost to damage anywhere (estimated;
     a lone torn record is not counted: it never was a record). skipped_bytes: damaged bytes skipped in
     place (kept on disk). damaged_segments: the report of every segment with damage. online: uid -> last
-    online record of every open session (see OnlineSessions). records / segments: good records and segment
+    online record of every open session (see RecoveredSessions). records / segments: good records and segment
     files scanned. snapshot_seq / damaged_snapshots: the snapshot recovery started from (0: none).
     """
 

@@ -55,7 +55,7 @@ Role = Callable[[trio.abc.Stream, FrameDecoder, Login], Awaitable[str | None]]
 
 
 class Admission(Protocol):
-    """What the doorway asks of the sessions behind it (the core's, an edge's: ``idled.server.users.UserSessions``
+    """What the doorway asks of the sessions behind it (the core's, an edge's: ``idled.server.users.UserSink``
     extends it): whether shutdown has begun, before and after the login."""
 
     @property

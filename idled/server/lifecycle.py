@@ -9,7 +9,7 @@ they run. The parts they agree on live here, once:
 * ``connection_counts``: the open connections by role label, plus ``pending`` (still logging in); the
   doorway, the user plane and the status lines all read and write this one dict;
 * ``roles``: the doorway's table, login role -> handler. Users run the shared user loop
-  (``idled.server.users.run_user``) on the process's ``UserSessions``; gateways and observers get the
+  (``idled.server.users.run_user``) on the process's ``UserSink``; gateways and observers get the
   process's own handler (the core serves them, an edge relays them);
 * ``user_plane``: the one task serving every logged-in plain TCP user; a connection it closes gives its
   count back;
@@ -34,7 +34,7 @@ from idled.ops.config import Config, ConfigError
 from idled.ops.fdbudget import Budget
 from idled.server.conn import ROLE_LABELS, Doorway, Role
 from idled.server.plane import UserPlane
-from idled.server.users import UserSessions, run_user
+from idled.server.users import UserSink, run_user
 
 __all__ = [
     "DOOR_RELOADABLE", "connection_counts", "connection_limit", "reload", "reload_door", "roles", "user_plane",
@@ -49,12 +49,12 @@ def connection_counts() -> dict[str, int]:
     return {**{label: 0 for label in ROLE_LABELS.values()}, "pending": 0}
 
 
-def roles(users: UserSessions[Any], *, gateway: Role, observer: Role) -> dict[str, Role]:
+def roles(users: UserSink[Any], *, gateway: Role, observer: Role) -> dict[str, Role]:
     """The doorway's role table: users run the shared user loop on ``users``; the others their handler."""
     return {"uid": functools.partial(run_user, users), "gateway": gateway, "observer": observer}
 
 
-def user_plane(users: UserSessions[Any], connections: dict[str, int], reject: Callable[[str], None]) -> UserPlane:
+def user_plane(users: UserSink[Any], connections: dict[str, int], reject: Callable[[str], None]) -> UserPlane:
     """The user plane for ``users``'s logged-in plain TCP connections (set as ``users.plane``); each it
     closes leaves ``connections`` (the doorway counted it in). ``reject`` counts a frame it refused."""
 

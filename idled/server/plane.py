@@ -46,7 +46,7 @@ import trio
 
 from idled.protocol import NEED_DATA, PONG_FRAME, Error, FrameDecoder, ProtocolError, encode
 from idled.protocol.messages import ErrorCode
-from idled.server.users import LOGOUT, PONG, UserSessions, user_step
+from idled.server.users import LOGOUT, PONG, UserSink, user_step
 
 __all__ = ["MAX_OUT", "Adopted", "UserPlane"]
 
@@ -79,10 +79,10 @@ class Adopted:
 
 
 class UserPlane:
-    """See the module docstring. ``users`` is the ``UserSessions`` the connections belong to; ``release`` gives
+    """See the module docstring. ``users`` is the ``UserSink`` the connections belong to; ``release`` gives
     a closed connection's count back (the doorway's); ``reject(code)`` counts a protocol error."""
 
-    def __init__(self, users: UserSessions[Any], *, release: Callable[[], None],
+    def __init__(self, users: UserSink[Any], *, release: Callable[[], None],
                  reject: Callable[[str], None]) -> None:
         self.users = users
         self.release = release

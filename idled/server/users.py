@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 After the login the task is one loop -- read a message, touch, answer a ping -- and that loop is the per-packet
 path of the whole daemon (~3.3k packets/s at 100k users). What a session does beyond its connection is a
-``UserSessions``, the one thing that differs between a user served by the core and one served by an edge (it
+``UserSink``, the one thing that differs between a user served by the core and one served by an edge (it
 is also what the doorway admits connections against: ``stopping``, ``refuse_if_stopping``):
 
 * ``begin(login)``, before the welcome. Core: wait for the log's room, ``presence.login``, tell a previous
@@ -25,7 +25,7 @@ session by cancelling the connection's scope (``Connection.release``); this task
 and closes.
 
 *Handing over.* Right after the welcome a plain TCP connection is handed over to the user plane
-(``idled.server.plane``: one task for every logged-in user, no task of its own) when the ``UserSessions``
+(``idled.server.plane``: one task for every logged-in user, no task of its own) when the ``UserSink``
 has one: the task returns ``HANDED_OVER`` and ends, and the doorway leaves the connection open and counted
 (the plane gives the count back when it closes it). TLS connections and in-memory test streams stay here.
 Both loops apply the same frame rule (``user_step``). ``end`` is called however the connection ends but by cancellation -- bye (``logout``), end of
@@ -52,7 +52,7 @@ from idled.protocol import (
 from idled.server.conn import HANDED_OVER, Admission, Connection, close_with
 from idled.server.sessions import Sessions
 
-__all__ = ["CoreUsers", "HANDED_OVER", "LOGOUT", "NOTHING", "PONG", "UserSessions", "run_user", "user_step"]
+__all__ = ["CoreUsers", "HANDED_OVER", "LOGOUT", "NOTHING", "PONG", "UserSink", "run_user", "user_step"]
 
 NOTHING, PONG, LOGOUT = 0, 1, 2  # what a user's frame asks for (user_step)
 
@@ -77,7 +77,7 @@ class Plane(Protocol):
     def adopt(self, stream: trio.abc.Stream, uid: Uid, conn: Any, decoder: FrameDecoder) -> bool: ...
 
 
-class UserSessions(Admission, Protocol[C]):
+class UserSink(Admission, Protocol[C]):
     """What happens to a user's session as its connection goes (see the module docstring); the doorway in
     front of it asks it whether shutdown has begun (``Admission``)."""
 
@@ -102,7 +102,7 @@ class UserSessions(Admission, Protocol[C]):
 
 
 class CoreUsers:
-    """The core's ``UserSessions``: the presence table, changed through ``Sessions``."""
+    """The core's ``UserSink``: the presence table, changed through ``Sessions``."""
 
     __slots__ = ("sessions", "touch", "now", "plane")
 
@@ -138,7 +138,7 @@ class CoreUsers:
         sessions.publish(sessions.presence.logout(uid, conn, self.now(), time.time(), reason))
 
 
-async def run_user(users: UserSessions[Any], stream: trio.abc.Stream, decoder: FrameDecoder, login: Login) -> str | None:
+async def run_user(users: UserSink[Any], stream: trio.abc.Stream, decoder: FrameDecoder, login: Login) -> str | None:
     """Serve a logged-in user (bind ``users`` with functools.partial to make it a role). Returns
     ``HANDED_OVER`` when the user plane took the connection (the caller must leave it open)."""
     uid = login.name

@@ -51,7 +51,7 @@ def test_counts_and_roles_cover_every_login_role() -> None:
     async def observer(*_: object) -> None:
         return None
 
-    users: Any = object()  # stands for a UserSessions: the table only binds it
+    users: Any = object()  # stands for a UserSink: the table only binds it
     table = lifecycle.roles(users, gateway=gateway, observer=observer)
     assert set(table) == set(ROLE_LABELS)
     uid: Any = table["uid"]

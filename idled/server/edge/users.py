@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 *Users.* After the doorway's login (``idled.server.conn.Doorway``: admission, login timeout, auth, error
 frames -- the server's own code), a user runs the server's own user loop (``idled.server.users.run_user``)
-with this object as its ``UserSessions``: the login is ``link.attach``, every frame ``link.touch(uid)`` (a
+with this object as its ``UserSink``: the login is ``link.attach``, every frame ``link.touch(uid)`` (a
 dict store), a ping is answered with a pong from here, and ``bye`` or the end of the stream ends it
 (``link.detach``). Its ``welcome`` carries the timeout the core would give (``CoreParams.timeout_for``). There
 is no per-connection timer or buffer beyond the decoder: idleness is the core's job, and the core says when
@@ -64,7 +64,7 @@ class EdgeUser(Connection):
 
 
 class EdgeUsers:
-    """The edge's ``UserSessions`` for the shared user loop (``idled.server.users.run_user``), the relay for
+    """The edge's ``UserSink`` for the shared user loop (``idled.server.users.run_user``), the relay for
     the other roles (``relay``), and ``ended`` notices."""
 
     # The link stamps nothing (the core stamps a touch when it arrives): any cheap clock fills the loop's
