@@ -20,6 +20,7 @@ import socket
 import subprocess
 import struct
 import sys
+import urllib.request
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -29,6 +30,7 @@ import msgpack
 import trio
 import trio.testing
 from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
 
 from idled.log.eventlog import iter_records
 from idled.ops.config import Config
@@ -266,6 +268,17 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def scrape(metrics_port: int, name: str) -> float:
+    """One sample ``name`` (no labels) from a daemon's /metrics; fails if it is not exported."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name:
+                return float(sample.value)
+    raise AssertionError(f"{name} not exported")
 
 
 def serve_command(data_dir: Path, *options: str) -> list[str]:

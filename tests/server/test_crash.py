@@ -21,14 +21,12 @@ import os
 import random
 import signal
 import struct
-import urllib.request
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
-from prometheus_client.parser import text_string_to_metric_families
 
 from idled.log.eventlog import iter_records, list_segments
 from idled.protocol import BYE, PING, Event, Subscribe
@@ -55,13 +53,7 @@ class Daemon(peers.Daemon):
 
     def records_written(self) -> int:
         """idled_eventlog_records_total: records whose commit (write + fdatasync) has returned."""
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as response:
-            text = response.read().decode()
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name == "idled_eventlog_records_total":
-                    return int(sample.value)
-        raise AssertionError("idled_eventlog_records_total not exported")
+        return int(peers.scrape(self.metrics_port, "idled_eventlog_records_total"))
 
 
 @pytest.fixture(autouse=True, params=["0", "2"], ids=lambda n: f"workers{n}")

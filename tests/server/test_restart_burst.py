@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import signal
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 import trio
-from prometheus_client.parser import text_string_to_metric_families
 
 from idled.log.eventlog import iter_records
 from idled.protocol import Attach
@@ -44,13 +42,7 @@ class Daemon(peers.Daemon):
         super().__init__(command, tmp_path / f"run-{run}.stderr", timeout=60.0)
 
     def records_written(self) -> int:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as response:
-            text = response.read().decode()
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name == "idled_eventlog_records_total":
-                    return int(sample.value)
-        raise AssertionError("idled_eventlog_records_total not exported")
+        return int(peers.scrape(self.metrics_port, "idled_eventlog_records_total"))
 
     async def written(self, count: int, timeout: float = 40.0) -> None:
         with trio.fail_after(timeout):
