@@ -31,7 +31,7 @@ def _start(text: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"not unix seconds or an ISO date: {text!r}") from None
     if when.tzinfo is None:
-        when = when.replace(tzinfo=dt.timezone.utc)
+        when = when.replace(tzinfo=dt.UTC)
     return when.timestamp()
 
 

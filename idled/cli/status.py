@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import sys
 import urllib.error
 import urllib.request
@@ -89,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{PROG}: {args.metrics}/status answered {exc.code} {exc.reason} (an idled older than /status?)",
               file=sys.stderr)
         return EXIT_FAILURE
-    except (OSError, socket.timeout) as exc:
+    except (TimeoutError, OSError) as exc:
         reason = getattr(exc, "reason", None) or exc
         refused = isinstance(reason, ConnectionRefusedError)
         hint = " (is it running? start it with: idled serve)" if refused else ""

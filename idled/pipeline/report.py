@@ -12,7 +12,7 @@ __all__ = ["format_report", "write_chart"]
 def _utc(seconds: float | None) -> str:
     if seconds is None:
         return "-"
-    return dt.datetime.fromtimestamp(seconds, dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
@@ -75,15 +75,16 @@ def write_chart(concurrency: Sequence[tuple[int, int]], path: str) -> str | None
     import matplotlib.dates as mdates
     import matplotlib.pyplot as plt
 
-    times = [dt.datetime.fromtimestamp(m, dt.timezone.utc) for m, _ in concurrency]
+    times = [dt.datetime.fromtimestamp(m, dt.UTC) for m, _ in concurrency]
     users = [u for _, u in concurrency]
     fig, ax = plt.subplots(figsize=(11, 4), dpi=100)
     try:
-        ax.plot(times, users, linewidth=0.8)
+        # matplotlib's stubs type x as numbers or arrays only; its date units converter plots datetimes
+        ax.plot(times, users, linewidth=0.8)  # type: ignore[arg-type]
         ax.set_title("idled: users online per minute (any time during the minute)")
         ax.set_xlabel("time (UTC)")
         ax.set_ylabel("users online")
-        ax.xaxis.set_major_formatter(mdates.DateFormatter("%m-%d %H:%M", tz=dt.timezone.utc))
+        ax.xaxis.set_major_formatter(mdates.DateFormatter("%m-%d %H:%M", tz=dt.UTC))
         ax.grid(True, alpha=0.3)
         fig.autofmt_xdate()
         fig.tight_layout()
