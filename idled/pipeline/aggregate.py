@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Final
 from idled.pipeline.pairing import USER, date_of, lateness_input_of, pair, pair_count, sessions_of, span, uid_columns
 from idled.pipeline.rules import BUCKETS, NOT_USER_ENDS, FlapParams, bucket_label
 from idled.pipeline.schemas import SMALL_SCHEMAS
-from idled.pipeline.spark import materialize
+from idled.pipeline.spark import agg_row, materialize
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -240,12 +240,12 @@ def build_tables(
     data_end = {row[0]: row[1] for row in events.groupBy("daemon").agg(F.max("ts")).collect()}
     pairs = materialize(pair(events, dedupe))
     online = F.col("online")
-    totals = pairs.agg(
+    totals = agg_row(pairs.agg(
         F.count(F.when(online, 1)).alias("sessions"),
         F.count(F.when(online & F.col("next_online").isNull(), 1)).alias("open_sessions"),
         F.count(F.when(online & F.col("next_online"), 1)).alias("superseded"),
         F.count(F.when(F.col("orphan"), 1)).alias("orphans"),
-    ).first()
+    ))
     counts = totals.asDict()
     counts["unique"] = pair_count(events) if dedupe else event_count
     laps.mark("pair")

@@ -18,7 +18,12 @@ from typing import TYPE_CHECKING, Any, Final
 from idled.pipeline.records import FileStats, Row, iter_rows, seq_ranges_overlap
 
 if TYPE_CHECKING:
+    from pyspark.accumulators import AccumulatorParam
     from pyspark.sql import DataFrame, SparkSession
+
+    _PerFileParam = AccumulatorParam[dict[str, tuple]]
+else:
+    _PerFileParam = object  # at run time the class is duck-typed: pyspark is not imported
 
 __all__ = ["EVENT_SCHEMA", "PerFileStats", "daemon_names", "default_partitions", "read_events", "file_totals"]
 
@@ -27,8 +32,9 @@ EVENT_SCHEMA: Final = (
 )
 
 
-class PerFileStats:
-    """AccumulatorParam (duck-typed, so this module need not import pyspark): path -> counters, last wins."""
+class PerFileStats(_PerFileParam):
+    """AccumulatorParam (duck-typed at run time, so this module need not import pyspark; a subclass for the
+    type checker): path -> counters, last wins."""
 
     def zero(self, value: dict[str, tuple]) -> dict[str, tuple]:
         return {}

@@ -148,7 +148,7 @@ def _plan(spark: SparkSession, state: State, out: str, names: Sequence[str], fla
 
     from idled.pipeline.aggregate import _sessions_out
     from idled.pipeline.pairing import lateness_input_of, pair, sessions_of, span
-    from idled.pipeline.spark import materialize
+    from idled.pipeline.spark import agg_row, materialize
 
     sc = spark.sparkContext
     data = json.loads(json.dumps(state.data))  # the new state, a deep copy
@@ -189,10 +189,10 @@ def _plan(spark: SparkSession, state: State, out: str, names: Sequence[str], fla
                     else F.lit(None).cast("double"))
         .withColumn("m0", m0).withColumn("m1", m1).withColumn("d0", d0).withColumn("d1", d1)
     )
-    totals = sessions.agg(
+    totals = agg_row(sessions.agg(
         F.count("*"), F.count(F.when(F.col("open"), 1)), F.count(F.when(F.col("end_reason") == "superseded", 1)),
         F.count(F.when(F.col("carried"), 1)), F.min("m0"), F.max("m1"), F.max(F.when(~F.col("open"), F.col("m1"))),
-    ).first()
+    ))
     counts["sessions"] += totals[0] - totals[3]
     counts["open_sessions"] = totals[1]
     counts["superseded"] += totals[2]
@@ -214,7 +214,7 @@ def _plan(spark: SparkSession, state: State, out: str, names: Sequence[str], fla
                  data, open_rows, spanning_old.unionByName(spanning_new))
 
 
-def _added_moves(staged_root: str, target_root: str, prefix: str) -> list[tuple[str | None, str]]:
+def _added_moves(staged_root: str, target_root: str, prefix: str) -> list[tuple[str, str]]:
     """Each file staged under `staged_root` into the same partition of `target_root`, its name prefixed."""
     return [(os.path.join(staged_root, partition, name), os.path.join(target_root, partition, prefix + name))
             for partition, name in staged_files(staged_root)]
@@ -262,9 +262,9 @@ def _commit(state: State, batch: Batch, out: str, laps: Laps) -> None:
         laps.mark(f"write_{table}")
     for table, dates in batch.refresh.dates.items():
         staged_root = os.path.join(staging, table)
-        frame = batch.refresh.frames.get(table)
-        if frame is not None:
-            frame.coalesce(1).write.partitionBy("date").parquet(staged_root)
+        rewritten = batch.refresh.frames.get(table)
+        if rewritten is not None:
+            rewritten.coalesce(1).write.partitionBy("date").parquet(staged_root)
             laps.mark(f"write_{table}")
         target_root = os.path.join(state.path if table in STATE_TABLES else out, table)
         for date in dates:

@@ -41,10 +41,12 @@ from idled.pipeline.decode import EVENT_SCHEMA, daemon_names, file_totals, read_
 from idled.pipeline.output import SmallTables, read_small_tables, summarize, write_summary, write_tables
 from idled.pipeline.rules import FlapParams
 from idled.pipeline.schemas import SMALL_SCHEMAS
-from idled.pipeline.spark import materialize, spark_conf, start_spark
+from idled.pipeline.spark import master_of, materialize, spark_conf, start_spark
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+
+    from idled.pipeline.statedir import State
 
 # The job's public names, several defined in the stage modules and re-exported so `idled.pipeline.job` stays
 # the one import for callers.
@@ -151,7 +153,7 @@ def _run(config: JobConfig, spark: SparkSession, t0: float) -> JobResult:
         "aggregate_steps": laps.laps,
     }
     summary = summarize(
-        names=names, out=config.out, master=spark.sparkContext.master, flap=config.flap, files=files,
+        names=names, out=config.out, master=master_of(spark), flap=config.flap, files=files,
         event_count=event_count, tables=tables, small=small, written=written, timings=timings,
     )
     summary["pairing"] = path
@@ -177,7 +179,8 @@ def _run_incremental(config: JobConfig, spark: SparkSession | None, t0: float) -
         return _incremental_in(config, session, t0, state, work)
 
 
-def _incremental_in(config: JobConfig, spark: SparkSession, t0: float, state: Any, work: list[Any]) -> JobResult:
+def _incremental_in(config: JobConfig, spark: SparkSession, t0: float, state: State,
+                    work: list[tuple[int, str, int, int]]) -> JobResult:
     from idled.pipeline.incremental import file_totals_of, lateness_by_detector, run_incremental
 
     names = daemon_names(config.events)
@@ -197,10 +200,10 @@ def _incremental_in(config: JobConfig, spark: SparkSession, t0: float, state: An
     timings: dict[str, Any] = {"spark_start": round(t_started - t0, 3), "incremental": round(t_done - t_started, 3),
                                "incremental_steps": laps.laps}
     summary = summarize(
-        names=names, out=config.out, master=spark.sparkContext.master, flap=config.flap, files=file_totals_of(data),
+        names=names, out=config.out, master=master_of(spark), flap=config.flap, files=file_totals_of(data),
         event_count=counts["events"], tables=tables, small=small, written=written, timings=timings,
     )
-    summary["incremental"] = {"files_decoded": len(work), "nothing_new": False, "state": os.path.abspath(config.state)}
+    summary["incremental"] = {"files_decoded": len(work), "nothing_new": False, "state": os.path.abspath(state.path)}
     return _finish(config, summary, timings, small, t0, rated=None)  # (a batch's rate says little of the whole)
 
 

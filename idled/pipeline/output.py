@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from idled.pipeline.aggregate import TABLES, Laps, Tables
 from idled.pipeline.rules import FlapParams
+from idled.pipeline.spark import agg_row
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -59,7 +60,7 @@ def read_small_tables(spark: SparkSession, frames: Mapping[str, DataFrame], writ
         for row in read_back("concurrency").select("minute_start", "users_online").orderBy("minute_start").collect()
     ]
     dau = [row.asDict() for row in read_back("dau").orderBy("date").collect()]
-    flapper_rows = read_back("flappers").agg(F.count("*"), F.countDistinct("uid", "uid_type")).first()
+    flapper_rows = agg_row(read_back("flappers").agg(F.count("*"), F.countDistinct("uid", "uid_type")))
     return SmallTables(concurrency, dau, flapper_rows[0], flapper_rows[1])
 
 

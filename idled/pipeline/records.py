@@ -86,7 +86,7 @@ def uid_key(uid: Any) -> str | None:
     """"i:<int>" / "s:<str>", or None for a uid of any other type (bool included: True is not user 1)."""
     kind = type(uid)
     if kind is int:
-        return "i:%d" % uid
+        return f"i:{uid}"
     if kind is str:
         return "s:" + uid
     return None
@@ -166,14 +166,14 @@ def iter_rows(data: bytes | bytearray | memoryview, daemon: int, stats: FileStat
             if type(ts) is float and type(reason) is str and math.isfinite(ts):
                 if kind == "online":
                     if type(uid) is int:
-                        yield (daemon, seq, True, "i:%d" % uid, ts, reason, None, None)
+                        yield (daemon, seq, True, f"i:{uid}", ts, reason, None, None)
                         continue
                     if type(uid) is str:
                         yield (daemon, seq, True, "s:" + uid, ts, reason, None, None)
                         continue
                 elif kind == "offline" and reason != "idle":
                     if type(uid) is int:
-                        yield (daemon, seq, False, "i:%d" % uid, ts, reason, None, None)
+                        yield (daemon, seq, False, f"i:{uid}", ts, reason, None, None)
                         continue
                     if type(uid) is str:
                         yield (daemon, seq, False, "s:" + uid, ts, reason, None, None)

@@ -95,13 +95,16 @@ def compute(rows: Iterable[Row], daemon_names: Sequence[str], params: FlapParams
                 if i == 0 or not unique[i - 1][2]:
                     orphans += 1
                 if reason == "idle" and deadline is not None:
+                    assert detector is not None  # records.to_row gives every idle offline a detector
                     lateness_values[(detector, int(ts // 3600) * 3600)].append(ts - deadline)
                 continue
             nxt = unique[i + 1] if i + 1 < len(unique) else None
             if nxt is None:
                 offline_seq = offline_ts = duration = end_reason = None
+                end = data_end[daemon]
             else:
                 offline_seq, offline_ts = nxt[1], nxt[4]
+                end = offline_ts
                 duration = offline_ts - ts
                 if nxt[2]:
                     end_reason = SUPERSEDED
@@ -112,7 +115,7 @@ def compute(rows: Iterable[Row], daemon_names: Sequence[str], params: FlapParams
                 "date": _date(ts), "daemon": daemon_names[daemon], "uid": uid, "uid_type": uid_type,
                 "online_seq": seq, "online_ts": ts, "offline_seq": offline_seq, "offline_ts": offline_ts,
                 "duration_s": duration, "end_reason": end_reason, "open": nxt is None,
-                "_key": key, "_end": max(offline_ts if nxt is not None else data_end[daemon], ts),
+                "_key": key, "_end": max(end, ts),
             })
 
     tables = {

@@ -38,6 +38,7 @@ from idled.pipeline.aggregate import Laps, _concurrency, _flappers, _lateness, _
 from idled.pipeline.pairing import USER, date_of, span
 from idled.pipeline.rules import NOT_USER_ENDS, FlapParams, unix_date
 from idled.pipeline.schemas import SMALL_SCHEMAS
+from idled.pipeline.spark import agg_row
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -133,11 +134,11 @@ def changes_of(sessions: DataFrame, lateness_new: DataFrame, flap: FlapParams, e
     # a carried session whose end moved changes the minutes from the earlier of its two ends on
     moved = F.when(carried & (old_end != end), F.floor(F.least(old_end, end) / _MINUTE))
     short = _short_closed(flap)
-    row = sessions.agg(
+    row = agg_row(sessions.agg(
         F.min(F.when(~carried, F.col("m0")).otherwise(moved)),
         F.collect_set(F.when(~is_open, F.array(F.col("d0"), F.col("d1")))),
         F.collect_set(F.when(short, F.array(F.col("d0"), _days(F.col("online_ts") + flap.window_s)))),
-    ).first()
+    ))
     flap_days: set[int] = set()
     for first_day, last_day in row[2]:
         flap_days.update(range(int(first_day), int(last_day) + 1))

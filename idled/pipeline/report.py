@@ -79,7 +79,8 @@ def write_chart(concurrency: Sequence[tuple[int, int]], path: str) -> str | None
     users = [u for _, u in concurrency]
     fig, ax = plt.subplots(figsize=(11, 4), dpi=100)
     try:
-        ax.plot(times, users, linewidth=0.8)
+        # matplotlib's stubs type x as numbers or arrays only; its date units converter plots datetimes
+        ax.plot(times, users, linewidth=0.8)  # type: ignore[arg-type]
         ax.set_title("idled: users online per minute (any time during the minute)")
         ax.set_xlabel("time (UTC)")
         ax.set_ylabel("users online")

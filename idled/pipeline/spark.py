@@ -15,9 +15,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import DataFrame, Row, SparkSession
 
-__all__ = ["spark_conf", "start_spark", "materialize", "is_local", "is_loopback"]
+__all__ = ["spark_conf", "start_spark", "materialize", "agg_row", "is_local", "is_loopback", "master_of"]
 
 # Root at WARN: Spark compares the root level with its own default (WARN) when the driver is Python and
 # prints "Setting default log level to ..." if they differ. The chatty WARN sources are raised to ERROR.
@@ -128,3 +128,21 @@ def materialize(frame: DataFrame) -> DataFrame:
     from pyspark import StorageLevel
 
     return frame.localCheckpoint(eager=True, storageLevel=StorageLevel.MEMORY_AND_DISK)
+
+
+def agg_row(frame: DataFrame) -> Row:
+    """The one row of `frame`, an aggregate without a grouping (``df.agg(...)``): it has exactly one row, even
+    over no input, so ``first()`` never returns None here (pyspark types it Optional for the general case)."""
+    row = frame.first()
+    if row is None:
+        raise RuntimeError("an aggregate without groupBy returned no row")
+    return row
+
+
+def master_of(spark: SparkSession) -> str:
+    """The master URL of `spark`'s context. pyspark types it Optional (it reads ``spark.master`` with a
+    plain conf get), but SparkContext refuses to start without ``spark.master``, so a running session has one."""
+    master = spark.sparkContext.master
+    if master is None:
+        raise RuntimeError("the SparkContext has no spark.master")
+    return master

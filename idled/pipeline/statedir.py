@@ -94,7 +94,7 @@ def staged_files(root: str) -> list[tuple[str, str]]:
     checksums and markers (names starting with ``.`` or ``_``) are left out."""
     if not os.path.isdir(root):
         return []
-    found = []
+    found: list[tuple[str, str]] = []
     for partition in sorted(os.listdir(root)):
         if partition.startswith(("_", ".")) or not os.path.isdir(os.path.join(root, partition)):
             continue
