@@ -29,7 +29,7 @@ PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 DAEMON_LINE = "    python3 -m venv .venv && .venv/bin/pip install -e . && .venv/bin/idled serve"
 TEST_LINE = (
     "    bash .ci/system-deps && python3 -m venv .venv && .venv/bin/pip install -e '.[test,pipeline,plot]'"
-    " && .venv/bin/pytest -q"
+    " && .venv/bin/mypy idled && .venv/bin/ruff check idled tests && .venv/bin/pytest -q"
 )
 MAX_README_LINES = 250
 DOC_PAGES = ("protocol", "event-log", "operations", "bench", "loadtest", "pipeline", "architecture")
