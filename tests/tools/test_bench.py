@@ -15,9 +15,11 @@ import pytest
 
 from idled.tools.bench import detectors as bench
 from idled.tools.bench import schedule as bench_schedule
+from idled.tools.bench import table as bench_table
 
 from idled.cli import main as cli
-from idled.core.factory import DETECTOR_KINDS
+from idled.core.detector import Entry
+from idled.core.factory import DETECTOR_KINDS, make_detector
 
 EXPECTED_KEYS = {
     "detector",
@@ -81,12 +83,13 @@ def test_bench_runs_every_detector_exactly(tmp_path: Path, capsys: pytest.Captur
         (size, kind) for size in (500, 2000) for kind in DETECTOR_KINDS
     }
 
-    # The table: the dict floor, one row per detector, and missed == 0 (last column) for each.
-    assert "dict floor" in out
+    # The table: the two floors, one row per detector, and missed == 0 (last column) for each.
+    assert out.count("\ndict floor ") == out.count("\nrecord floor ") == 2  # one of each per size
     parsed = table_rows(out)
     assert set(parsed) == {(size, kind) for size in (500, 2000) for kind in DETECTOR_KINDS}
     assert all(fields[-1] == "0" and fields[-2] == "0" for fields in parsed.values())  # missed, early
-    assert "ring-lazy touch / dict floor" in out and "targets at 2,000 keys" in out
+    assert "ring-lazy touch / dict floor" in out and "ring-lazy touch / record floor" in out
+    assert "n/a   ring-lazy touch <= 1.5x record floor" in out and "targets at 2,000 keys" in out
 
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -262,3 +265,39 @@ def test_best_of_keeps_a_stall_both_runs_make_and_drops_one_that_hit_a_single_ru
     # Runs that did not make the same calls (not expected): the run whose worst call was the least bad.
     best = bench.best_of([(run_result(700.0, 9.0), first), (run_result(650.0, 8.0), second[:-1])])
     assert best.call_max_ms == pytest.approx(1.5)
+
+
+# -- the floors and the touch target ----------------------------------------------------------------------------
+
+
+def test_the_record_floor_holds_the_wheels_record_and_stores_the_tick_in_it() -> None:
+    records = bench.RecordFloor()
+    records.add("u1", 3)
+    records.touch("u1", 7)
+    entry = records.entries["u1"]
+    wheel = make_detector("ring-lazy", timeout=30, slots=30)
+    wheel.add("u1", 3)
+    assert type(entry) is type(wheel.entries["u1"]) is Entry  # the same record, so the same size
+    assert (entry.key, entry.tick) == ("u1", 7)
+    schedule = make_schedule(size=300)
+    for kind in bench.FLOORS:
+        floor = bench.run_floor(schedule, kind=kind)
+        assert floor.touch_ns > 0 and floor.cpu_ms_per_s > 0
+    with pytest.raises(ValueError):
+        bench.run_floor(schedule, kind="list floor")
+
+
+def test_the_lazy_touch_is_judged_against_the_record_floor_not_the_dict_floor() -> None:
+    def report(lazy_ns: float, record_ns: float) -> bench.SizeReport:
+        results = {"ring-lazy": run_result(lazy_ns, 1.0)}
+        return bench.SizeReport(bench_table.TARGET_SIZE, 1.0, 1000, 10, run_result(400.0, 0.0), results,
+                                run_result(record_ns, 0.0))
+
+    label = "ring-lazy touch <= 1.5x record floor"
+    # 1.75x the dict floor, 1.17x the record floor: passes.
+    passing = {c.label: c for c in bench_table.target_checks([report(700.0, 600.0)])}
+    assert passing[label].passed is True and passing[label].detail == "700.0 / 600.0 ns = 1.17x"
+    failing = {c.label: c for c in bench_table.target_checks([report(1000.0, 600.0)])}
+    assert failing[label].passed is False
+    lines = bench_table.ratio_lines(report(700.0, 600.0))
+    assert "ring-lazy touch / dict floor: 1.75x" in lines and "ring-lazy touch / record floor: 1.17x" in lines

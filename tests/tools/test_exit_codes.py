@@ -146,7 +146,7 @@ def _result(early: int = 0, tick_max_ms: float = 1.0, call_max_ms: float = 0.1) 
 
 def _report(size: int, **eager: float) -> SizeReport:
     results = {"ring-eager": _result(**eager), "heap": _result(tick_max_ms=10.0)}  # type: ignore[arg-type]
-    return SizeReport(size, 1.0, 1000, 10, _result(), results)
+    return SizeReport(size, 1.0, 1000, 10, _result(), results, _result())
 
 
 def test_bench_targets_judged_at_the_target_size_and_exactness_always() -> None:

@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 Time is integer ticks (read them as seconds). For each size N one *schedule* is built before anything is
-timed, and every detector (and the dict floor) is driven through exactly that schedule:
+timed, and every detector (and each floor) is driven through exactly that schedule:
 
 (`idled.tools.bench.schedule`, which says how keys log in, ping and fall silent).
 
@@ -24,7 +24,10 @@ sub-millisecond figures (a 4 ms preemption inside a 0.4 ms chunk). ``--clock wal
 gives what an event loop sees on a quiet machine. Reported per detector and size:
 
 * ``touch_ns``: measured touch time / measured touches (the loop's own iteration is included, the same for
-  the dict floor, which runs the identical loop with ``store = d.__setitem__``);
+  the two floors, which run the identical loop: the *dict floor* with ``store = d.__setitem__``, one C call
+  and one cache miss per key at 1M keys; the *record floor* (``RecordFloor``) with a Python method doing
+  ``entries[key].tick = now`` over one ``Entry`` per key -- the least a one-record detector's keepalive can
+  cost: the wheel's call shape, the lookup and the store into the record, two misses);
 * ``tick_mean_ms`` / ``tick_max_ms``: all the detector work of one tick, i.e. the sum of that tick's
   ``next_due`` and ``advance`` calls. It is measured with the chunked calls, so it is the unchunked work plus
   the small per-chunk overhead (``--chunk 0`` runs truly unchunked to compare); the max is the stall an
@@ -52,7 +55,7 @@ says how many passes ran in the measured window and the longest. The benchmark's
 (``ExpiryLog``) is made before the freeze and never adds a young container, so no pass is the benchmark's
 own doing. Each detector is freed and collected before the next.
 
-Best of two: every timed run is made twice (``REPEATS``; the dict floor too), through the same schedule, and
+Best of two: every timed run is made twice (``REPEATS``; the floors too), through the same schedule, and
 each figure is the better of the two -- for ``call_max_ms``/``call_p99_ms`` call by call: the two runs make
 the same calls with the same work, so the k-th call's time is the lesser of its two timings. A stall of the
 detector's own (a dict growth, a collector pass its allocations cause) recurs in both runs at the same call;
@@ -79,15 +82,15 @@ from dataclasses import dataclass
 from time import perf_counter_ns, thread_time_ns
 from typing import Any, TextIO
 
-from idled.core.detector import Detector
+from idled.core.detector import Detector, Entry
 from idled.core.factory import make_detector
 from idled.tools.bench.schedule import Schedule, build_schedule
 from idled.tools.loadtest.histogram import percentile
 
 __all__ = [
     "DEFAULT_SIZES", "DEFAULT_TIMEOUT", "DEFAULT_SLOTS", "DEFAULT_SECONDS", "DEFAULT_SILENT_FRACTION", "CLOCKS",
-    "REPEATS", "RunResult", "best_of", "run_floor", "run_detector", "check_expiries", "measure_bytes_per_key",
-    "SizeReport", "bench_size",
+    "REPEATS", "FLOORS", "RunResult", "RecordFloor", "best_of", "run_floor", "run_detector", "check_expiries",
+    "measure_bytes_per_key", "SizeReport", "bench_size",
 ]
 
 DEFAULT_SIZES = (10_000, 100_000, 1_000_000)
@@ -112,7 +115,7 @@ CLOCKS: dict[str, Clock] = {"cpu": thread_time_ns, "wall": perf_counter_ns}
 
 @dataclass(slots=True)
 class RunResult:
-    """One detector (or the dict floor) through one schedule."""
+    """One detector (or a floor) through one schedule."""
 
     touch_ns: float
     tick_mean_ms: float
@@ -135,41 +138,67 @@ class RunResult:
 
 
 def _timed_touches(touch: TouchFn, batch: list[str], now: int, clock: Clock) -> int:
-    """The per-keepalive loop, shared by every detector and the dict floor so they pay the same overhead."""
+    """The per-keepalive loop, shared by every detector and both floors so they pay the same overhead."""
     start = clock()
     for key in batch:
         touch(key, now)
     return clock() - start
 
 
-def run_floor(schedule: Schedule, *, clock: Clock = thread_time_ns) -> RunResult:
-    """A plain dict prefilled with the keys, driven through the same touch loop: the cost to beat."""
-    store: dict[str, int] = {}
+class RecordFloor:
+    """The record floor's store: one ``Entry`` per key (the wheel's record class, so the same size), and a
+    touch that is a Python method storing the tick into the record -- the call shape of the wheel's bound
+    ``touch``, without its work (the lookup of ``self.entries.get``, the ``None`` check). A keepalive of any
+    one-record detector pays at least this: a Python call, the map lookup, the store into the record (two
+    cache misses at 1M keys, where ``dict.__setitem__`` -- a C call -- has one)."""
+
+    __slots__ = ("entries",)
+
+    def __init__(self) -> None:
+        self.entries: dict[str, Entry] = {}
+
+    def add(self, key: str, now: int) -> None:
+        entry = Entry()
+        entry.key, entry.tick, entry.timeout, entry.place = key, now, 0, None  # every slot set, as the wheel's
+        self.entries[key] = entry
+
+    def touch(self, key: str, now: int) -> None:
+        self.entries[key].tick = now
+
+
+FLOORS = ("dict floor", "record floor")
+
+
+def run_floor(schedule: Schedule, *, clock: Clock = thread_time_ns, kind: str = "dict floor") -> RunResult:
+    """A floor (``FLOORS``) prefilled with the keys, driven through the same touch loop: the cost to beat.
+    "dict floor": a plain dict, touch = ``store.__setitem__``; "record floor": see ``RecordFloor``."""
+    add: TouchFn
+    touch: TouchFn
+    if kind == "record floor":
+        records = RecordFloor()
+        add, touch = records.add, records.touch
+    elif kind == "dict floor":
+        store: dict[str, int] = {}
+        add = touch = store.__setitem__
+    else:
+        raise ValueError(f"unknown floor {kind!r}")
     for s, batch in enumerate(schedule.logins):
         for key in batch:
-            store[key] = s
+            add(key, s)
     touch_total = 0
     gc.collect()
     gc.freeze()
     try:
         for s in range(1, schedule.end + 1):
-            spent = _timed_touches(store.__setitem__, schedule.touches[s], s, clock)
+            spent = _timed_touches(touch, schedule.touches[s], s, clock)
             if s > schedule.warmup:
                 touch_total += spent
     finally:
         gc.unfreeze()
-    count = schedule.measured_touches()
     return RunResult(
-        touch_ns=touch_total / max(count, 1),
-        tick_mean_ms=0.0,
-        tick_max_ms=0.0,
-        call_max_ms=0.0,
-        cpu_ms_per_s=touch_total / 1e6 / schedule.measured_seconds,
-        bytes_per_key=0.0,
-        lateness_max_ticks=0.0,
-        early=0,
-        missed=0,
-        prunes=0,
+        touch_ns=touch_total / max(schedule.measured_touches(), 1), tick_mean_ms=0.0, tick_max_ms=0.0,
+        call_max_ms=0.0, cpu_ms_per_s=touch_total / 1e6 / schedule.measured_seconds, bytes_per_key=0.0,
+        lateness_max_ticks=0.0, early=0, missed=0, prunes=0,
     )
 
 
@@ -403,8 +432,9 @@ class SizeReport:
     pings_per_timeout: float
     measured_touches: int
     silent: int
-    floor: RunResult
+    floor: RunResult  # the dict floor
     results: dict[str, RunResult]
+    record_floor: RunResult
 
 
 def bench_size(
@@ -438,8 +468,11 @@ def bench_size(
         seed=seed,
         login_spread=login_spread,
     )
-    say(f"[{size:,} keys] dict floor")
-    floor = min((run_floor(schedule, clock=clock) for _ in range(REPEATS)), key=lambda r: r.touch_ns)
+    floors = []
+    for floor_kind in FLOORS:  # best of two, as every timed run
+        say(f"[{size:,} keys] {floor_kind}")
+        runs_ = [run_floor(schedule, clock=clock, kind=floor_kind) for _ in range(REPEATS)]
+        floors.append(min(runs_, key=lambda r: r.touch_ns))
     results: dict[str, RunResult] = {}
     for kind in kinds:
         runs: list[tuple[RunResult, list[int]]] = []
@@ -460,6 +493,6 @@ def bench_size(
             result.bytes_per_key = measure_bytes_per_key(kind, schedule, slots=slots)
         results[kind] = result
     return SizeReport(
-        size, pings_per_timeout, schedule.measured_touches(), len(schedule.silent_last), floor, results
+        size, pings_per_timeout, schedule.measured_touches(), len(schedule.silent_last), floors[0], results, floors[1]
     )
 
