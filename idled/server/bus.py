@@ -112,7 +112,13 @@ class EventBus:
     def publish(self, event: PresenceEvent) -> None:
         record = event.record()
         if not self._closed:
-            self.log_send.send_nowait(record)
+            try:
+                self.log_send.send_nowait(record)
+            except trio.BrokenResourceError:
+                # The writer has stopped on a fatal log error, which is ending the daemon. Nothing more is
+                # recorded (the next start closes what stays open with `restart`); the producer -- a user's
+                # bye in the user plane, say -- is not at fault and goes on, and so do live observers.
+                self._closed = True
         if self._on_event is not None:
             self._on_event(event)
         seq = event.seq
