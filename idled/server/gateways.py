@@ -74,7 +74,6 @@ from idled.protocol import (
 from idled.server.conn import Connection, close_with
 from idled.server.outbox import Outbox, mark_interval, outbox_running
 from idled.server.sessions import Sessions
-import trio.lowlevel
 
 __all__ = ["ATTACH_CHUNK", "Gateway", "GatewayLink", "Gateways"]
 

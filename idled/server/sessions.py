@@ -37,7 +37,6 @@ from idled.protocol import ErrorCode, ProtocolError
 from idled.server.bus import EventBus
 from idled.server.clock import Clock
 from idled.server.seqs import SeqBlocks
-import trio.lowlevel
 
 __all__ = ["Sessions"]
 

@@ -80,7 +80,6 @@ from idled.core.timeouts import DEFAULT_MAX_TIMEOUT, DEFAULT_TICK, DEFAULT_TIMEO
 from idled.protocol import (
     BYE_FRAME, DEFAULT_MAX_FRAME, PING_FRAME, Login, Marked, Uid, Welcome, encode, tokens,
 )
-import trio.lowlevel
 
 __all__ = ["CoreLink", "CoreParams", "open_core_stream", "parse_address"]
 
