@@ -28,7 +28,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Final
 
-import psutil
 
 from idled.log.eventlog import EventLogError, LogLocked
 
@@ -103,6 +102,8 @@ def holder(pid: int | None) -> str:
     edge children) if it is ours to see."""
     if pid is None:
         return "pid unknown"
+    import psutil  # here: every idled command imports this module, and only this rare message needs psutil
+
     try:
         process = psutil.Process(pid)
         argv = process.cmdline()

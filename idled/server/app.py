@@ -182,14 +182,15 @@ class Server:
             if self.workers is not None:
                 listeners = [await self._open_internal(listeners)]
             self.clock.start()
-            # Signals are received from before READY=1 / IDLED_LISTENING on: a SIGTERM right after is a stop.
-            with trio.open_signal_receiver(*SIGNALS) as signals:
-                async with trio.open_nursery() as nursery:
+            async with trio.open_nursery() as nursery:
+                # Signals are received from before READY=1 / IDLED_LISTENING on (a SIGTERM right after is a
+                # stop) until shutdown begins: the receiver closed, a second Ctrl-C interrupts the shutdown.
+                with trio.open_signal_receiver(*SIGNALS) as signals:
                     await self._start(nursery, recovery, listeners)
                     del recovery  # its open sessions are closed now: not held for the whole run
                     task_status.started(self.ports)
                     await until_stopped(self._stop_event, self._hangup, signals)
-                    await self._shutdown(nursery)
+                await self._shutdown(nursery)
         finally:
             if self.workers is not None and self.workers.socket_path is not None:
                 internal.remove_socket(self.workers.socket_path)  # only if we bound it: never another core's

@@ -45,6 +45,13 @@ class Clock:
         """The loop ran at trio time ``t`` (after ``now()`` applied any stall up to it)."""
         self._last_beat = t
 
+    def heartbeat(self) -> float:
+        """The loop is running: apply any stall up to here (``now``), then ``beat``. Returns the trio time."""
+        t = trio.current_time()
+        self.now()
+        self._last_beat = t
+        return t
+
     def now(self) -> float:
         """The pause-adjusted monotonic clock every deadline is measured on."""
         t = trio.current_time()

@@ -43,9 +43,7 @@ class Monitor:
         with notifier:
             while True:
                 await trio.sleep(interval)
-                t = trio.current_time()
-                clock.now()  # applies the stall guard if the loop was held up
-                clock.beat(t)
+                t = clock.heartbeat()  # applies the stall guard first if the loop was held up
                 lag = max(0.0, t - before - interval)
                 self.largest_stall = max(self.largest_stall, lag)
                 metrics.observe_loop_lag(lag)

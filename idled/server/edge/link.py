@@ -78,7 +78,7 @@ from idled.client.link import Conn
 from idled.client.trio import TRIO, TrioConn
 from idled.core.timeouts import DEFAULT_MAX_TIMEOUT, DEFAULT_TICK, DEFAULT_TIMEOUT, timeout_for
 from idled.protocol import (
-    BYE_FRAME, DEFAULT_MAX_FRAME, PING_FRAME, Login, Marked, Uid, Welcome, encode, tokens,
+    BYE_FRAME, PING_FRAME, Login, Marked, Uid, Welcome, encode, tokens,
 )
 
 __all__ = ["CoreLink", "CoreParams", "open_core_stream", "parse_address"]
@@ -118,13 +118,12 @@ async def open_core_stream(address: str) -> trio.abc.Stream:
 class CoreParams:
     """What the core's welcome said: its default timeout, tick and largest timeout."""
 
-    __slots__ = ("timeout", "tick", "max_timeout", "max_frame")
+    __slots__ = ("timeout", "tick", "max_timeout")
 
     def __init__(self, welcome: Welcome) -> None:
         self.timeout = welcome.timeout if welcome.timeout is not None else DEFAULT_TIMEOUT
         self.tick = welcome.tick if welcome.tick is not None else DEFAULT_TICK
         self.max_timeout = welcome.max_timeout if welcome.max_timeout is not None else DEFAULT_MAX_TIMEOUT
-        self.max_frame = welcome.max_frame or DEFAULT_MAX_FRAME
 
     def timeout_for(self, keepalive: float | None) -> float:
         """The core's rule (``idled.core.timeouts``), so a user's welcome says what a direct login would."""

@@ -185,6 +185,6 @@ class ConnTable:
                 self.socks[k] = None
         if self.next_k < self.n:  # never tried: nothing is expected of them
             w.errors["ramp:not_started"] += self.n - self.next_k
-            w.failed_records.extend(range(w.index + self.next_k * w.workers, w.sessions, w.workers))
+            w.failed_records.extend(range(self.index(self.next_k), w.sessions, w.workers))
         w.conns = w.pinging = 0
         self.ep.close()

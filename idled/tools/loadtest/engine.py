@@ -109,8 +109,8 @@ class Engine(ConnTable):
         self.wall_offset = time.time() - time.perf_counter()  # wall time = engine time + wall_offset
         self.stamps = True  # SO_TIMESTAMPNS works here (cleared at the first failure)
         self.t0 = w.t0 - self.offset  # engine time of the plan's moment 0
-        self.schedule = Schedule(w.keepalive, w.jitter, w.ping_every, self.t0 + w.sessions / w.ramp, w.rng.random)
-        self.max_inflight = int(w.cfg.get("max_inflight", 500))
+        self.schedule = Schedule(w.keepalive, w.jitter, w.ping_every, w.fast_from - self.offset, w.rng.random)
+        self.max_inflight = w.max_inflight
         self.tls: ssl.SSLContext | None = client_context(w.cfg.get("tls_ca")) if w.cfg.get("tls") else None
         self.proxy = bool(w.cfg.get("proxy_protocol"))
         self.max_frame = DEFAULT_MAX_FRAME  # a user reads pongs and errors
@@ -161,7 +161,7 @@ class Engine(ConnTable):
 
     def _start_time(self, k: int) -> float:
         w = self.w
-        return self.t0 + (self.index(k)) / w.ramp
+        return self.t0 + self.index(k) / w.ramp
 
     def _turn(self, now: float) -> bool:
         """Ready sockets, due timers, ramp starts; True if any socket was ready."""

@@ -144,7 +144,7 @@ class WorkerPool:
         timeouts: list[float] = []
         for s in self.workers:
             m = s.final or s.last
-            for key in ("conns", "logged_in", "attached", "pinging", "pings", "frames", "pongs", "ended",
+            for key in ("conns", "logged_in", "attached", "pinging", "pings", "frames", "pongs",
                         "timeouts_differ"):
                 tot[key] += int(m.get(key, 0) or 0)
             errors.update(m.get("errors", {}))
