@@ -7,6 +7,8 @@ and answers marks honestly: no session that kept sending before its deadline is 
 
 from __future__ import annotations
 
+import math
+
 from typing import Any
 
 import pytest
@@ -210,5 +212,8 @@ def test_no_session_that_sent_before_its_deadline_is_expired(sends: list[tuple[i
         for event, _ in p.expire(now, WALL0 + now):
             ended.setdefault(event.uid, now)
     for uid, when in ended.items():
-        last = max(s for s in sent[uid] if s < when)
-        assert when >= last + timeout, f"uid {uid} expired at {when}, its keepalive was sent at {last}"
+        # The true deadline: the first send followed by `timeout` of silence (a keepalive sent after the
+        # deadline does not make the offline false -- the user had been silent for its whole timeout).
+        times = sorted(sent[uid])
+        due = next(s + timeout for s, after in zip(times, [*times[1:], math.inf]) if after - s >= timeout)
+        assert when >= due, f"uid {uid} expired at {when}, before its true deadline {due} (sends {times})"
