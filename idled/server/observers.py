@@ -325,9 +325,11 @@ class Observers:
         return Status(online, last_seen, {})  # devices: none until sessions have device keys
 
     async def _written(self, below: int) -> None:
-        """Wait (at most LAST_SEEN_WAIT) until the log has appended every event with a seq below ``below``."""
+        """Wait (at most LAST_SEEN_WAIT) until the log has appended every event of this run with a seq below
+        ``below``. (The previous runs' are on disk; after a crash this run's first seq may lie past a gap of
+        seqs nobody will ever write: see idled.server.seqs.)"""
         log = self.log
-        if log.last_seq + 1 >= below:
+        if below <= self.first_seq or log.last_seq + 1 >= below:
             return
         with trio.move_on_after(LAST_SEEN_WAIT):
             while log.last_seq + 1 < below and not self.bus.log_closed:
