@@ -131,3 +131,26 @@ def test_disabled_store_writes_the_old_snapshot_body(tmp_path: Path) -> None:
     path = list_snapshots(tmp_path)[-1][1]
     seq, sessions = read_snapshot(path)
     assert Path(path).read_bytes() == encode_snapshot(seq, sessions)  # three elements, as before the map
+
+
+def test_the_map_costs_under_140_bytes_per_offline_user() -> None:
+    # What `idled bench --last-seen` measures at 1M (116 B/user for str uids): the dict entry, the uid and the
+    # float, which only the map holds once the user is offline.
+    import gc
+    import tracemalloc
+
+    n = 100_000
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        seen = LastSeen(DAY)
+        event: dict[str, Any] = {"kind": "offline"}
+        for i in range(n):  # a fresh uid and float per record, as the writer gets them decoded
+            event["uid"], event["last_seen"] = f"user-{i:07d}", NOW + i * 0.001
+            seen.note(event)
+        per_user = (tracemalloc.get_traced_memory()[0] - before) / n
+    finally:
+        tracemalloc.stop()
+    assert len(seen) == n
+    assert per_user < 140, per_user
