@@ -260,15 +260,13 @@ def _parse_subscribe(obj: dict[str, Any]) -> Subscribe:
 
 
 def _parse_query(obj: dict[str, Any]) -> Query:
-    last_seen = obj.get("last_seen")
-    if last_seen is None:
-        return Query(_uids_of(obj, "query"))
     _only(obj, _QUERY_KEYS, "query")
-    if type(last_seen) is not bool:
-        raise _bad("last_seen must be a bool")
     if "uids" not in obj:
         raise _bad("query needs uids")
-    return Query(_uid_list(obj["uids"]), last_seen)
+    last_seen = obj.get("last_seen")  # nil counts as absent, as everywhere
+    if last_seen is not None and type(last_seen) is not bool:
+        raise _bad("last_seen must be a bool")
+    return Query(_uid_list(obj["uids"]), last_seen is True)
 
 
 _CLIENT_PARSERS: Final[dict[str, Callable[[dict[str, Any]], ClientMessage]]] = {

@@ -29,6 +29,7 @@ def test_without_the_flag_frames_are_todays_byte_for_byte() -> None:
     assert encode(Status({1: True, "b": False})) == frame_of({"op": "status", "online": {1: True, "b": False}})
     assert decode_client_body(body({"op": "query", "uids": [1]})) == Query((1,), False)
     assert decode_client_body(body({"op": "query", "uids": [1], "last_seen": False})) == Query((1,), False)
+    assert decode_client_body(body({"op": "query", "uids": [1], "last_seen": None})) == Query((1,), False)
 
 
 def test_query_last_seen_round_trips() -> None:
