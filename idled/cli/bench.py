@@ -1,6 +1,7 @@
 """`idled bench`: every idle detector under the same simulated keepalive load (no network); with
 ``--growth``, the presence table grown from 0 to N sessions with every login timed; with ``--writer``, the
-event-log writer's throughput and latency under each fsync policy.
+event-log writer's throughput and latency under each fsync policy; with ``--last-seen``, what the event
+log's last-seen map costs per offline user (memory, snapshot bytes, write and load time).
 
 The machinery is in `idled.tools.bench` (`schedule`, `detectors`, `table`; `growth`; `writer`); this module reads
 the flags, checks them -- and the output files, and matplotlib for ``--plot`` -- before minutes of
@@ -156,13 +157,24 @@ def _add_mode_arguments(parser: argparse.ArgumentParser) -> None:
         help="measure run_writer's durable events/s, batch sizes and fsync latency under each fsync policy, "
         "on a real directory (--seconds per run; takes only --seconds and --dir)",
     )
-    writer.add_argument("--dir", metavar="DIR", help="with --writer: where the temporary logs go (default: $TMPDIR)")
+    writer.add_argument("--dir", metavar="DIR",
+                        help="with --writer or --last-seen: where the temporary logs go (default: $TMPDIR)")
+    last_seen = parser.add_argument_group("last-seen map (instead of the detectors)")
+    last_seen.add_argument(
+        "--last-seen",
+        action="store_true",
+        help="fill the event log's last-seen map with --sizes offline users (default: 1000000), str and int uids: "
+        "memory per user (RSS and tracemalloc), snapshot bytes on disk, snapshot write/load time (takes only "
+        "--sizes and --dir)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         if args.writer:
             return _writer(args)
+        if args.last_seen:
+            return _last_seen(args)
         if args.growth:
             return _growth(args)
         _check(args)
@@ -227,7 +239,7 @@ def _check(args: argparse.Namespace) -> None:
     if not 1 <= args.timeout <= 100_000 or args.slots < 1 or args.chunk < 0:
         raise UsageError("--timeout, --slots must be positive and --chunk >= 0")
     if args.dir is not None:
-        raise UsageError("--dir is for --writer")
+        raise UsageError("--dir is for --writer and --last-seen")
     if args.keepalive is not None or args.login_rate != DEFAULT_LOGIN_RATE:
         raise UsageError("--keepalive and --login-rate are for --growth")
     if args.seconds is not None and not float(args.seconds).is_integer():
@@ -323,6 +335,17 @@ def _writer(args: argparse.Namespace) -> int:
     from idled.tools.bench import writer  # trio and the event log: only for this mode
 
     return _print_lines(writer.report_lines(seconds, args.dir), OSError)
+
+
+def _last_seen(args: argparse.Namespace) -> int:
+    """`idled bench --last-seen [--sizes N] [--dir DIR]`: the last-seen map's cost per offline user."""
+    _only(args, ("last_seen", "sizes", "dir"), "--last-seen")
+    if args.dir is not None and not (os.path.isdir(args.dir) and os.access(args.dir, os.W_OK | os.X_OK)):
+        raise UsageError(f"--dir {args.dir}: not a writable directory")
+    sizes = DEFAULT_GROWTH_SIZES if args.sizes == _defaults().sizes else args.sizes
+    from idled.tools.bench import lastseen
+
+    return _print_lines(lastseen.report_lines(sizes, args.dir), OSError)
 
 
 def _defaults() -> argparse.Namespace:

@@ -13,10 +13,11 @@ from idled.client.errors import (
     ServerShutdown,
 )
 from idled.client.gateway import Gateway
-from idled.client.observer import Observer
+from idled.client.observer import Observer, UserStatus
 from idled.client.session import Session
 
 __all__ = [
     "ClientError", "ConnectionLost", "ConnectFailed", "ServerError", "AuthFailed", "Kicked", "Busy", "ServerShutdown",
     "IdleTimeout", "Gone", "ProtocolMismatch", "Session", "Gateway", "Observer",
+    "UserStatus",
 ]

@@ -4,6 +4,7 @@
         session.send({"hello": 1})          # pings continue in the background thread
     for event in watch("127.0.0.1", 7878, "script", after=0):
         print(event.seq, event.uid, event.kind)
+    query("127.0.0.1", 7878, ["alice", "bob"], last_seen=True)   # {"bob": UserStatus(online=False, ...)}
 
 Each call crosses threads once (`trio.from_thread.run`, tens of microseconds): fine for scripts and CLI
 commands, not for a hot path -- use `idled.client.trio` or `idled.client.asyncio` there. Errors are the
@@ -12,19 +13,20 @@ same `ClientError` types as in the async API.
 
 from __future__ import annotations
 
+import functools
 import threading
-from collections.abc import Callable, Iterator
-from typing import Any, Self
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Literal, Self, overload
 
 import trio
 
 from idled.client.link import Link
-from idled.client.observer import Observer
+from idled.client.observer import Observer, UserStatus
 from idled.client.session import Session
 from idled.client.trio import TRIO, running
 from idled.protocol import Event, Uid
 
-__all__ = ["connect_session", "watch", "BlockingSession"]
+__all__ = ["connect_session", "watch", "query", "BlockingSession"]
 
 
 class _Portal:
@@ -99,5 +101,31 @@ def watch(host: str, port: int, name: str, **options: Any) -> Iterator[Event]:
                 yield portal.run(observer.__anext__)
             except StopAsyncIteration:
                 return
+    finally:
+        portal.close()
+
+
+@overload
+def query(host: str, port: int, uids: Iterable[Uid], *, name: str = ..., last_seen: Literal[False] = False,
+          **options: Any) -> dict[Uid, bool]: ...
+
+
+@overload
+def query(host: str, port: int, uids: Iterable[Uid], *, name: str = ..., last_seen: Literal[True],
+          **options: Any) -> dict[Uid, UserStatus]: ...
+
+
+def query(host: str, port: int, uids: Iterable[Uid], *, name: str = "idled-query", last_seen: bool = False,
+          **options: Any) -> dict[Uid, bool] | dict[Uid, UserStatus]:
+    """One query from a query-only observer (logged in as ``name``, then out): which of ``uids`` are online,
+    or with ``last_seen=True`` a `UserStatus` each (options as for `open_observer`: token, ssl_context...)."""
+    options.setdefault("reconnect", False)
+    portal = _Portal(Observer(TRIO, host, port, name, subscribe=False, **options))
+    observer: Observer = portal.link  # type: ignore[assignment]
+    try:
+        result: dict[Uid, bool] | dict[Uid, UserStatus] = portal.run(
+            functools.partial(observer.query, tuple(uids), last_seen=last_seen)
+        )
+        return result
     finally:
         portal.close()

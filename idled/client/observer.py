@@ -30,7 +30,9 @@ checkpoint (or `after=0`) when that matters; a `subscribed` reply with the next 
 server-side.
 
 `query(uids)` may be called from another task while events stream: the server answers in order, behind the
-events already queued, so each reply is matched to the oldest outstanding query.
+events already queued, so each reply is matched to the oldest outstanding query. `query(uids, last_seen=True)`
+also asks when each user was last active and which devices it has online: one `UserStatus` per uid (a
+server older than the flag refuses it with `bad_message`).
 """
 
 from __future__ import annotations
@@ -38,16 +40,29 @@ from __future__ import annotations
 import ssl
 from collections import deque
 from collections.abc import Iterable
-from typing import Any, Final
+from dataclasses import dataclass
+from typing import Any, Final, Literal, overload
 
 from idled.client.core import Backoff, ObserverCursor
 from idled.client.errors import ClientError, ConnectionLost
 from idled.client.link import Conn, Flag, Link, Mailbox, Runtime
 from idled.protocol import Event, Login, Query, Status, Uid, Welcome, encode
 
-__all__ = ["Observer", "DEFAULT_BUFFER"]
+__all__ = ["Observer", "UserStatus", "DEFAULT_BUFFER"]
 
 DEFAULT_BUFFER: Final = 1024  # events read ahead of the application before the reader stops reading
+
+
+@dataclass(frozen=True, slots=True)
+class UserStatus:
+    """One user in the answer to ``query(uids, last_seen=True)``. ``last_seen``: wall unix seconds of its last
+    activity (online: the latest over its sessions; offline: when its last session was last active), None if
+    the server does not know (never seen, or longer ago than its ``last_seen_horizon``). ``devices``: the
+    devices it is online with (empty: none named, or offline)."""
+
+    online: bool
+    last_seen: float | None = None
+    devices: tuple[str, ...] = ()
 
 
 class _Reply:
@@ -55,7 +70,7 @@ class _Reply:
 
     def __init__(self, flag: Flag) -> None:
         self.flag = flag
-        self.value: dict[Uid, bool] | ClientError | None = None
+        self.value: Status | ClientError | None = None
 
 
 class Observer(Link):
@@ -99,9 +114,27 @@ class Observer(Link):
             raise StopAsyncIteration
         return event
 
-    async def query(self, uids: Iterable[Uid]) -> dict[Uid, bool]:
-        """Which of these uids are online (keys as given: 42 and "42" differ)."""
-        frame = encode(Query(tuple(uids)))
+    @overload
+    async def query(self, uids: Iterable[Uid], *, last_seen: Literal[False] = False) -> dict[Uid, bool]: ...
+
+    @overload
+    async def query(self, uids: Iterable[Uid], *, last_seen: Literal[True]) -> dict[Uid, UserStatus]: ...
+
+    async def query(self, uids: Iterable[Uid], *, last_seen: bool = False) -> dict[Uid, bool] | dict[Uid, UserStatus]:
+        """Which of these uids are online (keys as given: 42 and "42" differ). ``last_seen=True``: a
+        `UserStatus` per uid instead (online, when last active, its devices)."""
+        uids = tuple(uids)
+        status = await self._status(Query(uids, last_seen))
+        if not last_seen:
+            return dict(status.online)
+        seen, devices = status.last_seen or {}, status.devices or {}
+        return {
+            uid: UserStatus(bool(status.online.get(uid)), seen.get(uid), tuple(devices.get(uid, ())))
+            for uid in uids
+        }
+
+    async def _status(self, query: Query) -> Status:
+        frame = encode(query)
         reply = _Reply(self.runtime.event())
         async with self._send_lock:
             conn = await self.wait_connected()
@@ -131,7 +164,7 @@ class Observer(Link):
         elif type(message) is Status:
             if self._replies:
                 reply = self._replies.popleft()
-                reply.value = dict(message.online)
+                reply.value = message
                 reply.flag.set()
 
     def _fail_replies(self, error: ClientError) -> None:

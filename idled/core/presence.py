@@ -350,6 +350,11 @@ class PresenceTable:
     def is_online(self, uid: Uid) -> bool:
         return uid in self._sessions or uid in self.holds.held
 
+    def seen_of(self, uid: Uid) -> float | None:
+        """Last activity of ``uid``'s session (server clock), None if it has none."""
+        session = self._session(uid)
+        return None if session is None else session.seen
+
     def timeout_of(self, uid: Uid) -> float:
         session = self._session(uid)
         return self._timeout if session is None else session.seconds

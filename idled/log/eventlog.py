@@ -41,8 +41,9 @@ segment's name and the snapshot's seq, so seqs are never reused for records that
 **Retention** (`apply_retention()`, also run after every rotation): deletes whole segments from the oldest
 end while the log is over `retention_bytes`, or while a segment's mtime is older than `retention_seconds`;
 it stops at the first segment it keeps and never deletes the active one. Before deleting a segment not yet
-covered by a snapshot, it writes one (`idled.log.snapshot`: the open sessions as of the next seq), so
-recovery never forgets a session whose online record retention removed. If the snapshot cannot be
+covered by a snapshot, it writes one (`idled.log.snapshot`: the open sessions as of the next seq, and the
+last-seen map of `idled.log.lastseen`, pruned to its horizon), so recovery never forgets a session whose
+online record retention removed, nor when an offline user was last seen. If the snapshot cannot be
 written, nothing uncovered is deleted (`snapshot_failures`).
 
 **Reading** (`iter_records`, `EventLog.read_from`, `LogTailer`) streams segments in 1 MiB chunks (memory:
@@ -67,6 +68,7 @@ from idled.log.recovery import RecoveredSessions, Recovery, SegmentReport, quara
 from idled.log.segments import (
     READ_CHUNK_BYTES, SEGMENT_SUFFIX, SegmentScan, fsync_directory, list_segments, segment_name, write_all,
 )
+from idled.log.lastseen import DEFAULT_LAST_SEEN_HORIZON, LastSeen
 from idled.log.snapshot import OpenSessions, Uid, write_snapshot
 from idled.log.tailer import LogTailer, iter_records
 
@@ -105,9 +107,10 @@ class EventLog:
         retention_bytes: int = DEFAULT_RETENTION_BYTES,
         retention_seconds: float = DEFAULT_RETENTION_SECONDS,
         clock: Callable[[], float] = time.time,
+        last_seen_horizon: float = DEFAULT_LAST_SEEN_HORIZON,
     ) -> None:
-        if segment_bytes < 1 or retention_bytes < 0 or retention_seconds < 0:
-            raise ValueError("segment_bytes must be >= 1, retention limits >= 0")
+        if segment_bytes < 1 or retention_bytes < 0 or retention_seconds < 0 or not last_seen_horizon >= 0:
+            raise ValueError("segment_bytes must be >= 1, retention limits and last_seen_horizon >= 0")
         self.directory = os.fspath(directory)
         self.segment_bytes = segment_bytes
         self.retention_bytes = retention_bytes
@@ -138,6 +141,7 @@ class EventLog:
         self._durable_seq = 0  # highest seq covered by a successful sync
         self._written_since_sync = False
         self._sessions = OpenSessions()  # open sessions as of last_seq (see idled.log.snapshot)
+        self._last_seen = LastSeen(last_seen_horizon)  # offline users' last_seen as of last_seq (idled.log.lastseen)
         self._snapshot_seq = 0  # the newest snapshot covers every record below this seq
 
     # ------------------------------------------------------------------------------------------ state
@@ -160,6 +164,17 @@ class EventLog:
     def open_sessions(self) -> int:
         """Sessions whose last written record is online (what the next snapshot would hold)."""
         return len(self._sessions)
+
+    def last_seen(self, uid: Uid, now: float | None = None) -> float | None:
+        """When ``uid``, offline as of last_seq, was last active (wall); None if unknown, online as of last_seq,
+        beyond the horizon or the store is disabled. Safe from another thread than the writer's (one dict
+        read). ``now``: wall time (default: the log's clock)."""
+        return self._last_seen.get(uid, self.clock() if now is None else now)
+
+    @property
+    def last_seen_users(self) -> int:
+        """Users in the last-seen map (what the next snapshot would hold, before pruning)."""
+        return len(self._last_seen)
 
     def _check_writable(self) -> None:
         if self._failed is not None:
@@ -216,6 +231,8 @@ class EventLog:
             self._dir_dirty = True  # the directory may have just been created
         self._last_seq = self._durable_seq = self._published_seq = next_seq - 1
         self._sessions = OpenSessions(scan.sessions)
+        self._last_seen = LastSeen(self._last_seen.horizon, scan.last_seen)
+        self._last_seen.prune(self.clock())
         self._snapshot_seq = scan.snapshot.seq
         self._state = "open"
         try:
@@ -235,6 +252,7 @@ class EventLog:
             damaged_segments=tuple(report for report in reports if report.damaged),
             snapshot_seq=scan.snapshot.seq,
             damaged_snapshots=tuple(scan.snapshot.damaged),
+            last_seen=len(self._last_seen),
         )
 
     # ------------------------------------------------------------------------------------------ writing
@@ -296,9 +314,10 @@ class EventLog:
         self._size += len(data)
         self._last_seq = events[-1]["seq"]
         self._written_since_sync = True
-        note = self._sessions.note
+        note, seen = self._sessions.note, self._last_seen.note
         for event in events:
             note(event)
+            seen(event)
         return len(data)
 
     def _roll(self, first_seq: int) -> bool:
@@ -451,8 +470,14 @@ class EventLog:
             self.snapshot_failures += 1  # not recovered: the open sessions are unknown
             return False
         seq = self._last_seq + 1
+        last_seen = self._last_seen
+        if last_seen.enabled:
+            last_seen.prune(self.clock())
         try:
-            write_snapshot(self.directory, seq, self._sessions.sessions, self._dir_fd)
+            write_snapshot(
+                self.directory, seq, self._sessions.sessions, self._dir_fd,
+                last_seen.seen if last_seen.enabled else None,
+            )
         except OSError:
             self.snapshot_failures += 1
             return False

@@ -5,7 +5,8 @@ Theory of operation
 `scan_log` reads every segment in order (`SegmentScan`, bounded memory) and the newest snapshot that
 verifies. It returns the largest seq, every segment's damage, and the open sessions: the snapshot's (state
 after every seq < N), then every record with seq >= N replayed on top -- a uid whose last record is online
-is open. Each open session is kept compact -- its summary (last seen, timeout) and, when replayed, the seq
+is open, and a uid whose last record is offline gets that record's ``last_seen`` in the last-seen map (the
+snapshot's map, then the replayed records: `idled.log.lastseen`). Each open session is kept compact -- its summary (last seen, timeout) and, when replayed, the seq
 of its online record; `RecoveredSessions` builds a minimal record when asked -- so recovery of a million
 sessions does not hold a million dicts (full records held ~875 bytes a session: 175 MB at 200,000, more
 than the run that logged them had used in all).
@@ -109,6 +110,7 @@ class LogScan:
     reports: list[SegmentReport] = field(default_factory=list)
     sessions: dict[Uid, complex] = field(default_factory=dict)
     replayed: dict[Uid, int] = field(default_factory=dict)  # uid -> seq of its online record, if replayed
+    last_seen: dict[Uid, float] = field(default_factory=dict)  # uid -> last_seen of its last record, an offline
     snapshot: Snapshot = field(default_factory=Snapshot)
 
 
@@ -116,8 +118,9 @@ def scan_log(directory: str) -> LogScan:
     """Scan every segment and the newest good snapshot (blocking I/O; see the module docstring)."""
     scan = LogScan(snapshot=load_snapshot(directory))
     scan.sessions = scan.snapshot.sessions
+    scan.last_seen = scan.snapshot.last_seen
     from_seq = scan.snapshot.seq
-    sessions, replayed = scan.sessions, scan.replayed
+    sessions, replayed, seen = scan.sessions, scan.replayed, scan.last_seen
     max_seq = records = 0
     scan.segments = list_segments(directory)
     for _first, path in scan.segments:
@@ -136,9 +139,15 @@ def scan_log(directory: str) -> LogScan:
             if kind == "online":
                 sessions[uid] = session_summary(record)  # not the record: see the module docstring
                 replayed[uid] = seq
+                seen.pop(uid, None)
             elif kind == "offline":
                 replayed.pop(uid, None)
                 sessions.pop(uid, None)
+                last_seen = record.get("last_seen")
+                if type(last_seen) is float or type(last_seen) is int:
+                    seen[uid] = last_seen
+                else:
+                    seen.pop(uid, None)
         records += count
         scan.reports.append(
             SegmentReport(
@@ -196,6 +205,7 @@ class Recovery:
     place (kept on disk). damaged_segments: the report of every segment with damage. online: uid -> last
     online record of every open session (see RecoveredSessions). records / segments: good records and segment
     files scanned. snapshot_seq / damaged_snapshots: the snapshot recovery started from (0: none).
+    last_seen: how many users the last-seen map holds after recovery (within the horizon).
     """
 
     next_seq: int
@@ -209,6 +219,7 @@ class Recovery:
     damaged_segments: tuple[SegmentReport, ...] = ()
     snapshot_seq: int = 0
     damaged_snapshots: tuple[str, ...] = ()
+    last_seen: int = 0
 
     @property
     def damaged(self) -> bool:

@@ -15,14 +15,22 @@ Memory: one dict entry per open session whose key is the uid object the presence
 one `complex` as the value -- two exact doubles in a single 32-byte object (a tuple of two floats costs
 104). Measured with tracemalloc at 1M sessions: see tests/log/test_snapshot.py for the bound it must keep.
 
+The same snapshot carries the *last-seen* map (`idled.log.lastseen.LastSeen`: uid -> last_seen of each user
+whose last record is an offline), so a query's "last seen" survives retention too.
+
 File: ``snapshot-<N:020d>``, written to a temporary name, fsynced, renamed, directory fsynced (so it is
 durable before any segment it replaces is unlinked); the newest two are kept (the older one is a fallback
 should the newest be damaged, which recovery reports)::
 
-    +----------+--------+---------+---------+---------------------------------------------+
-    | IDLSNAP1 | u64 N  | u32 n   | u32 CRC | body: msgpack [uids, last_seen, timeout]    |
-    | 8 bytes  |        | entries | of body | uids: array; the others: n doubles LE (bin) |
-    +----------+--------+---------+---------+---------------------------------------------+
+    +----------+--------+---------+---------+--------------------------------------------------------------+
+    | IDLSNAP1 | u64 N  | u32 n   | u32 CRC | body: msgpack [uids, last_seen, timeout(, seen_uids, seen)]   |
+    | 8 bytes  |        | entries | of body | uids: array; last_seen, timeout: n doubles LE (bin);          |
+    |          |        |         |         | seen_uids: array; seen: one double LE per seen uid (bin)      |
+    +----------+--------+---------+---------+--------------------------------------------------------------+
+
+The last two elements are the last-seen map (parallel arrays, like the open sessions: ~8 bytes a user plus its
+uid). A snapshot written before they existed has three elements and loads with an empty map; a daemon older
+than them reads a five-element snapshot as damaged (see docs/event-log.md, "Retention").
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ import struct
 import sys
 import zlib
 from array import array
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeAlias
 
@@ -43,7 +51,7 @@ from idled.log.segments import fsync_directory, write_all
 
 __all__ = [
     "SNAPSHOT_PREFIX", "Uid", "OpenSessions", "Snapshot", "snapshot_name", "list_snapshots", "write_snapshot",
-    "load_snapshot", "read_snapshot", "SnapshotDamaged", "summary_record", "session_summary",
+    "load_snapshot", "read_snapshot", "read_snapshot_state", "encode_snapshot", "SnapshotDamaged", "summary_record", "session_summary",
 ]
 
 Uid: TypeAlias = str | int
@@ -123,23 +131,43 @@ def list_snapshots(directory: str | os.PathLike[str]) -> list[tuple[int, str]]:
     return found
 
 
-def _encode(seq: int, sessions: dict[Uid, complex]) -> bytes:
-    values = list(sessions.values())
-    last_seen = array("d", [value.real for value in values])
-    timeout = array("d", [value.imag for value in values])
+def _doubles(values: Iterable[float]) -> bytes:
+    packed = array("d", values)
     if sys.byteorder != "little":
-        last_seen.byteswap()
-        timeout.byteswap()
-    body = msgpack.packb([list(sessions), last_seen.tobytes(), timeout.tobytes()], use_bin_type=True)
+        packed.byteswap()
+    return packed.tobytes()
+
+
+def _undoubles(data: bytes) -> array[float]:
+    values = array("d")
+    values.frombytes(data)
+    if sys.byteorder != "little":
+        values.byteswap()
+    return values
+
+
+def encode_snapshot(seq: int, sessions: dict[Uid, complex], last_seen: Mapping[Uid, float] | None = None) -> bytes:
+    """The snapshot file's bytes; ``last_seen`` None writes the three-element body of earlier versions."""
+    values = list(sessions.values())
+    body_items: list[Any] = [
+        list(sessions), _doubles(value.real for value in values), _doubles(value.imag for value in values)
+    ]
+    if last_seen is not None:
+        body_items += [list(last_seen), _doubles(last_seen.values())]
+    body = msgpack.packb(body_items, use_bin_type=True)
     return _HEADER.pack(_MAGIC, seq, len(values), zlib.crc32(body)) + body
 
 
-def write_snapshot(directory: str, seq: int, sessions: dict[Uid, complex], dir_fd: int | None = None) -> str:
-    """Durably write the snapshot of `sessions` as of `seq`; keep the newest SNAPSHOT_KEEP. Returns its path.
+def write_snapshot(
+    directory: str, seq: int, sessions: dict[Uid, complex], dir_fd: int | None = None,
+    last_seen: Mapping[Uid, float] | None = None,
+) -> str:
+    """Durably write the snapshot of `sessions` (and the `last_seen` map) as of `seq`; keep the newest
+    SNAPSHOT_KEEP. Returns its path.
 
     Blocking I/O (writer thread). OSError propagates: the caller keeps the segments it would have deleted.
     `dir_fd`: the directory, already open (fsyncing it then needs no new descriptor)."""
-    data = _encode(seq, sessions)
+    data = encode_snapshot(seq, sessions, last_seen)
     temporary = os.path.join(directory, _TEMPORARY)
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
@@ -163,6 +191,13 @@ def write_snapshot(directory: str, seq: int, sessions: dict[Uid, complex], dir_f
 
 def read_snapshot(path: str) -> tuple[int, dict[Uid, complex]]:
     """(seq, sessions) of one snapshot file. Raises SnapshotDamaged, OSError."""
+    seq, sessions, _seen = read_snapshot_state(path)
+    return seq, sessions
+
+
+def read_snapshot_state(path: str) -> tuple[int, dict[Uid, complex], dict[Uid, float]]:
+    """(seq, open sessions, last-seen map) of one snapshot file; the map is empty in a snapshot written before
+    it existed. Raises SnapshotDamaged, OSError."""
     with open(path, "rb") as file:
         data = file.read()
     if len(data) < _HEADER.size:
@@ -172,26 +207,27 @@ def read_snapshot(path: str) -> tuple[int, dict[Uid, complex]]:
     if magic != _MAGIC or zlib.crc32(body) != crc:
         raise SnapshotDamaged(f"{path}: bad magic or CRC")
     try:
-        uids, last_seen_bytes, timeout_bytes = msgpack.unpackb(body, raw=False, strict_map_key=False)
-        last_seen, timeout = array("d"), array("d")
-        last_seen.frombytes(last_seen_bytes)
-        timeout.frombytes(timeout_bytes)
+        items = msgpack.unpackb(body, raw=False, strict_map_key=False)
+        if type(items) is not list or len(items) not in (3, 5):
+            raise ValueError("not a 3- or 5-element array")
+        uids, last_seen, timeout = items[0], _undoubles(items[1]), _undoubles(items[2])
+        seen_uids, seen = (items[3], _undoubles(items[4])) if len(items) == 5 else ([], array("d"))
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
         raise SnapshotDamaged(f"{path}: undecodable body ({exc})") from None
-    if not (len(uids) == len(last_seen) == len(timeout) == count):
+    if not (len(uids) == len(last_seen) == len(timeout) == count) or len(seen_uids) != len(seen):
         raise SnapshotDamaged(f"{path}: {count} entries announced, arrays disagree")
-    if sys.byteorder != "little":
-        last_seen.byteswap()
-        timeout.byteswap()
-    return seq, {uid: complex(ls, to) for uid, ls, to in zip(uids, last_seen, timeout)}
+    sessions = {uid: complex(ls, to) for uid, ls, to in zip(uids, last_seen, timeout)}
+    return seq, sessions, dict(zip(seen_uids, seen))
 
 
 @dataclass(slots=True)
 class Snapshot:
-    """The newest snapshot that verified (seq 0 and no sessions when none did), and the damaged ones."""
+    """The newest snapshot that verified (seq 0 and no sessions when none did), and the damaged ones.
+    ``last_seen``: its last-seen map (empty in a snapshot written before the map existed)."""
 
     seq: int = 0
     sessions: dict[Uid, complex] = field(default_factory=dict)
+    last_seen: dict[Uid, float] = field(default_factory=dict)
     path: str | None = None
     damaged: list[str] = field(default_factory=list)
 
@@ -201,13 +237,13 @@ def load_snapshot(directory: str) -> Snapshot:
     result = Snapshot()
     for seq, path in reversed(list_snapshots(directory)):
         try:
-            found_seq, sessions = read_snapshot(path)
+            found_seq, sessions, last_seen = read_snapshot_state(path)
         except (SnapshotDamaged, OSError):
             result.damaged.append(path)
             continue
         if found_seq != seq:
             result.damaged.append(path)
             continue
-        result.seq, result.sessions, result.path = seq, sessions, path
+        result.seq, result.sessions, result.last_seen, result.path = seq, sessions, last_seen, path
         break
     return result

@@ -86,6 +86,9 @@ class Config:
     # Seconds an edge (a gateway that reports watermarks) keeps its sessions after losing its connection
     # without bye, so a reconnect resumes them with no event (idled.server.gateways); 0 = lost at once.
     gateway_grace: float = 15.0
+    # Seconds a query with last_seen still answers when an offline user was last seen (the event log keeps
+    # uid -> last_seen, snapshotted beside the open sessions: idled.log.lastseen); 0 disables the store.
+    last_seen_horizon: float = 30 * 86400.0
     # GC policy (idled.ops.gcpolicy): seconds between two full walks of every object, in each process.
     gc_thaw_every: float = 3600.0
     # Edge processes in front of the core (`idled serve --workers N`); 0 = one process. "auto" (flag, TOML
@@ -127,6 +130,7 @@ class Config:
         need(self.retention_seconds > 0, "retention_seconds must be positive")
         need(self.stall_ticks >= 1, "stall_ticks must be at least 1")
         need(0 <= self.gateway_grace <= 3600, "gateway_grace must be 0..3600 seconds")
+        need(0 <= self.last_seen_horizon <= 100 * 365 * 86400, "last_seen_horizon must be 0..3153600000 seconds (100 years)")
         need(1 <= self.gc_thaw_every <= 7 * 86400, "gc_thaw_every must be 1..604800 seconds")
         need(0 <= self.workers <= MAX_WORKERS, f"workers must be 0..{MAX_WORKERS} or auto")
         need(self.workers <= self.max_connections, "need workers <= max_connections (each edge gets a share)")
@@ -180,6 +184,8 @@ HELP: dict[str, str] = {
     "stall_ticks": "a pause of the event loop this many ticks long moves every deadline by the pause",
     "gateway_grace": "seconds an edge that lost its connection (without bye) keeps its sessions online, so that its "
                      "reconnect resumes them without an offline/online pair; 0 ends them at once (gateway_lost)",
+    "last_seen_horizon": "seconds a query with last_seen still says when an offline user was last seen (kept in "
+                         "the event log's snapshots, across restarts and retention); 0 disables it",
     "gc_thaw_every": "seconds between two full garbage-collector walks of every object, in the core and in each edge "
                      "(each pauses the event loop: 200-800 ms at 19k connections); in between, survivors are frozen",
     "tls_cert": "PEM certificate (chain allowed) for TLS on the client port; reloaded on SIGHUP (default unset: no TLS)",

@@ -95,6 +95,15 @@ def _encode_subscribe(m: Subscribe) -> bytes:
     return _frame(d)
 
 
+def _encode_status(m: Status) -> bytes:
+    d: dict[str, Any] = {"op": "status", "online": dict(m.online)}
+    if m.last_seen is not None:
+        d["last_seen"] = dict(m.last_seen)
+    if m.devices is not None:
+        d["devices"] = dict(m.devices)
+    return _frame(d)
+
+
 def _encode_welcome(m: Welcome) -> bytes:
     d: dict[str, Any] = {"op": "welcome", m.role: m.name}
     if m.timeout is not None:
@@ -132,10 +141,11 @@ _ENCODERS: Final[dict[type, Callable[[Any], bytes]]] = {
     Detach: lambda m: _frame({"op": "detach", "uids": m.uids} if m.reason is None
                              else {"op": "detach", "uids": m.uids, "reason": m.reason}),
     Subscribe: _encode_subscribe,
-    Query: lambda m: _frame({"op": "query", "uids": m.uids}),
+    Query: lambda m: _frame({"op": "query", "uids": m.uids, "last_seen": True} if m.last_seen
+                            else {"op": "query", "uids": m.uids}),
     Welcome: _encode_welcome,
     Event: _encode_event,
-    Status: lambda m: _frame({"op": "status", "online": dict(m.online)}),
+    Status: _encode_status,
     Error: lambda m: _frame({"op": "error", "code": str(m.code), "reason": m.reason}),
     Ended: lambda m: _frame({"op": "ended", "uids": m.uids, "reason": m.reason}),
     Mark: lambda m: _frame({"op": "mark", "t": m.t}),

@@ -166,9 +166,11 @@ class Subscribe:
 
 @dataclass(frozen=True, slots=True)
 class Query:
-    """Observer: which of these uids are online? Answered by `Status`."""
+    """Observer: which of these uids are online? Answered by `Status`. `last_seen` (wire ``"last_seen": true``,
+    sent only when set): the reply also says when each was last active, and which devices are online."""
 
     uids: tuple[Uid, ...]
+    last_seen: bool = False
 
 
 # ------------------------------------------------------------------------------------ server -> client
@@ -209,9 +211,14 @@ class Event:
 
 @dataclass(frozen=True, slots=True)
 class Status:
-    """Answer to `Query`: uid -> online?"""
+    """Answer to `Query`: uid -> online? With `Query.last_seen`, also `last_seen`: uid -> wall unix seconds of
+    the user's last activity (online: its latest over its sessions; offline: its last offline's last_seen) or
+    None (unknown, or older than the server's horizon); and `devices`: uid -> the devices online, for users
+    online with at least one device. Both None (absent on the wire) when the query did not ask."""
 
     online: Mapping[Uid, bool]
+    last_seen: Mapping[Uid, float | None] | None = None
+    devices: Mapping[Uid, tuple[str, ...]] | None = None
 
 
 @dataclass(frozen=True, slots=True)

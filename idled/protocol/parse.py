@@ -155,6 +155,7 @@ _MSG_KEYS: Final = frozenset({"op", "data"})
 _ATTACH_KEYS: Final = frozenset({"op", "uids", "keepalive"})
 _UIDS_KEYS: Final = frozenset({"op", "uids"})
 _SUBSCRIBE_KEYS: Final = frozenset({"op", "from", "durable"})
+_QUERY_KEYS: Final = frozenset({"op", "uids", "last_seen"})
 
 
 def _identity(obj: dict[str, Any], op: str) -> tuple[Role, Uid]:
@@ -258,6 +259,16 @@ def _parse_subscribe(obj: dict[str, Any]) -> Subscribe:
     return Subscribe(None if start is None else _seq(start, "from"), durable is True)
 
 
+def _parse_query(obj: dict[str, Any]) -> Query:
+    _only(obj, _QUERY_KEYS, "query")
+    if "uids" not in obj:
+        raise _bad("query needs uids")
+    last_seen = obj.get("last_seen")  # nil counts as absent, as everywhere
+    if last_seen is not None and type(last_seen) is not bool:
+        raise _bad("last_seen must be a bool")
+    return Query(_uid_list(obj["uids"]), last_seen is True)
+
+
 _CLIENT_PARSERS: Final[dict[str, Callable[[dict[str, Any]], ClientMessage]]] = {
     "ping": _parse_ping,
     "msg": _parse_msg,
@@ -268,7 +279,7 @@ _CLIENT_PARSERS: Final[dict[str, Callable[[dict[str, Any]], ClientMessage]]] = {
     "detach": _parse_detach,
     "marked": _parse_marked,
     "subscribe": _parse_subscribe,
-    "query": lambda obj: Query(_uids_of(obj, "query")),
+    "query": _parse_query,
 }
 
 
@@ -346,7 +357,24 @@ def _parse_status(obj: dict[Any, Any]) -> Status:
         check_uid(uid, "status uid")
         if type(flag) is not bool:
             raise _bad("status values must be booleans")
-    return Status(online)
+    last_seen = obj.get("last_seen")
+    if last_seen is not None:
+        if type(last_seen) is not dict:
+            raise _bad("status last_seen must be a map")
+        for uid, value in last_seen.items():
+            check_uid(uid, "status last_seen uid")
+            if value is not None:
+                _finite(value, "status last_seen")
+        last_seen = {uid: None if value is None else float(value) for uid, value in last_seen.items()}
+    devices = obj.get("devices")
+    if devices is not None:
+        if type(devices) is not dict:
+            raise _bad("status devices must be a map")
+        for uid, names in devices.items():
+            check_uid(uid, "status devices uid")
+            if type(names) is not tuple or any(type(name) is not str for name in names):
+                raise _bad("status devices values must be arrays of str")
+    return Status(online, last_seen, devices)
 
 
 def _parse_error(obj: dict[Any, Any]) -> Error:

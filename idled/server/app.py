@@ -115,6 +115,7 @@ class Server:
             segment_bytes=config.segment_bytes,
             retention_bytes=config.retention_bytes,
             retention_seconds=config.retention_seconds,
+            last_seen_horizon=config.last_seen_horizon,
         )
         self.seqs = SeqBlocks(SeqReservation(self.log.directory))
         self._event_counters: dict[tuple[str, str], Any] = {}
@@ -215,7 +216,9 @@ class Server:
             self.gc_policy.start()  # after the session maps exist: see idled.ops.gcpolicy
         self._sessions = sessions = Sessions(presence, self.bus, self.clock, self.seqs)
         self._gateways = Gateways(sessions, self._peers, max_frame=cfg.max_gateway_frame, grace=cfg.gateway_grace)
-        self._observers = observers = Observers(presence, self.bus, self.log, first_seq=self.seqs.first, peers=self._peers)
+        self._observers = observers = Observers(
+            presence, self.bus, self.log, first_seq=self.seqs.first, peers=self._peers, clock=self.clock.now
+        )
         self._damage = (recovery.skipped_bytes + recovery.truncated_bytes, recovery.corrupt_records)
         users = CoreUsers(sessions)
         # Logged-in plain TCP users are served by one task (idled.server.plane), not one each.

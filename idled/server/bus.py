@@ -138,6 +138,11 @@ class EventBus:
             for subscription in self._durable:
                 subscription.wake()
 
+    @property
+    def log_closed(self) -> bool:
+        """No more records reach the writer (shutdown, or the writer stopped on a fatal log error)."""
+        return self._closed
+
     def backlog(self) -> int:
         return self.log_send.statistics().current_buffer_used
 

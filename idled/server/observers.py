@@ -37,6 +37,13 @@ previous runs' log (a gap a crash left is skipped: those seqs never existed); th
 the window, or from disk once the writer has written them if they have left the window. A ``from`` older
 than anything retained is refused (``gone``); an observer that falls behind retention while connected is
 cut with ``gone``.
+
+Last seen (``query`` with ``last_seen: true``): an online user's answer is its latest activity
+(`latest_activity`, on the server clock, turned into wall time as events are: ``wall - (now - seen)``); an
+offline user's is the event log's last-seen map (`idled.log.lastseen`, ``EventLog.last_seen``), which the log
+writer updates as it appends each record. So such a query is answered once the writer has appended every
+event published before it (``_written``: usually at once; else a few ms, bounded by ``LAST_SEEN_WAIT``): a user
+who has just gone offline is answered with that offline's ``last_seen``, not an older one.
 """
 
 from __future__ import annotations
@@ -44,7 +51,8 @@ from __future__ import annotations
 import collections
 import logging
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import trio
@@ -62,6 +70,7 @@ from idled.protocol import (
     Query,
     Status,
     Subscribe,
+    Uid,
     Welcome,
     encode,
     receive_message,
@@ -69,7 +78,10 @@ from idled.protocol import (
 from idled.server.bus import EventBus, Subscription, event_frame
 from idled.server.conn import SEND_ERROR_TIMEOUT, Connection, close_with
 
-__all__ = ["OBSERVER_STALL", "OBSERVER_WRITE_BYTES", "REPLAY_BATCH", "REPLY_BYTES", "FrameWriter", "Observers", "Stalled"]
+__all__ = [
+    "OBSERVER_STALL", "OBSERVER_WRITE_BYTES", "REPLAY_BATCH", "REPLY_BYTES", "LAST_SEEN_WAIT", "FrameWriter", "Observers",
+    "Stalled", "latest_activity",
+]
 
 log = logging.getLogger("idled.server.observers")
 
@@ -78,6 +90,13 @@ REPLY_BYTES = 256 * 1024  # replies waiting beyond this: stop reading the observ
 OBSERVER_STALL = 5.0  # seconds an observer may take no byte while data waits for it; then busy
 REPLAY_BATCH = 1000  # records per disk read
 DISK_CATCH_UP_POLL = 0.01  # seconds between two looks at the log while waiting for the writer
+LAST_SEEN_WAIT = 5.0  # seconds a last_seen query waits at most for the writer (then answers from what it has)
+
+
+def latest_activity(presence: PresenceTable, uid: Uid) -> float | None:
+    """When ``uid`` was last active (server clock) over its live sessions, None if it has none. One session
+    per uid today; with device keys, the latest over the uid's keys."""
+    return presence.seen_of(uid)
 
 
 class Stalled(Exception):
@@ -220,9 +239,11 @@ class Observers:
     disk yet); ``peers`` holds the live observers for shutdown to close."""
 
     def __init__(
-        self, presence: PresenceTable, bus: EventBus, log: EventLog, *, first_seq: int, peers: set[Connection]
+        self, presence: PresenceTable, bus: EventBus, log: EventLog, *, first_seq: int, peers: set[Connection],
+        clock: Callable[[], float] = trio.current_time,
     ) -> None:
         self.presence = presence
+        self.clock = clock  # the presence table's clock (the server's pause-adjusted one)
         self.bus = bus
         self.log = log
         self.first_seq = first_seq
@@ -281,11 +302,38 @@ class Observers:
                 await self._check_retained(message.from_seq)
                 bus.subscribe(subscription, message.from_seq, durable=message.durable)
             elif type(message) is Query:
-                peer.reply(bus.next_seq, encode(Status({uid: presence.is_online(uid) for uid in message.uids})))
+                if message.last_seen:
+                    await self._written(bus.next_seq)
+                    peer.reply(bus.next_seq, encode(self.status_with_last_seen(message.uids)))
+                else:
+                    peer.reply(bus.next_seq, encode(Status({uid: presence.is_online(uid) for uid in message.uids})))
             elif message is PING:
                 peer.reply(bus.next_seq, PONG_FRAME)
             else:
                 raise ProtocolError(ErrorCode.NOT_ALLOWED, f"{type(message).__name__.lower()} is not for observers")
+
+    def status_with_last_seen(self, uids: tuple[Uid, ...]) -> Status:
+        """The reply to a query with ``last_seen`` (see the module docstring)."""
+        presence, log = self.presence, self.log
+        wall, now = time.time(), self.clock()
+        online: dict[Uid, bool] = {}
+        last_seen: dict[Uid, float | None] = {}
+        for uid in uids:
+            seen = latest_activity(presence, uid)
+            online[uid] = seen is not None
+            last_seen[uid] = log.last_seen(uid, wall) if seen is None else wall - (now - seen)
+        return Status(online, last_seen, {})  # devices: none until sessions have device keys
+
+    async def _written(self, below: int) -> None:
+        """Wait (at most LAST_SEEN_WAIT) until the log has appended every event of this run with a seq below
+        ``below``. (The previous runs' are on disk; after a crash this run's first seq may lie past a gap of
+        seqs nobody will ever write: see idled.server.seqs.)"""
+        log = self.log
+        if below <= self.first_seq or log.last_seq + 1 >= below:
+            return
+        with trio.move_on_after(LAST_SEEN_WAIT):
+            while log.last_seq + 1 < below and not self.bus.log_closed:
+                await trio.sleep(DISK_CATCH_UP_POLL / 5)
 
     async def _check_retained(self, start: int | None) -> None:
         """Refuse a ``from`` beyond the next seq (``bad_message``) or older than anything retained (``gone``)."""
