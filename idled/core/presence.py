@@ -130,6 +130,24 @@ class PresenceEvent:
     device: str | None = None
     grace: float | None = None
 
+    # Written out rather than generated: a frozen dataclass's own __init__ looks up object.__setattr__ once per
+    # field, and the two optional fields made every event ~0.2 us dearer to build (a login's online, every
+    # offline); bound once, as a default, it builds eleven fields as fast as the nine took before.
+    def __init__(self, seq: int, kind: str, uid: Uid, ts: float, reason: str, last_seen: float, deadline: float,
+                 timeout: float, detector: str, device: str | None = None, grace: float | None = None,
+                 _set: Any = object.__setattr__) -> None:
+        _set(self, "seq", seq)
+        _set(self, "kind", kind)
+        _set(self, "uid", uid)
+        _set(self, "ts", ts)
+        _set(self, "reason", reason)
+        _set(self, "last_seen", last_seen)
+        _set(self, "deadline", deadline)
+        _set(self, "timeout", timeout)
+        _set(self, "detector", detector)
+        _set(self, "device", device)
+        _set(self, "grace", grace)
+
     def record(self) -> dict[str, Any]:
         record = {
             "seq": self.seq,
@@ -310,12 +328,19 @@ class PresenceTable:
             return (key, old.owner), None  # newest wins, without an offline/online flap
         if type(key) is tuple:
             uid, device = key
+            keys = self._users.get(uid)
+            if keys is None:
+                count = int(uid in self._sessions or uid in self.holds.held)  # its plain key
+            else:
+                count = len(keys) if isinstance(keys, list) else 1
         else:
             uid, device = key, None
-        keys = self._users.get(uid)
-        if keys is None:
-            count = int(uid in self._sessions or uid in self.holds.held)
-        else:
+            keys = self._users.get(uid) if self._users else None
+            if keys is None:  # today's login: a plain key alone, not online (no bookkeeping)
+                self._file(key, session, now)
+                if self._grace and self._grace.pop(uid, None) is not None:
+                    return None, None  # back within the grace: the user never went offline
+                return None, self._event("online", uid, wall, "login", wall, timeout)
             count = len(keys) if isinstance(keys, list) else 1
         replaced: tuple[SessionKey, Owner] | None = None
         if count >= self._max_devices:  # the oldest key makes room, without an event: the user stays online
