@@ -72,7 +72,9 @@ Rules:
 
 Questions: ``len(table)`` counts sessions (keys, held ones included); ``users()`` counts online users
 (grace included); ``is_online(uid)`` is user-level (any key, or in grace); ``owner_of(key)`` and
-``timeout_of(key)`` are per key; ``keys_of(uid)`` lists a user's live keys, oldest first.
+``timeout_of(key)`` are per key; ``keys_of(uid)`` lists a user's live keys, oldest first, ``devices_of(uid)``
+the devices among them, ``last_activity(uid)`` the latest activity over them, ``in_grace(uid)`` whether
+the user is online only by the grace.
 """
 
 from __future__ import annotations
@@ -622,6 +624,16 @@ class PresenceTable:
         if isinstance(keys, list):
             return tuple(key[1] for key in keys if type(key) is tuple)
         return (keys[1],)
+
+    def last_activity(self, uid: Uid) -> float | None:
+        """The user's latest activity over its live keys (server clock), None without a live key (a user in grace
+        has none: its offline-to-be holds the wall-clock ``last_seen``)."""
+        latest = None
+        for key in self.keys_of(uid):
+            session = self._session(key)
+            if session is not None and (latest is None or session.seen > latest):
+                latest = session.seen
+        return latest
 
     def timeout_of(self, key: SessionKey) -> float:
         """The timeout of ``key``'s session (the default when it has none)."""
