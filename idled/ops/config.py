@@ -89,6 +89,12 @@ class Config:
     # Seconds a query with last_seen still answers when an offline user was last seen (the event log keeps
     # uid -> last_seen, snapshotted beside the open sessions: idled.log.lastseen); 0 disables the store.
     last_seen_horizon: float = 30 * 86400.0
+    # Devices (idled.core.presence): session keys one user may hold at once; a login of one more ends the
+    # oldest (kicked, no event).
+    max_devices: int = 8
+    # Seconds a user whose last session closed without bye stays online before its offline (with the
+    # original ts) is emitted; a login within it continues the user with no event. 0 = offline at once.
+    offline_grace: float = 0.0
     # GC policy (idled.ops.gcpolicy): seconds between two full walks of every object, in each process.
     gc_thaw_every: float = 3600.0
     # Edge processes in front of the core (`idled serve --workers N`); 0 = one process. "auto" (flag, TOML
@@ -131,6 +137,8 @@ class Config:
         need(self.stall_ticks >= 1, "stall_ticks must be at least 1")
         need(0 <= self.gateway_grace <= 3600, "gateway_grace must be 0..3600 seconds")
         need(0 <= self.last_seen_horizon <= 100 * 365 * 86400, "last_seen_horizon must be 0..3153600000 seconds (100 years)")
+        need(1 <= self.max_devices <= 1024, f"max_devices must be 1..1024, got {self.max_devices}")
+        need(0 <= self.offline_grace <= 3600, f"offline_grace must be 0..3600 seconds, got {self.offline_grace:g}")
         need(1 <= self.gc_thaw_every <= 7 * 86400, "gc_thaw_every must be 1..604800 seconds")
         need(0 <= self.workers <= MAX_WORKERS, f"workers must be 0..{MAX_WORKERS} or auto")
         need(self.workers <= self.max_connections, "need workers <= max_connections (each edge gets a share)")
@@ -186,6 +194,10 @@ HELP: dict[str, str] = {
                      "reconnect resumes them without an offline/online pair; 0 ends them at once (gateway_lost)",
     "last_seen_horizon": "seconds a query with last_seen still says when an offline user was last seen (kept in "
                          "the event log's snapshots, across restarts and retention); 0 disables it",
+    "max_devices": "sessions (devices) one user may hold at once; a login of one more device ends the user's oldest "
+                   "session (kicked, no event)",
+    "offline_grace": "seconds a user whose last connection closed without bye stays online; a login within them "
+                     "continues it with no event, else its offline carries the original time; 0 = offline at once",
     "gc_thaw_every": "seconds between two full garbage-collector walks of every object, in the core and in each edge "
                      "(each pauses the event loop: 200-800 ms at 19k connections); in between, survivors are frozen",
     "tls_cert": "PEM certificate (chain allowed) for TLS on the client port; reloaded on SIGHUP (default unset: no TLS)",

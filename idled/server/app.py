@@ -211,6 +211,8 @@ class Server:
             max_timeout=cfg.max_timeout,
             detector_name=cfg.detector_kind,
             first_seq=await self.seqs.start(recovery.next_seq),
+            max_devices=cfg.max_devices,
+            offline_grace=cfg.offline_grace,
         )
         if self.gc_policy is not None:
             self.gc_policy.start()  # after the session maps exist: see idled.ops.gcpolicy
@@ -437,6 +439,7 @@ class Server:
         return {
             "connections": dict(self.connections),
             "sessions_online": len(self.presence),
+            "users_online": self.presence.users(),
             "detector_keys": stats.keys,
             "detector_overflow_keys": stats.overflow_keys,
             "observer_queued_bytes": self._observers.queued_bytes() if self._observers is not None else 0,

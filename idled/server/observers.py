@@ -39,7 +39,7 @@ than anything retained is refused (``gone``); an observer that falls behind rete
 cut with ``gone``.
 
 Last seen (``query`` with ``last_seen: true``): an online user's answer is its latest activity
-(`latest_activity`, on the server clock, turned into wall time as events are: ``wall - (now - seen)``); an
+(``PresenceTable.last_activity``: the latest over its sessions, on the server clock, turned into wall time as events are: ``wall - (now - seen)``); an
 offline user's is the event log's last-seen map (`idled.log.lastseen`, ``EventLog.last_seen``), which the log
 writer updates as it appends each record. So such a query is answered once the writer has appended every
 event published before it (``_written``: usually at once; else a few ms, bounded by ``LAST_SEEN_WAIT``): a user
@@ -79,9 +79,7 @@ from idled.server.bus import EventBus, Subscription, event_frame
 from idled.server.conn import SEND_ERROR_TIMEOUT, Connection, close_with
 
 __all__ = [
-    "OBSERVER_STALL", "OBSERVER_WRITE_BYTES", "REPLAY_BATCH", "REPLY_BYTES", "LAST_SEEN_WAIT", "FrameWriter", "Observers",
-    "Stalled", "latest_activity",
-]
+    "OBSERVER_STALL", "OBSERVER_WRITE_BYTES", "REPLAY_BATCH", "REPLY_BYTES", "LAST_SEEN_WAIT", "FrameWriter", "Observers", "Stalled"]
 
 log = logging.getLogger("idled.server.observers")
 
@@ -91,12 +89,6 @@ OBSERVER_STALL = 5.0  # seconds an observer may take no byte while data waits fo
 REPLAY_BATCH = 1000  # records per disk read
 DISK_CATCH_UP_POLL = 0.01  # seconds between two looks at the log while waiting for the writer
 LAST_SEEN_WAIT = 5.0  # seconds a last_seen query waits at most for the writer (then answers from what it has)
-
-
-def latest_activity(presence: PresenceTable, uid: Uid) -> float | None:
-    """When ``uid`` was last active (server clock) over its live sessions, None if it has none. One session
-    per uid today; with device keys, the latest over the uid's keys."""
-    return presence.seen_of(uid)
 
 
 class Stalled(Exception):
@@ -318,11 +310,21 @@ class Observers:
         wall, now = time.time(), self.clock()
         online: dict[Uid, bool] = {}
         last_seen: dict[Uid, float | None] = {}
+        devices: dict[Uid, tuple[str, ...]] = {}
         for uid in uids:
-            seen = latest_activity(presence, uid)
-            online[uid] = seen is not None
-            last_seen[uid] = log.last_seen(uid, wall) if seen is None else wall - (now - seen)
-        return Status(online, last_seen, {})  # devices: none until sessions have device keys
+            seen = presence.last_activity(uid)
+            if seen is not None:
+                online[uid] = True
+                last_seen[uid] = wall - (now - seen)
+                if names := presence.devices_of(uid):
+                    devices[uid] = names
+            elif (graced := presence.grace_last_seen(uid)) is not None:
+                online[uid] = True  # its offline waits out the grace: online, last seen when its session ended
+                last_seen[uid] = graced
+            else:
+                online[uid] = False
+                last_seen[uid] = log.last_seen(uid, wall)
+        return Status(online, last_seen, devices)
 
     async def _written(self, below: int) -> None:
         """Wait (at most LAST_SEEN_WAIT) until the log has appended every event of this run with a seq below

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import trio
 
-from idled.protocol import BYE, PING, PONG, Query, Status, encode
+from idled.protocol import BYE, PING, PONG, Login, Query, Status, Welcome, encode
 
 from tests import peers
 from tests.peers import Client, running
@@ -91,3 +91,26 @@ async def test_horizon_zero_disables_the_store(tmp_path: Path) -> None:
         assert status.last_seen is not None and status.last_seen["bob"] is None
         assert status.last_seen["alice"] is not None  # online users are the presence table's, horizon or not
         await alice.send(BYE)
+
+
+async def test_devices_listed_and_a_user_in_grace_is_online_last_seen_at_its_close(tmp_path: Path) -> None:
+    async with running(tmp_path, listen=True, offline_grace=30.0) as h:
+        phone = await Client.connect(h.port)
+        await phone.send(Login("uid", "ann", keepalive=30, device="phone"))
+        assert isinstance(await phone.recv(), Welcome)
+        plain = await Client.login(h.port, "uid", "ann", keepalive=30)  # the plain key: a session, not a device
+        observer = await Client.login(h.port, "observer", "obs")
+        status = await ask(observer, "ann", "bob")
+        assert status.online == {"ann": True, "bob": False}
+        assert status.devices == {"ann": ("phone",)}  # the plain key is not listed; offline users are not either
+        await plain.send(BYE)
+        assert await plain.recv() is None
+        closed = time.time()
+        await phone.stream.aclose()  # closed without bye: the grace holds ann online
+        with trio.fail_after(5):
+            while (status := await ask(observer, "ann")).devices:
+                await trio.sleep(0.05)
+        assert status.online == {"ann": True} and status.last_seen is not None
+        seen = status.last_seen["ann"]
+        assert seen is not None and closed - 1.0 <= seen <= closed + 0.05
+        assert not [r for r in h.records() if r["kind"] == "offline"]  # no offline while the grace runs
