@@ -8,24 +8,24 @@ their own module.
 """
 
 from idled.protocol.messages import (
-    DEFAULT_MAX_FRAME, MAX_FRAME_LIMIT, MAX_UID_BYTES, MAX_NAME_BYTES, MAX_TOKEN_CHARS, MIN_KEEPALIVE,
+    DEFAULT_MAX_FRAME, MAX_FRAME_LIMIT, MAX_UID_BYTES, MAX_DEVICE_BYTES, MAX_NAME_BYTES, MAX_TOKEN_CHARS, MIN_KEEPALIVE,
     MAX_KEEPALIVE, MAX_INT_UID, MAX_SEQ, MAX_DATA_DEPTH, ROLES, ErrorCode, ProtocolError, NEED_DATA,
-    NeedData, Uid, Role, EventKind, Login, Ping, Msg, Bye, Attach, Touch, Detach, Marked, Subscribe, Query, Welcome, Pong,
+    NeedData, Uid, SessionKey, Role, EventKind, Login, Ping, Msg, Bye, Attach, Touch, Detach, Marked, Subscribe, Query, Welcome, Pong,
     Event, Status, Error, Ended, Mark, ENDED_REASONS, DETACH_REASONS, PING, BYE, PONG, ClientMessage, ServerMessage,
     Message,
 )
-from idled.protocol.parse import check_uid, parse_client_message, parse_server_message
+from idled.protocol.parse import check_device, check_key, check_uid, parse_client_message, parse_server_message
 from idled.protocol.codec import BYE_FRAME, PING_FRAME, PONG_FRAME, decode_client_body, decode_server_body, encode
 from idled.protocol.framing import FrameDecoder
 from idled.protocol.stream import RECEIVE_BYTES, ByteStream, messages, receive_message
 
 __all__ = [
-    "DEFAULT_MAX_FRAME", "MAX_FRAME_LIMIT", "MAX_UID_BYTES", "MAX_NAME_BYTES", "MAX_TOKEN_CHARS",
+    "DEFAULT_MAX_FRAME", "MAX_FRAME_LIMIT", "MAX_UID_BYTES", "MAX_DEVICE_BYTES", "MAX_NAME_BYTES", "MAX_TOKEN_CHARS",
     "MIN_KEEPALIVE", "MAX_KEEPALIVE", "MAX_INT_UID", "MAX_SEQ", "MAX_DATA_DEPTH", "ROLES", "ErrorCode",
-    "ProtocolError", "NEED_DATA", "NeedData", "Uid", "Role", "EventKind", "Login", "Ping", "Msg", "Bye", "Attach",
+    "ProtocolError", "NEED_DATA", "NeedData", "Uid", "SessionKey", "Role", "EventKind", "Login", "Ping", "Msg", "Bye", "Attach",
     "Touch", "Detach", "Marked", "Subscribe", "Query", "Welcome", "Pong", "Event", "Status", "Error", "Ended", "Mark",
     "ENDED_REASONS", "DETACH_REASONS", "PING", "BYE",
     "PONG", "ClientMessage", "ServerMessage", "Message", "parse_client_message", "parse_server_message",
-    "check_uid", "PING_FRAME", "BYE_FRAME", "PONG_FRAME", "encode", "decode_client_body",
+    "check_uid", "check_device", "check_key", "PING_FRAME", "BYE_FRAME", "PONG_FRAME", "encode", "decode_client_body",
     "decode_server_body", "FrameDecoder", "RECEIVE_BYTES", "ByteStream", "messages", "receive_message",
 ]

@@ -76,6 +76,8 @@ def _encode_login(m: Login) -> bytes:
         d["ended"] = True
     if m.marks:
         d["marks"] = True
+    if m.device is not None:
+        d["device"] = m.device
     return _frame(d)
 
 

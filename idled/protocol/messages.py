@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeAlias
 
 __all__ = [
-    "DEFAULT_MAX_FRAME", "MAX_FRAME_LIMIT", "MAX_UID_BYTES", "MAX_NAME_BYTES", "MAX_TOKEN_CHARS",
+    "DEFAULT_MAX_FRAME", "MAX_FRAME_LIMIT", "MAX_UID_BYTES", "MAX_DEVICE_BYTES", "MAX_NAME_BYTES", "MAX_TOKEN_CHARS",
     "MIN_KEEPALIVE", "MAX_KEEPALIVE", "MAX_INT_UID", "MAX_SEQ", "MAX_DATA_DEPTH", "ROLES",
-    "ErrorCode", "ProtocolError", "NEED_DATA", "NeedData", "Uid", "Role", "EventKind",
+    "ErrorCode", "ProtocolError", "NEED_DATA", "NeedData", "Uid", "SessionKey", "Role", "EventKind",
     "Login", "Ping", "Msg", "Bye", "Attach", "Touch", "Detach", "Marked", "Subscribe", "Query",
     "Welcome", "Pong", "Event", "Status", "Error", "Ended", "Mark", "ENDED_REASONS", "DETACH_REASONS",
     "PING", "BYE", "PONG", "ClientMessage", "ServerMessage", "Message",
@@ -29,6 +29,7 @@ __all__ = [
 DEFAULT_MAX_FRAME: Final = 4096  # bytes of msgpack body (the 4-byte prefix is not counted)
 MAX_FRAME_LIMIT: Final = 0xFFFF_FFFF  # what a 4-byte prefix can express
 MAX_UID_BYTES: Final = 256  # string uids: 1..256 bytes of UTF-8
+MAX_DEVICE_BYTES: Final = 64  # a user login's device: a str of 1..64 bytes of UTF-8
 MAX_NAME_BYTES: Final = 128  # gateway / observer names: 1..128 bytes of UTF-8
 MAX_TOKEN_CHARS: Final = 1024
 # keepalive k is accepted for 1 <= k <= 86400 seconds. The server ticks every second by default: a keepalive
@@ -42,6 +43,10 @@ MAX_SEQ: Final = 2**63 - 1
 MAX_DATA_DEPTH: Final = 32
 
 Uid: TypeAlias = str | int
+# A session key: a plain uid (a login without device: exactly the one session a user had before devices)
+# or the tuple (uid, device). On the wire (gateway frames' `uids`, `ended`) the tuple is a 2-array, which
+# msgpack decodes as a tuple: the decoded element IS the key.
+SessionKey: TypeAlias = Uid | tuple[Uid, str]
 Role: TypeAlias = Literal["uid", "gateway", "observer"]
 EventKind: TypeAlias = Literal["online", "offline"]
 ROLES: Final[tuple[Role, ...]] = ("uid", "gateway", "observer")
@@ -92,10 +97,11 @@ NEED_DATA: Final = NeedData()
 
 @dataclass(frozen=True, slots=True)
 class Login:
-    """`{"op":"login", <role>: name, "token"?: str, "keepalive"?: seconds, "ended"?: bool, "marks"?: bool}`;
-    keepalive only for role "uid"; `ended` and `marks` only for role "gateway": `ended` asks the server for
-    `Ended` notices, `marks` for `Mark` requests the gateway answers with `Marked` (both opt-in, so gateways
-    that do not know the messages never receive them)."""
+    """`{"op":"login", <role>: name, "token"?: str, "keepalive"?: seconds, "ended"?: bool, "marks"?: bool,
+    "device"?: str}`; keepalive and device only for role "uid"; `ended` and `marks` only for role "gateway":
+    `ended` asks the server for `Ended` notices, `marks` for `Mark` requests the gateway answers with `Marked`
+    (both opt-in, so gateways that do not know the messages never receive them). `device` (1..64 UTF-8
+    bytes) makes the session key `(uid, device)`: one user may then hold several sessions, one per device."""
 
     role: Role
     name: Uid  # a uid (str or int) for role "uid", else a str name
@@ -103,6 +109,12 @@ class Login:
     keepalive: float | None = None
     ended: bool = False
     marks: bool = False
+    device: str | None = None
+
+    @property
+    def key(self) -> SessionKey:
+        """The session key this login claims: the uid, or (uid, device)."""
+        return self.name if self.device is None else (self.name, self.device)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,25 +136,27 @@ class Bye:
 
 @dataclass(frozen=True, slots=True)
 class Attach:
-    """Gateway: these uids are now connected through me. `keepalive` applies to all of them."""
+    """Gateway: these sessions are now connected through me. `keepalive` applies to all of them. Each element
+    of `uids` is a session key: a uid, or a 2-array [uid, device] (decoded as the tuple (uid, device))."""
 
-    uids: tuple[Uid, ...]
+    uids: tuple[SessionKey, ...]
     keepalive: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Touch:
-    """Gateway: activity from these uids."""
+    """Gateway: activity from these sessions (session keys, as in `Attach`)."""
 
-    uids: tuple[Uid, ...]
+    uids: tuple[SessionKey, ...]
 
 
 @dataclass(frozen=True, slots=True)
 class Detach:
-    """Gateway: these uids disconnected. `reason` (optional, one of `DETACH_REASONS`) is the offline reason
-    to record, so an edge's users leave the same record as direct ones; absent: "detach"."""
+    """Gateway: these sessions (session keys, as in `Attach`) disconnected. `reason` (optional, one of
+    `DETACH_REASONS`) is the offline reason to record, so an edge's users leave the same record as direct
+    ones; absent: "detach"."""
 
-    uids: tuple[Uid, ...]
+    uids: tuple[SessionKey, ...]
     reason: str | None = None
 
 
@@ -231,9 +245,10 @@ ENDED_REASONS: Final = ("idle", "kicked", "shutdown")
 @dataclass(frozen=True, slots=True)
 class Ended:
     """`{"op":"ended","uids":[...],"reason":R}`: the server ended these sessions of the gateway (R in
-    `ENDED_REASONS`). Sent only to gateways that logged in with `"ended": true`."""
+    `ENDED_REASONS`), by session key (a uid, or [uid, device] as the gateway attached it). Sent only to
+    gateways that logged in with `"ended": true`."""
 
-    uids: tuple[Uid, ...]
+    uids: tuple[SessionKey, ...]
     reason: str
 
 

@@ -12,6 +12,10 @@ the server can add fields without breaking deployed clients. Numbers are checked
 (bool subclasses int and is never a number here) and must be finite wherever they are read: NaN fails every
 comparison and would otherwise slip through range checks, inf is no time and no duration.
 
+Gateway frames (`attach`, `touch`, `detach`, and the server's `ended`) carry *session keys*: each element
+of `uids` is a uid or a 2-array [uid, device]. unpackb already made that array a tuple, so the validated
+element is returned as the key itself (no conversion on the touch path); `query` takes plain uids only.
+
 Reasons name the field and the accepted range, and never echo more than ~40 characters of the peer's value.
 Frame-level rules (ext types, duplicate map keys) are not visible in a decoded object: `codec` enforces
 them on the bytes before and after calling these functions.
@@ -26,13 +30,13 @@ from typing import Any, Final
 import msgpack
 
 from idled.protocol.messages import (
-    BYE, DETACH_REASONS, MAX_DATA_DEPTH, MAX_FRAME_LIMIT, MAX_INT_UID, MAX_KEEPALIVE, MAX_NAME_BYTES, MAX_SEQ, MAX_TOKEN_CHARS,
+    BYE, DETACH_REASONS, MAX_DATA_DEPTH, MAX_DEVICE_BYTES, MAX_FRAME_LIMIT, MAX_INT_UID, MAX_KEEPALIVE, MAX_NAME_BYTES, MAX_SEQ, MAX_TOKEN_CHARS,
     MAX_UID_BYTES, MIN_KEEPALIVE, PING, PONG, Attach, Bye, ClientMessage, Detach, Error, ErrorCode, Event,
-    EventKind, Ended, Login, Mark, Marked, Msg, Ping, ProtocolError, Query, Role, ServerMessage, Status, Subscribe, Touch, Uid,
-    Welcome,
+    EventKind, Ended, Login, Mark, Marked, Msg, Ping, ProtocolError, Query, Role, ServerMessage, SessionKey, Status, Subscribe, Touch,
+    Uid, Welcome,
 )
 
-__all__ = ["parse_client_message", "parse_server_message", "check_uid"]
+__all__ = ["parse_client_message", "parse_server_message", "check_uid", "check_device", "check_key"]
 
 EVENT_KEYS: Final = frozenset({"op", "seq", "kind", "uid", "ts", "reason", "last_seen", "deadline"})
 _EVENT_KINDS: Final[dict[str, EventKind]] = {"online": "online", "offline": "offline"}
@@ -68,10 +72,31 @@ def check_uid(value: Any, what: str = "uid") -> Uid:
     raise _bad(f"{what}: uid must be str or int, got {t.__name__}")
 
 
+def check_device(value: Any, what: str = "device") -> str:
+    """Return `value` if it is a valid device name (a str of 1..64 UTF-8 bytes), else ProtocolError."""
+    if type(value) is str:
+        n = len(value)
+        if n and (n <= MAX_DEVICE_BYTES // 4 or len(value.encode()) <= MAX_DEVICE_BYTES):
+            return value
+    raise _bad(f"{what} must be a str of 1..{MAX_DEVICE_BYTES} UTF-8 bytes")
+
+
+def check_key(value: Any, what: str = "uids element") -> SessionKey:
+    """Return `value` if it is a valid session key (a uid, or a 2-tuple (uid, device)), else ProtocolError."""
+    if type(value) is tuple:
+        if len(value) != 2:
+            raise _bad(f"{what}: a session key array must be [uid, device], got {len(value)} elements")
+        check_uid(value[0], what)
+        check_device(value[1], f"{what} device")
+        return value
+    return check_uid(value, what)
+
+
 def _uid_list(value: Any, what: str = "uids") -> tuple[Uid, ...]:
+    """Plain uids only (query): a [uid, device] element is bad_message."""
     if type(value) is not tuple:
         raise _bad(f"{what} must be an array, got {type(value).__name__}")
-    # inlined check_uid: gateway frames carry thousands of uids
+    # inlined check_uid: a query may carry thousands of uids
     for i, u in enumerate(value):
         t = type(u)
         if t is int:
@@ -82,6 +107,34 @@ def _uid_list(value: Any, what: str = "uids") -> tuple[Uid, ...]:
             if n and (n <= MAX_UID_BYTES // 4 or len(u.encode()) <= MAX_UID_BYTES):
                 continue
         check_uid(u, f"{what}[{i}]")  # raises with the precise reason
+    return value
+
+
+def _key_list(value: Any, what: str = "uids") -> tuple[SessionKey, ...]:
+    """Session keys (gateway frames): each element a uid or a 2-array [uid, device], which msgpack decoded
+    as a tuple -- the key itself, returned as is. The plain uid branches come first and are those of
+    `_uid_list`: a frame of plain uids costs exactly what it did before devices."""
+    if type(value) is not tuple:
+        raise _bad(f"{what} must be an array, got {type(value).__name__}")
+    # inlined check_uid / check_key: gateway frames carry thousands of keys
+    for i, u in enumerate(value):
+        t = type(u)
+        if t is int:
+            if 0 <= u <= MAX_INT_UID:
+                continue
+        elif t is str:
+            n = len(u)
+            if n and (n <= MAX_UID_BYTES // 4 or len(u.encode()) <= MAX_UID_BYTES):
+                continue
+        elif t is tuple and len(u) == 2:
+            uid, device = u
+            t = type(uid)
+            if ((t is int and 0 <= uid <= MAX_INT_UID)
+                    or (t is str and uid and (len(uid) <= MAX_UID_BYTES // 4 or len(uid.encode()) <= MAX_UID_BYTES))) \
+                    and type(device) is str and device \
+                    and (len(device) <= MAX_DEVICE_BYTES // 4 or len(device.encode()) <= MAX_DEVICE_BYTES):
+                continue
+        check_key(u, f"{what}[{i}]")  # raises with the precise reason
     return value
 
 
@@ -148,7 +201,7 @@ def _only(obj: dict[Any, Any], allowed: frozenset[str], op: str) -> None:
 
 
 _IDENTITY_KEYS: Final = ("uid", "gateway", "observer")
-_LOGIN_KEYS: Final = frozenset({"op", "uid", "gateway", "observer", "token", "keepalive", "ended", "marks"})
+_LOGIN_KEYS: Final = frozenset({"op", "uid", "gateway", "observer", "token", "keepalive", "ended", "marks", "device"})
 _MARK_KEYS: Final = frozenset({"op", "t"})
 _DETACH_KEYS: Final = frozenset({"op", "uids", "reason"})
 _MSG_KEYS: Final = frozenset({"op", "data"})
@@ -179,7 +232,12 @@ def _parse_login(obj: dict[str, Any]) -> Login:
             raise _bad("keepalive applies only to uid logins (gateways give it per attach)")
         keepalive = _keepalive(keepalive)
     ended, marks = _gateway_flag(obj, "ended", role), _gateway_flag(obj, "marks", role)
-    return Login(role, name, token, keepalive, ended, marks)
+    device = obj.get("device")
+    if device is not None:
+        if role != "uid":
+            raise _bad("device applies only to uid logins")
+        device = check_device(device)
+    return Login(role, name, token, keepalive, ended, marks, device)
 
 
 def _gateway_flag(obj: dict[str, Any], key: str, role: Role) -> bool:
@@ -227,7 +285,7 @@ def _parse_attach(obj: dict[str, Any]) -> Attach:
     keepalive = obj.get("keepalive")
     if keepalive is not None:
         keepalive = _keepalive(keepalive)
-    return Attach(_uid_list(obj["uids"]), keepalive)
+    return Attach(_key_list(obj["uids"]), keepalive)
 
 
 def _uids_of(obj: dict[str, Any], op: str) -> tuple[Uid, ...]:
@@ -237,16 +295,23 @@ def _uids_of(obj: dict[str, Any], op: str) -> tuple[Uid, ...]:
     return _uid_list(obj["uids"])
 
 
+def _keys_of(obj: dict[str, Any], op: str) -> tuple[SessionKey, ...]:
+    _only(obj, _UIDS_KEYS, op)
+    if "uids" not in obj:
+        raise _bad(f"{op} needs uids")
+    return _key_list(obj["uids"])
+
+
 def _parse_detach(obj: dict[str, Any]) -> Detach:
     reason = obj.get("reason")
     if reason is None:
-        return Detach(_uids_of(obj, "detach"))
+        return Detach(_keys_of(obj, "detach"))
     if type(reason) is not str or reason not in DETACH_REASONS:
         raise _bad(f"detach reason must be one of {', '.join(DETACH_REASONS)}")
     _only(obj, _DETACH_KEYS, "detach")
     if "uids" not in obj:
         raise _bad("detach needs uids")
-    return Detach(_uid_list(obj["uids"]), reason)
+    return Detach(_key_list(obj["uids"]), reason)
 
 
 def _parse_subscribe(obj: dict[str, Any]) -> Subscribe:
@@ -264,7 +329,7 @@ _CLIENT_PARSERS: Final[dict[str, Callable[[dict[str, Any]], ClientMessage]]] = {
     "login": _parse_login,
     "bye": _parse_bye,
     "attach": _parse_attach,
-    "touch": lambda obj: Touch(_uids_of(obj, "touch")),
+    "touch": lambda obj: Touch(_keys_of(obj, "touch")),
     "detach": _parse_detach,
     "marked": _parse_marked,
     "subscribe": _parse_subscribe,
@@ -311,7 +376,7 @@ def _parse_ended(obj: dict[Any, Any]) -> Ended:
     if type(reason) is not str:
         raise _bad("ended needs a str reason")
     # An unknown reason is kept as given (lenient): a gateway treats it like the session simply ending.
-    return Ended(_uid_list(obj.get("uids"), "ended uids"), reason)
+    return Ended(_key_list(obj.get("uids"), "ended uids"), reason)
 
 
 def _parse_event(obj: dict[Any, Any]) -> Event:
