@@ -44,9 +44,11 @@ from typing import Final
 
 from idled.core.timeouts import KEEPALIVE_FACTOR
 from idled.protocol import (
-    DEFAULT_MAX_FRAME, MAX_DEVICE_BYTES, MAX_INT_UID, MAX_KEEPALIVE, MAX_UID_BYTES, MIN_KEEPALIVE, Attach, Detach, Event,
-    SessionKey, Subscribe, Touch, Uid, encode,
+    DEFAULT_MAX_FRAME, MAX_DEVICE_BYTES, MAX_KEEPALIVE, MAX_UID_BYTES, MIN_KEEPALIVE, Attach, Detach, Event,
+    ProtocolError, SessionKey, Subscribe, Touch, Uid, encode,
 )
+from idled.protocol import check_device as _check_device
+from idled.protocol import check_key as _check_key
 
 __all__ = [
     "ping_interval", "default_durable", "Backoff", "KeepaliveTimer", "GatewayBatcher", "ObserverCursor",
@@ -106,27 +108,23 @@ class KeepaliveTimer:
 
 
 def check_device(device: str | None) -> str | None:
-    """`device` if it is one the server accepts (None, or a str of 1..MAX_DEVICE_BYTES UTF-8 bytes), else
-    ValueError -- raised where the caller can see it, rather than the server's ``bad_message`` on the wire."""
-    if device is not None and not (type(device) is str
-                                   and 1 <= len(device.encode()) <= MAX_DEVICE_BYTES):
-        raise ValueError(f"a device is a str of 1..{MAX_DEVICE_BYTES} UTF-8 bytes, got {device!r}")
-    return device
+    """`device` if the server accepts it (None, or a str of 1..MAX_DEVICE_BYTES UTF-8 bytes), else ValueError --
+    raised where the caller can see it, rather than the server's ``bad_message`` (a final error) on the wire."""
+    if device is None:
+        return None
+    try:
+        return _check_device(device)
+    except ProtocolError as exc:
+        raise ValueError(exc.reason) from None
 
 
 def check_key(key: SessionKey) -> SessionKey:
-    """`key` if it is a valid session key -- a uid (str of 1..MAX_UID_BYTES bytes, or int 0..MAX_INT_UID) or a
-    tuple ``(uid, device)`` -- else ValueError. A list is refused too: keys are dict keys (and the server's
-    decoded 2-array is a tuple, so only a tuple matches what `ended` reports)."""
-    uid, device = (key[0], key[1]) if type(key) is tuple and len(key) == 2 else (key, None)
-    if type(uid) is int:
-        ok = 0 <= uid <= MAX_INT_UID  # type: ignore[operator]
-    else:
-        ok = type(uid) is str and 1 <= len(uid.encode()) <= MAX_UID_BYTES  # type: ignore[union-attr]
-    if not ok or (type(key) is tuple and (len(key) != 2 or type(device) is not str)):
-        raise ValueError(f"a session key is a uid or a tuple (uid, device), got {key!r}")
-    check_device(device)  # type: ignore[arg-type]
-    return key
+    """`key` if it is a valid session key -- a uid, or a tuple ``(uid, device)`` -- else ValueError. A list is
+    refused too: keys are dict keys, and the server's ``ended`` reports the tuple."""
+    try:
+        return _check_key(key)
+    except ProtocolError as exc:
+        raise ValueError(exc.reason) from None
 
 
 def _uid_size(uid: Uid) -> int:

@@ -74,7 +74,7 @@ from idled.tools.loadtest.stats import BYE, LATE, SILENT
 from idled.tools.loadtest.wheel import Schedule, TimerWheel
 from idled.tools.loadtest.workerstate import Worker
 
-__all__ = ["run_users", "Engine"]
+__all__ = ["run_users", "Engine", "login_templates", "login_frame"]
 
 # timer kinds (low two bits of a wheel entry)
 PING, MOMENT, CONNECT_DEADLINE, BYE_DEADLINE = range(4)
@@ -118,7 +118,7 @@ class Engine(ConnTable):
         # --devices K: session i logs in as device "d<i % K>" of uid uid_base + i // K. Without a secret the
         # K login frames differ only in the uid, so each is encoded once with a placeholder uid and patched
         # per login (a prefix, the uid as msgpack, a suffix): no Login object or msgpack encode per login.
-        self.login_frames = _login_templates(w.keepalive, w.devices) if w.secret is None else None
+        self.login_frames = login_templates(w.keepalive, w.devices) if w.secret is None else None
         self._load_plan()
 
     # ------------------------------------------------------------------------------------------ the loop
@@ -496,7 +496,7 @@ _UID_MARK: Final = 2**63 - 1  # a placeholder uid, msgpack "\xcf" + 8 bytes: uni
 _FRAME_HEADER: Final = struct.Struct(">I")
 
 
-def _login_templates(keepalive: float | None, devices: int) -> list[tuple[bytes, bytes]]:
+def login_templates(keepalive: float | None, devices: int) -> list[tuple[bytes, bytes]]:
     """Per device ("d0".., or none when `devices` is 1): the login frame's body around the uid."""
     out = []
     for d in range(devices):
