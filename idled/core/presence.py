@@ -2,9 +2,10 @@
 
 Theory of operation
 -------------------
-A *session* is one online uid. It has an *owner* (the direct connection it logged in on, or the gateway
-that attached it), a last-activity time and a timeout. The table owns an idle detector
-(``idled.core.detector.Detector``) keyed by uid and turns its tick arithmetic into seconds:
+A *session* is one online *session key*: a plain uid (a login without device: the one session a user
+had before devices) or the tuple ``(uid, device)``. It has an *owner* (the direct connection it logged in
+on, or the gateway that attached it), a last-activity time and a timeout. The table owns an idle detector
+(``idled.core.detector.Detector``) keyed by session key and turns its tick arithmetic into seconds:
 
 * time comes in as ``now``: seconds on the server's pause-adjusted monotonic clock (never read here);
   event records need wall-clock times, so calls that emit events also take ``wall`` (``time.time()`` read
@@ -20,27 +21,62 @@ that attached it), a last-activity time and a timeout. The table owns an idle de
   that) would otherwise find nothing due and spin.
 
 Storage: one record per session (``SessionEntry``: owner, last activity, timeout, and the detector's own fields),
-in one uid-keyed map -- the detector's ``entries``, shared (see ``idled.core.detector``). Six parallel maps
+in one key-keyed map -- the detector's ``entries``, shared (see ``idled.core.detector``). Six parallel maps
 (owner, last seen, timeouts here; bucket, last seen, timeouts in the wheel) used to grow in the same login,
-each copying itself: 65-160 ms event-loop stalls at ~350k and ~700k sessions.
+each copying itself: 65-160 ms event-loop stalls at ~350k and ~700k sessions. A keepalive (``touch(key,
+now)``) is one lookup in that map whatever the key: a plain uid or a ``(uid, device)`` tuple (which the
+protocol decoded as is, so nothing is built per packet).
+
+*Users and their devices.* Events are about users, not sessions: a user is online while at least one of its
+keys lives. Per-user bookkeeping exists only where it is needed, and is touched only on login and end, never
+on a keepalive: ``_users`` maps a uid to its live keys in login order -- for a user that has at least one
+device key (then its plain key, if it has one, is in the list too). A user with only its plain key, i.e.
+every user of a client that sends no device, has no entry at all: today's users cost exactly what they did.
+``_spare`` counts the keys beyond the first of every listed user, so ``users()`` is ``len(self) - _spare``
+(plus the users in grace) in O(1).
 
 Rules:
 
-* login of a uid that is already online: newest wins. The session moves to the new owner, its deadline
-  restarts, **no** offline/online pair is emitted, and the previous owner is returned so the caller can tell
-  it (``kicked``).
-* logout/close is honoured only from the current owner: a kicked connection closing late must not end the
-  session that replaced it.
-* every change gets the next ``seq``; events are returned, never sent from here.
+* login of a key that is already online: newest wins. The session moves to the new owner, its deadline
+  restarts, **no** offline/online pair is emitted, and the previous owner is returned with the key so the
+  caller can tell it (``kicked``). The key becomes the user's newest.
+* login of a new key for a user that already holds ``max_devices`` keys: its oldest key's session ends
+  (returned with its owner like a replaced one: ``kicked``), no event -- the user stays online.
+* ``online`` only when a user's first key comes, ``offline`` only when its last goes (that session's reason,
+  last activity, deadline and timeout). A key that joins or leaves while another key of the user lives emits
+  nothing. An event caused by a device session carries ``device``; one caused by a plain key does not, so a
+  client that never sends a device produces the very records it did before devices.
+* *grace* (``offline_grace`` seconds, 0: none): when a user's last session ends ``closed`` (a connection that
+  dropped without bye, a gateway's ``detach`` saying ``closed``), the offline waits: the user stays online
+  (``is_online``) until ``end + grace``. A login of any of its keys meanwhile continues the user with no
+  event at all. Otherwise ``expire`` emits the offline then, with the ORIGINAL ``ts``, reason ``closed``,
+  the session's last activity, deadline and timeout, and ``grace``. The grace is one constant, so the
+  pending offlines come due in the order they were made: a FIFO (``_grace_due``) beside a uid -> pending map
+  (``_grace``); an entry of the FIFO whose user came back is stale and dropped when it reaches the front.
+  ``next_due`` accounts for the FIFO's front, ``end_all`` emits every pending one at once. Never for
+  ``idle``, ``logout``, ``kicked``, ``detach``, ``gateway_lost`` or ``shutdown``.
+* logout/close is honoured only from the current owner of the key: a kicked connection closing late must not
+  end the session that replaced it.
+* every change gets the next ``seq``; events are returned, never sent from here. A session that ends --
+  expired, ended by ``end_all`` -- is returned as ``(key, owner, event or None)``: its owner must be told
+  even when the user's other keys keep it online (no event). A grace offline has no owner (its connection is
+  gone): ``(uid, None, event)``.
 * an owner that reports watermarks (``track_owner``: an edge) loses a session to ``idle`` only once its
   watermark has passed the session's deadline; until then the session is *held*: online, out of the
-  detector, back in it at its next touch (``idled.core.watermarks``). Every question below (``is_online``,
-  ``owner_of``, ``len``) and every change (login, logout, ``end_all``) sees held sessions like any other.
+  detector, back in it at its next touch (``idled.core.watermarks``, which keys its holds by session key).
+  Every question below (``is_online``, ``owner_of``, ``len``) and every change (login, logout, ``end_all``)
+  sees held sessions like any other.
+* ``restart_event`` stays per uid: the event log is user-level (one open ``online`` per user).
+
+Questions: ``len(table)`` counts sessions (keys, held ones included); ``users()`` counts online users
+(grace included); ``is_online(uid)`` is user-level (any key, or in grace); ``owner_of(key)`` and
+``timeout_of(key)`` are per key; ``keys_of(uid)`` lists a user's live keys, oldest first.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -50,20 +86,35 @@ from idled.core.timeouts import timeout_for
 from idled.core.watermarks import Holds
 
 Uid = Hashable
+# A plain uid or (uid, device); uids are str or int, never tuples, so ``type(key) is tuple`` tells them apart.
+SessionKey = Hashable
+
+DEFAULT_MAX_DEVICES = 8
+MAX_DEVICES_LIMIT = 1024
+MAX_OFFLINE_GRACE = 3600.0
+
+
+def uid_of(key: SessionKey) -> Uid:
+    """The user a session key belongs to."""
+    return key[0] if type(key) is tuple else key
 
 
 class Owner(Protocol):
     """Whoever a session belongs to: a user's connection, or the gateway (an edge) that attached it. The table
-    only stores owners and compares them by identity; it returns them with the events that end their sessions
-    (``expire``, ``end_all``) and a replaced one from ``login``, and the caller tells them with ``release``."""
+    only stores owners and compares them by identity; it returns them with the sessions it ends
+    (``expire``, ``end_all``, a replaced or capped one from ``login``), and the caller tells them with
+    ``release``."""
 
-    def release(self, uid: Uid, code: str, reason: str) -> None:
-        """The server ended ``uid``'s session (``code``: the protocol's error code, e.g. ``idle_timeout``)."""
+    def release(self, uid: SessionKey, code: str, reason: str) -> None:
+        """The server ended the session of this key (``code``: the protocol's error code, e.g. ``idle_timeout``)."""
 
 
 @dataclass(frozen=True, slots=True)
 class PresenceEvent:
-    """One presence change, as logged and as observers see it (times are wall-clock unix seconds)."""
+    """One presence change, as logged and as observers see it (times are wall-clock unix seconds).
+
+    ``device``: the device whose login or end caused the event (None: a plain key's, and then absent from the
+    record); ``grace``: the grace in seconds an offline waited for (only on a grace offline)."""
 
     seq: int
     kind: str  # "online" | "offline"
@@ -74,9 +125,11 @@ class PresenceEvent:
     deadline: float
     timeout: float
     detector: str
+    device: str | None = None
+    grace: float | None = None
 
     def record(self) -> dict[str, Any]:
-        return {
+        record = {
             "seq": self.seq,
             "kind": self.kind,
             "uid": self.uid,
@@ -87,6 +140,30 @@ class PresenceEvent:
             "timeout": self.timeout,
             "detector": self.detector,
         }
+        if self.device is not None:
+            record["device"] = self.device
+        if self.grace is not None:
+            record["grace"] = self.grace
+        return record
+
+
+# What ``expire`` and ``end_all`` return per ended session: its key, its owner to tell (None for a grace
+# offline: its connection is gone) and the user-level event (None while another key of the user lives).
+Ending = tuple[SessionKey, Owner | None, PresenceEvent | None]
+
+
+class _Pending:
+    """A user's offline waiting out the grace (see the module docstring): everything its event needs."""
+
+    __slots__ = ("uid", "due", "ts", "last_seen", "timeout", "device")
+
+    def __init__(self, uid: Uid, due: float, ts: float, last_seen: float, timeout: float, device: str | None) -> None:
+        self.uid = uid
+        self.due = due  # server clock
+        self.ts = ts
+        self.last_seen = last_seen
+        self.timeout = timeout
+        self.device = device
 
 
 def ticks_for(seconds: float, tick: float) -> int:
@@ -96,7 +173,7 @@ def ticks_for(seconds: float, tick: float) -> int:
 
 
 class SessionEntry(Entry):
-    """One online uid: the detector's entry for it (activity tick, timeout in ticks, its bucket) plus the
+    """One online session key: the detector's entry for it (activity tick, timeout in ticks, its bucket) plus the
     table's own fields, in one record under one map (see ``idled.core.detector``)."""
 
     __slots__ = ("owner", "seen", "seconds")
@@ -127,6 +204,12 @@ class PresenceTable:
         "_tick_high",
         "_tick_now",
         "_ending",
+        "_users",
+        "_spare",
+        "_max_devices",
+        "_grace_seconds",
+        "_grace",
+        "_grace_due",
         "holds",
     )
 
@@ -139,12 +222,18 @@ class PresenceTable:
         max_timeout: float,
         detector_name: str,
         first_seq: int = 1,
+        max_devices: int = DEFAULT_MAX_DEVICES,
+        offline_grace: float = 0.0,
     ) -> None:
         if len(detector):
             raise ValueError("the presence table needs a detector of its own, empty")
+        if type(max_devices) is not int or not 1 <= max_devices <= MAX_DEVICES_LIMIT:
+            raise ValueError(f"max_devices must be an int from 1 to {MAX_DEVICES_LIMIT}, got {max_devices!r}")
+        if not 0.0 <= offline_grace <= MAX_OFFLINE_GRACE:  # (NaN fails too)
+            raise ValueError(f"offline_grace must be 0..{MAX_OFFLINE_GRACE:g} seconds, got {offline_grace!r}")
         self._detector = detector
-        # The one uid-keyed map: the detector's entries, which are this table's SessionEntry records.
-        self._sessions: dict[Uid, SessionEntry] = detector.entries  # type: ignore[assignment]
+        # The one key-keyed map: the detector's entries, which are this table's SessionEntry records.
+        self._sessions: dict[SessionKey, SessionEntry] = detector.entries  # type: ignore[assignment]
         self._plain_touch = detector.plain_touch
         self._touch_entry = detector.touch_entry
         self._detector_name = detector_name
@@ -156,7 +245,14 @@ class PresenceTable:
         # Cache of the current activity tick: one int object shared by every touch within a tick.
         self._tick_low = self._tick_high = math.inf
         self._tick_now = 0
-        self._ending: list[Uid] = []  # end_all's snapshot of the uids still to end
+        self._ending: list[SessionKey] = []  # end_all's snapshot of the keys still to end
+        # uid -> its live keys, oldest first: only users with a device key (see the module docstring).
+        self._users: dict[Uid, list[SessionKey]] = {}
+        self._spare = 0  # keys beyond the first of every user in _users
+        self._max_devices = max_devices
+        self._grace_seconds = float(offline_grace)
+        self._grace: dict[Uid, _Pending] = {}  # users whose offline waits out the grace
+        self._grace_due: deque[_Pending] = deque()  # the same, in the order they come due (may hold stale ones)
         # Sessions due while their owner's watermark lagged (see idled.core.watermarks).
         self.holds: Holds[SessionEntry] = Holds()
 
@@ -192,22 +288,48 @@ class PresenceTable:
     # -- changes ------------------------------------------------------------------------------------------
 
     def login(
-        self, uid: Uid, owner: Owner, now: float, wall: float, keepalive: float | None = None
-    ) -> tuple[Owner | None, PresenceEvent | None]:
-        """Start (or take over) ``uid``'s session. Returns (previous owner or None, online event or None)."""
+        self, key: SessionKey, owner: Owner, now: float, wall: float, keepalive: float | None = None
+    ) -> tuple[tuple[SessionKey, Owner] | None, PresenceEvent | None]:
+        """Start (or take over) the session of ``key`` (a uid, or (uid, device)). Returns (the session this
+        login ended -- the same key's previous one (newest wins), or the user's oldest key past
+        ``max_devices`` -- as (key, owner) for the caller to tell ``kicked``, or None; the online event or
+        None)."""
         timeout = self.timeout_for(keepalive)
-        old = self._sessions.get(uid)
-        if old is None and self.holds.held:
-            old = self.holds.take(uid)
         session = SessionEntry(owner, now, self._timeout if timeout == self._timeout else timeout)
-        self._file(uid, session, now)
+        old = self._sessions.get(key)
+        if old is None and self.holds.held:
+            old = self.holds.take(key)
         if old is not None:
-            return old.owner, None  # newest wins, without an offline/online flap
-        return None, self._event("online", uid, wall, "login", wall, timeout)
+            self._file(key, session, now)
+            keys = self._users.get(uid_of(key))
+            if keys is not None and keys[-1] != key:  # it is the user's newest key now
+                keys.remove(key)
+                keys.append(key)
+            return (key, old.owner), None  # newest wins, without an offline/online flap
+        if type(key) is tuple:
+            uid, device = key
+        else:
+            uid, device = key, None
+        keys = self._users.get(uid)
+        count = len(keys) if keys is not None else int(uid in self._sessions or uid in self.holds.held)
+        replaced: tuple[SessionKey, Owner] | None = None
+        if count >= self._max_devices:  # the oldest key makes room, without an event: the user stays online
+            oldest = keys[0] if keys is not None else uid
+            victim = self._take(oldest)
+            assert victim is not None, "a listed key has a session"
+            self._forget(uid, oldest)
+            replaced = (oldest, victim.owner)
+        self._file(key, session, now)
+        self._remember(uid, key)
+        if count:
+            return replaced, None
+        if self._grace and self._grace.pop(uid, None) is not None:
+            return replaced, None  # back within the grace: the user never went offline
+        return replaced, self._event("online", uid, wall, "login", wall, timeout, device)
 
-    def touch(self, uid: Uid, now: float) -> None:
-        """Activity from ``uid``: the per-packet path, one dict lookup and two stores."""
-        session = self._sessions.get(uid)
+    def touch(self, key: SessionKey, now: float) -> None:
+        """Activity from ``key``: the per-packet path, one dict lookup and two stores."""
+        session = self._sessions.get(key)
         if session is not None:
             session.seen = now
             # The default timeout is the table's own float object: one identity test, then the shared tick.
@@ -220,24 +342,61 @@ class PresenceTable:
             else:
                 self._touch_entry(session, tick)
 
-    def _file(self, uid: Uid, session: SessionEntry, now: float) -> None:
-        """Put ``session`` (active at ``now``) in the detector, replacing whatever it held for ``uid``."""
+    def _file(self, key: SessionKey, session: SessionEntry, now: float) -> None:
+        """Put ``session`` (active at ``now``) in the detector, replacing whatever it held for ``key``."""
         session.seen = now
         if session.seconds is self._timeout:
-            self._detector.add(uid, self._activity_tick(now), None, session)
+            self._detector.add(key, self._activity_tick(now), None, session)
         else:
             ticks = self.ticks_for(session.seconds)
-            self._detector.add(uid, self._due_tick(now, session.seconds) - ticks, ticks, session)
+            self._detector.add(key, self._due_tick(now, session.seconds) - ticks, ticks, session)
 
-    def touch_owned(self, uid: Uid, owner: Owner, now: float) -> bool:
-        """Activity reported by ``owner`` (a gateway) for ``uid``; ignored unless it owns the session."""
-        session = self._sessions.get(uid)
+    def _take(self, key: SessionKey) -> SessionEntry | None:
+        """Take ``key``'s session out of the detector (or the holds), whoever owns it."""
+        session = self._sessions.get(key)
+        if session is not None:
+            self._detector.remove(key)
+            return session
+        return self.holds.take(key) if self.holds.held else None
+
+    def _remember(self, uid: Uid, key: SessionKey) -> None:
+        """``key`` (not live before) is the user's newest key (the per-user bookkeeping of the module doc)."""
+        keys = self._users.get(uid)
+        if keys is not None:
+            keys.append(key)
+            self._spare += 1
+        elif type(key) is tuple:
+            if uid in self._sessions or uid in self.holds.held:  # its plain key, older
+                self._users[uid] = [uid, key]
+                self._spare += 1
+            else:
+                self._users[uid] = [key]
+        # else: a plain key alone, no entry
+
+    def _forget(self, uid: Uid, key: SessionKey) -> int:
+        """``key`` no longer lives: the number of keys the user still has."""
+        keys = self._users.get(uid)
+        if keys is None:
+            return 0  # a plain key alone
+        keys.remove(key)
+        left = len(keys)
+        if left == 0:
+            del self._users[uid]
+        else:
+            self._spare -= 1
+            if left == 1 and type(keys[0]) is not tuple:  # back to a plain key alone: no entry
+                del self._users[uid]
+        return left
+
+    def touch_owned(self, key: SessionKey, owner: Owner, now: float) -> bool:
+        """Activity reported by ``owner`` (a gateway) for ``key``; ignored unless it owns the session."""
+        session = self._sessions.get(key)
         if session is None:
-            held = self.holds.held.get(uid)
+            held = self.holds.held.get(key)
             if held is None or held.owner is not owner:
                 return False
-            self.holds.take(uid)
-            self._file(uid, held, now)  # it spoke before its deadline after all
+            self.holds.take(key)
+            self._file(key, held, now)  # it spoke before its deadline after all
             return True
         if session.owner is not owner:
             return False
@@ -249,34 +408,77 @@ class PresenceTable:
             self._touch_entry(session, tick)
         return True
 
-    def logout(self, uid: Uid, owner: Owner, now: float, wall: float, reason: str) -> PresenceEvent | None:
-        """End ``uid``'s session if ``owner`` still owns it."""
-        session = self._sessions.get(uid)
+    def logout(self, key: SessionKey, owner: Owner, now: float, wall: float, reason: str) -> PresenceEvent | None:
+        """End ``key``'s session if ``owner`` still owns it. The user's offline event, or None: not the owner,
+        another key of the user lives, or the offline waits out the grace (reason ``closed``)."""
+        session = self._sessions.get(key)
         if session is None:
-            held = self.holds.held.get(uid)
+            held = self.holds.held.get(key)
             if held is None or held.owner is not owner:
                 return None
-            self.holds.take(uid)
-            return self._offline(held, now, wall, reason)
+            self.holds.take(key)
+            return self._ended(held, now, wall, reason)
         if session.owner is not owner:
             return None
-        self._detector.remove(uid)
-        return self._offline(session, now, wall, reason)
+        self._detector.remove(key)
+        return self._ended(session, now, wall, reason)
 
-    def _offline(self, session: SessionEntry, now: float, wall: float, reason: str) -> PresenceEvent:
-        """The offline event of a session already out of the detector."""
+    def _ended(self, session: SessionEntry, now: float, wall: float, reason: str) -> PresenceEvent | None:
+        """A session already out of the detector has ended: the user's offline if it was its last key."""
+        key = session.key
+        if type(key) is tuple:
+            uid, device = key
+            if self._forget(uid, key):
+                return None
+        else:
+            uid, device = key, None
+            if self._users and self._forget(uid, key):
+                return None
         last_seen = wall - (now - session.seen)
-        return self._event("offline", session.key, wall, reason, last_seen, session.seconds)
+        if reason == "closed" and self._grace_seconds:
+            pending = _Pending(uid, now + self._grace_seconds, wall, last_seen, session.seconds, device)
+            self._grace[uid] = pending
+            self._grace_due.append(pending)
+            return None
+        return self._event("offline", uid, wall, reason, last_seen, session.seconds, device)
 
-    def expire(self, now: float, wall: float, limit: int | None = None) -> list[tuple[PresenceEvent, Owner]]:
-        """Offline events (reason ``idle``) for sessions whose deadline passed, with their owners: held sessions
-        their owner's watermark has now passed, then the detector's due ones -- except those it holds."""
+    def _graced(self, pending: _Pending) -> PresenceEvent:
+        """The offline a user's grace ended in: its original time and session, and the grace."""
+        return self._event("offline", pending.uid, pending.ts, "closed", pending.last_seen, pending.timeout,
+                           pending.device, self._grace_seconds)
+
+    def _grace_front(self) -> _Pending | None:
+        """The oldest pending offline still pending (stale ones -- users back meanwhile -- are dropped)."""
+        queue, grace = self._grace_due, self._grace
+        while queue:
+            pending = queue[0]
+            if grace.get(pending.uid) is pending:
+                return pending
+            queue.popleft()
+        return None
+
+    def expire(self, now: float, wall: float, limit: int | None = None) -> list[Ending]:
+        """Sessions ended now, as (key, owner, event or None): first the grace offlines that came due (no
+        owner), then ``idle`` ones -- held sessions their owner's watermark has now passed, then the detector's
+        due ones, except those it holds. At most ``limit`` in all (None: no limit)."""
+        out: list[Ending] = []
+        if self._grace_due:
+            while (limit is None or len(out) < limit) and (pending := self._grace_front()) is not None \
+                    and pending.due <= now:
+                self._grace_due.popleft()
+                del self._grace[pending.uid]
+                out.append((pending.uid, None, self._graced(pending)))
+            if limit is not None:
+                limit -= len(out)
+                if limit <= 0:
+                    return out
         holds = self.holds
         expired: list[SessionEntry] = holds.release(limit) if holds.ready else []
         if limit is not None:
             limit -= len(expired)
             if limit <= 0:
-                return [(self._offline(session, now, wall, "idle"), session.owner) for session in expired]
+                out += [(session.key, session.owner, self._ended(session, now, wall, "idle")) for session in expired]
+                return out
         due: list[SessionEntry] = self._detector.advance_entries(  # type: ignore[assignment]  # entries are ours
             math.floor(now / self._tick), limit
         )
@@ -284,42 +486,50 @@ class PresenceTable:
             hold = holds.hold
             due = [session for session in due if not hold(session)]
         expired += due
-        return [(self._offline(session, now, wall, "idle"), session.owner) for session in expired]
+        out += [(session.key, session.owner, self._ended(session, now, wall, "idle")) for session in expired]
+        return out
 
-    def end_all(
-        self, now: float, wall: float, reason: str, limit: int | None = None
-    ) -> list[tuple[PresenceEvent, Owner]]:
-        """End up to ``limit`` sessions (None: all), held ones last, with their owners (shutdown). Call it
-        again, with the time then, until it returns nothing: the caller checkpoints between two calls."""
-        sessions, holds, ending = self._sessions, self.holds, self._ending
-        ended: list[tuple[PresenceEvent, Owner]] = []
+    def end_all(self, now: float, wall: float, reason: str, limit: int | None = None) -> list[Ending]:
+        """End up to ``limit`` sessions (None: all) as (key, owner, event or None): first every pending grace
+        offline (original time, no owner), then live sessions, held ones last (shutdown). Call it again, with
+        the time then, until it returns nothing: the caller checkpoints between two calls."""
+        sessions, holds = self._sessions, self.holds
+        ended: list[Ending] = []
+        while (limit is None or len(ended) < limit) and (pending := self._grace_front()) is not None:
+            self._grace_due.popleft()
+            del self._grace[pending.uid]
+            ended.append((pending.uid, None, self._graced(pending)))
+        ending = self._ending
         while limit is None or len(ended) < limit:
             if not ending:
-                # A snapshot of the uids, popped from the end, not next(iter(...)) per session: iterating from
+                # A snapshot of the keys, popped from the end, not next(iter(...)) per session: iterating from
                 # the front steps over every entry deleted so far (a 100k-session shutdown took 3.3 s).
                 ending = self._ending = list(sessions or holds.held)
                 if not ending:
                     break
-            uid = ending.pop()
-            session: SessionEntry | None = sessions.get(uid)
+            key = ending.pop()
+            session: SessionEntry | None = sessions.get(key)
             if session is not None:
-                self._detector.remove(uid)
-            elif uid in holds.held:
-                session = holds.take(uid)
+                self._detector.remove(key)
+            elif key in holds.held:
+                session = holds.take(key)
             if session is not None:  # (else it ended since the snapshot was taken)
-                ended.append((self._offline(session, now, wall, reason), session.owner))
+                ended.append((key, session.owner, self._ended(session, now, wall, reason)))
         return ended
 
     def restart_event(self, record: dict[str, Any], wall: float) -> PresenceEvent:
-        """The offline (``restart``) closing a session a previous run left online when it died."""
+        """The offline (``restart``) closing a user's session a previous run left online when it died (the log
+        is user-level: one per uid, whatever keys it had)."""
         return self._event(
             "offline", record["uid"], wall, "restart", record.get("last_seen", wall), record.get("timeout", self._timeout)
         )
 
-    def _event(self, kind: str, uid: Uid, wall: float, reason: str, last_seen: float, timeout: float) -> PresenceEvent:
+    def _event(self, kind: str, uid: Uid, wall: float, reason: str, last_seen: float, timeout: float,
+               device: str | None = None, grace: float | None = None) -> PresenceEvent:
         seq = self._next_seq
         self._next_seq = seq + 1
-        return PresenceEvent(seq, kind, uid, wall, reason, last_seen, last_seen + timeout, timeout, self._detector_name)
+        return PresenceEvent(seq, kind, uid, wall, reason, last_seen, last_seen + timeout, timeout, self._detector_name,
+                             device, grace)
 
     # -- questions ------------------------------------------------------------------------------------
 
@@ -327,32 +537,56 @@ class PresenceTable:
         """The earliest time (server clock) at which ``expire`` could return something (-inf: now)."""
         if self.holds.ready:
             return -math.inf
+        pending = self._grace_front() if self._grace_due else None
         due = self._detector.next_due()
         if due is None:
-            return None
+            return None if pending is None else pending.due
         t = due * self._tick
         while math.floor(t / self._tick) < due:  # expire(t) must see tick `due` (see the module doc)
             t = math.nextafter(t, math.inf)
-        return t
+        return t if pending is None else min(t, pending.due)
 
     def work_ahead(self, limit: int) -> int:
         """The detector's optional work before the next tick (see ``Detector.work_ahead``)."""
         return self._detector.work_ahead(limit)
 
-    def _session(self, uid: Uid) -> SessionEntry | None:
-        session = self._sessions.get(uid)
-        return self.holds.held.get(uid) if session is None else session
+    def _session(self, key: SessionKey) -> SessionEntry | None:
+        session = self._sessions.get(key)
+        return self.holds.held.get(key) if session is None else session
 
-    def owner_of(self, uid: Uid) -> Owner | None:
-        session = self._session(uid)
+    def owner_of(self, key: SessionKey) -> Owner | None:
+        """The owner of ``key``'s session (None: no such session)."""
+        session = self._session(key)
         return None if session is None else session.owner
 
     def is_online(self, uid: Uid) -> bool:
-        return uid in self._sessions or uid in self.holds.held
+        """Is the user online: any of its keys lives, or its offline waits out the grace?"""
+        return uid in self._sessions or uid in self._users or uid in self.holds.held or uid in self._grace
 
-    def timeout_of(self, uid: Uid) -> float:
-        session = self._session(uid)
+    def in_grace(self, uid: Uid) -> bool:
+        """Is the user online only because its offline waits out the grace?"""
+        return uid in self._grace
+
+    def keys_of(self, uid: Uid) -> tuple[SessionKey, ...]:
+        """The user's live session keys, oldest login first (empty: none; a user in grace has none)."""
+        keys = self._users.get(uid)
+        if keys is not None:
+            return tuple(keys)
+        return (uid,) if uid in self._sessions or uid in self.holds.held else ()
+
+    def devices_of(self, uid: Uid) -> tuple[str, ...]:
+        """The devices of the user's live device keys, oldest first (its plain key is not listed)."""
+        keys = self._users.get(uid)
+        return () if keys is None else tuple(key[1] for key in keys if type(key) is tuple)
+
+    def timeout_of(self, key: SessionKey) -> float:
+        """The timeout of ``key``'s session (the default when it has none)."""
+        session = self._session(key)
         return self._timeout if session is None else session.seconds
+
+    def users(self) -> int:
+        """Online users: users with a live key, plus those whose offline waits out the grace."""
+        return len(self._sessions) + len(self.holds.held) - self._spare + len(self._grace)
 
     # -- owners that report watermarks (idled.core.watermarks) -------------------------------------------------
 
@@ -376,7 +610,16 @@ class PresenceTable:
     def next_seq(self) -> int:
         return self._next_seq
 
+    @property
+    def max_devices(self) -> int:
+        return self._max_devices
+
+    @property
+    def offline_grace(self) -> float:
+        return self._grace_seconds
+
     def __len__(self) -> int:
+        """Sessions: live keys (held ones included). ``users()`` counts users."""
         return len(self._sessions) + len(self.holds.held)
 
     def detector_stats(self) -> DetectorStats:

@@ -86,6 +86,12 @@ class Config:
     # Seconds an edge (a gateway that reports watermarks) keeps its sessions after losing its connection
     # without bye, so a reconnect resumes them with no event (idled.server.gateways); 0 = lost at once.
     gateway_grace: float = 15.0
+    # Devices (idled.core.presence): session keys one user may hold at once; a login of one more ends the
+    # oldest (kicked, no event).
+    max_devices: int = 8
+    # Seconds a user whose last session closed without bye stays online before its offline (with the
+    # original ts) is emitted; a login within it continues the user with no event. 0 = offline at once.
+    offline_grace: float = 0.0
     # GC policy (idled.ops.gcpolicy): seconds between two full walks of every object, in each process.
     gc_thaw_every: float = 3600.0
     # Edge processes in front of the core (`idled serve --workers N`); 0 = one process. "auto" (flag, TOML
@@ -127,6 +133,8 @@ class Config:
         need(self.retention_seconds > 0, "retention_seconds must be positive")
         need(self.stall_ticks >= 1, "stall_ticks must be at least 1")
         need(0 <= self.gateway_grace <= 3600, "gateway_grace must be 0..3600 seconds")
+        need(1 <= self.max_devices <= 1024, f"max_devices must be 1..1024, got {self.max_devices}")
+        need(0 <= self.offline_grace <= 3600, f"offline_grace must be 0..3600 seconds, got {self.offline_grace:g}")
         need(1 <= self.gc_thaw_every <= 7 * 86400, "gc_thaw_every must be 1..604800 seconds")
         need(0 <= self.workers <= MAX_WORKERS, f"workers must be 0..{MAX_WORKERS} or auto")
         need(self.workers <= self.max_connections, "need workers <= max_connections (each edge gets a share)")
@@ -180,6 +188,10 @@ HELP: dict[str, str] = {
     "stall_ticks": "a pause of the event loop this many ticks long moves every deadline by the pause",
     "gateway_grace": "seconds an edge that lost its connection (without bye) keeps its sessions online, so that its "
                      "reconnect resumes them without an offline/online pair; 0 ends them at once (gateway_lost)",
+    "max_devices": "sessions (devices) one user may hold at once; a login of one more device ends the user's oldest "
+                   "session (kicked, no event)",
+    "offline_grace": "seconds a user whose last connection closed without bye stays online; a login within them "
+                     "continues it with no event, else its offline carries the original time; 0 = offline at once",
     "gc_thaw_every": "seconds between two full garbage-collector walks of every object, in the core and in each edge "
                      "(each pauses the event loop: 200-800 ms at 19k connections); in between, survivors are frozen",
     "tls_cert": "PEM certificate (chain allowed) for TLS on the client port; reloaded on SIGHUP (default unset: no TLS)",

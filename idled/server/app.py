@@ -210,6 +210,8 @@ class Server:
             max_timeout=cfg.max_timeout,
             detector_name=cfg.detector_kind,
             first_seq=await self.seqs.start(recovery.next_seq),
+            max_devices=cfg.max_devices,
+            offline_grace=cfg.offline_grace,
         )
         if self.gc_policy is not None:
             self.gc_policy.start()  # after the session maps exist: see idled.ops.gcpolicy

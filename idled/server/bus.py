@@ -48,9 +48,14 @@ RECENT_EVENTS = 100_000  # frames kept in memory (~100 B a frame: ~10 MB), share
 LOG_BACKLOG_LIMIT = 50_000  # producers wait in room() while more records than this await the writer
 
 
+_EXTRA_KEYS = ("timeout", "detector", "device", "grace")
+
+
 def event_frame(record: dict[str, Any]) -> bytes:
     """The wire frame observers receive for one event record (live and replayed alike)."""
-    extra: dict[str, Any] = {key: record[key] for key in ("timeout", "detector") if key in record}
+    # "device" and "grace" only on events that have them (idled.core.presence): older records, and every event
+    # of a client that sends no device, encode to the very frames they did before.
+    extra: dict[str, Any] = {key: record[key] for key in _EXTRA_KEYS if key in record}
     return encode(
         Event(
             record["seq"],

@@ -19,6 +19,13 @@ expire); nothing else is queued for it. The events it causes reach observers thr
 window, not through per-observer queues, so no burst -- 100k uids in one frame -- can cut an observer that
 keeps reading.
 
+*Session keys.* Every element of ``attach``, ``touch`` and ``detach`` is a session key: a uid, or ``[uid,
+device]`` (decoded as the tuple the presence table keys by). The presence table's per-user rules apply as
+for direct users: a key that joins or leaves while another key of its user lives emits no event; an attach
+past ``max_devices`` ends the user's oldest key (its owner -- this gateway or another -- is told ``kicked``);
+a ``detach`` with reason ``closed`` of a user's last key waits out ``offline_grace``. ``ended`` notices name
+keys as they were attached.
+
 A gateway that logs in with ``"ended": true`` is told which of its sessions the server ended and why
 (``ended`` frames, batched: ``idled.server.outbox``); its welcome carries the server's default ``timeout``,
 ``tick`` and ``max_timeout`` so that an edge answers its users' logins exactly as the server would.
@@ -53,7 +60,7 @@ from collections.abc import Callable
 import trio
 
 from idled.core.detector import DEFAULT_CHUNK
-from idled.core.presence import Uid
+from idled.core.presence import SessionKey
 from idled.protocol import (
     MAX_KEEPALIVE,
     BYE,
@@ -94,12 +101,12 @@ class Gateway:
         self.name = name
         # A dict, not a set: the cyclic GC untracks a dict holding only ints and strs, while it would walk
         # every key of a set on each full collection (1M sessions: ~3M container entries per pass).
-        self.uids: dict[Uid, None] = {}
+        self.uids: dict[SessionKey, None] = {}  # the session keys it owns (a uid, or (uid, device))
         self.link: GatewayLink | None = None
-        self.unconfirmed: dict[Uid, None] | None = None  # after a resume: sessions not attached again yet
+        self.unconfirmed: dict[SessionKey, None] | None = None  # after a resume: sessions not attached again yet
         self.resumed = trio.Event()  # set when a new connection resumes it (ends its grace period)
 
-    def release(self, uid: Uid, code: str, reason: str) -> None:
+    def release(self, uid: SessionKey, code: str, reason: str) -> None:
         # One session of many ended (expired or taken over): the gateway itself stays.
         self.uids.pop(uid, None)
         if self.unconfirmed is not None:
@@ -130,7 +137,7 @@ class GatewayLink(Connection):
         return self.gateway.name
 
     @property
-    def uids(self) -> dict[Uid, None]:
+    def uids(self) -> dict[SessionKey, None]:
         return self.gateway.uids
 
 
@@ -265,8 +272,8 @@ class Gateways:
         sessions.refuse_if_stopping()
         now, wall = clock.now(), time.time()
         for index, uid in enumerate(message.uids, 1):
-            previous, event = presence.login(uid, gateway, now, wall, message.keepalive)
-            sessions.take_over(uid, previous, gateway)
+            replaced, event = presence.login(uid, gateway, now, wall, message.keepalive)
+            sessions.take_over(uid, replaced, gateway)
             gateway.uids[uid] = None
             if gateway.unconfirmed is not None:
                 gateway.unconfirmed.pop(uid, None)
@@ -292,6 +299,8 @@ class Gateways:
                 await trio.lowlevel.checkpoint()
                 await sessions.room()
                 now, wall = clock.now(), time.time()
+        if reason == "closed" and presence.offline_grace:
+            sessions.wake_ticker()  # offlines may wait out the grace now, due before the tick task's wake-up
 
     async def lost(self, gateway: Gateway) -> None:
         """The gateway is gone: every session it still owns goes offline (``gateway_lost``)."""
@@ -311,7 +320,7 @@ class Gateways:
         log.info("gateway %s confirmed its sessions after resuming: %d not attached again went offline",
                  gateway.name, ended)
 
-    async def _end(self, gateway: Gateway, uids: dict[Uid, None]) -> int:
+    async def _end(self, gateway: Gateway, uids: dict[SessionKey, None]) -> int:
         """End these sessions of ``gateway`` (``gateway_lost``), in chunks; returns how many. Stops once shutdown
         began: from then on, every session that ends at the server's hand ends ``shutdown`` (``end_all``)."""
         sessions = self.sessions

@@ -40,9 +40,8 @@ from typing import Final, cast
 
 import trio
 
-from idled.core.presence import Uid
-from idled.protocol import MAX_UID_BYTES, Ended, ErrorCode, Mark, ProtocolError, encode
-from idled.protocol import Uid as WireUid
+from idled.core.presence import SessionKey as Key
+from idled.protocol import MAX_DEVICE_BYTES, MAX_UID_BYTES, Ended, ErrorCode, Mark, ProtocolError, SessionKey, encode
 
 __all__ = ["FLUSH_INTERVAL", "MAX_OUTSTANDING", "Outbox", "mark_interval", "outbox_running"]
 
@@ -65,9 +64,19 @@ def mark_interval(tick: float) -> float:
     return min(0.25, max(0.02, tick / 4))
 
 
-def _uid_size(uid: Uid) -> int:
+def _uid_size(uid: object) -> int:
     """Upper bound of a uid's msgpack size."""
     return 9 if type(uid) is int else len(str(uid).encode()) + 3
+
+
+def _key_size(key: object) -> int:
+    """Upper bound of a session key's msgpack size: a uid, or the 2-array [uid, device]."""
+    if type(key) is tuple:
+        return 1 + _uid_size(key[0]) + len(key[1].encode()) + 2
+    return _uid_size(key)
+
+
+_MAX_KEY_SIZE: Final = 1 + MAX_UID_BYTES + 3 + MAX_DEVICE_BYTES + 2
 
 
 class Outbox:
@@ -79,12 +88,12 @@ class Outbox:
 
     def __init__(self, max_frame: int, *, notices: bool = True, marks: bool = False,
                  now: Callable[[], float] = trio.current_time, interval: float = 0.25) -> None:
-        if max_frame < MAX_UID_BYTES + 3 + _FRAME_OVERHEAD:
+        if max_frame < _MAX_KEY_SIZE + _FRAME_OVERHEAD:
             raise ValueError(f"max_frame {max_frame} is too small for an ended frame")
         self.max_frame = max_frame
         self.notices = notices
         self.marks = marks
-        self.pending: dict[str, dict[WireUid, None]] = {}  # reason -> uids, in the order they ended
+        self.pending: dict[str, dict[SessionKey, None]] = {}  # reason -> keys, in the order they ended
         self.lock = trio.Lock()
         self.sent_frames = 0
         self._wake = trio.Event()
@@ -96,10 +105,11 @@ class Outbox:
 
     # -- ended notices ---------------------------------------------------------------------------------------
 
-    def add(self, uid: Uid, code: str) -> None:
+    def add(self, key: Key, code: str) -> None:
         if self.notices:
-            # A gateway attaches wire uids (str | int); the core's Uid is wider only because the core is generic.
-            self.pending.setdefault(REASONS.get(code, str(code)), {})[cast(WireUid, uid)] = None
+            # A gateway attaches wire keys (a uid, or (uid, device)); the core's key type is wider only because
+            # the core is generic. The notice names the key as the gateway attached it.
+            self.pending.setdefault(REASONS.get(code, str(code)), {})[cast(SessionKey, key)] = None
             self._wake.set()
 
     def take(self) -> list[bytes]:
@@ -107,10 +117,10 @@ class Outbox:
         budget = self.max_frame - _FRAME_OVERHEAD
         frames: list[bytes] = []
         for reason, uids in self.pending.items():
-            chunk: list[WireUid] = []
+            chunk: list[SessionKey] = []
             size = 0
             for uid in uids:
-                n = _uid_size(uid)
+                n = _key_size(uid)
                 if size + n > budget:
                     frames.append(encode(Ended(tuple(chunk), reason)))
                     chunk, size = [], 0

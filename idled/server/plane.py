@@ -61,12 +61,12 @@ _RETRY: Final = (BlockingIOError, InterruptedError)
 class Adopted:
     """One adopted connection; also its connection's ``scope`` (what ``Connection.close`` cancels)."""
 
-    __slots__ = ("plane", "fd", "uid", "conn", "sock", "decoder", "out", "reading")
+    __slots__ = ("plane", "fd", "key", "conn", "sock", "decoder", "out", "reading")
 
-    def __init__(self, plane: UserPlane, uid: Any, conn: Any, sock: socket.socket, decoder: FrameDecoder) -> None:
+    def __init__(self, plane: UserPlane, key: Any, conn: Any, sock: socket.socket, decoder: FrameDecoder) -> None:
         self.plane = plane
         self.fd = sock.fileno()
-        self.uid = uid
+        self.key = key  # the session key (a uid, or (uid, device)): what a frame touches
         self.conn = conn
         self.sock = sock
         self.decoder = decoder
@@ -98,7 +98,7 @@ class UserPlane:
 
     # -- entering ------------------------------------------------------------------------------------------
 
-    def adopt(self, stream: trio.abc.Stream, uid: Any, conn: Any, decoder: FrameDecoder) -> bool:
+    def adopt(self, stream: trio.abc.Stream, key: Any, conn: Any, decoder: FrameDecoder) -> bool:
         """Take over a logged-in user's connection (True), or leave it to its task (False: not a plain socket).
 
         The caller's task must end without touching the stream again; what the decoder still holds is served
@@ -108,7 +108,7 @@ class UserPlane:
         trio.lowlevel.notify_closing(stream.socket)  # out of trio's epoll: ours from now on
         sock = socket.socket(fileno=stream.socket.detach())
         sock.setblocking(False)
-        record = Adopted(self, uid, conn, sock, decoder)
+        record = Adopted(self, key, conn, sock, decoder)
         self.conns[record.fd] = record
         conn.scope = record
         self.epoll.register(record.fd, _IN)
@@ -145,7 +145,7 @@ class UserPlane:
                         if mask & ~select.EPOLLOUT and record.reading:
                             self._read(record, now)
                     except Exception:  # a bug: that connection is closed, the others are served on
-                        log.exception("user plane: serving %r failed (bug); connection closed", record.uid)
+                        log.exception("user plane: serving %r failed (bug); connection closed", record.key)
                         self._close(record, "closed")
                 if self._closing:
                     try:
@@ -189,7 +189,7 @@ class UserPlane:
         try:
             while (message := record.decoder.next_event()) is not NEED_DATA:
                 if record.conn.end is None:  # a closed connection's last frames are not anyone's activity
-                    touch(record.uid, now)
+                    touch(record.key, now)
                 step = user_step(message)
                 if step == PONG:
                     self._send(record, PONG_FRAME)
@@ -241,7 +241,7 @@ class UserPlane:
         if self.conns.get(record.fd) is not record:
             return
         del self.conns[record.fd]
-        self.users.end(record.uid, record.conn, reason)
+        self.users.end(record.key, record.conn, reason)
         end = record.conn.end
         if end is not None:
             try:

@@ -32,7 +32,7 @@ from typing import Any
 import trio
 
 from idled.core.detector import DEFAULT_CHUNK
-from idled.core.presence import Owner, PresenceEvent, PresenceTable, Uid
+from idled.core.presence import Owner, PresenceEvent, PresenceTable, SessionKey
 from idled.protocol import ErrorCode, ProtocolError
 from idled.server.bus import EventBus
 from idled.server.clock import Clock
@@ -73,11 +73,20 @@ class Sessions:
         if event is not None:
             self.bus.publish(event)
 
-    @staticmethod
-    def take_over(uid: Uid, previous: Owner | None, owner: Owner) -> None:
-        """``owner`` logged ``uid`` in: a different previous owner is told (newest wins)."""
-        if previous is not None and previous is not owner:
-            previous.release(uid, ErrorCode.KICKED, "logged in elsewhere")
+    def take_over(self, key: SessionKey, replaced: tuple[SessionKey, Owner] | None, owner: Owner) -> None:
+        """``owner`` logged ``key`` in, ending ``replaced`` (``PresenceTable.login``): its owner is told
+        ``kicked`` -- the same key's previous owner unless it is ``owner`` itself (newest wins), or the owner of
+        the user's oldest key, whoever it is, when the login went past ``max_devices``."""
+        if replaced is None:
+            return
+        old_key, previous = replaced
+        if old_key == key:
+            if previous is not owner:
+                previous.release(key, ErrorCode.KICKED, "logged in elsewhere")
+        else:
+            previous.release(old_key, ErrorCode.KICKED,
+                             f"too many devices: a login of another one ended the oldest "
+                             f"(max_devices {self.presence.max_devices})")
 
     async def end_all(self, reason: str, code: str, message: str) -> int:
         """Shutdown: end every session (``reason``), telling each owner ``code``; returns how many."""
@@ -88,9 +97,11 @@ class Sessions:
             chunk = presence.end_all(clock.now(), time.time(), reason, DEFAULT_CHUNK)
             if not chunk:
                 return ended
-            for event, owner in chunk:
-                bus.publish(event)
-                owner.release(event.uid, code, message)
+            for key, owner, event in chunk:
+                if event is not None:
+                    bus.publish(event)
+                if owner is not None:
+                    owner.release(key, code, message)
             ended += len(chunk)
             await trio.lowlevel.checkpoint()
 

@@ -79,10 +79,13 @@ class Ticker:
                 return
             await sessions.room()
             wall = time.time()
-            for event, owner in presence.expire(now, wall, DEFAULT_CHUNK):
-                bus.publish(event)
-                owner.release(event.uid, ErrorCode.IDLE_TIMEOUT, "no activity within the timeout")
-                lateness.observe(event.ts - event.deadline)
+            for key, owner, event in presence.expire(now, wall, DEFAULT_CHUNK):
+                if event is not None:  # (None: another device of the user is still online)
+                    bus.publish(event)
+                if owner is not None:  # (None: a grace offline -- its connection is long gone, its ts when it left)
+                    owner.release(key, ErrorCode.IDLE_TIMEOUT, "no activity within the timeout")
+                    if event is not None:
+                        lateness.observe(event.ts - event.deadline)
             for owner, deadline in presence.holds.take_wanted().items():
                 owner.want_mark(deadline)
             # Chunks until the slice is used up, then a checkpoint: nobody waits behind a mass expiry for

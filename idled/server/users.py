@@ -1,4 +1,4 @@
-"""The user role: one connection, one uid; any frame is activity -- for the core and the edge alike.
+"""The user role: one connection, one session key; any frame is activity -- for the core and the edge alike.
 
 Theory of operation
 -------------------
@@ -9,12 +9,16 @@ is also what the doorway admits connections against: ``stopping``, ``refuse_if_s
 
 * ``begin(login)``, before the welcome. Core: wait for the log's room, ``presence.login``, tell a previous
   owner ``kicked``, publish the online event. Edge: ``link.attach``, tell a previous connection here ``kicked``.
-* ``ready(uid, conn)``, inside the connection's scope: the welcome's timeout. Core: the table's. Edge: the
+* ``ready(key, conn)``, inside the connection's scope: the welcome's timeout. Core: the table's. Edge: the
   core's rule; first it waits (at most 2 s) for the core to acknowledge the attach.
-* ``touch(uid, now())``, per frame. Core: ``presence.touch`` at the stall-guarded clock. Edge: ``link.touch``,
+* ``touch(key, now())``, per frame. Core: ``presence.touch`` at the stall-guarded clock. Edge: ``link.touch``,
   a dict store.
-* ``end(uid, conn, reason)``. Core: the offline event (``logout``, ``closed``). Edge: ``link.detach``. Either
+* ``end(key, conn, reason)``. Core: the offline event (``logout``, ``closed``; none while another device of the
+  user is online, or yet while a ``closed`` user's offline waits out the grace). Edge: ``link.detach``. Either
   only if the connection still owns the session.
+
+``key`` is the login's session key (``Login.key``): the uid, or ``(uid, device)`` for a login that names a
+device -- what the connection holds from its login on, so a keepalive is ``touch(key, now)`` whatever it is.
 
 The loop holds ``touch`` and ``now`` in locals -- for the core, the table's own ``touch`` and the clock's
 ``now``: no attribute chain, no wrapper call per packet. ``ready`` runs inside the connection's scope, so a
@@ -47,7 +51,8 @@ from typing import Any, Protocol, TypeVar
 import trio
 
 from idled.protocol import (
-    BYE, PING, PONG_FRAME, ErrorCode, FrameDecoder, Login, Msg, ProtocolError, Uid, Welcome, encode, receive_message,
+    BYE, PING, PONG_FRAME, ErrorCode, FrameDecoder, Login, Msg, ProtocolError, SessionKey, Welcome, encode,
+    receive_message,
 )
 from idled.server.conn import HANDED_OVER, Admission, Connection, close_with
 from idled.server.sessions import Sessions
@@ -74,7 +79,7 @@ C = TypeVar("C", bound=Connection)
 class Plane(Protocol):
     """Whoever takes logged-in connections over (``idled.server.plane.UserPlane``)."""
 
-    def adopt(self, stream: trio.abc.Stream, uid: Uid, conn: Any, decoder: FrameDecoder) -> bool: ...
+    def adopt(self, stream: trio.abc.Stream, key: SessionKey, conn: Any, decoder: FrameDecoder) -> bool: ...
 
 
 class UserSink(Admission, Protocol[C]):
@@ -84,20 +89,22 @@ class UserSink(Admission, Protocol[C]):
     plane: Plane | None  # takes logged-in plain TCP connections over (None: every one keeps its task)
 
     @property
-    def touch(self) -> Callable[[Uid, float], None]:
-        """Activity of a uid at ``now()``: the per-packet path."""
+    def touch(self) -> Callable[[Any, float], None]:
+        """Activity of a session key at ``now()``: the per-packet path."""
 
     @property
     def now(self) -> Callable[[], float]:
         """The clock ``touch`` is given."""
 
     async def begin(self, login: Login) -> C:
-        """The session of ``login.name`` starts, owned by the connection returned. May raise ProtocolError."""
+        """The session of ``login.key`` starts, owned by the connection returned. May raise ProtocolError."""
 
-    async def ready(self, uid: Uid, conn: C) -> float:
+    # ``key`` is typed Any in this protocol, not SessionKey, while a sink that serves plain uids only (an edge
+    # that does not relay devices yet) is still a sink; the core's takes any SessionKey.
+    async def ready(self, key: Any, conn: C) -> float:
         """Just before the welcome, inside the connection's scope: the timeout the welcome announces."""
 
-    def end(self, uid: Uid, conn: C, reason: str) -> None:
+    def end(self, key: Any, conn: C, reason: str) -> None:
         """The connection ended (``logout`` or ``closed``); nothing happens unless it still owns the session."""
 
 
@@ -123,37 +130,42 @@ class CoreUsers:
         sessions = self.sessions
         await sessions.room()
         sessions.refuse_if_stopping()  # again after the wait
-        uid, conn = login.name, Connection()
-        previous, event = sessions.presence.login(uid, conn, self.now(), time.time(), login.keepalive)
-        sessions.take_over(uid, previous, conn)
+        key, conn = login.key, Connection()
+        replaced, event = sessions.presence.login(key, conn, self.now(), time.time(), login.keepalive)
+        sessions.take_over(key, replaced, conn)
         sessions.publish(event)
         sessions.wake_ticker()
         return conn
 
-    async def ready(self, uid: Uid, conn: Connection) -> float:
-        return self.sessions.presence.timeout_of(uid)
+    async def ready(self, key: SessionKey, conn: Connection) -> float:
+        return self.sessions.presence.timeout_of(key)
 
-    def end(self, uid: Uid, conn: Connection, reason: str) -> None:
+    def end(self, key: SessionKey, conn: Connection, reason: str) -> None:
         sessions = self.sessions
-        sessions.publish(sessions.presence.logout(uid, conn, self.now(), time.time(), reason))
+        presence = sessions.presence
+        event = presence.logout(key, conn, self.now(), time.time(), reason)
+        if event is not None:
+            sessions.publish(event)
+        elif reason == "closed" and presence.offline_grace:
+            sessions.wake_ticker()  # an offline may now wait out the grace: due before the tick task wakes
 
 
 async def run_user(users: UserSink[Any], stream: trio.abc.Stream, decoder: FrameDecoder, login: Login) -> str | None:
     """Serve a logged-in user (bind ``users`` with functools.partial to make it a role). Returns
     ``HANDED_OVER`` when the user plane took the connection (the caller must leave it open)."""
-    uid = login.name
+    uid, key = login.name, login.key
     conn = await users.begin(login)
     touch, now, plane = users.touch, users.now, users.plane
     reason = "closed"
     try:
         with conn.scope:
-            timeout = await users.ready(uid, conn)
+            timeout = await users.ready(key, conn)
             await stream.send_all(encode(Welcome("uid", uid, timeout)))
-            if plane is not None and plane.adopt(stream, uid, conn, decoder):
+            if plane is not None and plane.adopt(stream, key, conn, decoder):
                 return HANDED_OVER
             while (message := await receive_message(stream, decoder)) is not None:
                 if conn.end is None:  # a kicked connection's last frames are not the new owner's activity
-                    touch(uid, now())  # any frame is activity
+                    touch(key, now())  # any frame is activity
                 step = user_step(message)
                 if step == PONG:
                     await stream.send_all(PONG_FRAME)
@@ -164,9 +176,9 @@ async def run_user(users: UserSink[Any], stream: trio.abc.Stream, decoder: Frame
         pass
     except Exception:
         # A protocol error (the doorway counts it and sends its frame) -- or a bug: either way the session ends.
-        users.end(uid, conn, "closed")
+        users.end(key, conn, "closed")
         raise
-    users.end(uid, conn, reason)
+    users.end(key, conn, reason)
     if conn.end is not None:
         await close_with(stream, *conn.end)
     return None

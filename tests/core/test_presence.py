@@ -57,7 +57,7 @@ def run_until_expired(p: PresenceTable, uid: Any, horizon: float) -> tuple[float
         assert due is not None, "nothing watched"
         assert due <= horizon, f"{uid!r} not expired by {horizon}"
         fired = p.expire(due, wall(due))
-        for event, _owner in fired:
+        for _key, _owner, event in fired:
             if event.uid == uid:
                 return due, event
         after = p.next_due()
@@ -93,7 +93,7 @@ def test_seq_numbers_are_consecutive_across_every_kind_of_change() -> None:
     seqs.append(event.seq)
     seqs.append(p.restart_event({"uid": "c", "last_seen": wall(0.0), "timeout": 1.0}, wall(2.0)).seq)
     p.login("d", Owner("d"), 2.0, wall(2.0))
-    seqs.extend(e.seq for e, _ in p.end_all(2.1, wall(2.1), "shutdown"))
+    seqs.extend(e.seq for _, _, e in p.end_all(2.1, wall(2.1), "shutdown"))
     assert seqs == [100, 101, 102, 103, 104, 106]
     assert p.next_seq == 107
 
@@ -161,9 +161,9 @@ def test_expire_returns_owners_and_respects_the_chunk_limit() -> None:
         chunk = p.expire(1.0, wall(1.0), limit=3)
         assert 0 < len(chunk) <= 3
         got.extend(chunk)
-    assert {e.uid for e, _ in got} == set(owners)
-    assert all(owners[e.uid] is owner for e, owner in got)
-    assert sorted(e.seq for e, _ in got) == list(range(11, 21))
+    assert {e.uid for _, _, e in got} == set(owners)
+    assert all(owners[e.uid] is owner for _, owner, e in got)
+    assert sorted(e.seq for _, _, e in got) == list(range(11, 21))
     assert p.expire(1.0, wall(1.0)) == [] and len(p) == 0
 
 
@@ -184,7 +184,7 @@ def test_next_due_is_a_time_at_which_expire_fires() -> None:
             if not fired:
                 after = p.next_due()
                 assert after is None or after > due, f"tick {tick}: nothing due at {due!r}, next_due stays"
-            remaining -= {e.uid for e, _ in fired}
+            remaining -= {e.uid for _, _, e in fired}
 
 
 # -- the MQTT timeout rule --------------------------------------------------------------------------------
@@ -245,7 +245,7 @@ def test_newest_login_wins_without_a_flap() -> None:
     old, new = Owner("old"), Owner("new")
     _, first = p.login("u", old, 0.0, wall(0.0))
     previous, event = p.login("u", new, 0.8, wall(0.8))
-    assert previous is old and event is None
+    assert previous == ("u", old) and event is None
     assert p.owner_of("u") is new and len(p) == 1 and p.next_seq == first.seq + 1
     # the takeover restarted the deadline: 0.8 + 1.0
     fired_at, offline = run_until_expired(p, "u", 5.0)
@@ -310,11 +310,11 @@ def test_end_all_ends_every_session_with_its_owner() -> None:
         p.login(uid, owner, 0.0, wall(0.0), keepalive=None if uid != 3 else 2.0)
     p.touch("a", 0.5)
     ended = list(p.end_all(0.7, wall(0.7), "shutdown"))
-    assert {e.uid for e, _ in ended} == set(owners)
-    assert all(owners[e.uid] is owner for e, owner in ended)
-    assert all((e.kind, e.reason, e.ts) == ("offline", "shutdown", wall(0.7)) for e, _ in ended)
-    assert [e.seq for e, _ in ended] == [5, 6, 7, 8]
-    by_uid = {e.uid: e for e, _ in ended}
+    assert {e.uid for _, _, e in ended} == set(owners)
+    assert all(owners[e.uid] is owner for _, owner, e in ended)
+    assert all((e.kind, e.reason, e.ts) == ("offline", "shutdown", wall(0.7)) for _, _, e in ended)
+    assert [e.seq for _, _, e in ended] == [5, 6, 7, 8]
+    by_uid = {e.uid: e for _, _, e in ended}
     assert by_uid["a"].last_seen == pytest.approx(wall(0.5), abs=1e-6)
     assert by_uid[3].timeout == 3.0
     assert len(p) == 0 and p.next_due() is None and p.expire(100.0, wall(100.0)) == []
@@ -328,18 +328,18 @@ def test_end_all_in_chunks_each_at_the_time_of_its_call() -> None:
     for uid, owner in owners.items():
         p.login(uid, owner, 0.0, wall(0.0))
     first = p.end_all(0.5, wall(0.5), "shutdown", 4)
-    p.logout(first[0][0].uid, first[0][1], 0.6, wall(0.6), "logout")  # already ended: nothing
+    p.logout(first[0][0], first[0][1], 0.6, wall(0.6), "logout")  # already ended: nothing
     gone = next(uid for uid in owners if p.is_online(uid))
     logout = p.logout(gone, owners[gone], 0.6, wall(0.6), "logout")  # ended by its owner meanwhile
     second = p.end_all(0.7, wall(0.7), "shutdown", 4)
     third = p.end_all(0.8, wall(0.8), "shutdown", 4)
     assert p.end_all(0.9, wall(0.9), "shutdown", 4) == []
     assert [len(first), len(second), len(third)] == [4, 4, 1]
-    assert logout is not None and logout.uid not in {e.uid for e, _ in first + second + third}
-    events = sorted([e for e, _ in first + second + third] + [logout], key=lambda e: e.seq)
+    assert logout is not None and logout.uid not in {e.uid for _, _, e in first + second + third}
+    events = sorted([e for _, _, e in first + second + third] + [logout], key=lambda e: e.seq)
     assert [e.seq for e in events] == list(range(11, 21))
     assert [e.ts for e in events] == sorted(e.ts for e in events)
-    assert {e.ts for e, _ in third} == {wall(0.8)}
+    assert {e.ts for _, _, e in third} == {wall(0.8)}
     assert len(p) == 0
 
 
@@ -369,7 +369,7 @@ def test_model_never_early_at_most_one_tick_late(ops: list[tuple[str, int, float
         """The tick task between now and target: wake at each next_due() <= target."""
         nonlocal seq
         while (due := p.next_due()) is not None and due <= target:
-            for event, owner in p.expire(due, wall(due)):
+            for _key, owner, event in p.expire(due, wall(due)):
                 own, last, timeout = model.pop(event.uid)
                 assert owner is own
                 assert due >= last + timeout - 1e-9, "offline before the deadline"
@@ -386,6 +386,7 @@ def test_model_never_early_at_most_one_tick_late(ops: list[tuple[str, int, float
             owner = Owner(str(uid))
             previous, event = p.login(uid, owner, now, wall(now), keepalive)
             assert (previous is None) == (uid not in model)
+            assert previous is None or previous == (uid, model[uid][0])
             assert (event is None) == (uid in model)
             if event is not None:
                 assert event.seq == seq
@@ -424,7 +425,7 @@ def test_one_record_per_session_in_one_map(kind: str) -> None:
     assert presence.timeout_of("u1") == 3.0 and presence.timeout_of("u2") == 1.0
     presence.touch("u1", 2.5)
     assert entries["u1"].seen == 2.5
-    fired = [event for event, _ in presence.expire(4.0, wall(4.0))] + [e for e, _ in presence.expire(6.0, wall(6.0))]
+    fired = [event for _, _, event in presence.expire(4.0, wall(4.0))] + [e for _, _, e in presence.expire(6.0, wall(6.0))]
     assert [(event.uid, event.last_seen) for event in fired] == [("u2", wall(0.0)), ("u1", wall(2.5))]
     assert len(presence) == 0 and not entries
 

@@ -35,7 +35,7 @@ def table(kind: str = "ring-lazy", *, tick: float = 1.0, timeout: float = 30.0) 
 
 
 def expire(p: PresenceTable, now: float) -> list[tuple[str, Any, str]]:
-    return [(e.uid, owner, e.reason) for e, owner in p.expire(now, WALL0 + now)]
+    return [(e.uid, owner, e.reason) for _, owner, e in p.expire(now, WALL0 + now)]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -76,7 +76,7 @@ def test_the_offline_of_a_held_session_keeps_its_deadline_and_shows_the_wait_as_
     p.login("a", edge, 0.0, WALL0)
     assert expire(p, 30.0) == []
     p.mark(edge, 45.0)
-    [(event, _)] = p.expire(45.5, WALL0 + 45.5)
+    [(_, _, event)] = p.expire(45.5, WALL0 + 45.5)
     assert event.deadline == WALL0 + 30.0 and event.ts == WALL0 + 45.5  # 15.5 s late: the edge's lag
 
 
@@ -95,12 +95,12 @@ def test_login_logout_and_end_all_see_held_sessions() -> None:
         p.login(uid, edge, 0.0, WALL0)
     assert expire(p, 31.0) == [] and len(p.holds) == 3
     previous, event = p.login("a", other, 31.0, WALL0 + 31.0)  # newest wins, from the held session: no flap
-    assert previous is edge and event is None and p.owner_of("a") is other
+    assert previous == ("a", edge) and event is None and p.owner_of("a") is other
     assert p.logout("b", other, 31.0, WALL0 + 31.0, "closed") is None  # only the owner may end it
     ended = p.logout("b", edge, 31.0, WALL0 + 31.0, "closed")
     assert ended is not None and ended.reason == "closed"
     assert p.touch_owned("c", other, 31.0) is False  # not its session: stays held
-    shutdown = sorted(e.uid for e, _ in p.end_all(32.0, WALL0 + 32.0, "shutdown"))
+    shutdown = sorted(e.uid for _, _, e in p.end_all(32.0, WALL0 + 32.0, "shutdown"))
     assert shutdown == ["a", "c"] and len(p) == 0 and len(p.holds) == 0
     p.mark(edge, 100.0)
     assert expire(p, 100.0) == []  # the stale queue entries are dropped, nothing expires twice
@@ -207,7 +207,7 @@ def test_no_session_that_sent_before_its_deadline_is_expired(sends: list[tuple[i
         for answered, c in marks:
             if now - step < answered <= now:
                 p.mark(edge, c)
-        for event, _ in p.expire(now, WALL0 + now):
+        for _, _, event in p.expire(now, WALL0 + now):
             ended.setdefault(event.uid, now)
     for uid, when in ended.items():
         last = max(s for s in sent[uid] if s < when)

@@ -20,7 +20,7 @@ from tests.peers import Client, Harness, running
 async def user(h: Harness, uid: str, keepalive: float = 30.0) -> Client:
     client = await Client.login(h.port, "uid", uid, keepalive=keepalive)
     with trio.fail_after(5):
-        while h.server._plane is None or not any(r.uid == uid for r in h.server._plane.conns.values()):
+        while h.server._plane is None or not any(r.key == uid for r in h.server._plane.conns.values()):
             await trio.sleep(0.01)  # handed over right after the welcome
     return client
 
