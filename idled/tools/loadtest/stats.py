@@ -118,8 +118,10 @@ class Plan:
         return PINGER if entry is None else entry[0]
 
     def counts(self) -> dict[str, int]:
-        c = Counter(kind for kind, _ in self.special.values())
-        return {"pinger": self.sessions - c[SILENT] - c[BYE], "silent": c[SILENT], "bye": c[BYE], "late": c[LATE]}
+        """Planned users of each kind (with one device per user, sessions)."""
+        k = self.devices
+        c = Counter(kind for i, (kind, _) in self.special.items() if i % k == 0)
+        return {"pinger": self.users - c[SILENT] - c[BYE], "silent": c[SILENT], "bye": c[BYE], "late": c[LATE]}
 
     def split(self, owner: Callable[[int], int], parts: int) -> list[dict[int, tuple[int, float]]]:
         """The special entries per part (worker), `owner(i)` naming the part of session i."""

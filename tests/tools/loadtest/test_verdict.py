@@ -143,7 +143,7 @@ def test_make_plan_with_devices_chooses_users_and_gives_each_device_its_own_mome
     assert {i // 2: e for i, e in plan.special.items() if i % 2 == 0} == dict(one.special)
     assert {i // 2: e[0] for i, e in plan.special.items() if i % 2 == 1} == {u: e[0] for u, e in one.special.items()}
     assert all(10.0 <= at <= 50.0 for _, at in plan.special.values())
-    assert plan.counts() == {"pinger": 2000 - 100 - 20, "silent": 100, "bye": 20, "late": 0}
+    assert plan.counts() == {"pinger": 1000 - 50 - 10, "silent": 50, "bye": 10, "late": 0}  # users
     with pytest.raises(ValueError):
         make_plan(2001, silent_fraction=0.05, bye_fraction=0.0, window=(10.0, 50.0), seed=3, devices=2)
     with pytest.raises(ValueError):
