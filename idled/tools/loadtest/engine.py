@@ -20,7 +20,9 @@ pipes to the coordinator. It waits on its own ``select.epoll`` object's fd with
    Entries left behind by a state change are skipped when they come due (the state byte says so).
 3. The ramp: session k starts at ``t0 + i / ramp`` while fewer than ``max_inflight`` are opening. On
    loopback the TCP handshake is over when ``connect()`` returns, so a new connection sends its login in
-   the same turn (no EPOLLOUT round trip) unless it really is still connecting.
+   the same turn (no EPOLLOUT round trip) unless it really is still connecting. Session i logs in as uid
+   ``uid_base + i // K`` with device ``"d<i % K>"`` (``--devices K``; K = 1: no device, as before); without
+   a secret its login frame is one of K precomputed templates with the uid patched in (`login_frame`).
 
 Pacing. A trio wakeup costs ~50 us of CPU on this machine, and a whole turn ~230 us of fixed cost at 16,000
 connections -- as much as a few dozen keepalives -- so a busy loop must not wake once per packet. Turns run
