@@ -1,8 +1,9 @@
 """`idled bench`: every idle detector under the same simulated keepalive load (no network); with
-``--growth``, the presence table grown from 0 to N sessions with every login timed; with ``--writer``, the
-event-log writer's throughput and latency under each fsync policy.
+``--growth``, the presence table grown from 0 to N sessions with every login timed; with ``--devices``, the
+keepalive, parse and login cost and the memory of (uid, device) session keys against plain uids, in one run;
+with ``--writer``, the event-log writer's throughput and latency under each fsync policy.
 
-The machinery is in `idled.tools.bench` (`schedule`, `detectors`, `table`; `growth`; `writer`); this module reads
+The machinery is in `idled.tools.bench` (`schedule`, `detectors`, `table`; `growth`; `devices`; `writer`); this module reads
 the flags, checks them -- and the output files, and matplotlib for ``--plot`` -- before minutes of
 benchmarking, runs, prints, and returns the exit status of the one table (`idled.ops.fatal`, shown in `--help`):
 3 when a target FAILED (a detector expired a key early, late or never at any size; a performance target
@@ -35,6 +36,8 @@ DEFAULT_WRITER_SECONDS = 3.0
 DEFAULT_GROWTH_SIZES = [1_000_000]
 DEFAULT_GROWTH_DETECTORS = ["ring-lazy"]  # the server's default
 DEFAULT_LOGIN_RATE = 50_000.0
+DEFAULT_DEVICES_SIZES = [100_000]
+DEFAULT_DEVICES_ROUNDS = 15
 
 
 class UsageError(Exception):
@@ -149,6 +152,18 @@ def _add_mode_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="with --growth: the sessions' keepalive in seconds (default: none, i.e. the default timeout)",
     )
+    devices = parser.add_argument_group("session keys with devices (instead of the detector table)")
+    devices.add_argument(
+        "--devices",
+        action="store_true",
+        help="the presence table's keepalive (touch), a touch frame's key validation and a login, with plain uid "
+        "keys and with (uid, device) keys, alternating in one run, and the memory per session of each "
+        f"(--sizes default: {DEFAULT_DEVICES_SIZES[0]}; takes --clock, --no-memory and --rounds)",
+    )
+    devices.add_argument(
+        "--rounds", type=int, default=DEFAULT_DEVICES_ROUNDS, metavar="N",
+        help="with --devices: timed rounds per kind of key, the best kept (default: %(default)s)",
+    )
     writer = parser.add_argument_group("event-log writer (instead of the detectors)")
     writer.add_argument(
         "--writer",
@@ -165,6 +180,8 @@ def run(args: argparse.Namespace) -> int:
             return _writer(args)
         if args.growth:
             return _growth(args)
+        if args.devices:
+            return _devices(args)
         _check(args)
     except UsageError as exc:
         print(f"idled bench: {exc}", file=sys.stderr)
@@ -230,6 +247,8 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError("--dir is for --writer")
     if args.keepalive is not None or args.login_rate != DEFAULT_LOGIN_RATE:
         raise UsageError("--keepalive and --login-rate are for --growth")
+    if args.rounds != DEFAULT_DEVICES_ROUNDS:
+        raise UsageError("--rounds is for --devices")
     if args.seconds is not None and not float(args.seconds).is_integer():
         raise UsageError(f"--seconds must be a whole number of ticks here, got {args.seconds:g}")
     seconds = DEFAULT_SECONDS if args.seconds is None else int(args.seconds)
@@ -307,6 +326,21 @@ def _only(args: argparse.Namespace, allowed: tuple[str, ...], mode: str) -> None
     if extra:
         takes = [f"--{k.replace('_', '-')}" for k in allowed if f"--{k.replace('_', '-')}" != mode]
         raise UsageError(f"{mode} takes only {', '.join(takes[:-1])} and {takes[-1]}; drop {', '.join(extra)}")
+
+
+# ------------------------------------------------------------------------------------------ --devices
+
+
+def _devices(args: argparse.Namespace) -> int:
+    """`idled bench --devices [--sizes N] [--rounds R] [--clock C] [--no-memory]`."""
+    _only(args, ("devices", "sizes", "rounds", "clock", "no_memory"), "--devices")
+    if not 1 <= args.rounds <= 1000:
+        raise UsageError("--rounds must be in [1, 1000]")
+    sizes = DEFAULT_DEVICES_SIZES if args.sizes == _defaults().sizes else args.sizes
+    from idled.tools.bench import devices  # msgpack and the protocol's parser: only for this mode
+
+    return _print_lines(devices.report_lines(sizes, rounds=args.rounds, clock_name=args.clock,
+                                             memory=not args.no_memory), MemoryError)
 
 
 # ------------------------------------------------------------------------------------------ --writer

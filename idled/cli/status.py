@@ -63,7 +63,8 @@ def format_status(doc: dict[str, Any]) -> str:
     lines = [
         f"idled {doc.get('version')}, up {_duration(float(doc.get('uptime_seconds', 0)))}, {ready}"
         + ("; shutting down" if doc.get("stopping") else ""),
-        f"sessions online  {doc.get('sessions_online')}",
+        f"sessions online  {doc.get('sessions_online')}"
+        + (f" ({plural(int(doc['users_online']), 'user')})" if doc.get("users_online") is not None else ""),
         "connections      " + ", ".join(
             plural(int(connections.get(role, 0)), role) for role in ("user", "gateway", "observer")
         ) + f" ({int(connections.get('pending', 0))} logging in)",

@@ -30,8 +30,10 @@ protocol decoded as is, so nothing is built per packet).
 *Users and their devices.* Events are about users, not sessions: a user is online while at least one of its
 keys lives. Per-user bookkeeping exists only where it is needed, and is touched only on login and end, never
 on a keepalive: ``_users`` maps a uid to its live keys in login order -- for a user that has at least one
-device key (then its plain key, if it has one, is in the list too). A user with only its plain key, i.e.
-every user of a client that sends no device, has no entry at all: today's users cost exactly what they did.
+device key (then its plain key, if it has one, is in the list too); a user whose one key is a device key
+maps to that key itself, not to a list of one (64 bytes less per such user). A user with only its plain key,
+i.e. every user of a client that sends no device, has no entry at all: today's users cost exactly what they
+did.
 ``_spare`` counts the keys beyond the first of every listed user, so ``users()`` is ``len(self) - _spare``
 (plus the users in grace) in O(1).
 
@@ -70,7 +72,9 @@ Rules:
 
 Questions: ``len(table)`` counts sessions (keys, held ones included); ``users()`` counts online users
 (grace included); ``is_online(uid)`` is user-level (any key, or in grace); ``owner_of(key)`` and
-``timeout_of(key)`` are per key; ``keys_of(uid)`` lists a user's live keys, oldest first.
+``timeout_of(key)`` are per key; ``keys_of(uid)`` lists a user's live keys, oldest first, ``devices_of(uid)``
+the devices among them, ``last_activity(uid)`` the latest activity over them, ``in_grace(uid)`` whether
+the user is online only by the grace.
 """
 
 from __future__ import annotations
@@ -127,6 +131,24 @@ class PresenceEvent:
     detector: str
     device: str | None = None
     grace: float | None = None
+
+    # Written out rather than generated: a frozen dataclass's own __init__ looks up object.__setattr__ once per
+    # field, and the two optional fields made every event ~0.2 us dearer to build (a login's online, every
+    # offline); bound once, as a default, it builds eleven fields as fast as the nine took before.
+    def __init__(self, seq: int, kind: str, uid: Uid, ts: float, reason: str, last_seen: float, deadline: float,
+                 timeout: float, detector: str, device: str | None = None, grace: float | None = None,
+                 _set: Any = object.__setattr__) -> None:
+        _set(self, "seq", seq)
+        _set(self, "kind", kind)
+        _set(self, "uid", uid)
+        _set(self, "ts", ts)
+        _set(self, "reason", reason)
+        _set(self, "last_seen", last_seen)
+        _set(self, "deadline", deadline)
+        _set(self, "timeout", timeout)
+        _set(self, "detector", detector)
+        _set(self, "device", device)
+        _set(self, "grace", grace)
 
     def record(self) -> dict[str, Any]:
         record = {
@@ -247,7 +269,7 @@ class PresenceTable:
         self._tick_now = 0
         self._ending: list[SessionKey] = []  # end_all's snapshot of the keys still to end
         # uid -> its live keys, oldest first: only users with a device key (see the module docstring).
-        self._users: dict[Uid, list[SessionKey]] = {}
+        self._users: dict[Uid, tuple[Uid, str] | list[SessionKey]] = {}
         self._spare = 0  # keys beyond the first of every user in _users
         self._max_devices = max_devices
         self._grace_seconds = float(offline_grace)
@@ -302,19 +324,29 @@ class PresenceTable:
         if old is not None:
             self._file(key, session, now)
             keys = self._users.get(uid_of(key))
-            if keys is not None and keys[-1] != key:  # it is the user's newest key now
+            if isinstance(keys, list) and keys[-1] != key:  # it is the user's newest key now
                 keys.remove(key)
                 keys.append(key)
             return (key, old.owner), None  # newest wins, without an offline/online flap
         if type(key) is tuple:
             uid, device = key
+            keys = self._users.get(uid)
+            if keys is None:
+                count = int(uid in self._sessions or uid in self.holds.held)  # its plain key
+            else:
+                count = len(keys) if isinstance(keys, list) else 1
         else:
             uid, device = key, None
-        keys = self._users.get(uid)
-        count = len(keys) if keys is not None else int(uid in self._sessions or uid in self.holds.held)
+            keys = self._users.get(uid) if self._users else None
+            if keys is None:  # today's login: a plain key alone, not online (no bookkeeping)
+                self._file(key, session, now)
+                if self._grace and self._grace.pop(uid, None) is not None:
+                    return None, None  # back within the grace: the user never went offline
+                return None, self._event("online", uid, wall, "login", wall, timeout)
+            count = len(keys) if isinstance(keys, list) else 1
         replaced: tuple[SessionKey, Owner] | None = None
         if count >= self._max_devices:  # the oldest key makes room, without an event: the user stays online
-            oldest = keys[0] if keys is not None else uid
+            oldest = uid if keys is None else keys[0] if isinstance(keys, list) else keys
             victim = self._take(oldest)
             assert victim is not None, "a listed key has a session"
             self._forget(uid, oldest)
@@ -361,31 +393,41 @@ class PresenceTable:
 
     def _remember(self, uid: Uid, key: SessionKey) -> None:
         """``key`` (not live before) is the user's newest key (the per-user bookkeeping of the module doc)."""
-        keys = self._users.get(uid)
-        if keys is not None:
+        users = self._users
+        keys = users.get(uid)
+        if keys is None:
+            if type(key) is tuple:
+                if uid in self._sessions or uid in self.holds.held:  # its plain key, older
+                    users[uid] = [uid, key]
+                    self._spare += 1
+                else:
+                    users[uid] = key  # one device key (a tuple): the key itself
+            # else: a plain key alone, no entry
+        elif isinstance(keys, list):
             keys.append(key)
             self._spare += 1
-        elif type(key) is tuple:
-            if uid in self._sessions or uid in self.holds.held:  # its plain key, older
-                self._users[uid] = [uid, key]
-                self._spare += 1
-            else:
-                self._users[uid] = [key]
-        # else: a plain key alone, no entry
+        else:
+            users[uid] = [keys, key]
+            self._spare += 1
 
     def _forget(self, uid: Uid, key: SessionKey) -> int:
         """``key`` no longer lives: the number of keys the user still has."""
-        keys = self._users.get(uid)
+        users = self._users
+        keys = users.get(uid)
         if keys is None:
             return 0  # a plain key alone
+        if not isinstance(keys, list):
+            del users[uid]  # its one device key
+            return 0
         keys.remove(key)
+        self._spare -= 1
         left = len(keys)
-        if left == 0:
-            del self._users[uid]
-        else:
-            self._spare -= 1
-            if left == 1 and type(keys[0]) is not tuple:  # back to a plain key alone: no entry
-                del self._users[uid]
+        if left == 1:
+            only = keys[0]
+            if type(only) is tuple:
+                users[uid] = only
+            else:
+                del users[uid]  # back to a plain key alone: no entry
         return left
 
     def touch_owned(self, key: SessionKey, owner: Owner, now: float) -> bool:
@@ -570,14 +612,28 @@ class PresenceTable:
     def keys_of(self, uid: Uid) -> tuple[SessionKey, ...]:
         """The user's live session keys, oldest login first (empty: none; a user in grace has none)."""
         keys = self._users.get(uid)
-        if keys is not None:
-            return tuple(keys)
-        return (uid,) if uid in self._sessions or uid in self.holds.held else ()
+        if keys is None:
+            return (uid,) if uid in self._sessions or uid in self.holds.held else ()
+        return tuple(keys) if isinstance(keys, list) else (keys,)
 
     def devices_of(self, uid: Uid) -> tuple[str, ...]:
         """The devices of the user's live device keys, oldest first (its plain key is not listed)."""
         keys = self._users.get(uid)
-        return () if keys is None else tuple(key[1] for key in keys if type(key) is tuple)
+        if keys is None:
+            return ()
+        if isinstance(keys, list):
+            return tuple(key[1] for key in keys if type(key) is tuple)
+        return (keys[1],)
+
+    def last_activity(self, uid: Uid) -> float | None:
+        """The user's latest activity over its live keys (server clock), None without a live key (a user in grace
+        has none: its offline-to-be holds the wall-clock ``last_seen``)."""
+        latest = None
+        for key in self.keys_of(uid):
+            session = self._session(key)
+            if session is not None and (latest is None or session.seen > latest):
+                latest = session.seen
+        return latest
 
     def timeout_of(self, key: SessionKey) -> float:
         """The timeout of ``key``'s session (the default when it has none)."""

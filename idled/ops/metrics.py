@@ -76,7 +76,9 @@ class Snapshot(TypedDict, total=False):
     """What the snapshot callable returns. Every key is optional; a missing key omits its metric.
 
     connections             role -> open connections (roles in ROLES; a missing role reads as 0)
-    sessions_online         users currently online (logged in, not yet timed out)
+    sessions_online         sessions currently online (logged in, not yet timed out): one per session key, so a
+                            user online on several devices counts several times
+    users_online            users currently online: with a live session, or waiting out offline_grace
     detector_keys           keys (uids) tracked by the detector, ring plus overflow
     detector_overflow_keys  of those, keys parked in the overflow wheel (deadline beyond the ring)
     observer_queued_bytes   bytes held for observers beyond the shared event window (their replies)
@@ -91,6 +93,7 @@ class Snapshot(TypedDict, total=False):
 
     connections: Mapping[str, int]
     sessions_online: int
+    users_online: int
     detector_keys: int
     detector_overflow_keys: int
     observer_queued_bytes: int
@@ -103,7 +106,7 @@ class Snapshot(TypedDict, total=False):
 
 # Scalar keys; the labelled ones ("connections", "gateway_watermark_lag") are rendered on their own.
 SNAPSHOT_KEYS: tuple[str, ...] = (
-    "sessions_online", "detector_keys", "detector_overflow_keys", "observer_queued_bytes",
+    "sessions_online", "users_online", "detector_keys", "detector_overflow_keys", "observer_queued_bytes",
     "eventlog_damaged_bytes", "eventlog_damaged_records", "eventlog_rolls_deferred", "sessions_held",
 )
 
@@ -142,7 +145,12 @@ class _SnapshotCollector(Collector):
             "connections": GaugeMetricFamily(
                 "idled_connections", "Open client connections by role (pending: login not completed).", labels=["role"]
             ),
-            "sessions_online": GaugeMetricFamily("idled_sessions_online", "Users currently online."),
+            "sessions_online": GaugeMetricFamily(
+                "idled_sessions_online", "Sessions currently online (one per device of a user; see idled_users_online)."
+            ),
+            "users_online": GaugeMetricFamily(
+                "idled_users_online", "Users currently online (with a live session, or waiting out offline_grace)."
+            ),
             "detector_keys": GaugeMetricFamily("idled_detector_keys", "Keys tracked by the idle detector."),
             "detector_overflow_keys": GaugeMetricFamily(
                 "idled_detector_overflow_keys", "Detector keys whose deadline lies beyond the ring (overflow wheel)."

@@ -436,6 +436,7 @@ class Server:
         return {
             "connections": dict(self.connections),
             "sessions_online": len(self.presence),
+            "users_online": self.presence.users(),
             "detector_keys": stats.keys,
             "detector_overflow_keys": stats.overflow_keys,
             "observer_queued_bytes": self._observers.queued_bytes() if self._observers is not None else 0,

@@ -54,7 +54,10 @@ def test_two_devices_one_user_one_online_one_offline() -> None:
     assert p.is_online("alice") and len(p) == 2 and p.users() == 1
     assert p.keys_of("alice") == (("alice", "phone"), ("alice", "laptop"))
     assert p.devices_of("alice") == ("phone", "laptop")
+    p.touch(("alice", "phone"), 0.15)
+    assert p.last_activity("alice") == 0.15 and p.last_activity("nobody") is None
     assert p.logout(("alice", "phone"), phone, 0.2, wall(0.2), "logout") is None  # the laptop stays
+    assert p.last_activity("alice") == 0.1
     assert p.is_online("alice") and len(p) == 1 and p.users() == 1
     offline = p.logout(("alice", "laptop"), laptop, 0.3, wall(0.3), "closed")
     assert offline is not None

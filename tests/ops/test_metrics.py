@@ -151,6 +151,7 @@ def test_snapshot_gauges_are_read_at_scrape_time(registry: CollectorRegistry, me
     state: dict[str, Any] = {
         "connections": {"user": 10, "pending": 2},
         "sessions_online": 9,
+        "users_online": 7,
         "detector_keys": 9,
         "detector_overflow_keys": 1,
         "observer_queued_bytes": 512,
@@ -174,6 +175,7 @@ def test_snapshot_gauges_are_read_at_scrape_time(registry: CollectorRegistry, me
     assert value(registry, "idled_connections", role="observer") == 0
     assert value(registry, "idled_connections", role="pending") == 2
     assert value(registry, "idled_sessions_online") == 9
+    assert value(registry, "idled_users_online") == 7
     assert value(registry, "idled_sessions_held") == 3
     assert value(registry, "idled_gateway_watermark_lag_seconds", gateway="worker-1") == 12.5
     assert value(registry, "idled_detector_keys") == 9

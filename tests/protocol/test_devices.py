@@ -165,6 +165,8 @@ def test_plain_touches_are_not_slowed_by_keys() -> None:
     from idled.protocol.parse import _key_list, _uid_list
 
     plain = tuple(range(1000)) + tuple(f"user-{i}" for i in range(1000))
-    best_keys = min(timeit.repeat(lambda: _key_list(plain), number=50, repeat=7))
-    best_uids = min(timeit.repeat(lambda: _uid_list(plain), number=50, repeat=7))
-    assert best_keys < best_uids * 1.3, (best_keys, best_uids)
+    best_keys = best_uids = float("inf")
+    for _ in range(15):  # interleaved, so that a busy moment of the machine hits both
+        best_keys = min(best_keys, timeit.timeit(lambda: _key_list(plain), number=20))
+        best_uids = min(best_uids, timeit.timeit(lambda: _uid_list(plain), number=20))
+    assert best_keys < best_uids * 1.5, (best_keys, best_uids)  # equal in fact; slack for a busy machine
