@@ -98,7 +98,12 @@ def _server_flags(where: argparse._ArgumentGroup) -> None:
 
 def _load_flags(load: argparse._ArgumentGroup) -> None:
     load.add_argument("--connections", type=int, default=1000, metavar="N",
-                      help="user connections, one uid each (default 1000)")
+                      help="user connections, one uid each unless --devices (default 1000)")
+    load.add_argument("--devices", type=int, default=1, metavar="K",
+                      help="user connections: each uid logs in from K connections, devices d0..d{K-1} (N / K users; "
+                           "N a multiple of K); events are per user: silent and bye users stop every device, each "
+                           "at its own moment, and owe one offline after the last. The server's max_devices must "
+                           "be >= K (default 1: one plain login per uid, no device field)")
     load.add_argument("--gateways", type=int, default=0, metavar="G",
                       help="instead of user connections: G gateway connections carrying --sessions in total")
     load.add_argument("--sessions", type=int, default=0, metavar="S", help="sessions carried by the gateways")
@@ -133,7 +138,7 @@ def _load_flags(load: argparse._ArgumentGroup) -> None:
                       help="loopback source addresses 127.0.0.2.. (default: one per 10,000 connections + 1, at least 2)")
     load.add_argument("--seed", type=int, default=1, help="seed of the plan (default 1)")
     load.add_argument("--uid-base", type=int, metavar="N",
-                      help="session i has uid N+i (default 0 with --spawn, a time-derived base with --target)")
+                      help="session i has uid N+i, with --devices K N+i//K (default 0 with --spawn, a time-derived base with --target)")
     load.add_argument("--secret-file", metavar="FILE",
                       help="mint login tokens with this secret (server auth on; passed to a spawned server)")
     load.add_argument("--connect-timeout", type=float, default=10.0, metavar="S",
@@ -242,6 +247,12 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
         raise UsageError("--user-tick must be 0.001..1 s")
     if args.late_fraction and not (mode == "users" and 0 < args.late_fraction <= 1 and args.late_by > 0):
         raise UsageError("--late-fraction needs user connections, 0 < F <= 1 and --late-by S > 0")
+    devices = args.devices
+    if devices != 1:
+        if mode != "users" or not 1 <= devices <= 1024 or sessions % devices:
+            raise UsageError("--devices needs user connections, 1 <= K <= 1024 and --connections a multiple of K")
+        if args.late_fraction:
+            raise UsageError("--late-fraction is planned with one device per user only (--devices 1)")
     ramp = args.ramp or (DEFAULT_RAMP_USERS if mode == "users" else DEFAULT_RAMP_GATEWAY_SESSIONS)
     if not ramp > 0:
         raise UsageError("--ramp must be > 0")
@@ -263,7 +274,7 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
         secret_file=args.secret_file,
         server_log=args.server_log, quiet=args.quiet, drain_timeout=args.drain_timeout, ping_every=args.ping_every,
         late_fraction=args.late_fraction, late_by=args.late_by if args.late_fraction else 0.0,
-        **front,
+        devices=devices, **front,
     )
     if not (0 <= sc.silent_fraction <= 1 and 0 <= sc.bye_fraction <= 1 and sc.silent_fraction + sc.bye_fraction <= 1):
         raise UsageError("--silent-fraction and --bye-fraction must be in [0, 1] and sum to at most 1")

@@ -8,6 +8,10 @@ reason ``logout``) and exits 0.
 ``--silent`` logs in and then sends nothing at all, so the daemon marks the user offline after its timeout
 (reason ``idle``) and closes the connection with ``idle_timeout``: the quickest way to watch an offline
 happen. That ending is the expected one, so it exits 0; any other (refused login, connection lost) exits 1.
+
+``--device D`` logs in as device D of the user: several ``idled user alice --device phone`` / ``--device
+laptop`` sessions coexist, the user stays online while any of them lives, and a second one with the same
+device replaces the first (``kicked``).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import trio
 
 from idled.cli.clientflags import Interrupt, add_client_arguments, run_command, tls_context, token_for
 from idled.client import IdleTimeout
+from idled.client.core import check_device
 from idled.client.link import Conn
 from idled.client.session import Session
 from idled.client.trio import TRIO, running
@@ -35,10 +40,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keepalive", type=float, default=None, metavar="SECONDS",
                         help="keepalive to ask for: the daemon's timeout becomes min(1.5 x this, max_timeout) "
                              "(default none: the daemon's --timeout)")
+    parser.add_argument("--device", type=_device, default=None, metavar="D",
+                        help="log in as this device of the user (1..64 bytes): sessions of other devices of the "
+                             "same uid stay; the same device again replaces this one (default none: the user's "
+                             "one plain session)")
     parser.add_argument("--silent", action="store_true",
                         help="log in, then send nothing: wait for the idle timeout and exit 0 (default off)")
     parser.add_argument("--quiet", "-q", action="store_true", help="do not print each ping and pong (default off)")
     add_client_arguments(parser)
+
+
+def _device(text: str) -> str:
+    try:
+        return check_device(text)  # type: ignore[return-value]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _now() -> str:
@@ -77,12 +93,13 @@ def run(args: argparse.Namespace) -> int:
     async def body(interrupt: Interrupt) -> int:
         token = token_for(args, "uid", args.uid)
         session = TerminalSession(TRIO, args.host, args.port, args.uid, token=token, keepalive=args.keepalive,
-                                  reconnect=False, connect_timeout=args.connect_timeout, ssl_context=tls_context(args),
-                                  silent=args.silent, quiet=args.quiet)
+                                  device=args.device, reconnect=False, connect_timeout=args.connect_timeout,
+                                  ssl_context=tls_context(args), silent=args.silent, quiet=args.quiet)
+        who = repr(args.uid) if args.device is None else f"{args.uid!r} (device {args.device!r})"
         try:
             async with running(session):
                 timeout = session.timeout
-                say(f"logged in as {args.uid!r} on {args.host}:{args.port}; offline after {timeout:g} s of silence"
+                say(f"logged in as {who} on {args.host}:{args.port}; offline after {timeout:g} s of silence"
                     + (" (sending nothing: expect idle_timeout)" if args.silent else " (Ctrl-C logs out)"))
                 await interrupt.wait(session.wait_done)
         except IdleTimeout as exc:

@@ -117,7 +117,8 @@ async def running(link: L) -> AsyncIterator[L]:
 
 
 def open_session(host: str, port: int, uid: Uid, **options: Any) -> Any:
-    """A user session (see `idled.client.session.Session` for the options: token, keepalive, reconnect...)."""
+    """A user session (see `idled.client.session.Session` for the options: token, keepalive, device,
+    reconnect...)."""
     return running(Session(ASYNCIO, host, port, uid, **options))
 
 

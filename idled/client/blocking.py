@@ -86,7 +86,8 @@ class BlockingSession:
 
 
 def connect_session(host: str, port: int, uid: Uid, **options: Any) -> BlockingSession:
-    """Log in as `uid` (options as for `idled.client.trio.open_session`); raises ClientError on failure."""
+    """Log in as `uid` (options as for `idled.client.trio.open_session`: keepalive, device, ...); raises
+    ClientError on failure."""
     return BlockingSession(_Portal(Session(TRIO, host, port, uid, **options)))
 
 

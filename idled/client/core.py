@@ -22,6 +22,10 @@ already). `take()` encodes the groups into frames no larger than the connection'
 also remembers the live uids (attached, not detached) with their keepalive: after a reconnect `reattach()`
 replaces whatever was pending with attach frames for all of them (the server forgot them: `gateway_lost`).
 Both gateway links batch here: the client library's `Gateway` and the edge's `CoreLink`.
+What the batcher holds per session is its *session key* (`idled.protocol.SessionKey`): a plain uid, or the
+tuple ``(uid, device)`` for one device of a user -- hashable, so a device's session is batched, deduplicated,
+kept live and re-attached exactly like a uid, and encoded as the 2-array ``[uid, device]`` the server decodes
+back into the same tuple. `check_key` validates a key where the application hands it over (an attach).
 
 *Observer position.* `ObserverCursor.last` is the last seq handed to the application (or its stored
 checkpoint at start); `subscribe()` asks for ``from = last + 1``, durable-only when `durable` (by default
@@ -40,12 +44,15 @@ from typing import Final
 
 from idled.core.timeouts import KEEPALIVE_FACTOR
 from idled.protocol import (
-    DEFAULT_MAX_FRAME, MAX_KEEPALIVE, MAX_UID_BYTES, MIN_KEEPALIVE, Attach, Detach, Event, Subscribe, Touch, Uid, encode,
+    DEFAULT_MAX_FRAME, MAX_DEVICE_BYTES, MAX_KEEPALIVE, MAX_UID_BYTES, MIN_KEEPALIVE, Attach, Detach, Event,
+    ProtocolError, SessionKey, Subscribe, Touch, Uid, encode,
 )
+from idled.protocol import check_device as _check_device
+from idled.protocol import check_key as _check_key
 
 __all__ = [
     "ping_interval", "default_durable", "Backoff", "KeepaliveTimer", "GatewayBatcher", "ObserverCursor",
-    "DEFAULT_FLUSH_INTERVAL", "DEFAULT_MAX_PENDING",
+    "DEFAULT_FLUSH_INTERVAL", "DEFAULT_MAX_PENDING", "check_device", "check_key",
 ]
 
 DEFAULT_FLUSH_INTERVAL: Final = 0.05  # seconds a touch may wait for company before it is sent
@@ -100,9 +107,36 @@ class KeepaliveTimer:
         return deadline is not None and now >= deadline
 
 
+def check_device(device: str | None) -> str | None:
+    """`device` if the server accepts it (None, or a str of 1..MAX_DEVICE_BYTES UTF-8 bytes), else ValueError --
+    raised where the caller can see it, rather than the server's ``bad_message`` (a final error) on the wire."""
+    if device is None:
+        return None
+    try:
+        return _check_device(device)
+    except ProtocolError as exc:
+        raise ValueError(exc.reason) from None
+
+
+def check_key(key: SessionKey) -> SessionKey:
+    """`key` if it is a valid session key -- a uid, or a tuple ``(uid, device)`` -- else ValueError. A list is
+    refused too: keys are dict keys, and the server's ``ended`` reports the tuple."""
+    try:
+        return _check_key(key)
+    except ProtocolError as exc:
+        raise ValueError(exc.reason) from None
+
+
 def _uid_size(uid: Uid) -> int:
     """Upper bound of a uid's msgpack size."""
     return 9 if type(uid) is int else len(uid.encode()) + 3  # type: ignore[union-attr]
+
+
+def _key_size(key: SessionKey) -> int:
+    """Upper bound of a session key's msgpack size: a uid, or the 2-array [uid, device]."""
+    if type(key) is tuple:
+        return 1 + _uid_size(key[0]) + len(key[1].encode()) + 3
+    return _uid_size(key)  # type: ignore[arg-type]
 
 
 class _Group:
@@ -115,9 +149,9 @@ class _Group:
         self.op = op
         self.keepalive = keepalive
         self.reason = reason
-        self.uids: dict[Uid, None] = {}
+        self.uids: dict[SessionKey, None] = {}
 
-    def encode(self, uids: list[Uid]) -> bytes:
+    def encode(self, uids: list[SessionKey]) -> bytes:
         if self.op == "attach":
             return encode(Attach(tuple(uids), self.keepalive))
         return encode(Touch(tuple(uids)) if self.op == "touch" else Detach(tuple(uids), self.reason))
@@ -134,7 +168,7 @@ class GatewayBatcher:
         if max_pending < 1:
             raise ValueError("max_pending must be at least 1")
         self.max_pending = max_pending
-        self.live: dict[Uid, float | None] = {}
+        self.live: dict[SessionKey, float | None] = {}  # session key -> its keepalive
         self._groups: list[_Group] = []
         self.pending = 0
         self.first_pending: float | None = None
@@ -148,7 +182,8 @@ class GatewayBatcher:
         """Whether an attach is pending (an edge acknowledges the flush that carries one)."""
         return any(group.op == "attach" for group in self._groups)
 
-    def _add(self, op: str, keepalive: float | None, reason: str | None, uids: Iterable[Uid], now: float) -> None:
+    def _add(self, op: str, keepalive: float | None, reason: str | None, uids: Iterable[SessionKey],
+             now: float) -> None:
         groups = self._groups
         if groups and (last := groups[-1]).op == op and last.keepalive == keepalive and last.reason == reason:
             group = last
@@ -161,7 +196,7 @@ class GatewayBatcher:
         group.uids.update(dict.fromkeys(uids))
         self.pending += len(group.uids) - before
 
-    def attach(self, uids: Iterable[Uid], keepalive: float | None, now: float) -> None:
+    def attach(self, uids: Iterable[SessionKey], keepalive: float | None, now: float) -> None:
         # Checked here, where the caller can see it: the server answers a bad keepalive by closing the
         # connection, and the reconnect would send the same attach again.
         if keepalive is not None and not MIN_KEEPALIVE <= keepalive <= MAX_KEEPALIVE:
@@ -171,7 +206,7 @@ class GatewayBatcher:
             self.live[uid] = keepalive
         self._add("attach", keepalive, None, uids, now)
 
-    def touch(self, uids: Iterable[Uid], now: float) -> None:
+    def touch(self, uids: Iterable[SessionKey], now: float) -> None:
         groups = self._groups
         if groups and groups[-1].op == "attach":
             attached = groups[-1].uids
@@ -180,7 +215,7 @@ class GatewayBatcher:
                 return
         self._add("touch", None, None, uids, now)
 
-    def detach(self, uids: Iterable[Uid], now: float, reason: str | None = None) -> None:
+    def detach(self, uids: Iterable[SessionKey], now: float, reason: str | None = None) -> None:
         """These uids disconnected; `reason` (one of the protocol's `DETACH_REASONS`, e.g. an edge's ``logout``
         or ``closed``) is the offline reason the server records, None for its default (``detach``). Detaches
         of different reasons travel in separate frames, in order."""
@@ -189,7 +224,7 @@ class GatewayBatcher:
             self.live.pop(uid, None)
         self._add("detach", None, reason, uids, now)
 
-    def forget(self, uids: Iterable[Uid]) -> None:
+    def forget(self, uids: Iterable[SessionKey]) -> None:
         """The server ended these sessions itself (idle, kicked): no longer live, not re-attached."""
         live = self.live
         for uid in uids:
@@ -199,13 +234,13 @@ class GatewayBatcher:
         """Every pending operation as frames of at most `max_frame` body bytes, in order; clears them."""
         frames: list[bytes] = []
         budget = max_frame - _FRAME_OVERHEAD
-        if budget < MAX_UID_BYTES + 3:
+        if budget < MAX_UID_BYTES + MAX_DEVICE_BYTES + 7:  # the largest key: [uid, device]
             raise ValueError(f"max_frame {max_frame} is too small for a gateway frame")
         for group in self._groups:
-            chunk: list[Uid] = []
+            chunk: list[SessionKey] = []
             size = 0
             for uid in group.uids:
-                n = _uid_size(uid)
+                n = _key_size(uid)
                 if size + n > budget:
                     frames.append(group.encode(chunk))
                     chunk, size = [], 0
@@ -224,7 +259,7 @@ class GatewayBatcher:
     def reattach(self, now: float) -> None:
         """After a reconnect: drop what was pending; attach every live uid again (grouped by keepalive)."""
         self._clear()
-        by_keepalive: dict[float | None, list[Uid]] = {}
+        by_keepalive: dict[float | None, list[SessionKey]] = {}
         for uid, keepalive in self.live.items():
             by_keepalive.setdefault(keepalive, []).append(uid)
         for keepalive, uids in by_keepalive.items():

@@ -10,6 +10,12 @@ than the limit the server announced in `welcome.max_frame`, all in one write. So
 few thousand uids within one interval cost one or two frames, and the detector sees each touch at most
 `flush_interval` late (keep it well below the users' timeouts).
 
+*Devices.* Every uid argument is a *session key*: a plain uid (the user's one session, as before devices) or
+a tuple ``(uid, device)`` -- one device of a user, which the server keeps as a session of its own: the user
+is online while any of its keys lives, and its `offline` comes when the last one goes. Tuples go on the wire
+as ``[uid, device]`` and come back in `ended` notices as the same tuples. `attach` checks tuple keys
+(`idled.client.core.check_key`) and raises ValueError for a malformed one; pass tuples, not lists.
+
 After a reconnect the server has forgotten this gateway's uids (they went offline with `gateway_lost`), so
 the first thing sent on the new connection is an `attach` of every uid still live, with its keepalive. That
 rule, the login, the backoff and the notices' effect on the live uids are `idled.client.gatewaylink`'s,
@@ -19,7 +25,8 @@ the notice queue and the answer to marks.
 Session-ended notices: given `on_ended(uids, reason)` or `notices=True`, the gateway logs in with
 `"ended": true` and the server tells it which of its sessions it ended: reason `idle` (timed out), `kicked`
 (a newer login elsewhere) or `shutdown` (the server is stopping); other reasons may come later and mean
-"ended". One notice is one server frame: a tuple of uids (a tick's expiries travel together) and a reason.
+"ended". One notice is one server frame: a tuple of session keys -- uids, or ``(uid, device)`` tuples as
+they were attached -- (a tick's expiries travel together) and a reason.
 The callback is called (and awaited, if it returns an awaitable) in the reader task, once per notice;
 with `notices=True` the notices are also queued for ``async for uids, reason in gateway.ended()``, at most
 `NOTICE_BUFFER` of them: when the application falls that far behind, the reader waits (and stops reading
@@ -41,11 +48,11 @@ import ssl
 from collections.abc import Iterable
 from typing import Final
 
-from idled.client.core import DEFAULT_FLUSH_INTERVAL, DEFAULT_MAX_PENDING, Backoff
+from idled.client.core import DEFAULT_FLUSH_INTERVAL, DEFAULT_MAX_PENDING, Backoff, check_key
 from idled.client.errors import ClientError
 from idled.client.gatewaylink import EndedCallback, GatewayLink
 from idled.client.link import Conn, Mailbox, Runtime
-from idled.protocol import Marked, Uid, encode
+from idled.protocol import Marked, SessionKey, encode
 
 __all__ = ["Gateway", "NOTICE_BUFFER", "EndedCallback"]
 
@@ -58,14 +65,14 @@ class _Notices:
 
     __slots__ = ("gateway", "mailbox")
 
-    def __init__(self, gateway: Gateway, mailbox: Mailbox[tuple[tuple[Uid, ...], str]]) -> None:
+    def __init__(self, gateway: Gateway, mailbox: Mailbox[tuple[tuple[SessionKey, ...], str]]) -> None:
         self.gateway = gateway
         self.mailbox = mailbox
 
     def __aiter__(self) -> _Notices:
         return self
 
-    async def __anext__(self) -> tuple[tuple[Uid, ...], str]:
+    async def __anext__(self) -> tuple[tuple[SessionKey, ...], str]:
         notice = await self.mailbox.get()
         if notice is None:
             if isinstance(self.gateway.error, ClientError):
@@ -89,7 +96,7 @@ class Gateway(GatewayLink):
         if not flush_interval > 0:
             raise ValueError("flush_interval must be positive")
         self.flush_interval = flush_interval
-        self._notices: Mailbox[tuple[tuple[Uid, ...], str]] | None = (
+        self._notices: Mailbox[tuple[tuple[SessionKey, ...], str]] | None = (
             Mailbox(runtime, NOTICE_BUFFER) if notices else None)
         self._wake = runtime.event()
 
@@ -101,18 +108,23 @@ class Gateway(GatewayLink):
             raise ValueError("ended() needs Gateway(notices=True)")
         return _Notices(self, self._notices)
 
-    async def attach(self, uids: Iterable[Uid], keepalive: float | None = None) -> None:
-        """These uids connected through this gateway (`keepalive` sets their timeout, as for users)."""
-        self.batch.attach(uids, keepalive, self.runtime.now())
+    async def attach(self, uids: Iterable[SessionKey], keepalive: float | None = None) -> None:
+        """These sessions connected through this gateway (`keepalive` sets their timeout, as for users): each a
+        uid, or a tuple ``(uid, device)`` for one device of a user (ValueError for anything else)."""
+        keys = tuple(uids)
+        for key in keys:
+            if type(key) is not str and type(key) is not int:  # (plain uids are the server's to check, as ever)
+                check_key(key)
+        self.batch.attach(keys, keepalive, self.runtime.now())
         await self._queued()
 
-    async def touch(self, uids: Iterable[Uid]) -> None:
-        """Activity from these uids."""
+    async def touch(self, uids: Iterable[SessionKey]) -> None:
+        """Activity from these sessions (uids or (uid, device) keys, as attached)."""
         self.batch.touch(uids, self.runtime.now())
         await self._queued()
 
-    async def detach(self, uids: Iterable[Uid]) -> None:
-        """These uids disconnected (they go offline with reason `detach`)."""
+    async def detach(self, uids: Iterable[SessionKey]) -> None:
+        """These sessions disconnected (a user goes offline, reason `detach`, when its last session goes)."""
         self.batch.detach(uids, self.runtime.now())
         await self._queued()
 
@@ -142,7 +154,7 @@ class Gateway(GatewayLink):
         await self.flush()  # everything reported before the request, ahead of the answer
         await self.send_frame(encode(Marked(t)))
 
-    async def _on_ended(self, uids: tuple[Uid, ...], reason: str) -> None:
+    async def _on_ended(self, uids: tuple[SessionKey, ...], reason: str) -> None:
         await super()._on_ended(uids, reason)
         if self._notices is not None:
             await self._notices.put((uids, reason))

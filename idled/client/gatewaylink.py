@@ -15,6 +15,9 @@ gateway must do the same way is here, so a fix lands in both users at once:
   and those frames are the first ones written on the connection (`_send_first`: at once by default; the
   edge hands them to its single writer). `up` turns true in that same step, with no checkpoint in between,
   and false when the connection ends: whatever is filed while `up` lands after the re-attach.
+* *Session keys.* What a gateway attaches, touches, detaches and is told ``ended`` about is a session key
+  (`idled.protocol.SessionKey`): a plain uid, or ``(uid, device)`` for one device of a user. They are
+  batched, kept live and re-attached alike (``idled.client.core``); ``ended`` reports them as attached.
 * *Notices.* ``ended`` frames go to `_on_ended`: by default an ``idle`` or ``kicked`` uid is forgotten (it
   is not re-attached after a reconnect; a ``shutdown`` one stays live, to be re-attached when the server is
   back), then ``on_ended(uids, reason)`` is called (and awaited if it returns an awaitable). ``mark``
@@ -30,11 +33,11 @@ from typing import Any
 
 from idled.client.core import DEFAULT_MAX_PENDING, Backoff, GatewayBatcher
 from idled.client.link import Conn, Link, Runtime
-from idled.protocol import DEFAULT_MAX_FRAME, Ended, Login, Mark, Pong, Uid, Welcome
+from idled.protocol import DEFAULT_MAX_FRAME, Ended, Login, Mark, Pong, SessionKey, Welcome
 
 __all__ = ["EndedCallback", "GatewayLink"]
 
-EndedCallback = Callable[[tuple[Uid, ...], str], Any]
+EndedCallback = Callable[[tuple[SessionKey, ...], str], Any]
 
 
 class GatewayLink(Link):
@@ -56,7 +59,7 @@ class GatewayLink(Link):
 
     @property
     def live(self) -> int:
-        """Uids attached through this gateway and not detached (nor ended by the server)."""
+        """Sessions (keys) attached through this gateway and not detached (nor ended by the server)."""
         return len(self.batch.live)
 
     async def _on_welcome(self, conn: Conn, welcome: Welcome) -> None:
@@ -84,13 +87,13 @@ class GatewayLink(Link):
         elif kind is Pong:
             self._on_pong()
 
-    async def _on_ended(self, uids: tuple[Uid, ...], reason: str) -> None:
+    async def _on_ended(self, uids: tuple[SessionKey, ...], reason: str) -> None:
         """The server ended these sessions (see the module docstring)."""
         if reason != "shutdown":
             self.batch.forget(uids)
         await self._notify(uids, reason)
 
-    async def _notify(self, uids: tuple[Uid, ...], reason: str) -> None:
+    async def _notify(self, uids: tuple[SessionKey, ...], reason: str) -> None:
         if self.on_ended is not None:
             result = self.on_ended(uids, reason)
             if result is not None and hasattr(result, "__await__"):

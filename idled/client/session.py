@@ -8,6 +8,12 @@ re-checks (a `send` in between moved `last_sent`), and pings. A ping that gets n
 frame) within one timeout (at least 1 s) means the path to the server is dead even if TCP has not noticed yet: the
 connection is dropped and, with `reconnect=True`, logged in again after a backoff (the user comes back
 online with reason `login`; if the server never noticed the gap, no event at all).
+
+*Devices.* ``device=D`` logs in as one device of the user (the login carries ``"device": D``): the session's
+key is then ``(uid, D)``, so the same uid may be logged in from several devices at once, each with its own
+session, and the user stays online while any of them lives (the server's events stay per user). A second
+login of the same uid *and* device replaces this one (``kicked``), as a second login of a plain uid does.
+Without ``device`` the login is byte for byte what it was before devices.
 """
 
 from __future__ import annotations
@@ -15,10 +21,10 @@ from __future__ import annotations
 import ssl
 from typing import Any
 
-from idled.client.core import Backoff, KeepaliveTimer, ping_interval
+from idled.client.core import Backoff, KeepaliveTimer, check_device, ping_interval
 from idled.client.errors import ConnectionLost
 from idled.client.link import Conn, Link, Runtime
-from idled.protocol import PING_FRAME, Login, Msg, Pong, Uid, Welcome, encode
+from idled.protocol import PING_FRAME, Login, Msg, Pong, SessionKey, Uid, Welcome, encode
 
 __all__ = ["Session"]
 
@@ -28,10 +34,11 @@ class Session(Link):
     `idled.client.asyncio.open_session`, which run it in the background for the duration of a block."""
 
     def __init__(self, runtime: Runtime, host: str, port: int, uid: Uid, *, token: str | None = None,
-                 keepalive: float | None = None, reconnect: bool = True, backoff: Backoff | None = None,
-                 connect_timeout: float = 10.0,
+                 keepalive: float | None = None, device: str | None = None, reconnect: bool = True,
+                 backoff: Backoff | None = None, connect_timeout: float = 10.0,
                  ssl_context: ssl.SSLContext | None = None, server_hostname: str | None = None) -> None:
-        super().__init__(runtime, host, port, Login("uid", uid, token, keepalive), reconnect=reconnect,
+        login = Login("uid", uid, token, keepalive, device=check_device(device))
+        super().__init__(runtime, host, port, login, reconnect=reconnect,
                          backoff=backoff, connect_timeout=connect_timeout,
                          ssl_context=ssl_context, server_hostname=server_hostname)
         self.keepalive = keepalive
@@ -43,6 +50,16 @@ class Session(Link):
     @property
     def uid(self) -> Uid:
         return self.login.name
+
+    @property
+    def device(self) -> str | None:
+        """The device this session logged in as (None: a plain login, the user's one session)."""
+        return self.login.device
+
+    @property
+    def key(self) -> SessionKey:
+        """The session key the server knows this session by: the uid, or (uid, device)."""
+        return self.login.key
 
     @property
     def timeout(self) -> float | None:

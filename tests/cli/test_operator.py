@@ -151,6 +151,29 @@ def test_user_online_query_status_and_ctrl_c_logs_out(daemon: LiveDaemon) -> Non
     assert "bob  offline  logout" in replay
 
 
+def test_user_devices_are_sessions_of_one_user(daemon: LiveDaemon) -> None:
+    """`idled user alice --device D`: two devices at once are one user (one online, one offline, after the
+    last); a bad device is a usage error before anything connects."""
+    flags = daemon.client_flags()
+    laptop = subprocess.Popen([*IDLED, "user", "alice", "--device", "laptop", "--silent", *flags],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(0.5)  # the laptop first: the phone's session outlives it
+        phone = idled("user", "alice", "--device", "phone", "--silent", "--quiet", *flags)
+        out, err = laptop.communicate(timeout=20)
+    finally:
+        if laptop.poll() is None:
+            laptop.kill()
+    assert laptop.returncode == 0 and phone.returncode == 0, (err, phone.stderr)
+    assert "logged in as 'alice' (device 'phone')" in phone.stdout and "idle_timeout" in phone.stdout
+    records = [json.loads(line) for line in
+               idled("watch", *flags, "--from", "1", "--count", "2", "--json").stdout.splitlines()]
+    assert [(r["kind"], r["reason"], r.get("device")) for r in records] == [
+        ("online", "login", "laptop"), ("offline", "idle", "phone")]
+    bad = idled("user", "alice", "--device", "", *flags)
+    assert bad.returncode == 2 and "device" in bad.stderr
+
+
 def test_health_endpoints_and_readyz_turns_503_when_the_log_is_unwritable(tmp_path: Path) -> None:
     """chattr +i on the data directory: even root can no longer create a file in it (the open segment keeps
     taking writes, so the daemon itself carries on; readiness is what must notice)."""

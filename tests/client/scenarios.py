@@ -240,3 +240,50 @@ async def gone_says_the_oldest_seq(lib: ModuleType, sleep: Sleep, idled: Idled) 
     async with lib.open_observer(HOST, idled.port, "late", after=oldest - 1) as observer:
         [event] = await collect(observer, lambda e: True)
         assert event.seq == oldest
+
+
+async def devices_are_sessions_of_one_user(lib: ModuleType, sleep: Sleep, idled: Idled) -> None:
+    """`device=`: sessions of one uid coexist; the user's events come with its first and its last session
+    (each naming the device that caused it); the same device again replaces the older session (kicked)."""
+    async with lib.open_observer(HOST, idled.port, "watch", after=0) as observer:
+        async with lib.open_session(HOST, idled.port, "alice", keepalive=1, device="phone") as phone:
+            assert (phone.device, phone.key) == ("phone", ("alice", "phone"))
+            async with lib.open_session(HOST, idled.port, "alice", keepalive=1, device="laptop") as laptop:
+                async with lib.open_session(HOST, idled.port, "alice", keepalive=1, device="laptop"):
+                    try:
+                        await laptop.wait_done()
+                        raise AssertionError("the first laptop session was not kicked")
+                    except Kicked:
+                        pass
+                await sleep(2.0)  # past the 1.5 s timeout: the automatic pings keep the phone's session alive
+                assert (await observer.query(["alice"])) == {"alice": True}
+        events = await collect(observer, lambda e: e.kind == "offline")
+    assert [(e.uid, e.kind, e.reason, (e.extra or {}).get("device")) for e in events] == [
+        ("alice", "online", "login", "phone"), ("alice", "offline", "logout", "phone")]
+
+
+async def gateway_reports_session_keys(lib: ModuleType, sleep: Sleep, idled: Idled) -> None:
+    """A gateway attaches (uid, device) keys: one user online while any of its keys lives; `ended` notices
+    name the keys as attached."""
+    heard: list[tuple[tuple[Any, ...], str]] = []
+    async with lib.open_gateway(HOST, idled.port, "edge", on_ended=lambda keys, reason: heard.append((keys, reason)),
+                                backoff=FAST) as gateway, \
+            lib.open_observer(HOST, idled.port, "watch", after=0) as observer:
+        with pytest.raises(ValueError):
+            await gateway.attach([["bob", "a"]])  # a list is not a key (nor hashable)
+        with pytest.raises(ValueError):
+            await gateway.attach([("bob", "")])
+        await gateway.attach([("bob", "a"), ("bob", "b")], keepalive=30)
+        await gateway.attach([("carol", "x")], keepalive=1)  # never touched: its key ends idle
+        await gateway.flush()
+        await until(sleep, lambda: heard == [((("carol", "x"),), "idle")])
+        await gateway.touch([("bob", "a")])
+        await gateway.detach([("bob", "a")])
+        await gateway.flush()
+        assert (await observer.query(["bob", "carol"])) == {"bob": True, "carol": False}
+        await gateway.detach([("bob", "b")])
+        events = await collect(observer, lambda e: e.uid == "bob" and e.kind == "offline")
+        assert set(gateway.batch.live) == set()
+    assert [(e.uid, e.kind, e.reason, (e.extra or {}).get("device")) for e in events] == [
+        ("bob", "online", "login", "a"), ("carol", "online", "login", "x"), ("carol", "offline", "idle", "x"),
+        ("bob", "offline", "detach", "b")]

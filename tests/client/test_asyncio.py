@@ -66,3 +66,11 @@ def test_gone_says_the_oldest_seq(tmp_path: Path) -> None:
         asyncio.run(scenarios.gone_says_the_oldest_seq(lib, asyncio.sleep, daemon))
     finally:
         daemon.kill()
+
+
+def test_devices_are_sessions_of_one_user(idled: Idled) -> None:
+    asyncio.run(scenarios.devices_are_sessions_of_one_user(lib, asyncio.sleep, idled))
+
+
+def test_gateway_reports_session_keys(idled: Idled) -> None:
+    asyncio.run(scenarios.gateway_reports_session_keys(lib, asyncio.sleep, idled))

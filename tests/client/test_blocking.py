@@ -35,3 +35,16 @@ def test_blocking_login_failure_is_raised(tmp_path: Path) -> None:
             connect_session(HOST, daemon.port, "dave", token="not-a-token")
     finally:
         daemon.kill()
+
+
+def test_blocking_sessions_of_two_devices_are_one_user(idled: Idled) -> None:
+    with connect_session(HOST, idled.port, "erin", keepalive=30, device="phone") as phone:
+        assert phone.session.key == ("erin", "phone")
+        with connect_session(HOST, idled.port, "erin", keepalive=30, device="laptop"):
+            pass  # the laptop's bye: erin stays online through the phone
+    events = []
+    for event in watch(HOST, idled.port, "script", after=0):
+        events.append((event.uid, event.kind, event.reason, (event.extra or {}).get("device")))
+        if event.kind == "offline":
+            break
+    assert events == [("erin", "online", "login", "phone"), ("erin", "offline", "logout", "phone")]

@@ -5,9 +5,13 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from idled.client.core import Backoff, GatewayBatcher, KeepaliveTimer, ObserverCursor, ping_interval
+from idled.client.core import (
+    Backoff, GatewayBatcher, KeepaliveTimer, ObserverCursor, check_device, check_key, ping_interval,
+)
 from idled.client.errors import AuthFailed, Busy, ConnectionLost, Gone, Kicked, ProtocolMismatch, error_from
-from idled.protocol import Event, Subscribe
+from idled.protocol import (
+    MAX_DEVICE_BYTES, MAX_UID_BYTES, Attach, Detach, Event, Login, Subscribe, Touch, decode_client_body, encode,
+)
 
 
 def bodies(frames: list[bytes]) -> list[dict]:
@@ -142,3 +146,65 @@ def test_errors_are_typed_and_know_whether_to_retry() -> None:
     assert isinstance(unknown, ProtocolMismatch) and not unknown.retryable
     gone = error_from("gone", "seq 3 is no longer retained; oldest available is 1234")
     assert isinstance(gone, Gone) and gone.oldest_seq == 1234 and gone.code == "gone"
+
+
+# ------------------------------------------------------------------------------------------- devices
+
+
+def test_batcher_carries_session_keys_as_uid_device_arrays_that_decode_back_to_the_keys() -> None:
+    """A device's session is the key (uid, device): batched, deduplicated and kept live like a uid, sent as
+    the 2-array [uid, device] -- which the server's decoder turns back into the very tuple."""
+    phone, laptop = ("alice", "phone"), ("alice", "laptop")
+    batch = GatewayBatcher()
+    batch.attach([phone, laptop, "bob", (7, "d0")], 30.0, now=0.0)
+    batch.touch([phone], now=0.1)  # covered by the pending attach
+    frames = batch.take()
+    assert bodies(frames) == [
+        {"op": "attach", "uids": [["alice", "phone"], ["alice", "laptop"], "bob", [7, "d0"]], "keepalive": 30.0}]
+    assert decode_client_body(frames[0][4:]) == Attach((phone, laptop, "bob", (7, "d0")), 30.0)
+    for _ in range(100):
+        batch.touch([laptop, phone], now=1.0)
+    batch.detach([phone], now=1.1, reason="logout")
+    assert [decode_client_body(f[4:]) for f in batch.take()] == [Touch((laptop, phone)), Detach((phone,), "logout")]
+    assert batch.live == {laptop: 30.0, "bob": 30.0, (7, "d0"): 30.0}
+    batch.forget([laptop])  # the server ended it (idle, kicked): not re-attached
+    batch.reattach(now=2.0)
+    assert [decode_client_body(f[4:]) for f in batch.take()] == [Attach(("bob", (7, "d0")), 30.0)]
+
+
+def test_batcher_splits_frames_of_the_largest_keys_under_the_limit() -> None:
+    key = ("u" * MAX_UID_BYTES, "d" * MAX_DEVICE_BYTES)  # the largest key there is
+    batch = GatewayBatcher()
+    batch.touch([(key[0], f"{i:064d}") for i in range(40)] + [key], now=0.0)
+    frames = batch.take(max_frame=1024)
+    assert all(len(frame) - 4 <= 1024 for frame in frames) and len(frames) > 10
+    assert [k for f in frames for k in decode_client_body(f[4:]).uids][-1] == key
+    with pytest.raises(ValueError):
+        batch.take(max_frame=MAX_UID_BYTES + MAX_DEVICE_BYTES)  # not even one largest key would fit
+
+
+def test_keys_and_devices_are_checked_where_the_application_hands_them_over() -> None:
+    assert check_key(("alice", "phone")) == ("alice", "phone") and check_key(42) == 42
+    assert check_device(None) is None and check_device("é" * 32) == "é" * 32
+    for bad in (["alice", "phone"], ("alice",), ("alice", "phone", "x"), ("alice", ""), ("alice", 3),
+                ("", "phone"), ("alice", "x" * (MAX_DEVICE_BYTES + 1))):
+        with pytest.raises(ValueError):
+            check_key(bad)  # type: ignore[arg-type]
+    for device in ("", "é" * 33, 5):
+        with pytest.raises(ValueError):
+            check_device(device)  # type: ignore[arg-type]
+
+
+def test_a_session_with_a_device_logs_in_with_it_and_one_without_logs_in_as_before() -> None:
+    from idled.client.session import Session
+    from idled.client.trio import TRIO
+
+    plain = Session(TRIO, "127.0.0.1", 1, "alice", keepalive=30)
+    assert encode(plain.login) == encode(Login("uid", "alice", None, 30))  # byte for byte as before devices
+    assert (plain.device, plain.key) == (None, "alice")
+    phone = Session(TRIO, "127.0.0.1", 1, "alice", keepalive=30, device="phone")
+    assert (phone.device, phone.key) == ("phone", ("alice", "phone"))
+    assert msgpack.unpackb(encode(phone.login)[4:]) == {"op": "login", "uid": "alice", "keepalive": 30,
+                                                       "device": "phone"}
+    with pytest.raises(ValueError):
+        Session(TRIO, "127.0.0.1", 1, "alice", device="")

@@ -62,3 +62,11 @@ async def test_gone_says_the_oldest_seq(tmp_path: Path) -> None:
         await scenarios.gone_says_the_oldest_seq(lib, trio.sleep, daemon)
     finally:
         daemon.kill()
+
+
+async def test_devices_are_sessions_of_one_user(idled: Idled) -> None:
+    await scenarios.devices_are_sessions_of_one_user(lib, trio.sleep, idled)
+
+
+async def test_gateway_reports_session_keys(idled: Idled) -> None:
+    await scenarios.gateway_reports_session_keys(lib, trio.sleep, idled)

@@ -574,3 +574,21 @@ def test_a_failed_sizing_target_makes_the_verdict_failed_and_the_exit_status_3()
     assert result["targets"]["server RSS per connection <= 8 KiB"]["pass"] is None
     assert loadtest.exit_status([result]) == 0
     assert loadtest.exit_status([result, {**result, "aborted": "the server exited during the run"}]) == 1
+
+
+@pytest.mark.slow
+def test_real_run_with_devices_through_edges(tmp_path: Path) -> None:
+    """--devices 2: 100 users of two connections each, through `idled serve --workers 2`; silent and bye users
+    stop each device at its own moment and owe one offline, after the last."""
+    proc, result = _loadtest(
+        ["--spawn", "--connections", "200", "--devices", "2", "--workers", "2", "--keepalive", "1", "--tick", TICK_S,
+         "--duration", "6", "--silent-fraction", "0.1", "--bye-fraction", "0.05", "--", "--workers", "2"], tmp_path)
+    assert proc.returncode == 0
+    _assert_correct(result, float(TICK_S))
+    v = result["verdict"]
+    assert (v["users"], v["devices"], v["sessions"]) == (100, 2, 200)
+    assert v["planned"] == {"pinger": 85, "silent": 10, "bye": 5, "late": 0}  # users
+    assert v["online_events"] == 100 and v["offline_events"] == 15  # one each per user, not per device
+    assert result["connections"]["logged_in"] == 200 and result["errors"] == {}
+    assert result["closes"] == {"silent:server:idle_timeout": 20, "bye:eof": 10}
+    assert "100 users x 2 devices" in proc.stdout

@@ -11,6 +11,9 @@ stops an edge from reading its users and answering their pings.
   re-attach on every welcome and the dispatch of notices are written once there; this module adds what an
   edge needs on top -- synchronous filing, acknowledged attaches, one writer, liveness, marks answered after
   its loop turns, the drain.
+* *Session keys.* Every "uid" below is a session key: a user's uid, or ``(uid, device)`` for a user that
+  logged in with a device (``EdgeUsers``); the batcher, the touches and the re-attach treat both alike, and
+  the frames carry a key as ``[uid, device]``.
 * *Batching.* Attach and detach go into the link's ``GatewayBatcher`` (``idled.client.core``: ordered groups,
   a detach's reason, frames split by the core's frame limit, and the live uids with their keepalive). A touch
   -- the per-packet path -- is one dict store into ``touches``; the flusher folds them into the batcher when
@@ -78,7 +81,7 @@ from idled.client.link import Conn
 from idled.client.trio import TRIO, TrioConn
 from idled.core.timeouts import DEFAULT_MAX_TIMEOUT, DEFAULT_TICK, DEFAULT_TIMEOUT, timeout_for
 from idled.protocol import (
-    BYE_FRAME, PING_FRAME, Login, Marked, Uid, Welcome, encode, tokens,
+    BYE_FRAME, PING_FRAME, Login, Marked, SessionKey, Welcome, encode, tokens,
 )
 
 __all__ = ["CoreLink", "CoreParams", "open_core_stream", "parse_address"]
@@ -157,7 +160,7 @@ class CoreLink(GatewayLink):
         self.ping_interval = ping_interval
         self.dead_after = math.inf if host == "unix" else dead_after
         self.clock = clock
-        self.touches: dict[Uid, None] = {}
+        self.touches: dict[SessionKey, None] = {}
         self.params: CoreParams | None = None
         self.ready = trio.Event()
         self._first: list[bytes] = []  # the re-attach, for the flusher to write first
@@ -177,8 +180,8 @@ class CoreLink(GatewayLink):
 
     # -- what user tasks call: synchronous, never waits ------------------------------------------------------
 
-    def attach(self, uid: Uid, keepalive: float | None) -> trio.Event | None:
-        """File ``uid``'s attach; returns the event set once the core has processed it (None: no core now).
+    def attach(self, uid: SessionKey, keepalive: float | None) -> trio.Event | None:
+        """File the attach of session ``uid`` (a uid, or a (uid, device) key); returns the event set once the core has processed it (None: no core now).
 
         The attach is flushed at once (not after the batch interval: a login waits for it), followed by a
         ping; the core answers frames in order, so its pong proves the attach is done -- the session is
@@ -195,7 +198,7 @@ class CoreLink(GatewayLink):
         self.batch.live[uid] = keepalive
         return None
 
-    def touch(self, uid: Uid, now: float = 0.0) -> None:
+    def touch(self, uid: SessionKey, now: float = 0.0) -> None:
         """Activity from ``uid``. ``now`` is not used: the core stamps a touch when it arrives (the argument
         makes this the user loop's ``touch(uid, now())``, as the core's presence table is)."""
         if self.up:
@@ -206,7 +209,7 @@ class CoreLink(GatewayLink):
             elif len(touches) >= FLUSH_SIZE:
                 self._urgent.set()
 
-    def detach(self, uid: Uid, reason: str) -> None:
+    def detach(self, uid: SessionKey, reason: str) -> None:
         """``uid``'s connection here ended: ``reason`` is ``logout`` (bye) or ``closed``."""
         if self.up:
             self.batch.detach((uid,), 0.0, reason)
@@ -214,7 +217,7 @@ class CoreLink(GatewayLink):
         else:
             self.batch.forget((uid,))
 
-    def forget(self, uid: Uid) -> None:
+    def forget(self, uid: SessionKey) -> None:
         """The core ended ``uid`` itself (idle, kicked): it is no longer live here and is not re-attached."""
         self.batch.forget((uid,))
         self.touches.pop(uid, None)
@@ -281,7 +284,7 @@ class CoreLink(GatewayLink):
         self._heard = self.clock()
         await super()._on_message(message)
 
-    async def _on_ended(self, uids: tuple[Uid, ...], reason: str) -> None:
+    async def _on_ended(self, uids: tuple[SessionKey, ...], reason: str) -> None:
         await self._notify(uids, reason)  # the edge's users decide what to forget (see Notices)
 
     async def _on_mark(self, t: float) -> None:

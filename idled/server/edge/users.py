@@ -8,12 +8,19 @@ with this object as its ``UserSink``: the login is ``link.attach``, every frame 
 dict store), a ping is answered with a pong from here, and ``bye`` or the end of the stream ends it
 (``link.detach``). Its ``welcome`` carries the timeout the core would give (``CoreParams.timeout_for``). There
 is no per-connection timer or buffer beyond the decoder: idleness is the core's job, and the core says when
-(``ended``). ``users`` maps each uid to its one connection here.
+(``ended``). ``users`` maps each session key to its one connection here.
+
+*Devices.* A login with ``"device": D`` is the session ``(uid, D)`` (``Login.key``); without one, the plain
+uid, as before devices. Everything here is per session key: the attach, touch and detach the link relays
+carry the key (``[uid, D]`` on the wire), newest-wins is per key (a second login of the same uid and device
+kicks the first; another device of the uid is another session and both stay), and ``ended`` notices name
+keys, matched back to the connection that holds each. Whether the *user* is online is the core's business
+(any of its keys alive): the edge never merges keys.
 
 *Admission.* A login is refused with ``busy`` while ``MAX_ATTACHING`` attaches wait for the core's
 acknowledgement: the core is behind, and a login it cannot record soon would only wait for its welcome.
 
-*Who ends a user, and with what.* A second login of the same uid on this edge: newest wins here (the old
+*Who ends a user, and with what.* A second login of the same session key on this edge: newest wins here (the old
 connection gets ``kicked``; the attach is sent again, which at the core is the same owner: no event). An
 ``ended`` notice: ``idle`` -> ``idle_timeout``, ``kicked`` (a newer login on another edge or a direct one)
 -> ``kicked``; the uid is forgotten by the link so it is not re-attached. ``ended shutdown`` means the core is
@@ -38,7 +45,7 @@ from collections.abc import Callable
 
 import trio
 
-from idled.protocol import ErrorCode, FrameDecoder, Login, ProtocolError, Uid, encode
+from idled.protocol import ErrorCode, FrameDecoder, Login, ProtocolError, SessionKey, encode
 from idled.server.conn import Connection
 from idled.server.edge.link import MAX_ATTACHING, CoreLink, open_core_stream
 from idled.server.users import Plane
@@ -75,7 +82,7 @@ class EdgeUsers:
         self.link = link
         self.touch = link.touch
         self.core_address = core_address
-        self.users: dict[Uid, EdgeUser] = {}
+        self.users: dict[SessionKey, EdgeUser] = {}  # session key (uid, or (uid, device)) -> its connection
         self.relays = 0
         self.stopping = False
         self.plane: Plane | None = None  # set by the edge (idled.server.plane)
@@ -89,20 +96,20 @@ class EdgeUsers:
 
     async def begin(self, login: Login) -> EdgeUser:
         link, users = self.link, self.users
-        uid = login.name
+        key = login.key
         params = link.params
         assert params is not None  # the edge accepts only after the core's first welcome
         if link.attaches_in_flight >= MAX_ATTACHING:
             raise ProtocolError(ErrorCode.BUSY, "the core is behind on logins; try again")
         conn = EdgeUser(trio.current_time(), params.timeout_for(login.keepalive))
-        previous = users.get(uid)
-        users[uid] = conn
-        conn.attached = link.attach(uid, login.keepalive)  # also for a local duplicate: new keepalive, fresh deadline
+        previous = users.get(key)
+        users[key] = conn
+        conn.attached = link.attach(key, login.keepalive)  # also for a local duplicate: new keepalive, fresh deadline
         if previous is not None:
             previous.close(ErrorCode.KICKED, "logged in elsewhere")
         return conn
 
-    async def ready(self, uid: Uid, conn: EdgeUser) -> float:
+    async def ready(self, key: SessionKey, conn: EdgeUser) -> float:
         if conn.attached is not None:
             # The welcome follows the core's online record, as for a direct login (bounded: a core that does
             # not answer is the link's liveness check's business, not this user's).
@@ -111,15 +118,15 @@ class EdgeUsers:
             conn.attached = None  # the connection lives on: hold nothing it no longer needs
         return conn.timeout
 
-    def end(self, uid: Uid, conn: EdgeUser, reason: str) -> None:
-        if self.users.get(uid) is conn:
-            del self.users[uid]
+    def end(self, key: SessionKey, conn: EdgeUser, reason: str) -> None:
+        if self.users.get(key) is conn:
+            del self.users[key]
             if conn.end is not None and conn.end[0] == ErrorCode.SERVER_SHUTDOWN:
                 reason = "shutdown"  # the edge is draining: the record a direct user gets at shutdown
-            self.link.detach(uid, reason)
+            self.link.detach(key, reason)
 
-    def on_ended(self, uids: tuple[Uid, ...], reason: str) -> None:
-        """The core ended these sessions of ours (see the module docstring)."""
+    def on_ended(self, uids: tuple[SessionKey, ...], reason: str) -> None:
+        """The core ended these sessions of ours, by key (see the module docstring)."""
         if reason == "shutdown":
             return  # the core is going away: keep the users, re-attach them when it is back
         code = ErrorCode.KICKED if reason == "kicked" else ErrorCode.IDLE_TIMEOUT
@@ -138,7 +145,7 @@ class EdgeUsers:
             conn.close(code, "logged in elsewhere" if code is ErrorCode.KICKED else "no activity within the timeout")
 
     def close_all(self, code: str, reason: str) -> int:
-        """The edge is stopping: every user gets ``code``; each task detaches its uid as it ends."""
+        """The edge is stopping: every user gets ``code``; each task detaches its key as it ends."""
         for conn in list(self.users.values()):
             conn.close(code, reason)
         return len(self.users)

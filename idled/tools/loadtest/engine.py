@@ -20,7 +20,9 @@ pipes to the coordinator. It waits on its own ``select.epoll`` object's fd with
    Entries left behind by a state change are skipped when they come due (the state byte says so).
 3. The ramp: session k starts at ``t0 + i / ramp`` while fewer than ``max_inflight`` are opening. On
    loopback the TCP handshake is over when ``connect()`` returns, so a new connection sends its login in
-   the same turn (no EPOLLOUT round trip) unless it really is still connecting.
+   the same turn (no EPOLLOUT round trip) unless it really is still connecting. Session i logs in as uid
+   ``uid_base + i // K`` with device ``"d<i % K>"`` (``--devices K``; K = 1: no device, as before); without
+   a secret its login frame is one of K precomputed templates with the uid patched in (`login_frame`).
 
 Pacing. A trio wakeup costs ~50 us of CPU on this machine, and a whole turn ~230 us of fixed cost at 16,000
 connections -- as much as a few dozen keepalives -- so a busy loop must not wake once per packet. Turns run
@@ -58,6 +60,7 @@ import time
 from collections.abc import Iterator
 from typing import Final
 
+import msgpack
 import trio
 
 from idled.protocol import (
@@ -73,7 +76,7 @@ from idled.tools.loadtest.stats import BYE, LATE, SILENT
 from idled.tools.loadtest.wheel import Schedule, TimerWheel
 from idled.tools.loadtest.workerstate import Worker
 
-__all__ = ["run_users", "Engine"]
+__all__ = ["run_users", "Engine", "login_templates", "login_frame"]
 
 # timer kinds (low two bits of a wheel entry)
 PING, MOMENT, CONNECT_DEADLINE, BYE_DEADLINE = range(4)
@@ -114,6 +117,10 @@ class Engine(ConnTable):
         self.tls: ssl.SSLContext | None = client_context(w.cfg.get("tls_ca")) if w.cfg.get("tls") else None
         self.proxy = bool(w.cfg.get("proxy_protocol"))
         self.max_frame = DEFAULT_MAX_FRAME  # a user reads pongs and errors
+        # --devices K: session i logs in as device "d<i % K>" of uid uid_base + i // K. Without a secret the
+        # K login frames differ only in the uid, so each is encoded once with a placeholder uid and patched
+        # per login (a prefix, the uid as msgpack, a suffix): no Login object or msgpack encode per login.
+        self.login_frames = login_templates(w.keepalive, w.devices) if w.secret is None else None
         self._load_plan()
 
     # ------------------------------------------------------------------------------------------ the loop
@@ -335,7 +342,9 @@ class Engine(ConnTable):
 
     def _send_login(self, k: int, rearm: bool = True) -> None:
         w = self.w
-        uid = w.uid_base + self.index(k)
+        i = self.index(k)
+        devices = w.devices
+        uid = w.uid_base + i // devices
         self.state[k] = LOGIN
         sock = self.socks[k]
         if rearm:
@@ -345,7 +354,13 @@ class Engine(ConnTable):
                 sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)  # type: ignore[union-attr]
             except OSError:
                 self.stamps = False
-        self._send(k, encode(Login("uid", uid, w.token("uid", uid), w.keepalive)))
+        templates = self.login_frames
+        if templates is not None:
+            frame = login_frame(templates[i % devices], uid)
+        else:
+            device = f"d{i % devices}" if devices > 1 else None
+            frame = encode(Login("uid", uid, w.token("uid", uid), w.keepalive, device=device))
+        self._send(k, frame)
         self.sent_prev[k] = self.sent_last[k]
 
     def _login_read(self, k: int, now: float) -> None:
@@ -475,3 +490,29 @@ class Engine(ConnTable):
             w.frames += 1
             w.bye_records.append((i, self.sent_last[k]))
             self.wheel.add(k << 2 | BYE_DEADLINE, now + BYE_WAIT_S)
+
+
+# ------------------------------------------------------------------------------------------ login frames
+
+_UID_MARK: Final = 2**63 - 1  # a placeholder uid, msgpack "\xcf" + 8 bytes: unique in the frame
+_FRAME_HEADER: Final = struct.Struct(">I")
+
+
+def login_templates(keepalive: float | None, devices: int) -> list[tuple[bytes, bytes]]:
+    """Per device ("d0".., or none when `devices` is 1): the login frame's body around the uid."""
+    out = []
+    for d in range(devices):
+        body = encode(Login("uid", _UID_MARK, None, keepalive, device=f"d{d}" if devices > 1 else None))[4:]
+        mark = b"\xcf" + _UID_MARK.to_bytes(8, "big")
+        assert body.count(mark) == 1
+        head, _, tail = body.partition(mark)
+        out.append((head, tail))
+    return out
+
+
+def login_frame(template: tuple[bytes, bytes], uid: int) -> bytes:
+    """The login frame of `uid` (an int uid) from its device's template: the same bytes `encode(Login(...))`
+    gives."""
+    head, tail = template
+    body = head + msgpack.packb(uid) + tail
+    return _FRAME_HEADER.pack(len(body)) + body

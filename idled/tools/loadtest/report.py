@@ -87,6 +87,8 @@ def summary_text(result: dict[str, Any]) -> str:
     conns = result["connections"]
     what = (f"{sc['sessions']} connections" if sc["mode"] == "users"
             else f"{sc['sessions']} sessions on {sc['gateways']} gateways")
+    if sc.get("devices", 1) > 1:
+        what += f" ({sc['sessions'] // sc['devices']} users x {sc['devices']} devices; events are per user)"
     lines = [
         f"idled loadtest: {what}, keepalive {sc['keepalive']:g} s (timeout {result['timeout']:g} s), "
         f"tick {sc['tick']:g} s, detector {result['detector'] or '(default)'}, {sc['duration']:g} s"

@@ -69,6 +69,7 @@ class Scenario:
     ping_every: float | None = None  # users: keepalive interval after the ramp (a fixed offered rate)
     late_fraction: float = 0.0  # users: sessions that send one keepalive late_by seconds late
     late_by: float = 0.0
+    devices: int = 1  # users: connections per uid (devices "d0".."d{K-1}"); 1 = one plain login per uid
 
     @property
     def front(self) -> dict[str, Any]:

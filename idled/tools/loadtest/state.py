@@ -37,7 +37,7 @@ class RunState:
         self.err = err
         self.plan: Plan = make_plan(sc.sessions, silent_fraction=sc.silent_fraction,
                                     bye_fraction=sc.bye_fraction, window=sc.window(), seed=sc.seed,
-                                    late_fraction=sc.late_fraction)
+                                    late_fraction=sc.late_fraction, devices=sc.devices)
         self.matcher = Matcher(self.plan, sc.uid_base)
         self.secret: bytes | None = None
         if sc.secret_file:

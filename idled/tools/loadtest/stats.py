@@ -5,9 +5,16 @@ Theory of operation
 No sockets, no clocks: every time is passed in as wall-clock unix seconds, so all of this is tested with
 plain numbers.
 
+**Devices** (``--devices K``). Session (connection) i is device ``i % K`` of user ``i // K`` (uid
+``uid_base + i // K``, device ``"d<i % K>"``); events are user-level (an ``online`` when the user's first
+device logs in, an ``offline`` when its last session ends), so everything below that is said of "a session"
+is said of a *user* and its K connections. With K = 1 a user is a session and nothing changes.
+
 **Plan.** Which sessions go silent and which log out is fixed before the run from a seed: exactly
 ``round(n * fraction)`` sessions of each kind, chosen without replacement, each with a moment drawn
-uniformly from the *silent window*. The window starts when the ramp is done and ends early enough that a
+uniformly from the *silent window*. With devices the kinds are drawn per user (all K devices of a silent
+user go silent, of a bye user say bye), each device at a moment of its own: the first devices to stop leave
+while another still pings (no event owed), the last one ends the user (an event owed). The window starts when the ramp is done and ends early enough that a
 session silent at its very end must be reported offline, even two ticks late, before the measurement ends:
 ``window_end = duration - timeout - bound_ticks * tick - margin``. Everyone else is a pinger.
 
@@ -25,6 +32,9 @@ generator's own lateness). For a silent session with last frame sent at ``L``, t
   recorded in histograms (negative values are clamped to 0 in the buckets but kept exactly as the minimum);
 * ``event.deadline - (L + T)``, the *deadline shift*, is how much later than sent the server took the last
   frame to have arrived: loopback latency plus time in its read queue (its own histogram);
+* with devices ``L`` is the latest of the user's devices' last sends: the user's offline is owed at the
+  latest deadline among its devices, and one before it is early (or false, if a device had not even
+  stopped yet);
 * an offline before ``L + T - tolerance`` (or before the server's own deadline) is an *early offline*;
 * no offline at or before ``L + T + bound_ticks * k`` is a *missed offline* -- whether one came later
   (`missed_late`) or never (`missed_never`); a session whose bound falls after the cutoff is *unjudged*.
@@ -33,7 +43,13 @@ A planned *late* session (``--late-fraction``) is a pinger that sends one keepal
 If the gap it planned (its delayed send minus the send before) exceeds ``T`` it owes an offline by ``L + T +
 bound_ticks * k`` (else *late missed*), and that offline is judged like any pinger's -- by its send times --
 so it comes out as generator late, counted apart as planned. A gap within ``T`` owes nothing: an offline
-then is false, as for any pinger.
+then is false, as for any pinger. (Late sessions are planned with one device per user only.)
+
+A pinger user's offline is judged against every device's close record: it is generator late only if each
+device's own sends say so (any device that sent within ``T`` makes it false). With devices the server can
+also end one device's session with no event at all (the user stays online through the others); a pinger
+device closed ``idle_timeout`` whose sends say it was not silent is counted as a false offline too (reason
+``device:idle``), so a wrong device-level expiry cannot hide behind the user-level events.
 """
 
 from __future__ import annotations
@@ -85,19 +101,27 @@ def silent_window(*, duration: float, ramp_end: float, timeout: float, tick: flo
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """Session i is a pinger unless `special[i] = (kind, moment)`, moment in seconds after the run start."""
+    """Session i is a pinger unless `special[i] = (kind, moment)`, moment in seconds after the run start.
+    Session i is device ``i % devices`` of user ``i // devices`` (every device of a user has the same kind)."""
 
     sessions: int
     special: Mapping[int, tuple[int, float]]
     window: tuple[float, float]
+    devices: int = 1
+
+    @property
+    def users(self) -> int:
+        return self.sessions // self.devices
 
     def kind(self, index: int) -> int:
         entry = self.special.get(index)
         return PINGER if entry is None else entry[0]
 
     def counts(self) -> dict[str, int]:
-        c = Counter(kind for kind, _ in self.special.values())
-        return {"pinger": self.sessions - c[SILENT] - c[BYE], "silent": c[SILENT], "bye": c[BYE], "late": c[LATE]}
+        """Planned users of each kind (with one device per user, sessions)."""
+        k = self.devices
+        c = Counter(kind for i, (kind, _) in self.special.items() if i % k == 0)
+        return {"pinger": self.users - c[SILENT] - c[BYE], "silent": c[SILENT], "bye": c[BYE], "late": c[LATE]}
 
     def split(self, owner: Callable[[int], int], parts: int) -> list[dict[int, tuple[int, float]]]:
         """The special entries per part (worker), `owner(i)` naming the part of session i."""
@@ -108,24 +132,38 @@ class Plan:
 
 
 def make_plan(sessions: int, *, silent_fraction: float, bye_fraction: float, window: tuple[float, float],
-              seed: int, late_fraction: float = 0.0) -> Plan:
+              seed: int, late_fraction: float = 0.0, devices: int = 1) -> Plan:
     """Choose exactly round(n*fraction) silent, bye and late sessions, each with a moment uniform in `window`
-    (late sessions are pingers: the moment is when one of their keepalives goes late)."""
+    (late sessions are pingers: the moment is when one of their keepalives goes late). With `devices` K > 1
+    the n / K users are chosen (n a multiple of K), and each device of a chosen user gets its own moment;
+    device 0's is the one the same seed gives with K = 1."""
     if sessions < 0:
         raise ValueError("sessions must be >= 0")
+    if devices < 1 or sessions % devices:
+        raise ValueError("devices must be >= 1 and divide the sessions")
+    if devices > 1 and late_fraction:
+        raise ValueError("late sessions are planned with one device per user only")
+    users = sessions // devices
     if not (0.0 <= silent_fraction <= 1.0 and 0.0 <= bye_fraction <= 1.0 and silent_fraction + bye_fraction <= 1.0):
         raise ValueError("silent and bye fractions must be in [0, 1] and sum to at most 1")
-    n_silent = round(sessions * silent_fraction)
-    n_bye = min(sessions - n_silent, round(sessions * bye_fraction))
+    n_silent = round(users * silent_fraction)
+    n_bye = min(users - n_silent, round(users * bye_fraction))
     if not 0.0 <= late_fraction <= 1.0:
         raise ValueError("the late fraction must be in [0, 1]")
     n_late = min(sessions - n_silent - n_bye, round(sessions * late_fraction))
     rng = random.Random(seed)
-    chosen = rng.sample(range(sessions), n_silent + n_bye)
+    chosen = rng.sample(range(users), n_silent + n_bye)
     lo, hi = window
     special: dict[int, tuple[int, float]] = {}
     for k, index in enumerate(chosen):
-        special[index] = (SILENT if k < n_silent else BYE, rng.uniform(lo, hi))
+        special[index * devices] = (SILENT if k < n_silent else BYE, rng.uniform(lo, hi))
+    if devices > 1:  # the other devices' moments (drawn after: device 0 keeps the moment K = 1 would give it)
+        device_rng = random.Random(seed * 104729 + 2)
+        for index in chosen:
+            kind = special[index * devices][0]
+            for d in range(1, devices):
+                special[index * devices + d] = (kind, device_rng.uniform(lo, hi))
+        return Plan(sessions, special, window, devices)
     if n_late:  # (drawn after the others: a plan without late sessions is the same as before they existed)
         late_rng = random.Random(seed * 7919 + 1)
         for index in late_rng.sample([i for i in range(sessions) if i not in special], n_late):
@@ -139,7 +177,9 @@ def make_plan(sessions: int, *, silent_fraction: float, bye_fraction: float, win
 class Matcher:
     """Matches presence events to what the generator did. Feed in any order; `judge()` at the end.
 
-    Session `i` has uid `uid_base + i` (an int). Events for any other uid are counted as foreign.
+    Session `i` is device ``i % K`` of the user with uid ``uid_base + i // K`` (an int; K = `plan.devices`).
+    Events for any other uid are counted as foreign. What the generator did is fed per session, what the
+    server said per user; `judge()` settles per user (see the module docstring).
     """
 
     MAX_EXAMPLES: Final = 20
@@ -148,16 +188,17 @@ class Matcher:
         self.plan = plan
         self.uid_base = uid_base
         self.t0_wall = t0_wall  # wall time of the plan's moment 0 (to convert planned moments)
-        n = plan.sessions
-        self._online = bytearray(n)  # online events per session, saturating at 255
-        self._failed: set[int] = set()
-        self._silent_sent: dict[int, float] = {}
+        self.devices = plan.devices
+        self.users = plan.users
+        self._online = bytearray(self.users)  # online events per user, saturating at 255
+        self._failed: set[int] = set()  # sessions
+        self._silent_sent: dict[int, float] = {}  # per session
         self._bye_sent: dict[int, float] = {}
         self._closed: dict[int, tuple[float, float, float, str]] = {}  # pinger closes: (prev, last, at, how)
         self._late: dict[int, tuple[float, float]] = {}  # planned late: (last sent, delayed send planned)
-        # first offline of each planned silent / bye session: (ts, reason, deadline)
+        # first offline of each planned silent / bye user: (ts, reason, deadline)
         self._special_offline: dict[int, tuple[float, str, float]] = {}
-        # first offline of each pinger (late sessions included): (ts, reason, deadline, last_seen)
+        # first offline of each pinger user (late sessions included): (ts, reason, deadline, last_seen)
         self._pinger_offline: dict[int, tuple[float, str, float, float]] = {}
         self.pinger_offlines = 0  # so far, before judging whose fault they were
         self.online_events = 0
@@ -166,7 +207,7 @@ class Matcher:
         self.foreign_events = 0
         self.first_timeout: float | None = None  # deadline - last_seen of the first online event of ours
 
-    # -- what the generator did --
+    # -- what the generator did (per session) --
 
     def failed(self, index: int) -> None:
         self._failed.add(index)
@@ -185,11 +226,11 @@ class Matcher:
         """Planned late session `index` last sent at `last_sent` and delays its next keepalive to `planned`."""
         self._late[index] = (last_sent, planned)
 
-    # -- what the server said --
+    # -- what the server said (per user) --
 
     def event(self, kind: str, uid: object, ts: float, reason: str, deadline: float, last_seen: float) -> None:
         index = uid - self.uid_base if type(uid) is int else -1
-        if not 0 <= index < self.plan.sessions:
+        if not 0 <= index < self.users:
             self.foreign_events += 1
             return
         if kind == "online":
@@ -200,7 +241,7 @@ class Matcher:
                 self.first_timeout = deadline - last_seen
             return
         self.offline_events += 1
-        entry = self.plan.special.get(index)
+        entry = self.plan.special.get(index * self.devices)
         if entry is None or entry[0] == LATE:
             if index in self._pinger_offline:
                 self.duplicate_offlines += 1
@@ -215,29 +256,44 @@ class Matcher:
 
     # -- settling --
 
+    def _sessions(self, user: int) -> range:
+        """The sessions (connections) of `user`: its devices."""
+        k = self.devices
+        return range(user * k, user * k + k)
+
     def judge(self, *, timeout: float, tick: float, cutoff: float, bound_ticks: float = 2.0,
               early_tolerance: float = 0.005) -> Verdict:
-        """Settle every session. `cutoff`: wall time up to which events were collected."""
+        """Settle every user. `cutoff`: wall time up to which events were collected."""
         bound = timeout + bound_ticks * tick
         t = Tally(timeout=timeout, tick=tick, bound=bound, cutoff=cutoff, tolerance=early_tolerance)
         failed = self._failed
+        k = self.devices
         # A session whose login failed on our side may still have been logged in by the server (e.g. the
-        # welcome came after our login timeout): its offline then is our doing, not a false offline.
+        # welcome came after our login timeout): its offline then is our doing, not a false offline. With
+        # devices, a user any of whose devices failed is not judged (what the server owed it is unknown).
+        failed_users = {i // k for i in failed}
         for index, off in self._pinger_offline.items():
-            if index not in failed:
+            if index not in failed_users:
                 self._judge_pinger(t, index, off)
-        for index, (kind, moment) in self.plan.special.items():
-            if index in failed:
+        seen: set[int] = set()
+        for i, (kind, _) in self.plan.special.items():
+            index = i // k
+            if index in failed_users or index in seen:
                 continue
+            seen.add(index)
             if kind == SILENT:
-                self._judge_silent(t, index, moment)
+                self._judge_silent(t, index)
             elif kind == BYE:
-                self._judge_bye(t, index, moment)
+                self._judge_bye(t, index)
             elif index in self._late:
                 self._judge_late(t, index)
+        if k > 1:
+            self._judge_device_closes(t, failed_users)
         online = self._online
         zeros = online.count(0)
-        online_missing = zeros - sum(1 for i in failed if online[i] == 0)
+        # a user none of whose devices logged in owes no online event
+        all_failed = [u for u in failed_users if all(i in failed for i in self._sessions(u))]
+        online_missing = zeros - sum(1 for u in all_failed if online[u] == 0)
         online_duplicates = len(online) - zeros - online.count(1)
         return Verdict(
             sessions=self.plan.sessions, planned=self.plan.counts(), failed_logins=len(failed),
@@ -254,30 +310,52 @@ class Matcher:
             logout_wrong_reason=dict(t.logout_wrong), duplicate_offlines=self.duplicate_offlines,
             foreign_events=self.foreign_events, timeout=timeout, tick=tick, bound=bound,
             lateness_generator=t.gen, lateness_server=t.srv, deadline_shift=t.shift,
+            devices=k, users=self.users,
         )
 
     def _judge_pinger(self, t: Tally, index: int, off: tuple[float, str, float, float]) -> None:
-        """A pinger reported offline: the server's fault, or the generator's (its own send times say)."""
+        """A pinger user reported offline: the server's fault, or the generator's (its devices' own send times
+        say: generator late only if every device's do)."""
         ts, reason, deadline, last_seen = off
         example: dict[str, Any] = {"uid": self.uid_base + index, "kind": "pinger", "ts": ts, "reason": reason,
                                    "deadline": deadline, "last_seen": last_seen}
-        record = self._closed.get(index)
-        if record is None:  # the worker never saw the server close it: nothing clears the server
-            t.no_close_record += 1
-            t.false_offline(reason, {**example, "close_record": None})
-            return
-        sent_prev, sent_last, at, how = record
-        example.update(sent_prev=sent_prev, sent_last=sent_last, closed_at=at, closed_how=how)
-        verdict = classify_offline(ts, (sent_prev, sent_last), timeout=t.timeout, tolerance=t.tolerance,
-                                   bound=t.bound)
-        if verdict == FALSE:
-            t.false_offline(reason, example)
-        elif self.plan.kind(index) == LATE:
+        verdict = None
+        for i in self._sessions(index):
+            record = self._closed.get(i)
+            if self.devices > 1:
+                example["device"] = f"d{i % self.devices}"
+            if record is None:  # the worker never saw the server close it: nothing clears the server
+                t.no_close_record += 1
+                t.false_offline(reason, {**example, "close_record": None})
+                return
+            sent_prev, sent_last, at, how = record
+            example.update(sent_prev=sent_prev, sent_last=sent_last, closed_at=at, closed_how=how)
+            verdict = classify_offline(ts, (sent_prev, sent_last), timeout=t.timeout, tolerance=t.tolerance,
+                                       bound=t.bound)
+            if verdict == FALSE:
+                t.false_offline(reason, example)
+                return
+        if self.plan.kind(index) == LATE:
             t.late_offlines += 1  # what --late-fraction asked for
         else:
             t.generator_late += 1
             if len(t.late_examples) < self.MAX_EXAMPLES:
                 t.late_examples.append(example)
+
+    def _judge_device_closes(self, t: Tally, failed_users: set[int]) -> None:
+        """Devices: a pinger device the server closed ``idle_timeout`` while its user stayed online (no
+        offline event to judge) -- false if the device's own sends say it was not silent."""
+        k = self.devices
+        for i, (sent_prev, sent_last, at, how) in self._closed.items():
+            index = i // k
+            if (how != "server:idle_timeout" or index in failed_users or index in self._pinger_offline
+                    or self.plan.kind(i) != PINGER):
+                continue
+            if classify_offline(at, (sent_prev, sent_last), timeout=t.timeout, tolerance=t.tolerance,
+                                bound=t.bound) == FALSE:
+                t.false_offline("device:idle", {"uid": self.uid_base + index, "device": f"d{i % k}",
+                                                "kind": "pinger device", "closed_at": at, "sent_prev": sent_prev,
+                                                "sent_last": sent_last})
 
     def _judge_late(self, t: Tally, index: int) -> None:
         """A planned late session: owed an offline if its delayed keepalive was past the timeout."""
@@ -289,16 +367,32 @@ class Matcher:
         if index not in self._pinger_offline and last_sent + t.bound <= t.cutoff:
             t.late_missed += 1
 
-    def _judge_silent(self, t: Tally, index: int, moment: float) -> None:
+    def _stopped(self, t: Tally, index: int, sent: dict[int, float],
+                 off: tuple[float, str, float] | None) -> float | None:
+        """When the last device of special user `index` stopped (None: one never said it did -- then an
+        offline before that device's planned moment is false, else the user is unreported)."""
+        special, latest = self.plan.special, 0.0
+        for i in self._sessions(index):
+            at = sent.get(i)
+            if at is None:
+                moment = self.t0_wall + special[i][1]
+                if off is not None and off[0] < moment:  # offline while that device was still pinging
+                    example = {"uid": self.uid_base + index, "kind": "silent" if sent is self._silent_sent else "bye",
+                               "ts": off[0], "reason": off[1], "planned_silent_at": moment}
+                    if self.devices > 1:
+                        example["device"] = f"d{i % self.devices}"
+                    t.false_offline(off[1], example if sent is self._silent_sent else None)
+                else:
+                    t.unreported += 1
+                return None
+            latest = max(latest, at)
+        return latest
+
+    def _judge_silent(self, t: Tally, index: int) -> None:
         off = self._special_offline.get(index)
         uid = self.uid_base + index
-        last_sent = self._silent_sent.get(index)
-        if last_sent is None:  # the worker never said it stopped
-            if off is not None and off[0] < self.t0_wall + moment:  # offline while it was still pinging
-                t.false_offline(off[1], {"uid": uid, "kind": "silent", "ts": off[0], "reason": off[1],
-                                         "planned_silent_at": self.t0_wall + moment})
-            else:
-                t.unreported += 1
+        last_sent = self._stopped(t, index, self._silent_sent, off)
+        if last_sent is None:
             return
         limit = last_sent + t.bound
         if off is None:
@@ -308,7 +402,7 @@ class Matcher:
                 t.missed_never += 1
             return
         ts, reason, deadline = off
-        if ts < last_sent - t.tolerance:  # reported offline before it even stopped pinging
+        if ts < last_sent - t.tolerance:  # reported offline before it (its last device) even stopped pinging
             t.false_offline(reason, {"uid": uid, "kind": "silent", "ts": ts, "reason": reason,
                                      "last_sent": last_sent})
             return
@@ -324,21 +418,17 @@ class Matcher:
         elif ts > limit:
             t.missed_late += 1
 
-    def _judge_bye(self, t: Tally, index: int, moment: float) -> None:
+    def _judge_bye(self, t: Tally, index: int) -> None:
         off = self._special_offline.get(index)
-        sent = self._bye_sent.get(index)
+        sent = self._stopped(t, index, self._bye_sent, off)
         if sent is None:
-            if off is not None and off[0] < self.t0_wall + moment:
-                t.false_offline(off[1], None)
-            else:
-                t.unreported += 1
             return
         if off is None:
             if sent + 1.0 + 2 * t.tick <= t.cutoff:
                 t.missed_logouts += 1
             return
         ts, reason, _ = off
-        if ts < sent - t.tolerance:
+        if ts < sent - t.tolerance:  # before the last device said bye
             t.false_offline(reason, None)
             return
         t.logouts += 1

@@ -64,7 +64,8 @@ def classify_offline(ts: float, sends: tuple[float, float], *, timeout: float, t
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    """The settled run. Every count is of sessions; `ok` is the server's correctness."""
+    """The settled run. Every count is of sessions -- with devices, of users (uids) but `sessions` and
+    `failed_logins` (connections); `ok` is the server's correctness."""
 
     sessions: int
     planned: Mapping[str, int]
@@ -103,6 +104,8 @@ class Verdict:
     # server's deadline minus the generator's (last_sent + timeout): how much later than we sent it the
     # server took the last frame to have arrived (loopback, its read queue, its clock)
     deadline_shift: Histogram = field(repr=False)
+    devices: int = 1  # connections per user (--devices): `sessions` counts connections, `users` uids
+    users: int = 0
 
     @property
     def ok(self) -> bool:

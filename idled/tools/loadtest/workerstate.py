@@ -41,6 +41,7 @@ class Worker:
         self.sources: list[str] = cfg["sources"]
         self.uid_base: int = cfg["uid_base"]
         self.sessions: int = cfg["sessions"]
+        self.devices: int = int(cfg.get("devices") or 1)  # users: connections per uid (session i: device i % K)
         self.keepalive: float = cfg["keepalive"]
         self.ping_every: float | None = cfg.get("ping_every")  # the interval after the ramp (None: keepalive)
         self.jitter: float = cfg["jitter"]

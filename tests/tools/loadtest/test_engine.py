@@ -18,7 +18,7 @@ import trio
 from idled.protocol import (
     PING, PONG_FRAME, Error, ErrorCode, FrameDecoder, Login, Welcome, encode, receive_message,
 )
-from idled.tools.loadtest.engine import Engine
+from idled.tools.loadtest.engine import Engine, login_templates, login_frame
 from idled.tools.loadtest.workerstate import Worker
 
 # ------------------------------------------------------------------------------- against an in-process peer
@@ -164,3 +164,46 @@ def test_late_within_the_timeout_owes_nothing_and_the_session_stays_online(tmp_p
     assert result["closes"] == {"silent:server:idle_timeout": 15}  # nobody else was let go
     assert result["ok"] is True and proc.returncode == 0
     _generator_figures_are_consistent(result)
+
+
+# --------------------------------------------------------------------------------------------- devices
+
+
+def test_a_login_frame_patched_from_its_template_is_the_encoders() -> None:
+    for devices in (1, 3):
+        templates = login_templates(30.0, devices)
+        for uid in (0, 1, 127, 128, 255, 65536, 2**32, 2**63 - 1):
+            for d in range(devices):
+                device = f"d{d}" if devices > 1 else None
+                assert login_frame(templates[d], uid) == encode(Login("uid", uid, None, 30.0, device=device))
+
+
+async def test_with_devices_each_uid_logs_in_from_k_connections_d0_to_dk() -> None:
+    logins: list[tuple[object, object]] = []
+
+    async def peer(stream: trio.SocketStream) -> None:
+        decoder = FrameDecoder()
+        try:
+            while (msg := await receive_message(stream, decoder)) is not None:
+                if type(msg) is Login:
+                    logins.append((msg.name, msg.device))
+                    await stream.send_all(encode(Welcome("uid", msg.name, timeout=1.5)))
+                elif msg is PING:
+                    await stream.send_all(PONG_FRAME)
+        except trio.BrokenResourceError:
+            pass
+        finally:
+            await stream.aclose()
+
+    for secret in (None, b"s" * 32):  # (with a secret each login carries its uid's token: encoded per login)
+        logins.clear()
+        w = _worker(0, 6, devices=3, secret=secret.hex() if secret else None)
+        async with trio.open_nursery() as nursery:
+            listeners = await nursery.start(functools.partial(trio.serve_tcp, host="127.0.0.1"), peer, 0)
+            w.cfg["port"] = w.port = listeners[0].socket.getsockname()[1]
+            w.max_seconds = 0.6
+            w.t0 = trio.current_time() + 0.05
+            await Engine(w).run()
+            nursery.cancel_scope.cancel()
+        assert sorted(logins) == [(1000, "d0"), (1000, "d1"), (1000, "d2"), (1001, "d0"), (1001, "d1"), (1001, "d2")]
+        assert w.logged_in == 6 and w.failed_records == []
