@@ -33,15 +33,16 @@ from idled.pipeline.rules import NOT_USER_ENDS, SUPERSEDED
 from idled.pipeline.tally import Tally
 
 __all__ = ["Carry", "Session", "FileResult", "pair_file", "FIRST_SEQ", "FIRST_ONLINE", "FIRST_TS", "FIRST_REASON",
-           "LAST_SEQ", "LAST_ONLINE", "LAST_TS", "RANGES", "SHORTS"]
+           "LAST_SEQ", "LAST_ONLINE", "LAST_TS", "RANGES", "SHORTS", "FIRST_DEVICE", "LAST_DEVICE"]
 
-# A closed or open session as it crosses into the JVM: (daemon, uid_key, online_seq, online_ts, offline_seq,
-# offline_ts, end_reason); the offline fields and end_reason are None for an open session.
-Session: TypeAlias = tuple[int, str, int, float, "int | None", "float | None", "str | None"]
+# A closed or open session as it is written (`arrowwrite`): (daemon, uid_key, online_seq, online_ts,
+# offline_seq, offline_ts, end_reason, device, end_device); the offline fields, end_reason and end_device are
+# None for an open session. device: the online's; end_device: the device of the record that ended it.
+Session: TypeAlias = tuple[int, str, int, float, "int | None", "float | None", "str | None", "str | None", "str | None"]
 
 # A uid's carry out of one file, a list indexed by these positions (a list: the hot loop updates it in place).
 Carry: TypeAlias = list[Any]
-FIRST_SEQ, FIRST_ONLINE, FIRST_TS, FIRST_REASON, LAST_SEQ, LAST_ONLINE, LAST_TS, RANGES, SHORTS = range(9)
+FIRST_SEQ, FIRST_ONLINE, FIRST_TS, FIRST_REASON, LAST_SEQ, LAST_ONLINE, LAST_TS, RANGES, SHORTS, FIRST_DEVICE, LAST_DEVICE = range(11)
 
 
 @dataclass(slots=True)
@@ -72,14 +73,14 @@ def pair_file(rows: Iterable[Row], short_s: float, result: FileResult | None = N
     data_end = -math.inf if result.data_end is None else result.data_end
     superseded = orphans = 0
     closed_before = len(sessions)
-    for daemon, seq, online, key, ts, reason, deadline, detector in rows:
+    for daemon, seq, online, key, ts, reason, deadline, detector, device, _grace in rows:
         if ts > data_end:
             data_end = ts
         if deadline is not None:  # an idle offline (`records.to_row`): a lateness sample, orphan or not
             _add_lateness(lateness, detector, ts, deadline)
         carry = carries.get(key)
         if carry is None:
-            carries[key] = [seq, online, ts, reason, seq, online, ts, [], []]
+            carries[key] = [seq, online, ts, reason, seq, online, ts, [], [], device, device]
             continue
         if carry[LAST_ONLINE]:
             start = carry[LAST_TS]
@@ -88,7 +89,7 @@ def pair_file(rows: Iterable[Row], short_s: float, result: FileResult | None = N
                 superseded += 1
             else:
                 end_reason = reason
-            append((daemon, key, carry[LAST_SEQ], start, seq, ts, end_reason))
+            append((daemon, key, carry[LAST_SEQ], start, seq, ts, end_reason, carry[LAST_DEVICE], device))
             # Tally.close(start, ts, end_reason, short_s, carry[RANGES], carry[SHORTS]), inline:
             first = floor(start / 60)
             last = ceil(ts / 60) - 1 if ts > start else first
@@ -107,6 +108,7 @@ def pair_file(rows: Iterable[Row], short_s: float, result: FileResult | None = N
         carry[LAST_SEQ] = seq
         carry[LAST_ONLINE] = online
         carry[LAST_TS] = ts
+        carry[LAST_DEVICE] = device
     tally.sessions += len(sessions) - closed_before
     tally.superseded += superseded
     tally.orphans += orphans

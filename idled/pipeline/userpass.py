@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from idled.pipeline.filepass import (
-    FIRST_ONLINE, FIRST_REASON, FIRST_SEQ, FIRST_TS, LAST_ONLINE, LAST_SEQ, LAST_TS, RANGES, SHORTS, Carry, Session,
+    FIRST_DEVICE, FIRST_ONLINE, FIRST_REASON, FIRST_SEQ, FIRST_TS, LAST_DEVICE, LAST_ONLINE, LAST_SEQ, LAST_TS, RANGES,
+    SHORTS, Carry, Session,
 )
 from idled.pipeline.reference import flapper_rows, lateness_rows, lateness_stats, merge_ranges
 from idled.pipeline.rules import SUPERSEDED, FlapParams
@@ -70,13 +71,14 @@ def _join_chain(daemon: int, key: str, chain: list[Carry], data_end: float, shor
             if online:
                 tally.superseded += 1
             start = previous[LAST_TS]
-            sessions.append((daemon, key, previous[LAST_SEQ], start, carry[FIRST_SEQ], carry[FIRST_TS], end_reason))
+            sessions.append((daemon, key, previous[LAST_SEQ], start, carry[FIRST_SEQ], carry[FIRST_TS], end_reason,
+                             previous[LAST_DEVICE], carry[FIRST_DEVICE]))
             tally.close(start, carry[FIRST_TS], end_reason, short_s, ranges, shorts)
         elif not online:
             tally.orphans += 1
         previous = carry
     if previous is not None and previous[LAST_ONLINE]:
-        sessions.append((daemon, key, previous[LAST_SEQ], previous[LAST_TS], None, None, None))
+        sessions.append((daemon, key, previous[LAST_SEQ], previous[LAST_TS], None, None, None, previous[LAST_DEVICE], None))
         tally.open(previous[LAST_TS], data_end, ranges)
 
 

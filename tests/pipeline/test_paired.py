@@ -28,13 +28,13 @@ from tests.pipeline.test_pipeline import KEYS, assert_tables_equal, dataset  # n
 
 def session_row(session: Session, names: Sequence[str]) -> dict[str, Any]:
     """A session as the sessions table holds it (`aggregate._sessions_out`)."""
-    daemon, key, online_seq, online_ts, offline_seq, offline_ts, end_reason = session
+    daemon, key, online_seq, online_ts, offline_seq, offline_ts, end_reason, device, end_device = session
     uid, uid_type = split_uid_key(key)
     return {
         "date": unix_date(int(online_ts // 86400)), "daemon": names[daemon], "uid": uid, "uid_type": uid_type,
         "online_seq": online_seq, "online_ts": online_ts, "offline_seq": offline_seq, "offline_ts": offline_ts,
         "duration_s": None if offline_ts is None else offline_ts - online_ts, "end_reason": end_reason,
-        "open": offline_seq is None,
+        "open": offline_seq is None, "device": device, "end_device": end_device,
     }
 
 
@@ -98,10 +98,11 @@ def test_passes_equal_reference_on_generated_and_crafted_daemons(dataset: dict[s
     assert_passes_equal_reference(files, dirs, FlapParams(k=3, short_s=60.0, window_s=3600))
 
 
-# A random record stream: per record (daemon, uid, online?, ts step, reason, idle with deadline?).
+# A random record stream: per record (daemon, uid, online?, ts step, reason, idle with deadline?, device).
 _RECORD = st.tuples(
     st.integers(0, 1), st.sampled_from(["i:1", "i:2", "s:1", "s:x"]), st.booleans(),
     st.floats(-30.0, 400.0), st.sampled_from(["closed", "idle", "restart", "logout"]), st.booleans(),
+    st.sampled_from([None, None, "phone", "laptop"]),
 )
 
 
@@ -109,18 +110,20 @@ _RECORD = st.tuples(
 @given(records=st.lists(_RECORD, max_size=60), cuts=st.lists(st.integers(1, 59), max_size=8),
        joins=st.lists(st.booleans(), min_size=9, max_size=9))
 def test_passes_equal_reference_on_random_streams(records: list[tuple[Any, ...]], cuts: list[int], joins: list[bool]) -> None:
-    """Any interleaving of onlines and offlines (superseded, orphans, clock steps back, midnight), each
+    """Any interleaving of onlines and offlines (superseded, orphans, clock steps back, midnight, devices, grace
+    offlines), each
     daemon's stream cut into files at random seqs, and consecutive files joined into runs at random: the
     passes give the reference's tables."""
     seqs = [0, 0]
     ts = 1777593600.0 + 86400 - 600  # ten minutes before a midnight
     per_daemon: list[list[Row]] = [[], []]
-    for daemon, key, online, step, reason, with_deadline in records:
+    for daemon, key, online, step, reason, with_deadline, device in records:
         seqs[daemon] += 1
         ts += step
         idle = not online and reason == "idle" and with_deadline
+        grace = 5.0 if not online and reason == "closed" and with_deadline else None
         per_daemon[daemon].append((daemon, seqs[daemon], online, key, ts, reason, ts - 0.25 if idle else None,
-                                   "heap" if idle else None))
+                                   "heap" if idle else None, device, grace))
     runs: list[tuple[int, list[list[Row]]]] = []
     for daemon, rows in enumerate(per_daemon):
         edges = sorted({c for c in cuts if c < len(rows)})
