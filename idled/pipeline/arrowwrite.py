@@ -52,9 +52,11 @@ def clear(table: str) -> None:
     os.makedirs(table, exist_ok=True)
 
 
-def write_sessions(sessions: Sequence[Session], names: Sequence[str], table: str, tag: str, tally: Tally) -> int:
+def write_sessions(sessions: Sequence[Session], names: Sequence[str], table: str, tag: str, tally: Tally,
+                   lengths: bool = True) -> int:
     """Write `sessions` into `table`'s date partitions as ``date=D/part-<tag>.parquet``, counted into `tally`
-    (`Tally.count_written`); returns how many.
+    (`Tally.count_written`; `lengths` false: not into session_lengths, which then counts user sessions joined
+    over a grace instead); returns how many.
 
     `tag` names the task's input, so the same input always writes (and a re-run replaces) the same files.
     """
@@ -63,7 +65,7 @@ def write_sessions(sessions: Sequence[Session], names: Sequence[str], table: str
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    daemon, key, online_seq, online_ts, offline_seq, offline_ts, end_reason, device, end_device = zip(*sessions)
+    daemon, key, online_seq, online_ts, offline_seq, offline_ts, end_reason, device, end_device, _ = zip(*sessions)
     keys = pa.array(key, pa.string())
     start = pa.array(online_ts, pa.float64())
     end = pa.array(offline_ts, pa.float64())
@@ -82,7 +84,7 @@ def write_sessions(sessions: Sequence[Session], names: Sequence[str], table: str
         "device": pa.array(device, pa.string()),
         "end_device": pa.array(end_device, pa.string()),
     })
-    tally.count_written(start.to_numpy(), end.to_numpy(zero_copy_only=False))
+    tally.count_written(start.to_numpy(), end.to_numpy(zero_copy_only=False), lengths)
     # As `pairing.date_of`: the UTC day of the start.
     _write_by_date(columns, pc.cast(pc.floor(pc.divide(start, _DAY)), pa.int32()).cast(pa.date32()), table, tag)
     return len(sessions)

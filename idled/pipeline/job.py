@@ -73,8 +73,8 @@ class JobConfig:
     progress: bool = False
     # --incremental --state DIR: process only what is new since the last run with this state (`incremental`)
     state: str | None = None
-    # --grace SECONDS: flappers and session_lengths count sessions joined over a grace (`rules`, rule 6); > 0
-    # takes the record path, and is not available with --incremental
+    # --grace SECONDS: flappers and session_lengths count sessions joined over a grace (`rules`, rule 6); not
+    # available with --incremental
     grace: float = 0.0
 
     def __post_init__(self) -> None:
@@ -133,28 +133,21 @@ def _run(config: JobConfig, spark: SparkSession, t0: float) -> JobResult:
     t_started = time.perf_counter()
     names = daemon_names(config.events)
     laps = Laps(echo=config.progress)
-    decoded = None
-    if config.grace > 0:
-        # Joining sessions over a grace needs each user's sessions in order, across files: the record path
-        # has them in one window (the paired path's passes do not join sessions, yet).
+    decoded = decode_paired(spark, config.events, config.flap.short_s, config.min_partitions, config.shuffle_partitions,
+                            config.out, config.grace)
+    files = decoded.files
+    path = "paired"
+    if files["daemons_with_overlapping_files"] > 0 or not decoded.in_seq_order:
+        # In-file pairing assumed disjoint, ordered files: decode again and pair record by record (the
+        # sessions written by the first pass are overwritten).
         path = "records"
         events, files = _decode(spark, config)
-    else:
-        decoded = decode_paired(spark, config.events, config.flap.short_s, config.min_partitions,
-                                config.shuffle_partitions, config.out)
-        files = decoded.files
-        path = "paired"
-        if files["daemons_with_overlapping_files"] > 0 or not decoded.in_seq_order:
-            # In-file pairing assumed disjoint, ordered files: decode again and pair record by record (the
-            # sessions written by the first pass are overwritten).
-            path = "records"
-            events, files = _decode(spark, config)
     t_decoded = time.perf_counter()
     event_count = files["records"] - files["malformed"]
     if config.progress:
         print(f"idled pipeline: decoded {event_count:,} events in {t_decoded - t_started:.1f} s", file=sys.stderr, flush=True)
-    if decoded is not None and path == "paired":
-        tables, small, written = finish_paired(spark, decoded, names, config.flap, config.out, laps)
+    if path == "paired":
+        tables, small, written = finish_paired(spark, decoded, names, config.flap, config.out, laps, config.grace)
     else:
         tables = build_tables(spark, events, names, config.flap, event_count=event_count, dedupe=True, laps=laps,
                               grace=config.grace)

@@ -19,9 +19,9 @@ DAY = 86400.0
 MIDNIGHT = 1777593600.0  # 2026-05-01T00:00:00Z
 
 SESSIONS: list[Session] = [
-    (0, "i:7", 1, MIDNIGHT - 10.0, 2, MIDNIGHT + 20.0, "idle", None, None),  # starts the day before, crosses midnight
-    (1, "s:x", 5, MIDNIGHT + 5.0, 6, MIDNIGHT + 4000.0, "logout", "phone", "laptop"),
-    (1, "s:x", 7, MIDNIGHT + 4001.0, None, None, None, "phone", None),  # open
+    (0, "i:7", 1, MIDNIGHT - 10.0, 2, MIDNIGHT + 20.0, "idle", None, None, None),  # starts the day before, crosses midnight
+    (1, "s:x", 5, MIDNIGHT + 5.0, 6, MIDNIGHT + 4000.0, "logout", "phone", "laptop", None),
+    (1, "s:x", 7, MIDNIGHT + 4001.0, None, None, None, "phone", None, None),  # open
 ]
 
 
