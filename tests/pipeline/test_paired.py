@@ -105,19 +105,40 @@ def test_passes_equal_reference_on_generated_and_crafted_daemons(dataset: dict[s
 # A random record stream: per record (daemon, uid, online?, ts step, reason, idle with deadline?, device).
 _RECORD = st.tuples(
     st.integers(0, 1), st.sampled_from(["i:1", "i:2", "s:1", "s:x"]), st.booleans(),
-    st.floats(-30.0, 400.0), st.sampled_from(["closed", "idle", "restart", "logout"]), st.booleans(),
+    st.floats(-30.0, 400.0) | st.floats(0.0, 5.0), st.sampled_from(["closed", "idle", "restart", "logout"]), st.booleans(),
     st.sampled_from([None, None, "phone", "laptop"]),
 )
 
 
 @settings(max_examples=150, deadline=None)
 @given(records=st.lists(_RECORD, max_size=60), cuts=st.lists(st.integers(1, 59), max_size=8),
-       joins=st.lists(st.booleans(), min_size=9, max_size=9), grace=st.sampled_from([0.0, 0.0, 40.0, 200.0]))
+       joins=st.lists(st.booleans(), min_size=9, max_size=9), grace=st.sampled_from([0.0, 0.0, 40.0, 2000.0]))
 def test_passes_equal_reference_on_random_streams(records: list[tuple[Any, ...]], cuts: list[int], joins: list[bool],
                                                   grace: float) -> None:
     """Any interleaving of onlines and offlines (superseded, orphans, clock steps back, midnight, devices, the
     daemon's grace offlines), each daemon's stream cut into files at random seqs, and consecutive files joined
     into runs at random, with and without a --grace: the passes give the reference's tables."""
+    check_random_stream(records, cuts, joins, grace)
+
+
+# Streams for the grace: longer, two uids, mostly onlines and closed offlines, short steps -- sessions joined
+# within and across files, by the daemon's grace or not (hypothesis' lists are short otherwise: ~no joins).
+_GRACE_RECORD = st.tuples(
+    st.integers(0, 1), st.sampled_from(["i:1", "s:x"]), st.booleans(), st.floats(-5.0, 60.0),
+    st.sampled_from(["closed", "closed", "closed", "idle", "restart"]), st.booleans(),
+    st.sampled_from([None, "phone"]),
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(records=st.lists(_GRACE_RECORD, min_size=20, max_size=60), cuts=st.lists(st.integers(1, 59), max_size=8),
+       joins=st.lists(st.booleans(), min_size=9, max_size=9), grace=st.sampled_from([20.0, 90.0]))
+def test_passes_join_user_sessions_over_a_grace_as_the_reference(records: list[tuple[Any, ...]], cuts: list[int],
+                                                                 joins: list[bool], grace: float) -> None:
+    check_random_stream(records, cuts, joins, grace)
+
+
+def check_random_stream(records: list[tuple[Any, ...]], cuts: list[int], joins: list[bool], grace: float) -> None:
     seqs = [0, 0]
     ts = 1777593600.0 + 86400 - 600  # ten minutes before a midnight
     per_daemon: list[list[Row]] = [[], []]
