@@ -5,13 +5,14 @@ A crafted daemon holds every case of the grace rule (`rules`, rule 6) with devic
 tiny segments (many file edges: the devices cross them in the paired path's carries); two generated daemons
 run with devices and the daemon's own grace (``GenConfig.devices`` / ``grace``: grace offlines written after
 other users' later events). The Spark job is compared row by row with the reference on both paths: the paired
-path (``--grace`` 0) and the record path (``--grace`` > 0 takes it).
+path and the record path (taken when a segment is copied), with and without ``--grace``.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -213,16 +214,28 @@ def test_generated_grace_offlines_follow_later_events_and_pair_cleanly(data: dic
 # ---------------------------------------------------------------------------------------------- Spark
 
 
-@pytest.fixture(scope="module", params=[0.0, GRACE], ids=["paired", "records-grace"])
+# (path, --grace): the record path is taken when a daemon's files overlap in seq (a copied segment)
+JOBS = {"paired": ("paired", 0.0), "paired-grace": ("paired", GRACE), "records-grace": ("records", GRACE)}
+
+
+@pytest.fixture(scope="module", params=list(JOBS))
 def job(request: pytest.FixtureRequest, spark: Any, data: dict[str, Any]) -> dict[str, Any]:
     from idled.pipeline.job import JobConfig, run_job
 
-    grace = request.param
-    out = data["root"] / f"out-{grace:g}"
-    summary = run_job(JobConfig(events=tuple(data["dirs"]), out=str(out), min_partitions=4, chart=False, flap=FLAP,
+    path, grace = JOBS[request.param]
+    dirs = list(data["dirs"])
+    if path == "records":
+        copied = data["root"] / "crafted-copied"
+        if not copied.exists():
+            shutil.copytree(data["crafted"], copied)
+            first = list_segments(copied)[0][1]
+            shutil.copyfile(first, copied / "copy-of-first.seg")
+        dirs[2] = str(copied)
+    out = data["root"] / f"out-{request.param}"
+    summary = run_job(JobConfig(events=tuple(dirs), out=str(out), min_partitions=4, chart=False, flap=FLAP,
                                 grace=grace), spark=spark).summary
-    reference, _ = run_reference(data["dirs"], FLAP, grace)
-    return {"out": out, "summary": summary, "reference": reference, "grace": grace}
+    reference, _ = run_reference(dirs, FLAP, grace)
+    return {"out": out, "summary": summary, "reference": reference, "grace": grace, "path": path}
 
 
 @pytest.mark.parametrize("table", list(KEYS))
@@ -232,7 +245,7 @@ def test_spark_tables_with_devices_and_grace_equal_the_reference(spark: Any, job
     assert_tables_equal(rows, job["reference"].tables[table], table)
 
 
-def test_the_grace_takes_the_record_path_and_is_in_the_summary(job: dict[str, Any], data: dict[str, Any]) -> None:
+def test_the_grace_is_in_the_summary_and_joins_what_it_should(job: dict[str, Any], data: dict[str, Any]) -> None:
     summary = job["summary"]
     if job["grace"]:  # it joined sessions of the daemon without a grace of its own, not of the one with
         plain, _ = run_reference(data["dirs"], FLAP)
@@ -241,7 +254,9 @@ def test_the_grace_takes_the_record_path_and_is_in_the_summary(job: dict[str, An
         assert joined[1] < sum(r["sessions"] for r in compute_lengths(data, 1, 0.0))
         assert len(job["reference"].tables["flappers"]) < len(plain.tables["flappers"])
     assert summary["grace_s"] == job["grace"]
-    assert summary["pairing"] == ("records" if job["grace"] else "paired")
+    assert summary["pairing"] == job["path"]
+    if job["path"] == "records":
+        assert summary["counts"]["duplicates"] > 0
     assert summary["counts"]["sessions"] == job["reference"].counts["sessions"]
     devices = {s["device"] for s in job["reference"].tables["sessions"]}
     assert {"phone", "laptop", "web", "watch", None} <= devices
