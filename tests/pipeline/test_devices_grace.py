@@ -211,6 +211,20 @@ def test_generated_grace_offlines_follow_later_events_and_pair_cleanly(data: dic
     assert {s["device"] for s in result.tables["sessions"]} >= {"phone", "laptop", "tablet"}
 
 
+def test_passes_join_user_sessions_across_every_file_edge(data: dict[str, Any]) -> None:
+    """The paired path's passes without Spark, every segment file a run of its own (the most carries): the
+    crafted cases and the generated daemons, devices and daemon-graced offlines at file edges."""
+    from tests.pipeline.test_paired import assert_passes_equal_reference
+
+    runs = []
+    for daemon, directory in enumerate(data["dirs"]):
+        for _, path in list_segments(directory):
+            runs.append((daemon, [list(iter_rows(Path(path).read_bytes(), daemon, FileStats()))]))
+    assert len(runs) > 20
+    for grace in (0.0, GRACE, 600.0):
+        assert_passes_equal_reference(runs, data["dirs"], FLAP, grace)
+
+
 # ---------------------------------------------------------------------------------------------- Spark
 
 
