@@ -17,6 +17,12 @@ Whether the premise holds is known only once every file is decoded (the per-file
 `FileStats.unordered` for a file out of seq order): the job checks `records.seq_ranges_overlap` and, if two
 files of a daemon overlap, discards this pass and pairs every record in the JVM instead (`pairing`).
 
+Each session carries its devices (the online's, and the device of the record that ended it) into the
+sessions table. With ``--grace`` (`UserSessions`), flappers and session_lengths count *user sessions* --
+sessions joined over the grace (`rules`, rule 6) -- instead of sessions: the stream's sessions of a uid are
+joined after the loop, the ones complete within the stream counted here, the uid's first and last left in
+the carry for `userpass` to join across the stream's edges.
+
 Lateness values are gathered per (detector, hour) -- exact percentiles need every value of a group, which
 `userpass` gets by collecting one detector's groups from every file.
 """
