@@ -132,10 +132,10 @@ def _run(config: JobConfig, spark: SparkSession, t0: float) -> JobResult:
 
     t_started = time.perf_counter()
     names = daemon_names(config.events)
-    laps = Laps(echo=config.progress)
     decoded = decode_paired(spark, config.events, config.flap.short_s, config.min_partitions, config.shuffle_partitions,
                             config.out, config.grace)
     files = decoded.files
+    laps = Laps(echo=config.progress)
     path = "paired"
     if files["daemons_with_overlapping_files"] > 0 or not decoded.in_seq_order:
         # In-file pairing assumed disjoint, ordered files: decode again and pair record by record (the
