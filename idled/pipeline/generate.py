@@ -23,8 +23,8 @@ in time order, seqs strictly increase, and memory stays O(users) however many ev
   and a restart 5-20 s later.
 * **Devices** (only with ``--devices K`` / ``GenConfig.devices``): each login is on one of K devices
   (``phone``, ``laptop``, ...) drawn from a generator of its own, so the sessions are the ones of a log
-  without devices; onlines, and offlines ending a session, carry ``"device"`` (restart offlines the
-  recovered online's). The daemon's events are user-level, so a user has one session at a time here.
+  without devices; onlines, and offlines ending a session, carry ``"device"`` (restart offlines only if
+  `EventLog.recover()`'s online record has one: it keeps a minimal record, so they have none). The daemon's events are user-level, so a user has one session at a time here.
 * **Grace** (only with ``--grace G`` / ``GenConfig.grace``): the daemon's ``offline_grace``. A ``closed``
   session's offline is held G seconds; a login within them continues the session without any event, else
   the offline is written then with its original ts and ``"grace": G`` (a later seq than other users' events
