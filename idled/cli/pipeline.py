@@ -50,6 +50,11 @@ def _add_generate_arguments(gen: argparse.ArgumentParser) -> None:
     gen.add_argument("--flappers", type=float, default=0.005, metavar="FRACTION", help="share of users with flap bursts (default 0.005)")
     gen.add_argument("--crashes", type=int, default=2, metavar="N", help="crash/restart cycles per daemon (default 2)")
     gen.add_argument("--maintenance", type=int, default=1, metavar="N", help="graceful restarts per daemon (default 1)")
+    gen.add_argument("--devices", type=int, default=0, metavar="K",
+                     help="events carry a \"device\" field: each login on one of K devices per user (default 0: none)")
+    gen.add_argument("--grace", type=float, default=0.0, metavar="SECONDS",
+                     help="simulate the daemon's offline_grace: closed offlines held that long, dropped when the user "
+                          "logs in again meanwhile, else written with \"grace\" (default 0: none)")
     gen.add_argument("--damage", dest="damage", action="store_true", default=False,
                      help="after writing, corrupt one record and leave a torn tail in each daemon's log, to exercise "
                           "the pipeline's skip-and-count paths (default: clean logs)")
@@ -79,7 +84,7 @@ def _generate(args: argparse.Namespace) -> int:
         config = GenConfig(
             out=args.out, users=args.users, hours=args.hours, seed=args.seed, daemons=args.daemons,
             start=DEFAULT_START if args.start is None else args.start, flappers=args.flappers, crashes=args.crashes,
-            maintenance=args.maintenance, damage=args.damage, **kwargs,
+            maintenance=args.maintenance, damage=args.damage, devices=args.devices, grace=args.grace, **kwargs,
         )
     except ValueError as exc:
         print(f"idled pipeline generate: {exc}", file=sys.stderr)

@@ -22,14 +22,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from idled.pipeline.pairing import USER, date_of, lateness_input_of, pair, pair_count, sessions_of, span, uid_columns
-from idled.pipeline.rules import BUCKETS, NOT_USER_ENDS, FlapParams, bucket_label
+from idled.pipeline.rules import BUCKETS, CLOSED, NOT_USER_ENDS, FlapParams, bucket_label
 from idled.pipeline.schemas import SMALL_SCHEMAS
 from idled.pipeline.spark import agg_row, materialize
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["TABLES", "Laps", "Tables", "build_tables"]
+__all__ = ["TABLES", "Laps", "Tables", "build_tables", "merge_grace"]
 
 TABLES: Final = ("sessions", "concurrency", "lateness", "flappers", "dau", "session_lengths")
 
@@ -145,6 +145,32 @@ def _flappers(sessions: DataFrame, params: FlapParams) -> DataFrame:
     )
 
 
+def merge_grace(sessions: DataFrame, grace: float) -> DataFrame:
+    """The user sessions of `rules` (rule 6): per (user, daemon) in online seq order, a session starts a new
+    user session unless the one before ended by a ``closed`` offline without the daemon's grace less than
+    `grace` seconds before it; each group keeps its first start and its last end. The columns flappers and
+    session_lengths read (USER, online_ts, duration_s, end_reason, open)."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    window = Window.partitionBy(*USER, "daemon").orderBy("online_seq")
+    joins = (
+        (F.lag("end_reason").over(window) == CLOSED) & F.lag("end_grace").over(window).isNull()
+        & ~F.lag("open").over(window) & (F.col("online_ts") - F.lag("offline_ts").over(window) < grace)
+    )
+    starts = F.when(joins, 0).otherwise(1)
+    grouped = sessions.select(*USER, "daemon", "online_seq", "online_ts", "offline_ts", "end_reason", "open",
+                              F.sum(starts).over(window.rowsBetween(Window.unboundedPreceding, 0)).alias("_group"))
+    merged = grouped.groupBy(*USER, "daemon", "_group").agg(
+        F.min_by("online_ts", "online_seq").alias("online_ts"),
+        F.max_by(F.struct("offline_ts", "end_reason", "open"), "online_seq").alias("_last"),
+    )
+    return merged.select(
+        *USER, "online_ts", (F.col("_last.offline_ts") - F.col("online_ts")).alias("duration_s"),
+        F.col("_last.end_reason").alias("end_reason"), F.col("_last.open").alias("open"),
+    )
+
+
 def _dau(sessions: DataFrame) -> DataFrame:
     from pyspark.sql import functions as F
 
@@ -192,7 +218,7 @@ def _sessions_out(sessions: DataFrame, names: Sequence[str]) -> DataFrame:
     name = F.element_at(F.array(*[F.lit(n) for n in names]), F.col("daemon") + 1)
     return sessions.select(
         date_of(F.col("online_ts")).alias("date"), name.alias("daemon"), *uid_columns(),
-        "online_seq", "online_ts", "offline_seq", "offline_ts", "duration_s", "end_reason", "open",
+        "online_seq", "online_ts", "offline_seq", "offline_ts", "duration_s", "end_reason", "open", "device", "end_device",
     )
 
 
@@ -228,8 +254,10 @@ def build_tables(
     event_count: int,
     dedupe: bool = True,
     laps: Laps | None = None,
+    grace: float = 0.0,
 ) -> Tables:
-    """The six output DataFrames (lazy, but small collects happen here), plus counts.
+    """The six output DataFrames (lazy, but small collects happen here), plus counts. `grace` > 0: flappers and
+    session_lengths count the user sessions joined over it (`merge_grace`).
 
     `dedupe` false skips the duplicate-seq pass: only safe when no two records of a daemon can share a seq,
     which `run_job` knows from the per-file seq ranges.
@@ -255,12 +283,13 @@ def build_tables(
     laps.mark("lateness_by_detector")
     concurrency = _concurrency(spark, sessions)
     laps.mark("concurrency_merge")
+    user_sessions = merge_grace(sessions, grace) if grace > 0 else sessions
     frames = {
         "sessions": _sessions_out(sessions, names),
         "concurrency": concurrency,
         "lateness": _lateness(lateness_input),
-        "flappers": _flappers(sessions, params),
+        "flappers": _flappers(user_sessions, params),
         "dau": _dau(sessions),
-        "session_lengths": _session_lengths(sessions),
+        "session_lengths": _session_lengths(user_sessions),
     }
     return Tables(frames, counts, [row.asDict() for row in by_detector])

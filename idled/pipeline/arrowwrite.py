@@ -40,9 +40,9 @@ __all__ = ["SESSIONS_SCHEMA", "clear", "write_sessions", "write_rows"]
 # As the record path's Spark writer lays the table out (`aggregate._sessions_out`), `date` in the path.
 SESSIONS_SCHEMA: Final = (
     "daemon STRING, uid STRING, uid_type STRING, online_seq BIGINT, online_ts DOUBLE, offline_seq BIGINT, "
-    "offline_ts DOUBLE, duration_s DOUBLE, end_reason STRING, open BOOLEAN, date DATE"
+    "offline_ts DOUBLE, duration_s DOUBLE, end_reason STRING, open BOOLEAN, device STRING, end_device STRING, date DATE"
 )
-_DICTIONARY_COLUMNS: Final = ["daemon", "uid_type", "end_reason"]
+_DICTIONARY_COLUMNS: Final = ["daemon", "uid_type", "end_reason", "device", "end_device"]
 _DAY: Final = 86400.0
 
 
@@ -52,9 +52,11 @@ def clear(table: str) -> None:
     os.makedirs(table, exist_ok=True)
 
 
-def write_sessions(sessions: Sequence[Session], names: Sequence[str], table: str, tag: str, tally: Tally) -> int:
+def write_sessions(sessions: Sequence[Session], names: Sequence[str], table: str, tag: str, tally: Tally,
+                   lengths: bool = True) -> int:
     """Write `sessions` into `table`'s date partitions as ``date=D/part-<tag>.parquet``, counted into `tally`
-    (`Tally.count_written`); returns how many.
+    (`Tally.count_written`; `lengths` false: not into session_lengths, which then counts user sessions joined
+    over a grace instead); returns how many.
 
     `tag` names the task's input, so the same input always writes (and a re-run replaces) the same files.
     """
@@ -63,7 +65,7 @@ def write_sessions(sessions: Sequence[Session], names: Sequence[str], table: str
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    daemon, key, online_seq, online_ts, offline_seq, offline_ts, end_reason = zip(*sessions)
+    daemon, key, online_seq, online_ts, offline_seq, offline_ts, end_reason, device, end_device, _ = zip(*sessions)
     keys = pa.array(key, pa.string())
     start = pa.array(online_ts, pa.float64())
     end = pa.array(offline_ts, pa.float64())
@@ -79,8 +81,10 @@ def write_sessions(sessions: Sequence[Session], names: Sequence[str], table: str
         "duration_s": pc.subtract(end, start),
         "end_reason": pa.array(end_reason, pa.string()),
         "open": pc.is_null(offline),
+        "device": pa.array(device, pa.string()),
+        "end_device": pa.array(end_device, pa.string()),
     })
-    tally.count_written(start.to_numpy(), end.to_numpy(zero_copy_only=False))
+    tally.count_written(start.to_numpy(), end.to_numpy(zero_copy_only=False), lengths)
     # As `pairing.date_of`: the UTC day of the start.
     _write_by_date(columns, pc.cast(pc.floor(pc.divide(start, _DAY)), pa.int32()).cast(pa.date32()), table, tag)
     return len(sessions)

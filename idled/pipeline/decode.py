@@ -28,7 +28,8 @@ else:
 __all__ = ["EVENT_SCHEMA", "PerFileStats", "daemon_names", "default_partitions", "read_events", "file_totals"]
 
 EVENT_SCHEMA: Final = (
-    "daemon INT, seq BIGINT, online BOOLEAN, uid_key STRING, ts DOUBLE, reason STRING, deadline DOUBLE, detector STRING"
+    "daemon INT, seq BIGINT, online BOOLEAN, uid_key STRING, ts DOUBLE, reason STRING, deadline DOUBLE, detector STRING, "
+    "device STRING, grace DOUBLE"
 )
 
 

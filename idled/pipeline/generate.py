@@ -21,6 +21,15 @@ in time order, seqs strictly increase, and memory stays O(users) however many ev
   reconnect 1-30 s later; logins due during the outage wait for the restart.
 * **Maintenance** (``--maintenance`` per daemon): a graceful stop, ``offline``/``shutdown`` for everyone,
   and a restart 5-20 s later.
+* **Devices** (only with ``--devices K`` / ``GenConfig.devices``): each login is on one of K devices
+  (``phone``, ``laptop``, ...) drawn from a generator of its own, so the sessions are the ones of a log
+  without devices; onlines, and offlines ending a session, carry ``"device"`` (restart offlines only if
+  `EventLog.recover()`'s online record has one: it keeps a minimal record, so they have none). The daemon's events are user-level, so a user has one session at a time here.
+* **Grace** (only with ``--grace G`` / ``GenConfig.grace``): the daemon's ``offline_grace``. A ``closed``
+  session's offline is held G seconds; a login within them continues the session without any event, else
+  the offline is written then with its original ts and ``"grace": G`` (a later seq than other users' events
+  after its ts). A graceful stop writes the held offlines at once; a crash loses them (the restart offline
+  closes the session, as the server's recovery does).
 * **Duplicate logins** produce no event in the daemon (newest wins, no flap), so there is nothing to write.
 * **Damage** (only with ``--damage`` / ``GenConfig.damage``; logs are clean by default): after the run, one
   record about 40 % into the log gets a flipped body byte (its CRC fails) and most of a record is appended

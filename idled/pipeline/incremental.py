@@ -12,7 +12,7 @@ written. The state directory (``--state DIR``) holds:
   ``consumed`` (bytes decoded: the file's size minus its torn tail) and its counters; cumulative counts;
   the first minute and the last closed-session minute of the concurrency timeline; ``open_files``, the
   files of ``--out``'s sessions table that hold the open sessions.
-* ``gen-N/open`` -- open sessions (daemon, uid_key, seq, ts): they re-enter the next run as online records.
+* ``gen-N/open`` -- open sessions (daemon, uid_key, seq, ts, device): they re-enter the next run as online records.
 * ``gen-N/spanning`` -- closed sessions that cross a UTC midnight: the only closed sessions that cover a
   day other than their own ``date`` partition.
 * ``lateness_values`` -- the lateness values, partitioned by date (exact percentiles need every value of an
@@ -95,6 +95,8 @@ def _decode_tails(accumulator: Any, items: Iterator[tuple[int, str, int, int]]) 
 # ---------------------------------------------------------------------------------------------- frames
 
 _SESSION_COLUMNS: Final = tuple(part.split()[0] for part in SESSION_SCHEMA.split(", "))
+# The open sessions carried to the next run, re-entering it as online records (with the online's device).
+_OPEN_SCHEMA: Final = "daemon INT, uid_key STRING, seq BIGINT, ts DOUBLE, device STRING"
 
 
 @dataclass
@@ -156,10 +158,11 @@ def _plan(spark: SparkSession, state: State, out: str, names: Sequence[str], fla
     rdd = sc.parallelize(work, max(1, min(len(work), 2 * sc.defaultParallelism)))
     batch = spark.createDataFrame(rdd.mapPartitions(functools.partial(_decode_tails, accumulator)), EVENT_SCHEMA, verifySchema=False)
     old_gen = state.gen_dir()
-    carried = read_or_empty(spark, os.path.join(old_gen, "open"), "daemon INT, uid_key STRING, seq BIGINT, ts DOUBLE")
+    carried = read_or_empty(spark, os.path.join(old_gen, "open"), _OPEN_SCHEMA)
     carried_events = carried.select(
         "daemon", "seq", F.lit(True).alias("online"), "uid_key", "ts", F.lit(None).cast("string").alias("reason"),
-        F.lit(None).cast("double").alias("deadline"), F.lit(None).cast("string").alias("detector"),
+        F.lit(None).cast("double").alias("deadline"), F.lit(None).cast("string").alias("detector"), "device",
+        F.lit(None).cast("double").alias("grace"),
     )
     events = materialize(batch.unionByName(carried_events).repartition("uid_key").withColumn("uid_hash", F.xxhash64("uid_key")))
     laps.mark("decode")
@@ -208,7 +211,8 @@ def _plan(spark: SparkSession, state: State, out: str, names: Sequence[str], fla
     refresh = refreshed(spark, out, state.path, spanning_old, flap, sessions, change, extent[1], laps)
     is_open = F.col("open")
     spanning_new = sessions.where(~is_open & (F.col("d1") > F.col("d0"))).select(*_SESSION_COLUMNS)
-    open_rows = sessions.where(is_open).select("daemon", "uid_key", F.col("online_seq").alias("seq"), F.col("online_ts").alias("ts"))
+    open_rows = sessions.where(is_open).select("daemon", "uid_key", F.col("online_seq").alias("seq"), F.col("online_ts").alias("ts"),
+                                               "device")
     data["generation"] = state.generation + 1
     return Batch(refresh, _sessions_out(sessions.where(~is_open), names), _sessions_out(sessions.where(is_open), names),
                  data, open_rows, spanning_old.unionByName(spanning_new))

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from idled.pipeline.aggregate import TABLES, Laps, Tables, build_tables
 from idled.pipeline.decode import EVENT_SCHEMA, daemon_names, file_totals, read_events
 from idled.pipeline.output import SmallTables, read_small_tables, summarize, write_summary, write_tables
-from idled.pipeline.rules import FlapParams
+from idled.pipeline.rules import FlapParams, check_grace
 from idled.pipeline.schemas import SMALL_SCHEMAS
 from idled.pipeline.spark import master_of, materialize, spark_conf, start_spark
 
@@ -73,6 +73,14 @@ class JobConfig:
     progress: bool = False
     # --incremental --state DIR: process only what is new since the last run with this state (`incremental`)
     state: str | None = None
+    # --grace SECONDS: flappers and session_lengths count sessions joined over a grace (`rules`, rule 6); not
+    # available with --incremental
+    grace: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_grace(self.grace)
+        if self.grace > 0 and self.state is not None:
+            raise ValueError("--grace is not supported with --incremental (run a full job)")
 
 
 @dataclass
@@ -125,7 +133,7 @@ def _run(config: JobConfig, spark: SparkSession, t0: float) -> JobResult:
     t_started = time.perf_counter()
     names = daemon_names(config.events)
     decoded = decode_paired(spark, config.events, config.flap.short_s, config.min_partitions, config.shuffle_partitions,
-                            config.out)
+                            config.out, config.grace)
     files = decoded.files
     laps = Laps(echo=config.progress)
     path = "paired"
@@ -139,9 +147,10 @@ def _run(config: JobConfig, spark: SparkSession, t0: float) -> JobResult:
     if config.progress:
         print(f"idled pipeline: decoded {event_count:,} events in {t_decoded - t_started:.1f} s", file=sys.stderr, flush=True)
     if path == "paired":
-        tables, small, written = finish_paired(spark, decoded, names, config.flap, config.out, laps)
+        tables, small, written = finish_paired(spark, decoded, names, config.flap, config.out, laps, config.grace)
     else:
-        tables = build_tables(spark, events, names, config.flap, event_count=event_count, dedupe=True, laps=laps)
+        tables = build_tables(spark, events, names, config.flap, event_count=event_count, dedupe=True, laps=laps,
+                              grace=config.grace)
         written = write_tables(tables.frames, config.out, laps)
         small = read_small_tables(spark, tables.frames, written)
     t_aggregated = time.perf_counter()
@@ -212,6 +221,7 @@ def _finish(config: JobConfig, summary: dict[str, Any], timings: dict[str, Any],
     """The summary's tail, the same for a full and an incremental run: the chart, the total time (chart
     included), the rates -- ``rated`` is (events, seconds spent decoding them), None for no rates -- then
     summary.json."""
+    summary["grace_s"] = config.grace
     if config.chart:
         from idled.pipeline.report import write_chart
 

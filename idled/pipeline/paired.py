@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeAlias
 from idled.pipeline.aggregate import Laps, Tables
 from idled.pipeline.arrowwrite import clear, write_rows, write_sessions
 from idled.pipeline.decode import daemon_names, default_partitions, file_totals
-from idled.pipeline.filepass import FileResult, Session, pair_file
+from idled.pipeline.filepass import FileResult, Session, UserSessions, pair_file
 from idled.pipeline.output import SmallTables
 from idled.pipeline.records import FileStats, iter_rows
 from idled.pipeline.reference import concurrency_rows, dau_rows, session_length_rows
@@ -137,8 +137,8 @@ def runs_of_files(names: Sequence[str], count: int) -> list[Run] | None:
     return [run for _, run in sized]
 
 
-def _pair_run(daemon: int, files: Iterable[tuple[str, bytes]], names: Sequence[str], short_s: float, parts: int,
-              table: str) -> RunResult:
+def _pair_run(daemon: int, files: Iterable[tuple[str, bytes]], names: Sequence[str], short_s: float, grace: float,
+              parts: int, table: str) -> RunResult:
     """One task's files of one daemon, in the given order; each file's closed sessions are written into
     `table` as soon as it is paired.
 
@@ -149,6 +149,7 @@ def _pair_run(daemon: int, files: Iterable[tuple[str, bytes]], names: Sequence[s
     copied one need not)."""
     streams: list[FileResult] = []
     joins: list[tuple[str, str]] = []
+    user_sessions = UserSessions(grace, short_s) if grace > 0 else None
     per_file: dict[str, tuple] = {}
     high: int | None = None
     last = ""
@@ -161,8 +162,9 @@ def _pair_run(daemon: int, files: Iterable[tuple[str, bytes]], names: Sequence[s
                 joins.append((last, path))
             else:
                 streams.append(FileResult())
-            pair_file(itertools.chain((first,), rows), short_s, streams[-1])
-            write_sessions(streams[-1].sessions, names, table, f"{daemon}-{os.path.basename(path)}", streams[-1].tally)
+            pair_file(itertools.chain((first,), rows), short_s, streams[-1], user_sessions)
+            write_sessions(streams[-1].sessions, names, table, f"{daemon}-{os.path.basename(path)}", streams[-1].tally,
+                           lengths=user_sessions is None)
             streams[-1].sessions.clear()
             assert stats.max_seq is not None  # set with the first row
             high = stats.max_seq if high is None else max(high, stats.max_seq)
@@ -199,19 +201,20 @@ def _read(paths: Iterable[str]) -> Iterator[tuple[str, bytes]]:
             yield path, file.read()
 
 
-def _pair_runs(names: Sequence[str], short_s: float, parts: int, table: str, runs: Iterator[Run]) -> Iterator[RunResult]:
+def _pair_runs(names: Sequence[str], short_s: float, grace: float, parts: int, table: str,
+               runs: Iterator[Run]) -> Iterator[RunResult]:
     """Executors: each run of local files, read from the path (the same on the driver and every executor)."""
     with _gc_paused():
         for daemon, paths in runs:
-            yield _pair_run(daemon, _read(paths), names, short_s, parts, table)
+            yield _pair_run(daemon, _read(paths), names, short_s, grace, parts, table)
 
 
-def _pair_read_files(daemon: int, names: Sequence[str], short_s: float, parts: int, table: str,
+def _pair_read_files(daemon: int, names: Sequence[str], short_s: float, grace: float, parts: int, table: str,
                      files: Iterator[tuple[str, bytes]]) -> Iterator[RunResult]:
     """Executors: files read by Spark (`binaryFiles`, any filesystem), in no known order: one run each."""
     with _gc_paused():
         for path, data in files:
-            yield _pair_run(daemon, ((path, data),), names, short_s, parts, table)
+            yield _pair_run(daemon, ((path, data),), names, short_s, grace, parts, table)
 
 
 @dataclass
@@ -226,9 +229,10 @@ class Decoded:
 
 
 def decode_paired(spark: SparkSession, dirs: Sequence[str], short_s: float, min_partitions: int | None, parts: int,
-                  out: str) -> Decoded:
+                  out: str, grace: float = 0.0) -> Decoded:
     """The first pass: decode and pair every file, its closed sessions written into ``out/sessions`` on the
-    way (`arrowwrite`); `parts` is the number of partitions of the second pass."""
+    way (`arrowwrite`); `parts` is the number of partitions of the second pass; `grace` > 0: user sessions
+    joined over it (`filepass.UserSessions`) for flappers and session_lengths."""
     sc = spark.sparkContext
     table = _sessions_table(out)
     clear(table)
@@ -236,12 +240,12 @@ def decode_paired(spark: SparkSession, dirs: Sequence[str], short_s: float, min_
     runs = runs_of_files(names, min_partitions or 2 * sc.defaultParallelism)
     if runs is not None:
         rdd = sc.parallelize(runs, max(1, len(runs))).mapPartitions(
-            functools.partial(_pair_runs, names, short_s, parts, table))
+            functools.partial(_pair_runs, names, short_s, grace, parts, table))
     else:
         partitions = min_partitions or default_partitions(dirs, sc.defaultParallelism)
         rdd = sc.union([
             sc.binaryFiles(directory.rstrip("/") + "/*.seg", minPartitions=partitions).mapPartitions(
-                functools.partial(_pair_read_files, daemon, names, short_s, parts, table))
+                functools.partial(_pair_read_files, daemon, names, short_s, grace, parts, table))
             for daemon, directory in enumerate(names)
         ])
     per_file: dict[str, tuple] = {}
@@ -260,7 +264,7 @@ def decode_paired(spark: SparkSession, dirs: Sequence[str], short_s: float, min_
     return Decoded(file_totals(per_file), joins_in_seq_order(per_file, joins), tally, data_end, blobs)
 
 
-def _user_pass(data_end: Mapping[int, float], params: FlapParams, names: Sequence[str], table: str,
+def _user_pass(data_end: Mapping[int, float], params: FlapParams, grace: float, names: Sequence[str], table: str,
                partition: Iterator[tuple[int, list[bytes]]]) -> Iterator[PartitionResult]:
     """Executors: one partition's carry blobs -> its sessions across file edges and open ones, written into
     `table`; yields the partition's tallies."""
@@ -282,9 +286,10 @@ def _user_pass(data_end: Mapping[int, float], params: FlapParams, names: Sequenc
                         detectors.setdefault(detector, []).append(hours)
             result = PartitionResult()
             sessions: list[Session] = []
+            user_sessions = UserSessions(grace, params.short_s) if grace > 0 else None
             for key, chain in users.items():
-                finish_user(key, chain, data_end, params, result, sessions)
-            write_sessions(sessions, names, table, f"users-{part}", result.tally)
+                finish_user(key, chain, data_end, params, result, sessions, user_sessions)
+            write_sessions(sessions, names, table, f"users-{part}", result.tally, lengths=user_sessions is None)
             for detector, pieces in detectors.items():
                 finish_detector(detector, pieces, result)
             yield result
@@ -302,14 +307,14 @@ def small_table_rows(result: PartitionResult) -> dict[str, list[dict[str, Any]]]
 
 
 def finish_paired(spark: SparkSession, decoded: Decoded, names: Sequence[str], params: FlapParams,
-                  out: str, laps: Laps) -> tuple[Tables, SmallTables, dict[str, str]]:
+                  out: str, laps: Laps, grace: float = 0.0) -> tuple[Tables, SmallTables, dict[str, str]]:
     """The second pass (its sessions added to ``out/sessions``), then the five small tables written under
     `out`; returns the tables' counts, what the summary needs of them, and table name -> path."""
     sc = spark.sparkContext
     parts = len(decoded.blobs)
     table = _sessions_table(out)
     rdd = sc.parallelize(list(enumerate(decoded.blobs)), parts).mapPartitions(
-        functools.partial(_user_pass, decoded.data_end, params, names, table))
+        functools.partial(_user_pass, decoded.data_end, params, grace, names, table))
     result = PartitionResult(tally=decoded.tally)
     for part_result in rdd.collect():
         result.merge(part_result)

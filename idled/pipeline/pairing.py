@@ -65,12 +65,14 @@ def pair(events: DataFrame, dedupe: bool) -> DataFrame:
         )
     orphan = ~F.col("online") & ~F.coalesce(F.lag("online").over(window), F.lit(False))
     paired = events.select(
-        "daemon", "uid_hash", "uid_key", "online", "seq", "ts", "deadline", "detector",
+        "daemon", "uid_hash", "uid_key", "online", "seq", "ts", "deadline", "detector", "device",
         orphan.alias("orphan"),
         F.lead("online").over(window).alias("next_online"),
         F.lead("seq").over(window).alias("next_seq"),
         F.lead("ts").over(window).alias("next_ts"),
         F.lead("reason").over(window).alias("next_reason"),
+        F.lead("device").over(window).alias("next_device"),
+        F.lead("grace").over(window).alias("next_grace"),
     )
     return paired.where(F.col("online") | F.col("orphan") | F.col("deadline").isNotNull())
 
@@ -95,6 +97,9 @@ def sessions_of(paired: DataFrame, data_end: dict[int, float]) -> DataFrame:
         F.when(F.col("next_online"), F.lit(SUPERSEDED)).otherwise(F.col("next_reason")).alias("end_reason"),
         is_open.alias("open"),
         F.greatest(F.coalesce(F.col("next_ts"), ends), F.col("ts")).alias("end"),
+        "device",
+        F.col("next_device").alias("end_device"),
+        F.col("next_grace").alias("end_grace"),  # the daemon's grace, on the offline that ended it (`merge_grace`)
     )
 
 

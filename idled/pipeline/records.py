@@ -11,14 +11,18 @@ a file is skipped by the decoder's resync (see `idled.log.records`): every good 
 Each good record becomes one `Row`, a plain tuple (it crosses from Python workers into the JVM, where every
 field costs conversion time, so the row carries only what the outputs use)::
 
-    (daemon, seq, online, uid_key, ts, reason, deadline, detector)
-       int    int   bool    str    float  str|None  float|None  str|None
+    (daemon, seq, online, uid_key, ts, reason, deadline, detector, device, grace)
+       int    int   bool    str    float  str|None  float|None  str|None  str|None  float|None
 
 * ``uid_key`` keeps the uid's type: ``"i:42"`` for the int 42, ``"s:42"`` for the string "42" -- they are
   different users (the daemon's dict keys them apart). Output tables split it back into ``uid`` (text) and
   ``uid_type`` (``"int"``/``"str"``).
 * ``deadline`` and ``detector`` are kept only for offline records with reason ``idle`` (the lateness table is
   their only reader); ``None`` elsewhere.
+* ``device`` is the record's ``"device"`` field (the device whose session caused the event; absent, or not
+  a str, is None: a plain login); ``grace`` the ``"grace"`` field of an offline the daemon delayed by its
+  ``offline_grace`` (seconds, a finite number; None otherwise and on onlines). Records without these fields
+  are the daemon's records from before devices and grace existed; they decode exactly as before.
 * A CRC-valid record that is not a usable event -- kind not online/offline, uid neither int nor str (bool
   counts as neither), ts not a finite number -- is *malformed*: skipped and counted, like a corrupt one.
 
@@ -45,7 +49,7 @@ __all__ = [
 CHUNK_BYTES: Final = 4 * 1024 * 1024
 assert CHUNK_BYTES > MAX_RECORD_BYTES + 8
 
-Row: TypeAlias = tuple[int, int, bool, str, float, "str | None", "float | None", "str | None"]
+Row: TypeAlias = tuple[int, int, bool, str, float, "str | None", "float | None", "str | None", "str | None", "float | None"]
 
 UID_INT: Final = "int"
 UID_STR: Final = "str"
@@ -124,13 +128,18 @@ def to_row(record: dict[str, Any], daemon: int) -> Row | None:
     reason = record.get("reason")
     if type(reason) is not str:
         reason = None
-    deadline = detector = None
-    if not online and reason == "idle":
-        deadline = _finite(record.get("deadline"))
-        detector = record.get("detector")
-        if type(detector) is not str:
-            detector = "unknown"
-    return (daemon, record["seq"], online, key, ts, reason, deadline, detector)
+    deadline = detector = grace = None
+    if not online:
+        if reason == "idle":
+            deadline = _finite(record.get("deadline"))
+            detector = record.get("detector")
+            if type(detector) is not str:
+                detector = "unknown"
+        grace = _finite(record.get("grace"))
+    device = record.get("device")
+    if type(device) is not str:
+        device = None
+    return (daemon, record["seq"], online, key, ts, reason, deadline, detector, device, grace)
 
 
 def iter_rows(data: bytes | bytearray | memoryview, daemon: int, stats: FileStats) -> Iterator[Row]:
@@ -163,20 +172,22 @@ def iter_rows(data: bytes | bytearray | memoryview, daemon: int, stats: FileStat
             ts = record.get("ts")
             kind = record.get("kind")
             reason = record.get("reason")
-            if type(ts) is float and type(reason) is str and math.isfinite(ts):
+            device = record.get("device")
+            # the common, well-formed record: not an idle offline, no grace, no device or a str one
+            if type(ts) is float and type(reason) is str and math.isfinite(ts) and (device is None or type(device) is str):
                 if kind == "online":
                     if type(uid) is int:
-                        yield (daemon, seq, True, f"i:{uid}", ts, reason, None, None)
+                        yield (daemon, seq, True, f"i:{uid}", ts, reason, None, None, device, None)
                         continue
                     if type(uid) is str:
-                        yield (daemon, seq, True, "s:" + uid, ts, reason, None, None)
+                        yield (daemon, seq, True, "s:" + uid, ts, reason, None, None, device, None)
                         continue
-                elif kind == "offline" and reason != "idle":
+                elif kind == "offline" and reason != "idle" and "grace" not in record:
                     if type(uid) is int:
-                        yield (daemon, seq, False, f"i:{uid}", ts, reason, None, None)
+                        yield (daemon, seq, False, f"i:{uid}", ts, reason, None, None, device, None)
                         continue
                     if type(uid) is str:
-                        yield (daemon, seq, False, "s:" + uid, ts, reason, None, None)
+                        yield (daemon, seq, False, "s:" + uid, ts, reason, None, None, device, None)
                         continue
             row = to_row(record, daemon)
             if row is None:

@@ -18,6 +18,7 @@ from typing import Any
 from idled.pipeline.records import FileStats, Row, iter_rows, split_uid_key
 from idled.pipeline.rules import (
     BUCKETS,
+    CLOSED,
     NOT_USER_ENDS,
     SUPERSEDED,
     FlapParams,
@@ -30,7 +31,7 @@ from idled.pipeline.rules import (
 )
 
 __all__ = [
-    "Result", "load_dirs", "compute", "run_reference", "segment_files", "merge_ranges", "concurrency_rows",
+    "Result", "load_dirs", "compute", "run_reference", "segment_files", "merge_grace", "joins_within_grace", "merge_ranges", "concurrency_rows",
     "lateness_stats", "lateness_rows", "flapper_rows", "dau_rows", "session_length_rows",
 ]
 
@@ -66,8 +67,9 @@ def _date(ts: float) -> Any:
     return unix_date(int(ts // 86400))
 
 
-def compute(rows: Iterable[Row], daemon_names: Sequence[str], params: FlapParams = FlapParams()) -> Result:
-    """Every table from decoded rows."""
+def compute(rows: Iterable[Row], daemon_names: Sequence[str], params: FlapParams = FlapParams(), grace: float = 0.0) -> Result:
+    """Every table from decoded rows; `grace` (seconds, `rules.merge_grace`) merges sessions for flappers and
+    session_lengths."""
     by_uid: dict[tuple[int, str], list[Row]] = defaultdict(list)
     data_end: dict[int, float] = {}
     events = 0
@@ -90,7 +92,7 @@ def compute(rows: Iterable[Row], daemon_names: Sequence[str], params: FlapParams
                 unique.append(row)
         uid, uid_type = split_uid_key(key)
         for i, row in enumerate(unique):
-            _, seq, online, _, ts, reason, deadline, detector = row
+            _, seq, online, _, ts, reason, deadline, detector, device, _ = row
             if not online:
                 if i == 0 or not unique[i - 1][2]:
                     orphans += 1
@@ -100,10 +102,10 @@ def compute(rows: Iterable[Row], daemon_names: Sequence[str], params: FlapParams
                 continue
             nxt = unique[i + 1] if i + 1 < len(unique) else None
             if nxt is None:
-                offline_seq = offline_ts = duration = end_reason = None
+                offline_seq = offline_ts = duration = end_reason = end_device = end_grace = None
                 end = data_end[daemon]
             else:
-                offline_seq, offline_ts = nxt[1], nxt[4]
+                offline_seq, offline_ts, end_device, end_grace = nxt[1], nxt[4], nxt[8], nxt[9]
                 end = offline_ts
                 duration = offline_ts - ts
                 if nxt[2]:
@@ -115,25 +117,55 @@ def compute(rows: Iterable[Row], daemon_names: Sequence[str], params: FlapParams
                 "date": _date(ts), "daemon": daemon_names[daemon], "uid": uid, "uid_type": uid_type,
                 "online_seq": seq, "online_ts": ts, "offline_seq": offline_seq, "offline_ts": offline_ts,
                 "duration_s": duration, "end_reason": end_reason, "open": nxt is None,
-                "_key": key, "_end": max(end, ts),
+                "device": device, "end_device": end_device,
+                "_key": key, "_end": max(end, ts), "_daemon": daemon, "_grace": end_grace,
             })
 
+    merged = merge_grace(sessions, grace) if grace > 0 else sessions
     tables = {
         "concurrency": _concurrency(sessions),
         "lateness": lateness_rows(lateness_values),
-        "flappers": _flappers(sessions, params),
+        "flappers": _flappers(merged, params),
         "dau": _dau(sessions),
-        "session_lengths": _session_lengths(sessions),
+        "session_lengths": _session_lengths(merged),
     }
     open_sessions = sum(1 for s in sessions if s["open"])
     for s in sessions:
-        del s["_key"], s["_end"]
+        del s["_key"], s["_end"], s["_daemon"], s["_grace"]
     tables["sessions"] = sessions
     counts = {
         "events": events, "duplicates": duplicates, "sessions": len(sessions), "open_sessions": open_sessions,
         "orphans": orphans, "superseded": superseded,
     }
     return Result(tables, counts)
+
+
+def merge_grace(sessions: TableRows, grace: float) -> TableRows:
+    """The user sessions of `rules.merge_grace`: a daemon's consecutive sessions of a uid joined where the first
+    ended by a ``closed`` offline without the daemon's ``grace`` and the next started less than `grace` seconds
+    after it. Each keeps the first one's start and the last one's end (online_ts, duration_s, end_reason, open;
+    what flappers and session_lengths read)."""
+    chains: dict[tuple[int, str], TableRows] = defaultdict(list)
+    for s in sessions:
+        chains[(s["_daemon"], s["_key"])].append(s)
+    merged: TableRows = []
+    for chain in chains.values():
+        chain.sort(key=lambda s: s["online_seq"])
+        current: dict[str, Any] | None = None
+        for s in chain:
+            if current is not None and joins_within_grace(current, s["online_ts"], grace):
+                current.update(offline_ts=s["offline_ts"], end_reason=s["end_reason"], open=s["open"], _grace=s["_grace"])
+                current["duration_s"] = None if s["open"] else s["offline_ts"] - current["online_ts"]
+                continue
+            current = {k: s[k] for k in ("_key", "online_ts", "offline_ts", "duration_s", "end_reason", "open", "_grace")}
+            merged.append(current)
+    return merged
+
+
+def joins_within_grace(session: dict[str, Any], next_start: float, grace: float) -> bool:
+    """`rules.merge_grace`: does the session starting at `next_start` continue `session` (the one before it)?"""
+    return (session["end_reason"] == CLOSED and session["_grace"] is None and not session["open"]
+            and next_start - session["offline_ts"] < grace)
 
 
 def merge_ranges(ranges: list[tuple[int, int]]) -> Iterator[tuple[int, int]]:
@@ -259,8 +291,9 @@ def session_length_rows(counts: dict[tuple[int, int], int]) -> TableRows:
     return out
 
 
-def run_reference(dirs: Sequence[str], params: FlapParams = FlapParams()) -> tuple[Result, dict[str, FileStats]]:
+def run_reference(dirs: Sequence[str], params: FlapParams = FlapParams(),
+                  grace: float = 0.0) -> tuple[Result, dict[str, FileStats]]:
     """Decode `dirs` and compute every table; daemon names are the directories' absolute paths."""
     rows, stats = load_dirs(dirs)
     names = [os.path.abspath(d) for d in dirs]
-    return compute(rows, names, params), stats
+    return compute(rows, names, params, grace), stats

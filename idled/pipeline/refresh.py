@@ -57,7 +57,7 @@ ACTIVE_USERS: Final = "active_users"
 STATE_TABLES: Final = (LATENESS_VALUES, SHORT_SESSIONS, ACTIVE_USERS)
 SESSION_SCHEMA: Final = (
     "daemon INT, uid_key STRING, uid_hash BIGINT, online_seq BIGINT, online_ts DOUBLE, offline_seq BIGINT, "
-    "offline_ts DOUBLE, duration_s DOUBLE, end_reason STRING, open BOOLEAN, end DOUBLE"
+    "offline_ts DOUBLE, duration_s DOUBLE, end_reason STRING, open BOOLEAN, end DOUBLE, device STRING, end_device STRING"
 )
 # How the sessions table's files are written: sorted by offline time in row groups of ~8 MiB, whose
 # min/max statistics let a scan filtered on the times skip what ended long before.

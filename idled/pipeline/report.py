@@ -33,7 +33,8 @@ def format_report(summary: dict[str, Any]) -> str:
         f"  sessions: {c['sessions']:,} ({c['open_sessions']:,} open, {c['superseded_sessions']:,} superseded); "
         f"orphan offlines: {c['orphan_offlines']:,}",
         f"  peak concurrency: {peak['users_online']:,} users in the minute of {_utc(peak['minute_start'])}; "
-        f"flappers: {c['flapper_users']:,} users ({c['flapper_user_days']:,} user-days)",
+        f"flappers: {c['flapper_users']:,} users ({c['flapper_user_days']:,} user-days)"
+        + (f", sessions joined over a {summary['grace_s']:g} s grace" if summary.get("grace_s") else ""),
     ]
     if summary["dau"]:
         lines += _table(["date", "active users", "sessions"], [(d["date"], d["active_users"], d["sessions_started"]) for d in summary["dau"]])

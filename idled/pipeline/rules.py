@@ -22,6 +22,22 @@ looks at file names or at the order files are read in.
    the daemon's *data end* (the largest ts among its records) for open ones, raised to ``online_ts`` if
    smaller.
 
+5. Sessions are *user-level*: the daemon emits ``online`` when a user's first session (device) comes and
+   ``offline`` when its last goes, so a session here is the time the user was online on any device, whatever
+   devices came and went in between. An event caused by a device session carries ``"device": D``: a
+   session's ``device`` is its online's (None for a plain login), its ``end_device`` the device of the
+   record that ended it (the offline's, or the superseding online's; None while open). Every length below
+   (``duration_s``, session_lengths, flappers' short sessions) is a user's, never a device's.
+6. Grace (``--grace G``, seconds, default 0 = none). A daemon with ``offline_grace`` delays a ``closed``
+   offline by its grace and drops it if the user logs in again meanwhile; the offline it emits carries
+   ``"grace": G`` (ts = the original close time; its seq may come after later records of other users, never
+   of the same user). For logs written without it, the job can apply one: a daemon's consecutive sessions of
+   a uid (in online seq order) are *joined* when the first ended by an offline with reason ``closed`` and no
+   ``grace`` field (the daemon already applied its own to those) and the next starts less than G seconds
+   after that offline's ts. A joined *user session* starts with its first session and ends as its last does
+   (offline ts, end_reason, open). flappers and session_lengths count user sessions; the sessions table,
+   concurrency and dau keep the logged sessions.
+
 Users are uids across all daemons: ``42`` (int) and ``"42"`` (str) are different users, the same uid on two
 daemons is one user.
 
@@ -34,13 +50,13 @@ Tables
 * lateness -- ``ts - deadline`` of offline records with reason ``idle``, per detector and UTC hour of the
   offline: count, ``early`` (lateness < 0: the detector fired before the deadline, a bug), exact p50/p99
   (linear interpolation between closest ranks, Spark's ``percentile``) and max.
-* flappers -- a user flaps when at least ``k`` of their *short* sessions (closed, ``duration < short_s``,
+* flappers -- a user flaps when at least ``k`` of their *short* (user) sessions (closed, ``duration < short_s``,
   end_reason not ``restart``/``shutdown``/``superseded``: daemon-caused or reconstructed ends say nothing
   about the user) start within ``window_s`` seconds of each other (first to last start <= window_s). One row
   per user and UTC day on which such a window ended.
 * dau -- per UTC day, distinct users online at any time during it (sessions spanning midnight count on each
   day) and the sessions started that day.
-* session_lengths -- closed sessions per UTC day of their start and length bucket (`BUCKETS`, lower bound
+* session_lengths -- closed (user) sessions per UTC day of their start and length bucket (`BUCKETS`, lower bound
   inclusive; negative durations fall in the first bucket).
 
 Every table is partitioned by ``date`` (UTC): of the session start, minute, hour, or flagged window end.
@@ -54,11 +70,13 @@ from dataclasses import dataclass
 from typing import Final
 
 __all__ = [
-    "FlapParams", "BUCKETS", "SUPERSEDED", "NOT_USER_ENDS", "bucket_index", "bucket_label",
+    "FlapParams", "BUCKETS", "SUPERSEDED", "CLOSED", "check_grace", "NOT_USER_ENDS", "bucket_index", "bucket_label",
     "minute_range", "day_range", "unix_date", "percentile",
 ]
 
 SUPERSEDED: Final = "superseded"
+CLOSED: Final = "closed"  # the only end reason a grace joins over (rule 6)
+MAX_GRACE_S: Final = 3600.0  # as the daemon's offline_grace
 NOT_USER_ENDS: Final = frozenset({"restart", "shutdown", SUPERSEDED})
 
 # Lower bounds in seconds of the session-length buckets; the last bucket is open-ended.
@@ -78,6 +96,13 @@ class FlapParams:
     def __post_init__(self) -> None:
         if self.k < 1 or not self.short_s > 0 or type(self.window_s) is not int or self.window_s < 0:
             raise ValueError("flap parameters need k >= 1, short_s > 0, window_s a whole number of seconds >= 0")
+
+
+def check_grace(grace: float) -> float:
+    """`grace` if it is a valid ``--grace`` (0 <= G <= 3600 seconds, finite), else ValueError."""
+    if not 0.0 <= grace <= MAX_GRACE_S:
+        raise ValueError(f"--grace needs 0 <= seconds <= {MAX_GRACE_S:g}, got {grace}")
+    return float(grace)
 
 
 def bucket_index(duration: float) -> int:

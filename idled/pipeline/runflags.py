@@ -17,7 +17,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from idled.pipeline.rules import FlapParams
+from idled.pipeline.rules import FlapParams, check_grace
 
 __all__ = ["positive_int", "add_run_arguments", "check_inputs", "run_from_args", "main_submit"]
 
@@ -59,6 +59,11 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, default_master: str | 
                         help=f"... shorter than this ... (default {_FLAP.short_s:g})")
     parser.add_argument("--flap-window", type=positive_int, default=_FLAP.window_s, metavar="SECONDS",
                         help=f"... starting within this many whole seconds (default {_FLAP.window_s})")
+    parser.add_argument("--grace", type=float, default=0.0, metavar="SECONDS",
+                        help="flappers and session_lengths: a session ended by a 'closed' offline and the same user's "
+                             "next login on that daemon less than SECONDS later count as one session, as a daemon with "
+                             "offline_grace would have logged them (default 0: none; offlines the daemon already delayed "
+                             "are left as they are; not with --incremental)")
     parser.add_argument("--conf", action="append", default=[], type=_conf_pair, metavar="KEY=VALUE",
                         help="extra Spark setting, as spark-submit --conf (repeatable)")
     parser.add_argument("--no-chart", dest="chart", action="store_false", help="skip the concurrency PNG")
@@ -107,13 +112,21 @@ def run_from_args(args: argparse.Namespace) -> int:
     if args.incremental != (args.state is not None):
         print("idled pipeline run: --incremental and --state DIR go together", file=sys.stderr)
         return 2
+    try:
+        check_grace(args.grace)
+    except ValueError as exc:
+        print(f"idled pipeline run: {exc}", file=sys.stderr)
+        return 2
+    if args.grace > 0 and args.incremental:
+        print("idled pipeline run: --grace is not supported with --incremental (run a full job)", file=sys.stderr)
+        return 2
     if args.incremental and any("://" in d for d in args.events):
         print("idled pipeline run: --incremental reads local (or mounted) directories, not URLs", file=sys.stderr)
         return 2
     config = JobConfig(
         events=tuple(args.events), out=args.out, master=args.master, driver_memory=args.driver_memory,
         shuffle_partitions=args.shuffle_partitions, min_partitions=args.min_partitions, flap=flap, chart=args.chart,
-        extra_conf=tuple(args.conf), progress=sys.stderr.isatty(), state=args.state,
+        extra_conf=tuple(args.conf), progress=sys.stderr.isatty(), state=args.state, grace=args.grace,
     )
     from idled.pipeline.incremental import StateError
 

@@ -3,7 +3,11 @@
 The simulation is a heap of per-user next actions ``(at, user, version, action)``, so events come out in
 time order, seqs strictly increase, and memory stays O(users) however many events are written. A user's
 version is bumped when an outage ends its session: the END already queued for it then no longer matches and
-is dropped when popped. The rules (session lengths, end reasons, diurnal gaps, flap bursts, lateness, what a
+is dropped when popped. With a grace (`GenConfig.grace`, the daemon's ``offline_grace``), a ``closed`` end
+queues a GRACE action instead of the offline: a login of the user before it fires continues the session
+with no event at all (the GRACE is voided by a version bump), else the offline is written when it fires,
+with its original ts and ``"grace"`` -- so its seq comes after other users' later events, as in the daemon.
+The rules (session lengths, end reasons, diurnal gaps, flap bursts, lateness, what a
 crash or a graceful stop emits) are described in `idled.pipeline.generate`; writing goes through a
 `SyntheticLog`, so this module only decides *what* happens and *when*.
 """
@@ -15,7 +19,7 @@ import math
 import random
 from typing import Final
 
-from idled.pipeline.genconfig import GenConfig
+from idled.pipeline.genconfig import DEVICE_NAMES, GenConfig
 from idled.pipeline.synthlog import SyntheticLog
 
 __all__ = ["DETECTORS", "uid_for", "detector_for", "DaemonSimulation"]
@@ -34,6 +38,7 @@ _LOG_MEDIAN: Final = math.log(_MEDIAN_SESSION_S)
 _MEAN_SESSION_S: Final = _MEDIAN_SESSION_S * math.exp(_SESSION_SIGMA**2 / 2)
 _LOGIN: Final = 0
 _END: Final = 1
+_GRACE: Final = 2  # a closed session's grace has passed: its offline is written now, with its original ts
 
 
 def uid_for(user: int) -> int | str:
@@ -85,9 +90,16 @@ class DaemonSimulation:
         self.down_until = 0.0
         self.heap: list[tuple[float, int, int, int]] = []
         self.restarts = self.shutdowns = 0
+        # Devices and grace draw from their own generator, so a log with them holds the same sessions as one
+        # without (the main stream is untouched) -- except where a grace joins sessions.
+        self.device_rng = random.Random(config.seed * 1_000_003 + daemon + 7919) if config.devices else None
+        self.device: list[str | None] = [None] * n  # the device of j's current session
+        self.grace = config.grace
+        self.pending: dict[int, tuple[float, float]] = {}  # j -> (closed at, last_seen) while its grace runs
 
-    def _emit(self, kind: str, j: int, ts: float, reason: str, last_seen: float, timeout: float) -> None:
-        self.log.emit(kind, self.uids[j], ts, reason, last_seen, timeout)
+    def _emit(self, kind: str, j: int, ts: float, reason: str, last_seen: float, timeout: float,
+              grace: float | None = None) -> None:
+        self.log.emit(kind, self.uids[j], ts, reason, last_seen, timeout, self.device[j], grace)
 
     # -------------------------------------------------------------------------------------- behaviour
 
@@ -115,11 +127,17 @@ class DaemonSimulation:
         heapq.heappush(self.heap, (at, j, self.version[j], _LOGIN))
 
     def _login(self, j: int, ts: float) -> None:
-        """Emit j's online and plan its offline: the END action fires when the daemon would emit it."""
+        """Emit j's online and plan its offline: the END action fires when the daemon would emit it. Within a
+        closed session's grace the user is still online: no event, the session goes on (`DaemonSimulation`)."""
         rng = self.rng
         timeout = self.timeouts[j]
-        self.online_since[j] = ts
-        self._emit("online", j, ts, "login", ts, timeout)
+        if self.device_rng is not None:
+            self.device[j] = DEVICE_NAMES[self.device_rng.randrange(self.config.devices)]
+        if self.pending.pop(j, None) is not None:
+            self.version[j] += 1  # the queued GRACE action is void
+        else:
+            self.online_since[j] = ts
+            self._emit("online", j, ts, "login", ts, timeout)
         if self.burst_left[j] > 0:
             self.burst_left[j] -= 1
             activity_end = ts + rng.uniform(2.0, 45.0)
@@ -144,9 +162,20 @@ class DaemonSimulation:
 
     def _end_session(self, j: int, ts: float) -> None:
         reason, last_seen = self.plan[j]
-        self._emit("offline", j, ts, reason, last_seen, self.timeouts[j])
-        self.online_since[j] = -1.0
+        if reason == "closed" and self.grace > 0:
+            # The daemon's offline_grace: the offline waits; a login before it passes continues the user.
+            self.pending[j] = (ts, last_seen)
+            heapq.heappush(self.heap, (ts + self.grace, j, self.version[j], _GRACE))
+        else:
+            self._emit("offline", j, ts, reason, last_seen, self.timeouts[j])
+            self.online_since[j] = -1.0
         self._schedule_login(j, ts)
+
+    def _grace_passed(self, j: int) -> None:
+        """The offline of a closed session whose grace passed: its original ts, seq from now on."""
+        ended, last_seen = self.pending.pop(j)
+        self._emit("offline", j, ended, "closed", last_seen, self.timeouts[j], self.grace)
+        self.online_since[j] = -1.0
 
     def _outage(self, at: float, kind: str) -> None:
         rng = self.rng
@@ -155,6 +184,9 @@ class DaemonSimulation:
             self.version[j] += 1  # drop their planned END from the heap
         if kind == "maintenance":
             for j in online:  # server.end_all(): one offline per session, same wall time
+                if j in self.pending:  # its grace offline, at once, as it was
+                    self._grace_passed(j)
+                    continue
                 self._emit("offline", j, at, "shutdown", self.online_since[j], self.timeouts[j])
                 self.online_since[j] = -1.0
                 self.shutdowns += 1
@@ -165,8 +197,10 @@ class DaemonSimulation:
             self.log.crash(at)
             restart = at + rng.uniform(5.0, 60.0)
             recovery = self.log.open()
+            self.pending.clear()  # a grace in progress dies with the process: recover() finds the user online
             for uid, record in recovery.online.items():  # what the server does before accepting connections
                 j = self.index[uid]
+                self.device[j] = record.get("device")
                 last_seen = record.get("last_seen", restart)
                 self._emit("offline", j, restart, "restart", last_seen, record.get("timeout", self.timeouts[j]))
                 self.online_since[j] = -1.0
@@ -214,6 +248,8 @@ class DaemonSimulation:
                     heapq.heappush(heap, (self.down_until + rng.uniform(0.0, 30.0), j, ver, _LOGIN))
                 else:
                     self._login(j, at)
-            else:
+            elif action == _END:
                 self._end_session(j, at)
+            else:
+                self._grace_passed(j)
         self.log.stop()

@@ -26,7 +26,9 @@ __all__ = ["VERSION", "StateError", "State", "load_state", "pending_work", "appl
 
 # 2: a run adds files to the sessions partitions and keeps open sessions in files of their own
 # (``open_files``); a version-1 --out mixes open rows into the partitions' files.
-VERSION: Final = 2
+# 3: the sessions table has the device columns (``device``, ``end_device``) and the carried open sessions
+# their device; a version-2 --out's sessions files lack them (and its open sessions' devices are lost).
+VERSION: Final = 3
 
 
 class StateError(Exception):
@@ -113,8 +115,9 @@ def load_state(state_dir: str, names: Sequence[str], out: str, flap: FlapParams)
     with open(path) as file:
         data = json.load(file)
     if data.get("version") != VERSION:
+        why = " (its sessions table has no device columns)" if data.get("version") == 2 else ""
         raise StateError(f"{state_dir}: state version {data.get('version')}, expected {VERSION} (made by an older "
-                         "idled whose --out this one cannot update); use a new --state and --out")
+                         f"idled whose --out this one cannot update{why}); use a new --state and --out")
     if data["inputs"] != list(names):
         raise StateError(f"{state_dir}: made for --events {' '.join(data['inputs'])}; use a new --state for other inputs")
     if data["out"] != os.path.abspath(out):

@@ -41,12 +41,18 @@ class SyntheticLog:
         self.log = log
         return recovery
 
-    def emit(self, kind: str, uid: int | str, ts: float, reason: str, last_seen: float, timeout: float) -> None:
+    def emit(self, kind: str, uid: int | str, ts: float, reason: str, last_seen: float, timeout: float,
+             device: str | None = None, grace: float | None = None) -> None:
+        """One event; `device` and `grace` become the record's fields only when given (else today's record)."""
         self.seq += 1
-        event = {
+        event: dict[str, Any] = {
             "seq": self.seq, "kind": kind, "uid": uid, "ts": ts, "reason": reason,
             "last_seen": last_seen, "deadline": last_seen + timeout, "timeout": timeout, "detector": self.detector,
         }
+        if device is not None:
+            event["device"] = device
+        if grace is not None:
+            event["grace"] = grace
         self.pending.append(event)
         if self.first_after is None and ts >= self.watch_after:
             self.first_after = event

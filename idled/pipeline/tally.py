@@ -90,10 +90,13 @@ class Tally:
         first, last = minute_range(start, data_end)
         add_range(ranges, first, last)
 
-    def count_written(self, starts: npt.NDArray[np.float64], ends: npt.NDArray[np.float64]) -> None:
-        """Sessions started per day, and closed ones per (day, length bucket), of sessions as they are written:
-        their starts and ends (NaN for an open session) as arrays, counted at once instead of per session."""
+    def count_written(self, starts: npt.NDArray[np.float64], ends: npt.NDArray[np.float64], lengths: bool = True) -> None:
+        """Sessions started per day, and closed ones per (day, length bucket) unless `lengths` is false, of
+        sessions as they are written: their starts and ends (NaN for an open session) as arrays, counted at
+        once instead of per session."""
         _add(self.started, _counts(np.floor(starts / _DAY).astype(np.int64)))  # as `rules.day_range` (dau)
+        if not lengths:
+            return
         closed = ~np.isnan(ends)
         durations = ends[closed] - starts[closed]
         days = np.floor_divide(starts[closed], _DAY).astype(np.int64)  # as the `date` column: Python's float //

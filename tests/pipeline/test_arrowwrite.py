@@ -19,9 +19,9 @@ DAY = 86400.0
 MIDNIGHT = 1777593600.0  # 2026-05-01T00:00:00Z
 
 SESSIONS: list[Session] = [
-    (0, "i:7", 1, MIDNIGHT - 10.0, 2, MIDNIGHT + 20.0, "idle"),  # starts the day before, crosses midnight
-    (1, "s:x", 5, MIDNIGHT + 5.0, 6, MIDNIGHT + 4000.0, "logout"),
-    (1, "s:x", 7, MIDNIGHT + 4001.0, None, None, None),  # open
+    (0, "i:7", 1, MIDNIGHT - 10.0, 2, MIDNIGHT + 20.0, "idle", None, None, None),  # starts the day before, crosses midnight
+    (1, "s:x", 5, MIDNIGHT + 5.0, 6, MIDNIGHT + 4000.0, "logout", "phone", "laptop", None),
+    (1, "s:x", 7, MIDNIGHT + 4001.0, None, None, None, "phone", None, None),  # open
 ]
 
 
@@ -40,9 +40,9 @@ def test_sessions_land_in_the_date_of_their_start_with_the_tables_columns(tmp_pa
     assert sorted(os.listdir(tmp_path)) == ["date=2026-04-30", "date=2026-05-01"]
     assert rows[0] == {"daemon": "d0", "uid": "7", "uid_type": "int", "online_seq": 1, "online_ts": MIDNIGHT - 10.0,
                        "offline_seq": 2, "offline_ts": MIDNIGHT + 20.0, "duration_s": 30.0, "end_reason": "idle",
-                       "open": False, "date": "2026-04-30"}
-    assert [(r["uid"], r["uid_type"], r["open"], r["duration_s"]) for r in rows[1:]] == [
-        ("x", "str", False, 3995.0), ("x", "str", True, None)]
+                       "open": False, "device": None, "end_device": None, "date": "2026-04-30"}
+    assert [(r["uid"], r["uid_type"], r["open"], r["duration_s"], r["device"], r["end_device"]) for r in rows[1:]] == [
+        ("x", "str", False, 3995.0, "phone", "laptop"), ("x", "str", True, None, "phone", None)]
     day = int(MIDNIGHT // DAY)
     assert tally.started == {day - 1: 1, day: 2}  # open sessions started too
     assert sum(tally.lengths.values()) == 2 and {d for d, _ in tally.lengths} == {day - 1, day}

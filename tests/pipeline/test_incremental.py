@@ -91,8 +91,9 @@ def grown(tmp_path_factory: pytest.TempPathFactory, spark: Any) -> dict[str, Any
     from idled.pipeline.job import JobConfig, run_job
 
     root = tmp_path_factory.mktemp("incremental")
+    # devices: the carried open sessions keep their device; grace: offlines written after later events
     config = GenConfig(out=str(root / "final"), users=150, hours=HOURS, daemons=2, seed=5, segment_bytes=60_000,
-                       flappers=0.05, start=START)
+                       flappers=0.05, start=START, devices=3, grace=20.0)
     generate(config, processes=1)
     finals = [config.daemon_dir(0), config.daemon_dir(1)]
     logs = [GrowingLog(final, root / "live" / f"daemon-{i}") for i, final in enumerate(finals)]
@@ -129,6 +130,8 @@ def grown(tmp_path_factory: pytest.TempPathFactory, spark: Any) -> dict[str, Any
 
 def test_incremental_runs_equal_one_full_run(spark: Any, grown: dict[str, Any]) -> None:
     assert any(log.deleted for log in grown["logs"])  # retention deleted segments the first runs read
+    sessions = grown["reference"].tables["sessions"]
+    assert any(s["open"] and s["device"] for s in sessions) and any(s["end_device"] for s in sessions)
     for table in KEYS:
         rows = [r.asDict() for r in spark.read.parquet(str(grown["out"] / table)).collect()]
         assert rows, table
@@ -189,6 +192,9 @@ def test_state_is_small_and_refuses_other_inputs(grown: dict[str, Any], tmp_path
     old.mkdir()
     (old / "state.json").write_text(json.dumps({**data, "version": 1}))  # its --out mixes open rows into files
     with pytest.raises(StateError, match="version 1"):
+        load_state(str(old), data["inputs"], str(grown["out"]), FlapParams())
+    (old / "state.json").write_text(json.dumps({**data, "version": 2}))  # its sessions have no device columns
+    with pytest.raises(StateError, match=r"state version 2, expected 3 .*no device columns.*use a new --state and --out"):
         load_state(str(old), data["inputs"], str(grown["out"]), FlapParams())
 
 

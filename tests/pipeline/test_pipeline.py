@@ -198,10 +198,10 @@ def test_uid_key_keeps_type() -> None:
 
 def test_to_row_keeps_deadline_only_for_idle_offlines() -> None:
     online = to_row(event(1, "online", 7, 100.0), daemon=3)
-    assert online == (3, 1, True, "i:7", 100.0, "login", None, None)
+    assert online == (3, 1, True, "i:7", 100.0, "login", None, None, None, None)
     idle = to_row(event(2, "offline", "u", 200.0, "idle", deadline=199.0), daemon=0)
-    assert idle == (0, 2, False, "s:u", 200.0, "idle", 199.0, "ring-lazy")
-    assert to_row(event(3, "offline", "u", 200.0, "logout"), daemon=0)[6:] == (None, None)
+    assert idle == (0, 2, False, "s:u", 200.0, "idle", 199.0, "ring-lazy", None, None)
+    assert to_row(event(3, "offline", "u", 200.0, "logout"), daemon=0)[6:8] == (None, None)
     assert to_row(event(4, "online", "u", float("inf")), daemon=0) is None
 
 
