@@ -11,6 +11,7 @@ keeps of a user whose devices come and go through the edges.
 from __future__ import annotations
 
 import signal
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -170,3 +171,39 @@ async def test_devices_of_one_user_through_the_edges_of_workers_2(tmp_path: Path
             "alice", "offline", "logout", "laptop")
         assert await daemon.stop(signal.SIGTERM) == 0
     assert _records(data_dir, "alice") == [("online", "login", "phone"), ("offline", "logout", "laptop")]
+
+
+@pytest.mark.slow
+async def test_grace_through_the_edges_of_workers_2(tmp_path: Path) -> None:
+    """offline_grace under --workers 2: an edge passes a closed connection on as ``detach closed``, so a reconnect
+    within the grace (through either edge) emits nothing, and a missed one gives the offline its original time."""
+    grace = 1.0
+    data_dir = tmp_path / "data"
+    command = peers.serve_command(data_dir, "--tick", str(TICK), "--fsync", "never", "--metrics-port", "0",
+                                  "--workers", "2", "--offline-grace", str(grace))
+    async with peers.Daemon(command, tmp_path / "serve.err") as daemon:
+        port = daemon.port
+        observer = await peers.Client.login(port, "observer", "obs")
+        await observer.send(Subscribe(None))
+        await observer.drain()
+        phone = await device(port, "bob", "phone")
+        online, = await observer.drain()
+        assert (online.uid, online.kind) == ("bob", "online")
+        await phone.stream.aclose()  # no bye: closed, the grace starts
+        await trio.sleep(grace / 4)
+        phone = await device(port, "bob", "phone")  # back within the grace
+        await pinged(phone)
+        await trio.sleep(grace * 1.5)  # past the first grace: nothing may come
+        events, status = await observer.events_until_status(["bob"])
+        assert events == [] and status.online == {"bob": True}
+        await phone.stream.aclose()
+        closed, closed_wall = trio.current_time(), time.time()
+        with trio.fail_after(grace + 5):
+            offline = await observer.recv()
+        assert trio.current_time() - closed >= grace * 0.9  # it waited out the grace
+        extra = offline.extra or {}
+        assert (offline.uid, offline.kind, offline.reason, extra.get("device"), extra.get("grace")) == (
+            "bob", "offline", "closed", "phone", grace)
+        assert closed_wall - 0.05 <= offline.ts <= closed_wall + 0.5  # the close time, not the grace's end
+        assert await daemon.stop(signal.SIGTERM) == 0
+    assert _records(data_dir, "bob") == [("online", "login", "phone"), ("offline", "closed", "phone")]
