@@ -21,21 +21,17 @@ on, or the gateway that attached it), a last-activity time and a timeout. The ta
   that) would otherwise find nothing due and spin.
 
 Storage: one record per session (``SessionEntry``: owner, last activity, timeout, and the detector's own fields),
-in one key-keyed map -- the detector's ``entries``, shared (see ``idled.core.detector``). Six parallel maps
-(owner, last seen, timeouts here; bucket, last seen, timeouts in the wheel) used to grow in the same login,
-each copying itself: 65-160 ms event-loop stalls at ~350k and ~700k sessions. A keepalive (``touch(key,
-now)``) is one lookup in that map whatever the key: a plain uid or a ``(uid, device)`` tuple (which the
-protocol decoded as is, so nothing is built per packet).
+in one key-keyed map -- the detector's ``entries``, shared (see ``idled.core.detector``; six parallel maps used
+to grow in the same login, each copying itself: 65-160 ms stalls at ~350k and ~700k sessions). A keepalive
+(``touch(key, now)``) is one lookup in that map whatever the key: a plain uid or a ``(uid, device)`` tuple
+(which the protocol decoded as is, so nothing is built per packet).
 
 *Users and their devices.* Events are about users, not sessions: a user is online while at least one of its
-keys lives. Per-user bookkeeping exists only where it is needed, and is touched only on login and end, never
-on a keepalive: ``_users`` maps a uid to its live keys in login order -- for a user that has at least one
-device key (then its plain key, if it has one, is in the list too); a user whose one key is a device key
-maps to that key itself, not to a list of one (64 bytes less per such user). A user with only its plain key,
-i.e. every user of a client that sends no device, has no entry at all: today's users cost exactly what they
-did.
-``_spare`` counts the keys beyond the first of every listed user, so ``users()`` is ``len(self) - _spare``
-(plus the users in grace) in O(1).
+keys lives. Which keys each user holds is ``idled.core.devices.UserKeys`` (``_user_keys``), touched only on
+login and end, never on a keepalive, and holding nothing for a user with only its plain key (today's users
+cost exactly what they did); the offlines waiting out the grace are ``idled.core.grace.GraceQueue``
+(``_grace_queue``). The table keeps a reference to each one's map (``_users``, ``_grace``) and only reads
+it: a plain login tests both for emptiness, as it did when they were the table's own.
 
 Rules:
 
@@ -48,15 +44,10 @@ Rules:
   last activity, deadline and timeout). A key that joins or leaves while another key of the user lives emits
   nothing. An event caused by a device session carries ``device``; one caused by a plain key does not, so a
   client that never sends a device produces the very records it did before devices.
-* *grace* (``offline_grace`` seconds, 0: none): when a user's last session ends ``closed`` (a connection that
-  dropped without bye, a gateway's ``detach`` saying ``closed``), the offline waits: the user stays online
-  (``is_online``) until ``end + grace``. A login of any of its keys meanwhile continues the user with no
-  event at all. Otherwise ``expire`` emits the offline then, with the ORIGINAL ``ts``, reason ``closed``,
-  the session's last activity, deadline and timeout, and ``grace``. The grace is one constant, so the
-  pending offlines come due in the order they were made: a FIFO (``_grace_due``) beside a uid -> pending map
-  (``_grace``); an entry of the FIFO whose user came back is stale and dropped when it reaches the front.
-  ``next_due`` accounts for the FIFO's front, ``end_all`` emits every pending one at once. Never for
-  ``idle``, ``logout``, ``kicked``, ``detach``, ``gateway_lost`` or ``shutdown``.
+* *grace* (``offline_grace`` seconds, 0: none; ``idled.core.grace``): a user whose last session ends
+  ``closed`` stays online until ``end + grace``; a login of any of its keys meanwhile continues it with no
+  event, else ``expire`` emits the offline then, with its ORIGINAL ``ts`` and ``grace``. ``next_due``
+  accounts for the queue's front, ``end_all`` emits every pending one at once.
 * logout/close is honoured only from the current owner of the key: a kicked connection closing late must not
   end the session that replaced it.
 * every change gets the next ``seq``; events are returned, never sent from here. A session that ends --
@@ -80,27 +71,19 @@ the user is online only by the grace.
 from __future__ import annotations
 
 import math
-from collections import deque
-from collections.abc import Hashable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from idled.core.detector import Detector, DetectorStats, Entry
-from idled.core.timeouts import timeout_for
+from idled.core.devices import DEFAULT_MAX_DEVICES, MAX_DEVICES_LIMIT, SessionKey, Uid, UserKeys, uid_of
+from idled.core.events import PresenceEvent
+from idled.core.grace import MAX_OFFLINE_GRACE, GraceQueue, Pending
+from idled.core.timeouts import ticks_for, timeout_for
 from idled.core.watermarks import Holds
 
-Uid = Hashable
-# A plain uid or (uid, device); uids are str or int, never tuples, so ``type(key) is tuple`` tells them apart.
-SessionKey = Hashable
-
-DEFAULT_MAX_DEVICES = 8
-MAX_DEVICES_LIMIT = 1024
-MAX_OFFLINE_GRACE = 3600.0
-
-
-def uid_of(key: SessionKey) -> Uid:
-    """The user a session key belongs to."""
-    return key[0] if type(key) is tuple else key
+__all__ = [
+    "Uid", "SessionKey", "uid_of", "DEFAULT_MAX_DEVICES", "MAX_DEVICES_LIMIT", "MAX_OFFLINE_GRACE", "Owner",
+    "PresenceEvent", "Ending", "ticks_for", "SessionEntry", "PresenceTable",
+]
 
 
 class Owner(Protocol):
@@ -113,85 +96,9 @@ class Owner(Protocol):
         """The server ended the session of this key (``code``: the protocol's error code, e.g. ``idle_timeout``)."""
 
 
-@dataclass(frozen=True, slots=True)
-class PresenceEvent:
-    """One presence change, as logged and as observers see it (times are wall-clock unix seconds).
-
-    ``device``: the device whose login or end caused the event (None: a plain key's, and then absent from the
-    record); ``grace``: the grace in seconds an offline waited for (only on a grace offline)."""
-
-    seq: int
-    kind: str  # "online" | "offline"
-    uid: Uid
-    ts: float
-    reason: str
-    last_seen: float
-    deadline: float
-    timeout: float
-    detector: str
-    device: str | None = None
-    grace: float | None = None
-
-    # Written out rather than generated: a frozen dataclass's own __init__ looks up object.__setattr__ once per
-    # field, and the two optional fields made every event ~0.2 us dearer to build (a login's online, every
-    # offline); bound once, as a default, it builds eleven fields as fast as the nine took before.
-    def __init__(self, seq: int, kind: str, uid: Uid, ts: float, reason: str, last_seen: float, deadline: float,
-                 timeout: float, detector: str, device: str | None = None, grace: float | None = None,
-                 _set: Any = object.__setattr__) -> None:
-        _set(self, "seq", seq)
-        _set(self, "kind", kind)
-        _set(self, "uid", uid)
-        _set(self, "ts", ts)
-        _set(self, "reason", reason)
-        _set(self, "last_seen", last_seen)
-        _set(self, "deadline", deadline)
-        _set(self, "timeout", timeout)
-        _set(self, "detector", detector)
-        _set(self, "device", device)
-        _set(self, "grace", grace)
-
-    def record(self) -> dict[str, Any]:
-        record = {
-            "seq": self.seq,
-            "kind": self.kind,
-            "uid": self.uid,
-            "ts": self.ts,
-            "reason": self.reason,
-            "last_seen": self.last_seen,
-            "deadline": self.deadline,
-            "timeout": self.timeout,
-            "detector": self.detector,
-        }
-        if self.device is not None:
-            record["device"] = self.device
-        if self.grace is not None:
-            record["grace"] = self.grace
-        return record
-
-
 # What ``expire`` and ``end_all`` return per ended session: its key, its owner to tell (None for a grace
 # offline: its connection is gone) and the user-level event (None while another key of the user lives).
 Ending = tuple[SessionKey, Owner | None, PresenceEvent | None]
-
-
-class _Pending:
-    """A user's offline waiting out the grace (see the module docstring): everything its event needs."""
-
-    __slots__ = ("uid", "due", "ts", "last_seen", "timeout", "device")
-
-    def __init__(self, uid: Uid, due: float, ts: float, last_seen: float, timeout: float, device: str | None) -> None:
-        self.uid = uid
-        self.due = due  # server clock
-        self.ts = ts
-        self.last_seen = last_seen
-        self.timeout = timeout
-        self.device = device
-
-
-def ticks_for(seconds: float, tick: float) -> int:
-    """Whole ticks in a timeout, rounded up: a timeout is never shortened by the tick granularity. The
-    server sizes the detector's default timeout with it, so it must match the table's own rounding."""
-    return max(1, math.ceil(seconds / tick - 1e-9))
 
 
 class SessionEntry(Entry):
@@ -212,27 +119,10 @@ class SessionEntry(Entry):
 
 class PresenceTable:
     __slots__ = (
-        "_detector",
-        "_sessions",
-        "_plain_touch",
-        "_touch_entry",
-        "_detector_name",
-        "_tick",
-        "_timeout",
-        "_timeout_ticks",
-        "_max_timeout",
-        "_next_seq",
-        "_tick_low",
-        "_tick_high",
-        "_tick_now",
-        "_ending",
-        "_users",
-        "_spare",
-        "_max_devices",
-        "_grace_seconds",
-        "_grace",
-        "_grace_due",
-        "holds",
+        "_detector", "_sessions", "_plain_touch", "_touch_entry", "_detector_name",  # the detector and its map
+        "_tick", "_timeout", "_timeout_ticks", "_max_timeout", "_next_seq",
+        "_tick_low", "_tick_high", "_tick_now",  # the activity-tick cache
+        "_ending", "_user_keys", "_users", "_grace_queue", "_grace", "holds",
     )
 
     def __init__(
@@ -249,10 +139,11 @@ class PresenceTable:
     ) -> None:
         if len(detector):
             raise ValueError("the presence table needs a detector of its own, empty")
-        if type(max_devices) is not int or not 1 <= max_devices <= MAX_DEVICES_LIMIT:
-            raise ValueError(f"max_devices must be an int from 1 to {MAX_DEVICES_LIMIT}, got {max_devices!r}")
-        if not 0.0 <= offline_grace <= MAX_OFFLINE_GRACE:  # (NaN fails too)
-            raise ValueError(f"offline_grace must be 0..{MAX_OFFLINE_GRACE:g} seconds, got {offline_grace!r}")
+        self._user_keys = UserKeys(max_devices)  # (both check their argument)
+        self._grace_queue = GraceQueue(offline_grace)
+        # Read-only references to their maps: a plain login tests each for emptiness (see the module doc).
+        self._users = self._user_keys.users
+        self._grace = self._grace_queue.pending
         self._detector = detector
         # The one key-keyed map: the detector's entries, which are this table's SessionEntry records.
         self._sessions: dict[SessionKey, SessionEntry] = detector.entries  # type: ignore[assignment]
@@ -268,13 +159,6 @@ class PresenceTable:
         self._tick_low = self._tick_high = math.inf
         self._tick_now = 0
         self._ending: list[SessionKey] = []  # end_all's snapshot of the keys still to end
-        # uid -> its live keys, oldest first: only users with a device key (see the module docstring).
-        self._users: dict[Uid, tuple[Uid, str] | list[SessionKey]] = {}
-        self._spare = 0  # keys beyond the first of every user in _users
-        self._max_devices = max_devices
-        self._grace_seconds = float(offline_grace)
-        self._grace: dict[Uid, _Pending] = {}  # users whose offline waits out the grace
-        self._grace_due: deque[_Pending] = deque()  # the same, in the order they come due (may hold stale ones)
         # Sessions due while their owner's watermark lagged (see idled.core.watermarks).
         self.holds: Holds[SessionEntry] = Holds()
 
@@ -323,39 +207,29 @@ class PresenceTable:
             old = self.holds.take(key)
         if old is not None:
             self._file(key, session, now)
-            keys = self._users.get(uid_of(key))
-            if isinstance(keys, list) and keys[-1] != key:  # it is the user's newest key now
-                keys.remove(key)
-                keys.append(key)
+            if self._users:
+                self._user_keys.renew(uid_of(key), key)  # it is the user's newest key now
             return (key, old.owner), None  # newest wins, without an offline/online flap
         if type(key) is tuple:
             uid, device = key
-            keys = self._users.get(uid)
-            if keys is None:
-                count = int(uid in self._sessions or uid in self.holds.held)  # its plain key
-            else:
-                count = len(keys) if isinstance(keys, list) else 1
+            plain = uid in self._sessions or uid in self.holds.held  # its plain key lives
         else:
-            uid, device = key, None
-            keys = self._users.get(uid) if self._users else None
-            if keys is None:  # today's login: a plain key alone, not online (no bookkeeping)
+            uid, device, plain = key, None, False
+            if not self._users or uid not in self._users:  # today's login: a plain key alone (no bookkeeping)
                 self._file(key, session, now)
-                if self._grace and self._grace.pop(uid, None) is not None:
+                if self._grace and self._grace_queue.cancel(uid):
                     return None, None  # back within the grace: the user never went offline
                 return None, self._event("online", uid, wall, "login", wall, timeout)
-            count = len(keys) if isinstance(keys, list) else 1
+        count, oldest = self._user_keys.admit(uid, key, plain)
         replaced: tuple[SessionKey, Owner] | None = None
-        if count >= self._max_devices:  # the oldest key makes room, without an event: the user stays online
-            oldest = uid if keys is None else keys[0] if isinstance(keys, list) else keys
+        if oldest is not None:  # the oldest key makes room, without an event: the user stays online
             victim = self._take(oldest)
             assert victim is not None, "a listed key has a session"
-            self._forget(uid, oldest)
             replaced = (oldest, victim.owner)
         self._file(key, session, now)
-        self._remember(uid, key)
         if count:
             return replaced, None
-        if self._grace and self._grace.pop(uid, None) is not None:
+        if self._grace and self._grace_queue.cancel(uid):
             return replaced, None  # back within the grace: the user never went offline
         return replaced, self._event("online", uid, wall, "login", wall, timeout, device)
 
@@ -390,45 +264,6 @@ class PresenceTable:
             self._detector.remove(key)
             return session
         return self.holds.take(key) if self.holds.held else None
-
-    def _remember(self, uid: Uid, key: SessionKey) -> None:
-        """``key`` (not live before) is the user's newest key (the per-user bookkeeping of the module doc)."""
-        users = self._users
-        keys = users.get(uid)
-        if keys is None:
-            if type(key) is tuple:
-                if uid in self._sessions or uid in self.holds.held:  # its plain key, older
-                    users[uid] = [uid, key]
-                    self._spare += 1
-                else:
-                    users[uid] = key  # one device key (a tuple): the key itself
-            # else: a plain key alone, no entry
-        elif isinstance(keys, list):
-            keys.append(key)
-            self._spare += 1
-        else:
-            users[uid] = [keys, key]
-            self._spare += 1
-
-    def _forget(self, uid: Uid, key: SessionKey) -> int:
-        """``key`` no longer lives: the number of keys the user still has."""
-        users = self._users
-        keys = users.get(uid)
-        if keys is None:
-            return 0  # a plain key alone
-        if not isinstance(keys, list):
-            del users[uid]  # its one device key
-            return 0
-        keys.remove(key)
-        self._spare -= 1
-        left = len(keys)
-        if left == 1:
-            only = keys[0]
-            if type(only) is tuple:
-                users[uid] = only
-            else:
-                del users[uid]  # back to a plain key alone: no entry
-        return left
 
     def touch_owned(self, key: SessionKey, owner: Owner, now: float) -> bool:
         """Activity reported by ``owner`` (a gateway) for ``key``; ignored unless it owns the session."""
@@ -470,50 +305,32 @@ class PresenceTable:
         key = session.key
         if type(key) is tuple:
             uid, device = key
-            if self._forget(uid, key):
+            if self._user_keys.remove(uid, key):
                 return None
         else:
             uid, device = key, None
-            if self._users and self._forget(uid, key):
+            if self._users and self._user_keys.remove(uid, key):
                 return None
         last_seen = wall - (now - session.seen)
-        if reason == "closed" and self._grace_seconds:
-            pending = _Pending(uid, now + self._grace_seconds, wall, last_seen, session.seconds, device)
-            self._grace[uid] = pending
-            self._grace_due.append(pending)
+        if reason == "closed" and self._grace_queue.seconds:
+            self._grace_queue.wait(uid, now, wall, last_seen, session.seconds, device)
             return None
         return self._event("offline", uid, wall, reason, last_seen, session.seconds, device)
 
-    def _graced(self, pending: _Pending) -> PresenceEvent:
-        """The offline a user's grace ended in: its original time and session, and the grace."""
-        return self._event("offline", pending.uid, pending.ts, "closed", pending.last_seen, pending.timeout,
-                           pending.device, self._grace_seconds)
-
-    def _grace_front(self) -> _Pending | None:
-        """The oldest pending offline still pending (stale ones -- users back meanwhile -- are dropped)."""
-        queue, grace = self._grace_due, self._grace
-        while queue:
-            pending = queue[0]
-            if grace.get(pending.uid) is pending:
-                return pending
-            queue.popleft()
-        return None
+    def _graced(self, pending: Pending) -> Ending:
+        """The offline a user's grace ended in: its original time and session, and the grace; no owner."""
+        return pending.uid, None, self._event("offline", pending.uid, pending.ts, "closed", pending.last_seen,
+                                              pending.timeout, pending.device, self._grace_queue.seconds)
 
     def expire(self, now: float, wall: float, limit: int | None = None) -> list[Ending]:
         """Sessions ended now, as (key, owner, event or None): first the grace offlines that came due (no
         owner), then ``idle`` ones -- held sessions their owner's watermark has now passed, then the detector's
         due ones, except those it holds. At most ``limit`` in all (None: no limit)."""
-        out: list[Ending] = []
-        if self._grace_due:
-            while (limit is None or len(out) < limit) and (pending := self._grace_front()) is not None \
-                    and pending.due <= now:
-                self._grace_due.popleft()
-                del self._grace[pending.uid]
-                out.append((pending.uid, None, self._graced(pending)))
-            if limit is not None:
-                limit -= len(out)
-                if limit <= 0:
-                    return out
+        out = [self._graced(pending) for pending in self._grace_queue.pop_due(now, limit)]
+        if out and limit is not None:
+            limit -= len(out)
+            if limit <= 0:
+                return out
         holds = self.holds
         expired: list[SessionEntry] = holds.release(limit) if holds.ready else []
         if limit is not None:
@@ -536,11 +353,7 @@ class PresenceTable:
         offline (original time, no owner), then live sessions, held ones last (shutdown). Call it again, with
         the time then, until it returns nothing: the caller checkpoints between two calls."""
         sessions, holds = self._sessions, self.holds
-        ended: list[Ending] = []
-        while (limit is None or len(ended) < limit) and (pending := self._grace_front()) is not None:
-            self._grace_due.popleft()
-            del self._grace[pending.uid]
-            ended.append((pending.uid, None, self._graced(pending)))
+        ended = [self._graced(pending) for pending in self._grace_queue.pop_due(math.inf, limit)]
         ending = self._ending
         while limit is None or len(ended) < limit:
             if not ending:
@@ -579,14 +392,14 @@ class PresenceTable:
         """The earliest time (server clock) at which ``expire`` could return something (-inf: now)."""
         if self.holds.ready:
             return -math.inf
-        pending = self._grace_front() if self._grace_due else None
+        grace_due = self._grace_queue.next_due()
         due = self._detector.next_due()
         if due is None:
-            return None if pending is None else pending.due
+            return grace_due
         t = due * self._tick
         while math.floor(t / self._tick) < due:  # expire(t) must see tick `due` (see the module doc)
             t = math.nextafter(t, math.inf)
-        return t if pending is None else min(t, pending.due)
+        return t if grace_due is None else min(t, grace_due)
 
     def work_ahead(self, limit: int) -> int:
         """The detector's optional work before the next tick (see ``Detector.work_ahead``)."""
@@ -611,24 +424,15 @@ class PresenceTable:
 
     def grace_last_seen(self, uid: Uid) -> float | None:
         """The wall-clock ``last_seen`` of the offline a user in grace waits to get (None: not in grace)."""
-        pending = self._grace.get(uid)
-        return None if pending is None else pending.last_seen
+        return self._grace_queue.last_seen(uid)
 
     def keys_of(self, uid: Uid) -> tuple[SessionKey, ...]:
         """The user's live session keys, oldest login first (empty: none; a user in grace has none)."""
-        keys = self._users.get(uid)
-        if keys is None:
-            return (uid,) if uid in self._sessions or uid in self.holds.held else ()
-        return tuple(keys) if isinstance(keys, list) else (keys,)
+        return self._user_keys.keys(uid, uid in self._sessions or uid in self.holds.held)
 
     def devices_of(self, uid: Uid) -> tuple[str, ...]:
         """The devices of the user's live device keys, oldest first (its plain key is not listed)."""
-        keys = self._users.get(uid)
-        if keys is None:
-            return ()
-        if isinstance(keys, list):
-            return tuple(key[1] for key in keys if type(key) is tuple)
-        return (keys[1],)
+        return self._user_keys.devices(uid)
 
     def last_activity(self, uid: Uid) -> float | None:
         """The user's latest activity over its live keys (server clock), None without a live key (a user in grace
@@ -647,7 +451,7 @@ class PresenceTable:
 
     def users(self) -> int:
         """Online users: users with a live key, plus those whose offline waits out the grace."""
-        return len(self._sessions) + len(self.holds.held) - self._spare + len(self._grace)
+        return len(self._sessions) + len(self.holds.held) - self._user_keys.spare + len(self._grace)
 
     # -- owners that report watermarks (idled.core.watermarks) -------------------------------------------------
 
@@ -673,11 +477,11 @@ class PresenceTable:
 
     @property
     def max_devices(self) -> int:
-        return self._max_devices
+        return self._user_keys.max_devices
 
     @property
     def offline_grace(self) -> float:
-        return self._grace_seconds
+        return self._grace_queue.seconds
 
     def __len__(self) -> int:
         """Sessions: live keys (held ones included). ``users()`` counts users."""

@@ -8,14 +8,16 @@ asks for no keepalive gets the server's default timeout.
 
 The presence table applies it to every login; an edge computes the same value from the core's welcome
 (timeout, tick, max_timeout) so its users' welcomes say what a direct login would; the load tester predicts
-it. Whoever needs the rule calls ``timeout_for``: it is written nowhere else.
+it. Whoever needs the rule calls ``timeout_for``: it is written nowhere else. Likewise ``ticks_for``, a
+timeout in whole ticks, rounded up: the presence table's rounding, which the server sizes its detector with.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Final
 
-__all__ = ["DEFAULT_MAX_TIMEOUT", "DEFAULT_TICK", "DEFAULT_TIMEOUT", "KEEPALIVE_FACTOR", "timeout_for"]
+__all__ = ["DEFAULT_MAX_TIMEOUT", "DEFAULT_TICK", "DEFAULT_TIMEOUT", "KEEPALIVE_FACTOR", "ticks_for", "timeout_for"]
 
 KEEPALIVE_FACTOR: Final = 1.5  # seconds of silence allowed per second of promised keepalive
 DEFAULT_TIMEOUT: Final = 30.0  # seconds: a client that asks for no keepalive
@@ -30,3 +32,9 @@ def timeout_for(keepalive: float | None, default: float, tick: float, max_timeou
     if keepalive is None:
         return default
     return min(max(KEEPALIVE_FACTOR * keepalive, tick), max_timeout)
+
+
+def ticks_for(seconds: float, tick: float) -> int:
+    """Whole ticks in a timeout, rounded up: a timeout is never shortened by the tick granularity. The
+    server sizes the detector's default timeout with it, so it must match the presence table's own rounding."""
+    return max(1, math.ceil(seconds / tick - 1e-9))

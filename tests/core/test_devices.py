@@ -10,29 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from idled.core.factory import make_detector
-from idled.core.presence import PresenceEvent, PresenceTable, ticks_for
+from idled.core.presence import PresenceEvent
 
-WALL0 = 1_700_000_000.0
+from tests.core.tables import Owner, table, wall
+
 OLD_RECORD_KEYS = ["seq", "kind", "uid", "ts", "reason", "last_seen", "deadline", "timeout", "detector"]
-
-
-def table(*, tick: float = 0.1, timeout: float = 1.0, max_devices: int = 8, grace: float = 0.0,
-          kind: str = "ring-lazy") -> PresenceTable:
-    return PresenceTable(make_detector(kind, timeout=ticks_for(timeout, tick), slots=16), tick=tick, timeout=timeout,
-                         max_timeout=60.0, detector_name=kind, max_devices=max_devices, offline_grace=grace)
-
-
-def wall(now: float) -> float:
-    return WALL0 + now
-
-
-class Owner:
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __repr__(self) -> str:
-        return f"Owner({self.name})"
 
 
 def events(ended: list[Any]) -> list[PresenceEvent]:
@@ -91,7 +73,7 @@ def test_the_plain_key_is_one_more_device_of_its_user() -> None:
     assert offline is not None and offline.device == "phone"
     # back to a plain key alone: no per-user bookkeeping left
     p.login(7, plain, 0.4, wall(0.4))
-    assert p._users == {} and p._spare == 0  # type: ignore[attr-defined]
+    assert p._users == {} and p._user_keys.spare == 0  # type: ignore[attr-defined]
 
 
 def test_newest_wins_per_key_and_the_device_becomes_the_newest() -> None:
@@ -186,7 +168,7 @@ def test_a_login_within_the_grace_continues_the_user_with_no_event() -> None:
     assert not p.in_grace("u") and p.is_online("u")
     p.touch(("u", "other device"), 6.0)
     assert p.expire(6.5, wall(6.5)) == []
-    assert not p._grace_due  # type: ignore[attr-defined]  # the stale pending entry (due 6.0) was dropped
+    assert len(p._grace_queue) == 0  # type: ignore[attr-defined]  # the stale pending entry (due 6.0) was dropped
     assert p.next_seq == 2  # only the first online
     offline = p.logout(("u", "other device"), second, 7.0, wall(7.0), "logout")
     assert offline is not None and offline.reason == "logout" and offline.grace is None
@@ -358,8 +340,7 @@ def shape(event: PresenceEvent | None) -> Any:
 @given(ops=operations, max_devices=st.sampled_from([1, 2, 3, 8]), grace=st.sampled_from([0.0, 0.35, 2.0]),
        kind=st.sampled_from(["ring-lazy", "ring-eager", "scan", "heap"]))
 def test_model_devices_cap_and_grace(ops: list[tuple[Any, ...]], max_devices: int, grace: float, kind: str) -> None:
-    p = PresenceTable(make_detector(kind, timeout=ticks_for(0.7, TICK), slots=16), tick=TICK, timeout=0.7,
-                      max_timeout=1.2, detector_name=kind, max_devices=max_devices, offline_grace=grace)
+    p = table(tick=TICK, timeout=0.7, max_timeout=1.2, kind=kind, max_devices=max_devices, grace=grace)
     ref = Reference(max_devices, grace, p.timeout_for)
     connections: dict[Any, list[Owner]] = {}  # key -> every owner that logged it in, newest last
     seq = p.next_seq
@@ -434,6 +415,6 @@ def test_model_devices_cap_and_grace(ops: list[tuple[Any, ...]], max_devices: in
         assert p.users() == sum(ref.online(u) for u in UIDS)
     tick_until(now + 5.0)
     assert not ref.sessions and not ref.pending and len(p) == 0 and p.users() == 0
-    assert p._users == {} and p._spare == 0  # type: ignore[attr-defined]
+    assert p._users == {} and p._user_keys.spare == 0  # type: ignore[attr-defined]
     final = p.end_all(now + 5.0, wall(now + 5.0), "shutdown")
     assert final == []

@@ -14,36 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from idled.core.factory import make_detector
-from idled.core.presence import PresenceEvent, PresenceTable, ticks_for
+from idled.core.presence import PresenceEvent, PresenceTable
 
-WALL0 = 1_700_000_000.0  # wall clock at now == 0
-
-
-def table(
-    *, tick: float = 0.1, timeout: float = 1.0, max_timeout: float = 60.0, kind: str = "ring-lazy", first_seq: int = 1
-) -> PresenceTable:
-    return PresenceTable(
-        make_detector(kind, timeout=ticks_for(timeout, tick), slots=16),
-        tick=tick,
-        timeout=timeout,
-        max_timeout=max_timeout,
-        detector_name=kind,
-        first_seq=first_seq,
-    )
-
-
-def wall(now: float) -> float:
-    return WALL0 + now
-
-
-class Owner:
-    """Stands in for a connection: presence only compares owners by identity."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __repr__(self) -> str:
-        return f"Owner({self.name})"
+from tests.core.tables import Owner, table, wall
 
 
 def run_until_expired(p: PresenceTable, uid: Any, horizon: float) -> tuple[float, PresenceEvent]:

@@ -14,25 +14,17 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from idled.core.factory import make_detector
-from idled.core.presence import PresenceTable, ticks_for
+from idled.core.presence import PresenceTable
 from idled.core.watermarks import COMPACT_SLACK, Holds
 
-WALL0 = 1_700_000_000.0
+from tests.core import tables
+from tests.core.tables import WALL0, Owner
+
 KINDS = ("ring-lazy", "ring-eager", "scan", "heap")
 
 
-class Owner:
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __repr__(self) -> str:
-        return f"Owner({self.name})"
-
-
 def table(kind: str = "ring-lazy", *, tick: float = 1.0, timeout: float = 30.0) -> PresenceTable:
-    return PresenceTable(make_detector(kind, timeout=ticks_for(timeout, tick), slots=32), tick=tick, timeout=timeout,
-                         max_timeout=3600.0, detector_name=kind)
+    return tables.table(kind=kind, tick=tick, timeout=timeout, max_timeout=3600.0, slots=32)
 
 
 def expire(p: PresenceTable, now: float) -> list[tuple[str, Any, str]]:
