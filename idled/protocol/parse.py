@@ -93,27 +93,16 @@ def check_key(value: Any, what: str = "uids element") -> SessionKey:
 
 
 def _uid_list(value: Any, what: str = "uids") -> tuple[Uid, ...]:
-    """Plain uids only (query): a [uid, device] element is bad_message."""
-    if type(value) is not tuple:
-        raise _bad(f"{what} must be an array, got {type(value).__name__}")
-    # inlined check_uid: a query may carry thousands of uids
-    for i, u in enumerate(value):
-        t = type(u)
-        if t is int:
-            if 0 <= u <= MAX_INT_UID:
-                continue
-        elif t is str:
-            n = len(u)
-            if n and (n <= MAX_UID_BYTES // 4 or len(u.encode()) <= MAX_UID_BYTES):
-                continue
-        check_uid(u, f"{what}[{i}]")  # raises with the precise reason
-    return value
+    """Plain uids only (query): `_key_list`'s loop, with a [uid, device] element refused like any other
+    element that is not a uid (`check_uid`'s message, ``uid must be str or int, got tuple``)."""
+    return _key_list(value, what, False)  # type: ignore[return-value]  # pairs=False: every element a uid
 
 
-def _key_list(value: Any, what: str = "uids") -> tuple[SessionKey, ...]:
+def _key_list(value: Any, what: str = "uids", pairs: bool = True) -> tuple[SessionKey, ...]:
     """Session keys (gateway frames): each element a uid or a 2-array [uid, device], which msgpack decoded
-    as a tuple -- the key itself, returned as is. The plain uid branches come first and are those of
-    `_uid_list`: a frame of plain uids costs exactly what it did before devices."""
+    as a tuple -- the key itself, returned as is (``pairs=False``: plain uids only, see `_uid_list`). The
+    plain uid branches come first: a frame of plain uids costs exactly what it did before devices, and the
+    ``pairs`` test is only read for a tuple element."""
     if type(value) is not tuple:
         raise _bad(f"{what} must be an array, got {type(value).__name__}")
     # inlined check_uid / check_key: gateway frames carry thousands of keys
@@ -126,7 +115,7 @@ def _key_list(value: Any, what: str = "uids") -> tuple[SessionKey, ...]:
             n = len(u)
             if n and (n <= MAX_UID_BYTES // 4 or len(u.encode()) <= MAX_UID_BYTES):
                 continue
-        elif t is tuple and len(u) == 2:
+        elif t is tuple and pairs and len(u) == 2:
             uid, device = u
             t = type(uid)
             if ((t is int and 0 <= uid <= MAX_INT_UID)
@@ -134,7 +123,7 @@ def _key_list(value: Any, what: str = "uids") -> tuple[SessionKey, ...]:
                     and type(device) is str and device \
                     and (len(device) <= MAX_DEVICE_BYTES // 4 or len(device.encode()) <= MAX_DEVICE_BYTES):
                 continue
-        check_key(u, f"{what}[{i}]")  # raises with the precise reason
+        (check_key if pairs else check_uid)(u, f"{what}[{i}]")  # raises with the precise reason
     return value
 
 

@@ -158,15 +158,45 @@ def test_any_keys_round_trip(uids: tuple[Any, ...], kind: type) -> None:
     assert decode_server_body(encode(Ended(uids, "idle"))[4:]) == Ended(uids, "idle")
 
 
+def _uid_loop(value: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The uid-only validation loop as it was before devices (the reference the test below times against)."""
+    from idled.protocol.parse import MAX_INT_UID, MAX_UID_BYTES, check_uid
+
+    for i, u in enumerate(value):
+        t = type(u)
+        if t is int:
+            if 0 <= u <= MAX_INT_UID:
+                continue
+        elif t is str:
+            n = len(u)
+            if n and (n <= MAX_UID_BYTES // 4 or len(u.encode()) <= MAX_UID_BYTES):
+                continue
+        check_uid(u, f"uids[{i}]")
+    return value
+
+
 def test_plain_touches_are_not_slowed_by_keys() -> None:
     """The key branch comes after the uid branches: a frame of plain uids validates as fast as before.
 
-    Compared against a copy of the old, uid-only loop (`_uid_list`, which query still uses) in one run."""
-    from idled.protocol.parse import _key_list, _uid_list
+    Compared against a copy of the old, uid-only loop in one run."""
+    from idled.protocol.parse import _key_list
 
     plain = tuple(range(1000)) + tuple(f"user-{i}" for i in range(1000))
     best_keys = best_uids = float("inf")
     for _ in range(15):  # interleaved, so that a busy moment of the machine hits both
         best_keys = min(best_keys, timeit.timeit(lambda: _key_list(plain), number=20))
-        best_uids = min(best_uids, timeit.timeit(lambda: _uid_list(plain), number=20))
+        best_uids = min(best_uids, timeit.timeit(lambda: _uid_loop(plain), number=20))
     assert best_keys < best_uids * 1.5, (best_keys, best_uids)  # equal in fact; slack for a busy machine
+
+
+@pytest.mark.parametrize("frame", [(1, "ok", ("a", "d")), (1, ("a", ""),), (("a", "d", "x"),), ((),), (None,), (-1,),
+                                   ("",), ("u" * 257,), (1, ("a", "d"), -1), (1, -1, ("a", "d"))])
+def test_query_refuses_what_it_refused_before_with_the_same_message(frame: tuple[Any, ...]) -> None:
+    """A query's uids go through the gateway frames' loop, uid-only: the same first error, the same words."""
+    from idled.protocol.parse import _uid_list
+
+    with pytest.raises(ProtocolError) as new:
+        _uid_list(frame)
+    with pytest.raises(ProtocolError) as old:
+        _uid_loop(frame)
+    assert (new.value.code, new.value.reason) == (old.value.code, old.value.reason)
