@@ -38,13 +38,11 @@ in place and reported (see `idled.log.recovery`). The next seq is past the large
 segment's name and the snapshot's seq, so seqs are never reused for records that reached the disk.
 `online` maps each open session's uid to its last online record, minimal (the server closes each: "restart").
 
-**Retention** (`apply_retention()`, also run after every rotation): deletes whole segments from the oldest
-end while the log is over `retention_bytes`, or while a segment's mtime is older than `retention_seconds`;
-it stops at the first segment it keeps and never deletes the active one. Before deleting a segment not yet
-covered by a snapshot, it writes one (`idled.log.snapshot`: the open sessions as of the next seq, and the
-last-seen map of `idled.log.lastseen`, pruned to its horizon), so recovery never forgets a session whose
-online record retention removed, nor when an offline user was last seen. If the snapshot cannot be
-written, nothing uncovered is deleted (`snapshot_failures`).
+**Retention** (`apply_retention()`, also run after every rotation; which segments: `idled.log.retention`):
+deletes whole segments from the oldest end, by size and by age, never the active one. Before deleting a
+segment not yet covered by a snapshot, it writes one (`idled.log.snapshot`: the open sessions as of the next
+seq, and the last-seen map of `idled.log.lastseen`, pruned to its horizon); if it cannot, nothing uncovered
+is deleted (`snapshot_failures`).
 
 **Reading** (`iter_records`, `EventLog.read_from`, `LogTailer`) streams segments in 1 MiB chunks (memory:
 the chunk plus one record); damage, and a segment deleted under a reader, are skipped.
@@ -58,7 +56,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Final, Literal
 
-from idled.log import dirlock
+from idled.log import dirlock, retention
 from idled.log.dirlock import LOCK_NAME
 from idled.log.errors import (
     EventLogError, FsyncFailed, LogLocked, LogStateError, RecordTooLarge, SeqOrderError, WriteFailed,
@@ -432,37 +430,12 @@ class EventLog:
                 raise
             self.retention_deferred += 1  # the next pass (next roll, or the writer's timer) catches up
             return []
-        if len(segments) < 2:
-            return []
-        stats = []
-        total = 0
-        for first, path in segments:
-            try:
-                st = os.stat(path)
-            except FileNotFoundError:
-                continue
-            stats.append((first, path, st.st_size, st.st_mtime))
-            total += st.st_size
-        cutoff = self.clock() - self.retention_seconds
-        active = self._active_path or segments[-1][1]
-        victims: list[tuple[str, int]] = []
-        covered_below = 0  # every record of the victims is below this seq: the next segment's name
-        for index, (_first, path, size, mtime) in enumerate(stats[:-1]):
-            if path == active or not (total > self.retention_bytes or mtime < cutoff):
-                break
-            victims.append((path, size))
-            covered_below = stats[index + 1][0]
-            total -= size
+        victims, covered_below = retention.victims(
+            segments, self._active_path, self.retention_bytes, self.clock() - self.retention_seconds
+        )
         if victims and covered_below > self._snapshot_seq and not self._snapshot():
             return []  # no snapshot, no deletion: the sessions those segments name would be forgotten
-        deleted = []
-        for path, _size in victims:
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
-            deleted.append(path)
-        return deleted
+        return retention.delete(victims)
 
     def _snapshot(self) -> bool:
         """Durably snapshot the open sessions as of last_seq + 1. False (counted) if it could not be."""

@@ -14,22 +14,9 @@ from idled.log.snapshot import (
     write_snapshot,
 )
 
-NOW = 1_700_000_000.0
+from tests.log.records import NOW, churn, ev
+
 DAY = 86400.0
-
-
-def ev(seq: int, kind: str, uid: Any, last_seen: float | None = None) -> dict[str, Any]:
-    ts = NOW + seq
-    return {"seq": seq, "kind": kind, "uid": uid, "ts": ts, "reason": "login" if kind == "online" else "bye",
-            "last_seen": ts if last_seen is None else last_seen, "timeout": 45.0}
-
-
-def churn(log: EventLog, first: int, pairs: int) -> int:
-    seq = first
-    for n in range(pairs):
-        log.append([ev(seq, "online", f"c{n}"), ev(seq + 1, "offline", f"c{n}")])
-        seq += 2
-    return seq
 
 
 def test_offline_stores_online_forgets() -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import gc
 import tracemalloc
 from pathlib import Path
-from typing import Any
 
 import trio
 
@@ -14,21 +13,7 @@ from idled.log.snapshot import OpenSessions, list_snapshots, read_snapshot
 from idled.protocol import BYE, PING
 
 from tests import peers
-
-
-def ev(seq: int, kind: str, uid: Any, last_seen: float | None = None, timeout: float = 45.0) -> dict[str, Any]:
-    ts = 1_700_000_000.0 + seq
-    return {"seq": seq, "kind": kind, "uid": uid, "ts": ts, "reason": "login" if kind == "online" else "bye",
-            "last_seen": ts if last_seen is None else last_seen, "timeout": timeout}
-
-
-def churn(log: EventLog, first: int, pairs: int) -> int:
-    """`pairs` short sessions (online then offline) of other users; returns the next seq."""
-    seq = first
-    for n in range(pairs):
-        log.append([ev(seq, "online", f"c{n}"), ev(seq + 1, "offline", f"c{n}")])
-        seq += 2
-    return seq
+from tests.log.records import churn, ev
 
 
 def test_retention_keeps_sessions_whose_online_record_it_deleted(tmp_path: Path) -> None:
