@@ -22,7 +22,7 @@ pipes to the coordinator. It waits on its own ``select.epoll`` object's fd with
    loopback the TCP handshake is over when ``connect()`` returns, so a new connection sends its login in
    the same turn (no EPOLLOUT round trip) unless it really is still connecting. Session i logs in as uid
    ``uid_base + i // K`` with device ``"d<i % K>"`` (``--devices K``; K = 1: no device, as before); without
-   a secret its login frame is one of K precomputed templates with the uid patched in (`login_frame`).
+   a secret its login frame is one of K precomputed templates with the uid patched in (`frames.login_frame`).
 
 Pacing. A trio wakeup costs ~50 us of CPU on this machine, and a whole turn ~230 us of fixed cost at 16,000
 connections -- as much as a few dozen keepalives -- so a busy loop must not wake once per packet. Turns run
@@ -60,7 +60,6 @@ import time
 from collections.abc import Iterator
 from typing import Final
 
-import msgpack
 import trio
 
 from idled.protocol import (
@@ -71,12 +70,12 @@ from idled.tools.loadtest.conntable import (
     BYE_WAIT, CONNECTING, DONE, HANDSHAKE, LOGIN, PHASE, SILENT_WAIT, UP, WOULD_BLOCK, ConnTable,
 )
 from idled.tools.loadtest.dial import check_loopback, connect_error, dial, handshake_step, proxy_header, wrap_tls
-from idled.tools.loadtest.frames import cut_frames, server_message
+from idled.tools.loadtest.frames import cut_frames, login_frame, login_templates, server_message
 from idled.tools.loadtest.stats import BYE, LATE, SILENT
 from idled.tools.loadtest.wheel import Schedule, TimerWheel
 from idled.tools.loadtest.workerstate import Worker
 
-__all__ = ["run_users", "Engine", "login_templates", "login_frame"]
+__all__ = ["run_users", "Engine"]
 
 # timer kinds (low two bits of a wheel entry)
 PING, MOMENT, CONNECT_DEADLINE, BYE_DEADLINE = range(4)
@@ -491,28 +490,3 @@ class Engine(ConnTable):
             w.bye_records.append((i, self.sent_last[k]))
             self.wheel.add(k << 2 | BYE_DEADLINE, now + BYE_WAIT_S)
 
-
-# ------------------------------------------------------------------------------------------ login frames
-
-_UID_MARK: Final = 2**63 - 1  # a placeholder uid, msgpack "\xcf" + 8 bytes: unique in the frame
-_FRAME_HEADER: Final = struct.Struct(">I")
-
-
-def login_templates(keepalive: float | None, devices: int) -> list[tuple[bytes, bytes]]:
-    """Per device ("d0".., or none when `devices` is 1): the login frame's body around the uid."""
-    out = []
-    for d in range(devices):
-        body = encode(Login("uid", _UID_MARK, None, keepalive, device=f"d{d}" if devices > 1 else None))[4:]
-        mark = b"\xcf" + _UID_MARK.to_bytes(8, "big")
-        assert body.count(mark) == 1
-        head, _, tail = body.partition(mark)
-        out.append((head, tail))
-    return out
-
-
-def login_frame(template: tuple[bytes, bytes], uid: int) -> bytes:
-    """The login frame of `uid` (an int uid) from its device's template: the same bytes `encode(Login(...))`
-    gives."""
-    head, tail = template
-    body = head + msgpack.packb(uid) + tail
-    return _FRAME_HEADER.pack(len(body)) + body

@@ -1,4 +1,4 @@
-"""Inbound frames of the user engine, sans-IO: bytes in, frame bodies and server messages out.
+"""Frames of the user engine, sans-IO: bytes in, frame bodies and server messages out; login frames out.
 
 Theory of operation
 -------------------
@@ -16,6 +16,11 @@ anything is buffered, so a tail is never longer than ``max_frame + 4``. Worked b
 `parse_server_message`), with the pong recognised by comparing bytes first: the commonest frame by far
 never reaches msgpack. Before any of this the engine compares a whole read with `PONG_FRAME` (one pong,
 nothing pending): the hot path, which does not even call `cut_frames`.
+
+Outbound, a login without a token is the same bytes for every uid but the uid: `login_templates` encodes one
+`Login` per device around a placeholder uid (``2**63 - 1``, msgpack ``\\xcf`` + 8 bytes, unique in the frame)
+and keeps the bytes before and after it; `login_frame` patches a uid in and prefixes the length -- the bytes
+``encode(Login(...))`` gives, without a Login object or an encode per login.
 """
 
 from __future__ import annotations
@@ -23,9 +28,13 @@ from __future__ import annotations
 import struct
 from typing import Final
 
-from idled.protocol import PONG, PONG_FRAME, ErrorCode, ProtocolError, ServerMessage, decode_server_body
+import msgpack
 
-__all__ = ["PONG_BODY", "cut_frames", "server_message"]
+from idled.protocol import (
+    PONG, PONG_FRAME, ErrorCode, Login, ProtocolError, ServerMessage, decode_server_body, encode,
+)
+
+__all__ = ["PONG_BODY", "cut_frames", "server_message", "login_templates", "login_frame"]
 
 PONG_BODY: Final = PONG_FRAME[4:]
 _unpack_header = struct.Struct(">I").unpack_from
@@ -53,3 +62,29 @@ def server_message(body: bytes) -> ServerMessage:
     if body == PONG_BODY:
         return PONG
     return decode_server_body(body)
+
+
+# ------------------------------------------------------------------------------------------ outbound: login frames
+
+_UID_MARK: Final = 2**63 - 1  # a placeholder uid, msgpack "\xcf" + 8 bytes: unique in the frame
+_FRAME_HEADER: Final = struct.Struct(">I")
+
+
+def login_templates(keepalive: float | None, devices: int) -> list[tuple[bytes, bytes]]:
+    """Per device ("d0".., or none when `devices` is 1): the login frame's body around the uid."""
+    out = []
+    for d in range(devices):
+        body = encode(Login("uid", _UID_MARK, None, keepalive, device=f"d{d}" if devices > 1 else None))[4:]
+        mark = b"\xcf" + _UID_MARK.to_bytes(8, "big")
+        assert body.count(mark) == 1
+        head, _, tail = body.partition(mark)
+        out.append((head, tail))
+    return out
+
+
+def login_frame(template: tuple[bytes, bytes], uid: int) -> bytes:
+    """The login frame of `uid` (an int uid) from its device's template: the same bytes `encode(Login(...))`
+    gives."""
+    head, tail = template
+    body = head + msgpack.packb(uid) + tail
+    return _FRAME_HEADER.pack(len(body)) + body

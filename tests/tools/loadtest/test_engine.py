@@ -18,7 +18,8 @@ import trio
 from idled.protocol import (
     PING, PONG_FRAME, Error, ErrorCode, FrameDecoder, Login, Welcome, encode, receive_message,
 )
-from idled.tools.loadtest.engine import Engine, login_templates, login_frame
+from idled.tools.loadtest.engine import Engine
+from idled.tools.loadtest.frames import login_frame, login_templates
 from idled.tools.loadtest.workerstate import Worker
 
 # ------------------------------------------------------------------------------- against an in-process peer
