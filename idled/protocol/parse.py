@@ -31,6 +31,7 @@ from idled.protocol.messages import (
     EventKind, Ended, Login, Mark, Marked, Msg, Ping, ProtocolError, Query, Role, ServerMessage, Status, Subscribe, Touch, Uid,
     Welcome,
 )
+from idled.protocol.messages import Unwatch, Watch
 
 __all__ = ["parse_client_message", "parse_server_message", "check_uid"]
 
@@ -154,7 +155,7 @@ _DETACH_KEYS: Final = frozenset({"op", "uids", "reason"})
 _MSG_KEYS: Final = frozenset({"op", "data"})
 _ATTACH_KEYS: Final = frozenset({"op", "uids", "keepalive"})
 _UIDS_KEYS: Final = frozenset({"op", "uids"})
-_SUBSCRIBE_KEYS: Final = frozenset({"op", "from", "durable"})
+_SUBSCRIBE_KEYS: Final = frozenset({"op", "from", "durable", "uids"})
 
 
 def _identity(obj: dict[str, Any], op: str) -> tuple[Role, Uid]:
@@ -255,7 +256,25 @@ def _parse_subscribe(obj: dict[str, Any]) -> Subscribe:
     durable = obj.get("durable")
     if durable is not None and type(durable) is not bool:
         raise _bad("durable must be a bool")
-    return Subscribe(None if start is None else _seq(start, "from"), durable is True)
+    uids = obj.get("uids")
+    return Subscribe(None if start is None else _seq(start, "from"), durable is True,
+                     None if uids is None else _uid_list(uids))
+
+
+def _parse_watch(obj: dict[str, Any]) -> Watch:
+    return Watch(_watchlist_of(obj, "watch"))
+
+
+def _parse_unwatch(obj: dict[str, Any]) -> Unwatch:
+    return Unwatch(_watchlist_of(obj, "unwatch"))
+
+
+def _watchlist_of(obj: dict[str, Any], op: str) -> tuple[Uid, ...]:
+    """`uids` of watch / unwatch: plain uids only (never session keys), like query's."""
+    _only(obj, _UIDS_KEYS, op)
+    if "uids" not in obj:
+        raise _bad(f"{op} needs uids")
+    return _uid_list(obj["uids"])
 
 
 _CLIENT_PARSERS: Final[dict[str, Callable[[dict[str, Any]], ClientMessage]]] = {
@@ -269,6 +288,8 @@ _CLIENT_PARSERS: Final[dict[str, Callable[[dict[str, Any]], ClientMessage]]] = {
     "marked": _parse_marked,
     "subscribe": _parse_subscribe,
     "query": lambda obj: Query(_uids_of(obj, "query")),
+    "watch": _parse_watch,
+    "unwatch": _parse_unwatch,
 }
 
 
