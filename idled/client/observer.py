@@ -145,10 +145,13 @@ class Observer(Link):
             async with self._send_lock:
                 conn = await self.wait_connected()
                 self._replies.append(reply)
-                for frame in frames:
-                    await conn.send_all(frame)
-                await conn.send_all(PING_FRAME)
-                self.frames_sent += len(frames) + 1
+                try:
+                    for frame in frames:
+                        await conn.send_all(frame)
+                    await conn.send_all(PING_FRAME)
+                    self.frames_sent += len(frames) + 1
+                except ConnectionLost:
+                    pass  # the reader sees it too: the disconnect fails the reply, and we go round again
             await reply.flag.wait()
             if not isinstance(reply.value, ClientError):
                 return
