@@ -11,6 +11,7 @@ events of its uids (same frames, same order).
 from __future__ import annotations
 
 import functools
+import random
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -241,3 +242,54 @@ async def test_a_watcher_costs_nothing_for_events_it_does_not_watch(tmp_path: Pa
         assert not subscription.queue and subscription.stop_at is None
         assert subscription not in h.server.bus._live
         assert await watch.drain() == []
+
+
+@pytest.mark.parametrize("seed", range(4))
+async def test_random_changes_bursts_overflows_and_resumes_match_the_model(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    """Random bursts, watch/unwatch and resumes (from disk with a small window) against a model: the event of
+    seq s is delivered iff its uid was on the list when s was published -- or, after a resume from seq N,
+    on the list the resuming connection sent, for N <= s < its next change -- once, in order."""
+    rng = random.Random(seed)
+    monkeypatch.setattr(idled.server.bus, "WATCH_QUEUE_BYTES", rng.choice([300, 1500, 1 << 20]))
+    monkeypatch.setattr(idled.server.bus, "RECENT_EVENTS", rng.choice([40, 200, 100_000]))
+    population = [f"p{i}" for i in range(30)] + list(range(10))
+    async with running(tmp_path) as h:
+        reference = await h.observer("reference")
+        gateway = await h.gateway()
+        watched = set(rng.sample(population, 8))
+        history: list[tuple[int, set[Any]]] = [(1, set(watched))]  # (from seq, list) in force
+        watch = await watcher(h, sorted(watched, key=str), lockstep=rng.random() < 0.5)
+        got: list[Event] = await pong(watch)  # subscribed
+        for _ in range(12):
+            action = rng.random()
+            if action < 0.5:
+                await burst(h, gateway, rng.sample(population, rng.randint(1, 20)))
+            elif action < 0.85:
+                uids = rng.sample(population, rng.randint(1, 5))
+                change = Watch(tuple(uids)) if rng.random() < 0.5 else Unwatch(tuple(uids))
+                await watch.send(change)
+                got += await pong(watch)  # applied: from the next seq on
+                watched = watched | set(uids) if isinstance(change, Watch) else watched - set(uids)
+                history.append((h.next_seq, set(watched)))
+            else:  # the watcher goes away and resumes after the last event it read, with its list
+                got += await watch.drain()
+                await watch.stream.aclose()
+                await burst(h, gateway, rng.sample(population, 10))
+                start = got[-1].seq + 1 if got else 1
+                ordered = sorted(watched, key=str)
+                watch = await watcher(h, ordered[:2], from_seq=start, lockstep=rng.random() < 0.5,
+                                      before=[Watch(tuple(ordered[2:]))])
+                # The replay from `start` filters with the list the new connection sent: a uid watched since
+                # `start` has its events from `start` on (they come after the last one received, in order).
+                history = [entry for entry in history if entry[0] <= start] + [(start, set(watched))]
+                got += await pong(watch)
+        got += await watch.drain()
+        everything = await reference.drain()
+        expected = []
+        for event in everything:
+            in_force = [uids for since, uids in history if since <= event.seq][-1]
+            if event.uid in in_force:
+                expected.append(event)
+        assert got == expected
+        assert h.server.bus.undelivered() == 0
