@@ -4,7 +4,8 @@ One line per event, readable: local time, seq, uid, kind, reason, and for an idl
 (``ts - deadline``: never negative, at most one tick). ``--json`` prints JSON lines instead, the same keys
 as `idled events` (and the event log). ``--from SEQ`` replays from that seq (``--from 1``: everything the
 daemon retains) before following; without it the watch starts from now. ``--count N`` exits 0 after N
-events; Ctrl-C exits 0.
+events; Ctrl-C exits 0. ``--uid U`` (repeatable) watches only those uids (a watchlist observer: the daemon
+sends nothing else); they are strings unless ``--int`` is given, as in `idled query`.
 
 Built on the client library's observer (`idled.client.trio.open_observer`), without reconnects: if the
 daemon goes away the command says so and exits 1, rather than retrying silently at a terminal.
@@ -35,7 +36,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--count", type=int, default=None, metavar="N",
                         help="exit 0 after N events (default: until Ctrl-C)")
     parser.add_argument("--name", default="idled-watch", help="observer name to log in as (default idled-watch)")
+    parser.add_argument("--uid", dest="uids", action="append", default=None, metavar="U",
+                        help="watch only this uid's events; repeat for more (default: every event)")
+    parser.add_argument("--int", dest="int_uids", action="store_true",
+                        help="send the --uid values as integers (for apps that log in with integer uids; default off)")
     add_client_arguments(parser)
+
+
+def watch_uids(args: argparse.Namespace) -> list[str | int] | None:
+    """The watchlist from ``--uid`` (None: every event); ValueError for a bad ``--int`` value."""
+    if args.uids is None:
+        if args.int_uids:
+            raise ValueError("--int needs --uid")
+        return None
+    if not args.int_uids:
+        return list(args.uids)
+    try:
+        return [int(uid) for uid in args.uids]
+    except ValueError:
+        raise ValueError(f"--int: not an integer among {args.uids!r}") from None
 
 
 def event_record(event: Event) -> dict[str, Any]:
@@ -55,6 +74,11 @@ def run(args: argparse.Namespace) -> int:
     if args.count is not None and args.count < 1:
         print(f"{PROG}: --count must be at least 1", file=sys.stderr)
         return 2
+    try:
+        uids = watch_uids(args)
+    except ValueError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
 
     async def body(interrupt: Interrupt) -> int:
         token = token_for(args, "observer", args.name)
@@ -64,8 +88,10 @@ def run(args: argparse.Namespace) -> int:
         # (the client's default for a given `after` is the durable view, for checkpointing applications).
         async with open_observer(args.host, args.port, args.name, token=token, after=after, durable=False,
                                  reconnect=False, connect_timeout=args.connect_timeout,
-                                 ssl_context=tls_context(args)) as observer:
+                                 ssl_context=tls_context(args), uids=uids) as observer:
             where = "from now" if after is None else f"from seq {args.from_seq}"
+            if uids is not None:
+                where += f", {len(uids)} uid{'s' if len(uids) != 1 else ''} only"
             print(f"{PROG}: watching {args.host}:{args.port} {where} (Ctrl-C to stop)", file=sys.stderr, flush=True)
 
             async def follow() -> bool:

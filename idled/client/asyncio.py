@@ -128,6 +128,6 @@ def open_gateway(host: str, port: int, name: str, **options: Any) -> Any:
 
 
 def open_observer(host: str, port: int, name: str, **options: Any) -> Any:
-    """An observer (options: token, after, durable (default: True when `after` is given), subscribe, buffer,
-    reconnect...)."""
+    """An observer (options: token, after, durable (default: True when `after` is given), uids (a watchlist:
+    only these uids' events; then `watch()` / `unwatch()`), subscribe, buffer, reconnect...)."""
     return running(Observer(ASYNCIO, host, port, name, **options))

@@ -5,6 +5,9 @@
     for event in watch("127.0.0.1", 7878, "script", after=0):
         print(event.seq, event.uid, event.kind)
     query("127.0.0.1", 7878, ["alice", "bob"], last_seen=True)   # {"bob": UserStatus(online=False, ...)}
+    with connect_observer("127.0.0.1", 7878, "script", uids=["alice"]) as observer:
+        observer.watch(["bob"])             # in effect when it returns
+        for event in observer: ...
 
 Each call crosses threads once (`trio.from_thread.run`, tens of microseconds): fine for scripts and CLI
 commands, not for a hot path -- use `idled.client.trio` or `idled.client.asyncio` there. Errors are the
@@ -26,7 +29,7 @@ from idled.client.session import Session
 from idled.client.trio import TRIO, running
 from idled.protocol import Event, Uid
 
-__all__ = ["connect_session", "watch", "query", "BlockingSession"]
+__all__ = ["connect_session", "watch", "query", "connect_observer", "BlockingObserver", "BlockingSession"]
 
 
 class _Portal:
@@ -130,3 +133,44 @@ def query(host: str, port: int, uids: Iterable[Uid], *, name: str = "idled-query
         return result
     finally:
         portal.close()
+
+
+class BlockingObserver:
+    """An observer driven from blocking code: iterate for events; `watch`, `unwatch` and `query` as in the
+    async API; `close()` (or leaving the `with` block) logs it out."""
+
+    def __init__(self, portal: _Portal) -> None:
+        self._portal = portal
+        self.observer: Observer = portal.link  # type: ignore[assignment]
+
+    def __iter__(self) -> Iterator[Event]:
+        while True:
+            try:
+                yield self._portal.run(self.observer.__anext__)
+            except StopAsyncIteration:
+                return
+
+    def watch(self, uids: Iterable[Uid]) -> None:
+        self._portal.run(self.observer.watch, uids)
+
+    def unwatch(self, uids: Iterable[Uid]) -> None:
+        self._portal.run(self.observer.unwatch, uids)
+
+    def query(self, uids: Iterable[Uid]) -> dict[Uid, bool]:
+        result: dict[Uid, bool] = self._portal.run(self.observer.query, uids)
+        return result
+
+    def close(self) -> None:
+        self._portal.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def connect_observer(host: str, port: int, name: str, **options: Any) -> BlockingObserver:
+    """An observer (options as for `idled.client.trio.open_observer`: after, durable, uids, reconnect...);
+    raises ClientError if its login fails."""
+    return BlockingObserver(_Portal(Observer(TRIO, host, port, name, **options)))

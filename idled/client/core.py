@@ -32,7 +32,10 @@ checkpoint at start); `subscribe()` asks for ``from = last + 1``, durable-only w
 exactly when the application gave a checkpoint); `accept(event)` drops any event whose seq is
 not beyond `last`, so a replay overlap never reaches the application twice within one process. Across a
 restart of the application, delivery is at-least-once: events after the stored checkpoint are delivered
-again, and their seq shows they were seen.
+again, and their seq shows they were seen. A watchlist observer's cursor also holds its current watchlist
+(`uids`, insertion-ordered): `subscribe_frames()` re-sends it on every (re)connection as `watch` frames of at
+most a frame each, then the `subscribe` carrying the last part -- all before the subscribe, so a resume
+`from` a seq replays every uid's events (a list sent after it would miss those of the uids it carried).
 """
 
 from __future__ import annotations
@@ -47,12 +50,13 @@ from idled.protocol import (
     DEFAULT_MAX_FRAME, MAX_DEVICE_BYTES, MAX_KEEPALIVE, MAX_UID_BYTES, MIN_KEEPALIVE, Attach, Detach, Event,
     ProtocolError, SessionKey, Subscribe, Touch, Uid, encode,
 )
+from idled.protocol import Unwatch, Watch
 from idled.protocol import check_device as _check_device
 from idled.protocol import check_key as _check_key
 
 __all__ = [
     "ping_interval", "default_durable", "Backoff", "KeepaliveTimer", "GatewayBatcher", "ObserverCursor",
-    "DEFAULT_FLUSH_INTERVAL", "DEFAULT_MAX_PENDING", "check_device", "check_key",
+    "DEFAULT_FLUSH_INTERVAL", "DEFAULT_MAX_PENDING", "check_device", "check_key", "uid_chunks",
 ]
 
 DEFAULT_FLUSH_INTERVAL: Final = 0.05  # seconds a touch may wait for company before it is sent
@@ -266,25 +270,82 @@ class GatewayBatcher:
             self._add("attach", keepalive, None, uids, now)
 
 
+def uid_chunks(uids: Iterable[Uid], max_frame: int = DEFAULT_MAX_FRAME) -> list[tuple[Uid, ...]]:
+    """``uids`` in runs that each fit one frame of at most ``max_frame`` body bytes with its other fields."""
+    budget = max_frame - _FRAME_OVERHEAD
+    if budget < MAX_UID_BYTES + 3:
+        raise ValueError(f"max_frame {max_frame} is too small for a frame of uids")
+    chunks: list[tuple[Uid, ...]] = []
+    chunk: list[Uid] = []
+    size = 0
+    for uid in uids:
+        n = _uid_size(uid)
+        if size + n > budget:
+            chunks.append(tuple(chunk))
+            chunk, size = [], 0
+        chunk.append(uid)
+        size += n
+    if chunk:
+        chunks.append(tuple(chunk))
+    return chunks
+
+
 class ObserverCursor:
     """The observer's position: `last` is the last seq delivered (None: none yet and subscribed from now).
 
     `durable`: subscribe to durable events only. None (the default) picks it from `after`: an observer that
     starts from a stored checkpoint keeps state across restarts, and only a durable view can never show it an
     event that a crash of the server then erases (see `default_durable`).
+
+    `uids`: None for every event; else the watchlist (empty allowed), changed by `watch` / `unwatch`.
     """
 
-    __slots__ = ("last", "durable")
+    __slots__ = ("last", "durable", "uids")
 
-    def __init__(self, after: int | None = None, durable: bool | None = None) -> None:
+    def __init__(self, after: int | None = None, durable: bool | None = None,
+                 uids: Iterable[Uid] | None = None) -> None:
         if after is not None and after < 0:
             raise ValueError("after must be a seq (>= 0; 0 = from the first event ever)")
         self.last = after
         self.durable = default_durable(after) if durable is None else durable
+        self.uids: dict[Uid, None] | None = None if uids is None else dict.fromkeys(uids)
 
     def subscribe(self) -> Subscribe:
-        """What to send after (re)connecting: from last + 1, or from now if nothing was seen yet."""
-        return Subscribe(None if self.last is None else self.last + 1, self.durable)
+        """What to send after (re)connecting: from last + 1, or from now if nothing was seen yet (with the
+        whole watchlist, if any: see `subscribe_frames` for one that may not fit a frame)."""
+        uids = None if self.uids is None else tuple(self.uids)
+        return Subscribe(None if self.last is None else self.last + 1, self.durable, uids)
+
+    def subscribe_frames(self, max_frame: int = DEFAULT_MAX_FRAME) -> list[bytes]:
+        """`subscribe()` as frames of at most ``max_frame`` body bytes: the watchlist's first parts as `watch`
+        frames, then the subscribe with the last part (see the module docstring)."""
+        subscribe = self.subscribe()
+        if not subscribe.uids:
+            return [encode(subscribe)]
+        *first, last = uid_chunks(subscribe.uids, max_frame)
+        return [*(encode(Watch(chunk)) for chunk in first),
+                encode(Subscribe(subscribe.from_seq, subscribe.durable, last))]
+
+    def _watchlist(self) -> dict[Uid, None]:
+        if self.uids is None:
+            raise ValueError("not a watchlist observer: give it uids (an empty list is one) to watch uids")
+        return self.uids
+
+    def watch(self, uids: Iterable[Uid]) -> list[bytes]:
+        """Add ``uids`` to the watchlist; the `watch` frames that tell the server (at most ``DEFAULT_MAX_FRAME``
+        body bytes each)."""
+        watchlist = self._watchlist()
+        uids = tuple(dict.fromkeys(uids))
+        watchlist.update(dict.fromkeys(uids))
+        return [encode(Watch(chunk)) for chunk in uid_chunks(uids)]
+
+    def unwatch(self, uids: Iterable[Uid]) -> list[bytes]:
+        """Remove ``uids`` from the watchlist; the `unwatch` frames that tell the server."""
+        watchlist = self._watchlist()
+        uids = tuple(dict.fromkeys(uids))
+        for uid in uids:
+            watchlist.pop(uid, None)
+        return [encode(Unwatch(chunk)) for chunk in uid_chunks(uids)]
 
     def accept(self, event: Event) -> bool:
         """True if `event` is new (and advance); False for a duplicate of something already delivered."""

@@ -33,6 +33,12 @@ server-side.
 events already queued, so each reply is matched to the oldest outstanding query. `query(uids, last_seen=True)`
 also asks when each user was last active and which devices it has online: one `UserStatus` per uid (a
 server older than the flag refuses it with `bad_message`).
+
+Watchlists: ``uids=[...]`` (even empty) subscribes to the events of those uids only; `watch(uids)` and
+`unwatch(uids)` change the list and return once the server applies the change (a `ping` after the frames,
+answered in order: events published after that are filtered by the new list). The client keeps the list and
+sends all of it again on every reconnection, before its `subscribe` (`ObserverCursor.subscribe_frames`), so
+a resumed watchlist observer misses none of its uids' events. Its seqs skip those of other uids.
 """
 
 from __future__ import annotations
@@ -46,7 +52,8 @@ from typing import Any, Final, Literal, overload
 from idled.client.core import Backoff, ObserverCursor
 from idled.client.errors import ClientError, ConnectionLost
 from idled.client.link import Conn, Flag, Link, Mailbox, Runtime
-from idled.protocol import Event, Login, Query, Status, Uid, Welcome, encode
+from idled.protocol import DEFAULT_MAX_FRAME, PING_FRAME, Event, Login, Query, Status, Uid, Welcome, encode
+from idled.protocol import Pong
 
 __all__ = ["Observer", "UserStatus", "DEFAULT_BUFFER"]
 
@@ -66,11 +73,13 @@ class UserStatus:
 
 
 class _Reply:
+    """A request waiting for its answer: a `status` (query) or a `pong` (a watchlist change's ping)."""
+
     __slots__ = ("flag", "value")
 
     def __init__(self, flag: Flag) -> None:
         self.flag = flag
-        self.value: Status | ClientError | None = None
+        self.value: Status | Pong | ClientError | None = None
 
 
 class Observer(Link):
@@ -80,11 +89,11 @@ class Observer(Link):
                  after: int | None = None, durable: bool | None = None, subscribe: bool = True,
                  buffer: int = DEFAULT_BUFFER, reconnect: bool = True, backoff: Backoff | None = None,
                  connect_timeout: float = 10.0, ssl_context: ssl.SSLContext | None = None,
-                 server_hostname: str | None = None) -> None:
+                 server_hostname: str | None = None, uids: Iterable[Uid] | None = None) -> None:
         super().__init__(runtime, host, port, Login("observer", name, token), reconnect=reconnect,
                          backoff=backoff, connect_timeout=connect_timeout,
                          ssl_context=ssl_context, server_hostname=server_hostname)
-        self.cursor = ObserverCursor(after, durable)
+        self.cursor = ObserverCursor(after, durable, uids)
         self.subscribe = subscribe
         self.duplicates = 0  # events dropped because their seq was already delivered
         self._events: Mailbox[Event] = Mailbox(runtime, buffer)
@@ -94,6 +103,11 @@ class Observer(Link):
     def durable(self) -> bool:
         """Whether this observer subscribes to the durable view (only events already in the event log)."""
         return self.cursor.durable
+
+    @property
+    def watchlist(self) -> list[Uid] | None:
+        """The uids watched (None: every event)."""
+        return None if self.cursor.uids is None else list(self.cursor.uids)
 
     @property
     def position(self) -> int | None:
@@ -147,9 +161,41 @@ class Observer(Link):
         assert reply.value is not None
         return reply.value
 
+    async def watch(self, uids: Iterable[Uid]) -> None:
+        """Add ``uids`` to the watchlist (an observer opened with ``uids=``); returns once the server applies
+        it: their events published from then on are delivered."""
+        await self._change(self.cursor.watch(uids))
+
+    async def unwatch(self, uids: Iterable[Uid]) -> None:
+        """Remove ``uids`` from the watchlist; returns once the server applies it."""
+        await self._change(self.cursor.unwatch(uids))
+
+    async def _change(self, frames: list[bytes]) -> None:
+        # The list is changed locally first: a reconnection from here on sends it whole, so the change is
+        # confirmed by a pong on whichever connection carries it.
+        while True:
+            reply = _Reply(self.runtime.event())
+            async with self._send_lock:
+                conn = await self.wait_connected()
+                self._replies.append(reply)
+                try:
+                    for frame in frames:
+                        await conn.send_all(frame)
+                    await conn.send_all(PING_FRAME)
+                    self.frames_sent += len(frames) + 1
+                except ConnectionLost:
+                    pass  # the reader sees it too: the disconnect fails the reply, and we go round again
+            await reply.flag.wait()
+            if not isinstance(reply.value, ClientError):
+                return
+            if self.error is not None or self.done:
+                raise reply.value
+            frames = []  # disconnected: the next connection's subscribe carries the list; confirm there
+
     async def _on_welcome(self, conn: Conn, welcome: Welcome) -> None:
         if self.subscribe:
-            await conn.send_all(encode(self.cursor.subscribe()))
+            for frame in self.cursor.subscribe_frames(welcome.max_frame or DEFAULT_MAX_FRAME):
+                await conn.send_all(frame)
 
     async def _on_message(self, message: Any) -> None:
         if type(message) is Event:
@@ -161,7 +207,7 @@ class Observer(Link):
                     await mailbox.put(message)
             else:
                 self.duplicates += 1
-        elif type(message) is Status:
+        elif type(message) is Status or type(message) is Pong:
             if self._replies:
                 reply = self._replies.popleft()
                 reply.value = message

@@ -107,6 +107,8 @@ class Config:
     # PROXY protocol v1/v2 from the balancers in proxy_allow (comma-separated CIDRs).
     proxy_protocol: bool = False
     proxy_allow: str = "127.0.0.0/8,::1"
+    # Uids in one observer's watchlist (subscribe uids / watch); beyond it: not_allowed (idled.server.observers).
+    max_watch: int = 100_000
 
     def validate(self) -> Config:
         def need(ok: bool, message: str) -> None:
@@ -151,6 +153,7 @@ class Config:
             except ValueError:
                 raise ConfigError(f"proxy_allow: {part!r} is not an address or CIDR") from None
         need(not self.proxy_protocol or bool(self.proxy_allow.strip()), "proxy_protocol needs proxy_allow (the balancers' addresses)")
+        need(1 <= self.max_watch <= 10_000_000, "max_watch must be 1..10000000")
         return self
 
     @property
@@ -206,6 +209,7 @@ HELP: dict[str, str] = {
     "proxy_protocol": "expect a PROXY v1/v2 header (HAProxy, nginx, AWS NLB) from the balancers in --proxy-allow on every connection",
     "proxy_allow": "comma-separated addresses/CIDRs allowed to send PROXY headers",
     "workers": "edge processes sharing the public port in front of the core; 0 = one process, auto = one per core",
+    "max_watch": "uids one observer may watch (subscribe uids, watch); beyond it the observer is refused with not_allowed",
 }
 
 # Fields whose text form is not just their type (flag, TOML string, environment variable).

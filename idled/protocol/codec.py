@@ -42,6 +42,7 @@ from idled.protocol.messages import (
     Attach, Bye, ClientMessage, Detach, Ended, Error, ErrorCode, Event, Login, Mark, Marked, Message, Msg, Ping, Pong,
     ProtocolError, Query, ServerMessage, Status, Subscribe, Touch, Welcome,
 )
+from idled.protocol.messages import Unwatch, Watch
 from idled.protocol.parse import EVENT_KEYS, _short, parse_client_message, parse_server_message
 
 __all__ = [
@@ -94,6 +95,8 @@ def _encode_subscribe(m: Subscribe) -> bytes:
         d["from"] = m.from_seq
     if m.durable:
         d["durable"] = True
+    if m.uids is not None:
+        d["uids"] = m.uids
     return _frame(d)
 
 
@@ -145,6 +148,8 @@ _ENCODERS: Final[dict[type, Callable[[Any], bytes]]] = {
     Subscribe: _encode_subscribe,
     Query: lambda m: _frame({"op": "query", "uids": m.uids, "last_seen": True} if m.last_seen
                             else {"op": "query", "uids": m.uids}),
+    Watch: lambda m: _frame({"op": "watch", "uids": m.uids}),
+    Unwatch: lambda m: _frame({"op": "unwatch", "uids": m.uids}),
     Welcome: _encode_welcome,
     Event: _encode_event,
     Status: _encode_status,

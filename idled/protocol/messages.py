@@ -20,6 +20,7 @@ __all__ = [
     "MIN_KEEPALIVE", "MAX_KEEPALIVE", "MAX_INT_UID", "MAX_SEQ", "MAX_DATA_DEPTH", "ROLES",
     "ErrorCode", "ProtocolError", "NEED_DATA", "NeedData", "Uid", "SessionKey", "Role", "EventKind",
     "Login", "Ping", "Msg", "Bye", "Attach", "Touch", "Detach", "Marked", "Subscribe", "Query",
+    "Watch", "Unwatch",
     "Welcome", "Pong", "Event", "Status", "Error", "Ended", "Mark", "ENDED_REASONS", "DETACH_REASONS",
     "PING", "BYE", "PONG", "ClientMessage", "ServerMessage", "Message",
 ]
@@ -172,10 +173,28 @@ class Marked:
 @dataclass(frozen=True, slots=True)
 class Subscribe:
     """Observer: stream events, from sequence number `from_seq` (wire key "from") or from now when None;
-    `durable`: only events already durable in the event log (under the server's fsync policy)."""
+    `durable`: only events already durable in the event log (under the server's fsync policy); `uids`
+    (None: every event) makes it a *watchlist* observer, sent only the events of these uids (and of those
+    its `Watch` frames add), even when empty."""
 
     from_seq: int | None = None
     durable: bool = False
+    uids: tuple[Uid, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Watch:
+    """Observer: add these uids to its watchlist, `{"op":"watch","uids":[...]}` (plain uids only). Allowed
+    before `subscribe` (which must then carry `uids`) and after a subscribe with `uids`."""
+
+    uids: tuple[Uid, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Unwatch:
+    """Observer: remove these uids from its watchlist, `{"op":"unwatch","uids":[...]}`."""
+
+    uids: tuple[Uid, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,7 +287,10 @@ class Mark:
     t: float
 
 
-ClientMessage: TypeAlias = Login | Ping | Msg | Bye | Attach | Touch | Detach | Marked | Subscribe | Query
+ClientMessage: TypeAlias = (
+    Login | Ping | Msg | Bye | Attach | Touch | Detach | Marked | Subscribe | Query
+    | Watch | Unwatch
+)
 ServerMessage: TypeAlias = Welcome | Pong | Event | Status | Error | Ended | Mark
 Message: TypeAlias = ClientMessage | ServerMessage
 

@@ -35,6 +35,7 @@ from idled.protocol.messages import (
     EventKind, Ended, Login, Mark, Marked, Msg, Ping, ProtocolError, Query, Role, ServerMessage, SessionKey, Status, Subscribe, Touch,
     Uid, Welcome,
 )
+from idled.protocol.messages import Unwatch, Watch
 
 __all__ = ["parse_client_message", "parse_server_message", "check_uid", "check_device", "check_key"]
 
@@ -196,7 +197,7 @@ _DETACH_KEYS: Final = frozenset({"op", "uids", "reason"})
 _MSG_KEYS: Final = frozenset({"op", "data"})
 _ATTACH_KEYS: Final = frozenset({"op", "uids", "keepalive"})
 _UIDS_KEYS: Final = frozenset({"op", "uids"})
-_SUBSCRIBE_KEYS: Final = frozenset({"op", "from", "durable"})
+_SUBSCRIBE_KEYS: Final = frozenset({"op", "from", "durable", "uids"})
 _QUERY_KEYS: Final = frozenset({"op", "uids", "last_seen"})
 
 
@@ -310,7 +311,25 @@ def _parse_subscribe(obj: dict[str, Any]) -> Subscribe:
     durable = obj.get("durable")
     if durable is not None and type(durable) is not bool:
         raise _bad("durable must be a bool")
-    return Subscribe(None if start is None else _seq(start, "from"), durable is True)
+    uids = obj.get("uids")
+    return Subscribe(None if start is None else _seq(start, "from"), durable is True,
+                     None if uids is None else _uid_list(uids))
+
+
+def _parse_watch(obj: dict[str, Any]) -> Watch:
+    return Watch(_watchlist_of(obj, "watch"))
+
+
+def _parse_unwatch(obj: dict[str, Any]) -> Unwatch:
+    return Unwatch(_watchlist_of(obj, "unwatch"))
+
+
+def _watchlist_of(obj: dict[str, Any], op: str) -> tuple[Uid, ...]:
+    """`uids` of watch / unwatch: plain uids only (never session keys), like query's."""
+    _only(obj, _UIDS_KEYS, op)
+    if "uids" not in obj:
+        raise _bad(f"{op} needs uids")
+    return _uid_list(obj["uids"])
 
 
 def _parse_query(obj: dict[str, Any]) -> Query:
@@ -334,6 +353,8 @@ _CLIENT_PARSERS: Final[dict[str, Callable[[dict[str, Any]], ClientMessage]]] = {
     "marked": _parse_marked,
     "subscribe": _parse_subscribe,
     "query": _parse_query,
+    "watch": _parse_watch,
+    "unwatch": _parse_unwatch,
 }
 
 

@@ -219,7 +219,8 @@ class Server:
         self._sessions = sessions = Sessions(presence, self.bus, self.clock, self.seqs)
         self._gateways = Gateways(sessions, self._peers, max_frame=cfg.max_gateway_frame, grace=cfg.gateway_grace)
         self._observers = observers = Observers(
-            presence, self.bus, self.log, first_seq=self.seqs.first, peers=self._peers, clock=self.clock.now
+            presence, self.bus, self.log, first_seq=self.seqs.first, peers=self._peers, clock=self.clock.now,
+            max_watch=cfg.max_watch,
         )
         self._damage = (recovery.skipped_bytes + recovery.truncated_bytes, recovery.corrupt_records)
         users = CoreUsers(sessions)

@@ -26,26 +26,51 @@ up to the high watermark.
 Replay (``subscribe from=N``) is the same thing: the cursor starts at ``N`` instead of ``next_seq``, and the
 sender reads from disk, then the window, then keeps up live. Nothing is lost at a seam and nothing is sent
 twice, because there is no seam: one cursor walks one sequence.
+
+Watchlists
+----------
+A *watchlist* subscription (``subscribe uids=[...]``) wants only the events of its uids. Walking the shared
+window would cost it every published event; instead the bus keeps an index ``uid -> (subscriptions,)`` and,
+while any watchlist subscription exists (one truth test per publish, the only cost full-stream observers
+see), ``publish`` looks the event's uid up once and appends ``(seq, frame)`` to each matching subscription's
+own *queue*. So a watchlist observer costs work in proportion to its matches, not to the event rate.
+
+The queue is bounded in bytes (``WATCH_QUEUE_BYTES``). Its contents are defined by two seqs: it holds every
+match published from ``live_from`` on, up to ``stop_at`` if it overflowed (None: still filling). An event
+that would overflow it sets ``stop_at`` to its seq and stops the filling: nothing is dropped silently --
+the sender drains the queue, then *replays* from ``stop_at``, reading the shared window (or the disk)
+filtered by uid, exactly like a ``subscribe from=N``; once the replay reaches the window it starts the
+queue again with ``live_from = next_seq`` and replays the rest up to there. At subscribe, ``live_from`` is
+``next_seq`` and the replay covers ``[from, live_from)``. Publish is synchronous and the switches happen
+between publishes, so every match is either below ``live_from`` (replayed) or in the queue (never both):
+no gap, no duplicate. The seqs an observer skips are not gaps; it still receives its events in seq order.
+
+While watchlist subscriptions exist the bus also keeps each event's uid in a ring beside the window's
+(``uids_from`` on), so a filtered replay from the window tests membership without decoding frames; older
+frames (published before the first watchlist observer came) are decoded to read their uid.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import msgpack
 import trio
 
 from idled.core.presence import PresenceEvent
-from idled.protocol import Event, encode
+from idled.protocol import Event, Uid, encode
 
-__all__ = ["LOG_BACKLOG_LIMIT", "RECENT_EVENTS", "EventBus", "Subscription", "event_frame"]
+__all__ = ["LOG_BACKLOG_LIMIT", "RECENT_EVENTS", "WATCH_QUEUE_BYTES", "EventBus", "Subscription", "event_frame"]
 
 log = logging.getLogger("idled.server.bus")
 
 RECENT_EVENTS = 100_000  # frames kept in memory (~100 B a frame: ~10 MB), shared by every observer
 LOG_BACKLOG_LIMIT = 50_000  # producers wait in room() while more records than this await the writer
+WATCH_QUEUE_BYTES = 1 << 20  # frame bytes a watchlist subscription's own queue holds before it replays instead
 
 
 _EXTRA_KEYS = ("timeout", "detector", "device", "grace")
@@ -70,16 +95,55 @@ def event_frame(record: dict[str, Any]) -> bytes:
     )
 
 
+def frame_uid(frame: bytes) -> Uid:
+    """The uid of an event frame (a filtered replay of frames older than the uid ring)."""
+    uid: Uid = msgpack.unpackb(frame[4:], raw=False, strict_map_key=False)["uid"]
+    return uid
+
+
 class Subscription:
     """One observer's place in the stream: ``cursor`` (next seq to send; None until subscribed), whether it
-    reads only durable events, and the wake-up its sender task sleeps on."""
+    reads only durable events, and the wake-up its sender task sleeps on.
 
-    __slots__ = ("cursor", "durable", "_wakeup")
+    A watchlist subscription also has ``watching`` (its uids, as its requests left them: None for a
+    full-stream one) and its queue: ``queue`` of ``(seq, frame)``, ``queue_bytes``, and the seqs it covers,
+    ``live_from`` (None: not filling; the sender replays) and ``stop_at`` (the seq that overflowed it)."""
+
+    __slots__ = ("cursor", "durable", "_wakeup", "watching", "queue", "queue_bytes", "live_from", "stop_at")
 
     def __init__(self) -> None:
         self.cursor: int | None = None
         self.durable = False
         self._wakeup = trio.Event()
+        self.watching: set[Uid] | None = None
+        self.queue: collections.deque[tuple[int, bytes]] = collections.deque()
+        self.queue_bytes = 0
+        self.live_from: int | None = None
+        self.stop_at: int | None = None
+
+    def push(self, seq: int, frame: bytes) -> None:
+        """A match, at publish time (see the module docstring)."""
+        if self.stop_at is None and self.live_from is not None:
+            size = self.queue_bytes + len(frame)
+            if size > WATCH_QUEUE_BYTES and self.queue:
+                self.stop_at = seq  # from here on the sender replays: nothing is dropped
+            else:
+                self.queue.append((seq, frame))
+                self.queue_bytes = size
+            self._wakeup.set()
+
+    def pending(self, limit: int) -> int:
+        """A watchlist subscription's undelivered events below ``limit``: its queued ones, and the seqs it has
+        yet to replay (an upper bound: those are filtered when read)."""
+        cursor = self.cursor
+        if cursor is None:
+            return 0
+        live_from, stop_at = self.live_from, self.stop_at
+        queued = sum(1 for seq, _ in self.queue if seq < limit)
+        replay = max(0, min(limit, live_from) - cursor) if live_from is not None else max(0, limit - cursor)
+        if stop_at is not None and not self.queue:
+            replay += max(0, limit - max(cursor, stop_at))
+        return queued + replay
 
     def wake(self) -> None:
         """Something new for the sender: events, durability, a reply."""
@@ -104,6 +168,11 @@ class EventBus:
         self._durable: set[Subscription] = set()
         self._on_event = on_event
         self._closed = False
+        # Watchlists (see the module docstring): the subscriptions, the index, and the uid ring.
+        self._watchers: set[Subscription] = set()
+        self._index: dict[Any, tuple[Subscription, ...]] = {}  # Uid -> watching subscriptions
+        self._uids: list[Any] = []  # Uid, or None where not yet written
+        self.uids_from: int | None = None  # the uid ring holds the uid of every seq from here on
 
     def start(self, first_seq: int) -> None:
         """This run's events begin at ``first_seq``; everything before it was recovered from disk, so it is as
@@ -129,12 +198,19 @@ class EventBus:
         seq = event.seq
         if seq != self._next:  # never within a run; if it happens, the window restarts rather than lie
             self._count = 0
-        self._ring[seq % self._size] = event_frame(record)
+        frame = self._ring[seq % self._size] = event_frame(record)
         self._next = seq + 1
         if self._count < self._size:
             self._count += 1
         for subscription in self._live:
             subscription.wake()
+        if self._watchers:
+            uid = event.uid
+            self._uids[seq % self._size] = uid
+            watching = self._index.get(uid)
+            if watching is not None:
+                for subscription in watching:
+                    subscription.push(seq, frame)
 
     def durable_to(self, seq: int) -> None:
         """The writer's ``on_durable``: every seq up to ``seq`` is durable under the fsync policy."""
@@ -169,18 +245,94 @@ class EventBus:
         return self._next
 
     def subscribe(self, subscription: Subscription, from_seq: int | None, *, durable: bool = False) -> None:
-        """Start ``subscription`` at ``from_seq`` (None: the next event)."""
+        """Start ``subscription`` at ``from_seq`` (None: the next event). A subscription whose ``watching`` is
+        set (by ``watch``, before this call) is a watchlist one: its queue fills from the next event on."""
         subscription.cursor = self._next if from_seq is None else from_seq
         subscription.durable = durable
-        (self._durable if durable else self._live).add(subscription)
+        if subscription.watching is not None:
+            subscription.live_from = self._next
+            if durable:
+                self._durable.add(subscription)  # woken as durability advances, not per event
+        else:
+            (self._durable if durable else self._live).add(subscription)
         subscription.wake()
 
     def unsubscribe(self, subscription: Subscription) -> None:
         self._live.discard(subscription)
         self._durable.discard(subscription)
+        if subscription.watching is not None:
+            self.unwatch(subscription, list(subscription.watching))
+            self._watchers.discard(subscription)
+            subscription.watching = None
+            subscription.queue.clear()
+            subscription.queue_bytes = 0
+            if not self._watchers:
+                self.uids_from = None
+                self._uids = []
 
     def is_subscribed(self, subscription: Subscription) -> bool:
-        return subscription in self._live or subscription in self._durable
+        return subscription.cursor is not None and (
+            subscription in self._live or subscription in self._durable or subscription in self._watchers)
+
+    # -- watchlists ---------------------------------------------------------------------------------
+
+    def watch(self, subscription: Subscription, uids: Iterable[Uid]) -> list[Uid]:
+        """Add ``uids`` to ``subscription``'s watchlist (making it a watchlist subscription); the index has them
+        from the next event on. Returns the uids that were not watched yet, in order."""
+        if subscription.watching is None:
+            subscription.watching = set()
+            if not self._watchers:
+                self._uids = [None] * self._size
+                self.uids_from = self._next
+            self._watchers.add(subscription)
+        watching, index = subscription.watching, self._index
+        added = []
+        for uid in uids:
+            if uid not in watching:
+                watching.add(uid)
+                index[uid] = index.get(uid, ()) + (subscription,)
+                added.append(uid)
+        return added
+
+    def unwatch(self, subscription: Subscription, uids: Iterable[Uid]) -> list[Uid]:
+        """Remove ``uids`` from the watchlist; returns those that were watched, in order."""
+        watching, index = subscription.watching, self._index
+        if watching is None:
+            return []
+        removed = []
+        for uid in uids:
+            if uid in watching:
+                watching.discard(uid)
+                rest = tuple(s for s in index[uid] if s is not subscription)
+                if rest:
+                    index[uid] = rest
+                else:
+                    del index[uid]
+                removed.append(uid)
+        return removed
+
+    def watched_frames(self, start: int, below: int, max_bytes: int, max_scan: int, watching: set[Uid],
+                       override: Mapping[Uid, bool] | None = None) -> tuple[list[bytes], int]:
+        """The frames of seqs ``[start, below)`` in the window whose uid is watched -- in ``watching``, unless
+        ``override`` says otherwise for that uid -- stopping once ``max_bytes`` are taken or ``max_scan`` seqs
+        were looked at; and the seq to go on from. ``start`` must be in the window."""
+        oldest = self._next - self._count
+        if not (self._count and oldest <= start < self._next):
+            raise ValueError(f"seq {start} is not in the window [{oldest}, {self._next})")
+        ring, uids, size = self._ring, self._uids, self._size
+        uids_from = self.uids_from if self.uids_from is not None else self._next
+        stop = min(below, self._next, start + max_scan)
+        out: list[bytes] = []
+        taken = 0
+        for seq in range(start, stop):
+            uid = uids[seq % size] if seq >= uids_from else frame_uid(ring[seq % size])
+            if (uid in watching) if override is None or uid not in override else override[uid]:
+                frame = ring[seq % size]
+                out.append(frame)
+                taken += len(frame)
+                if taken >= max_bytes:
+                    return out, seq + 1
+        return out, stop
 
     def limit(self, subscription: Subscription) -> int:
         """One past the last seq ``subscription`` may be sent now."""
@@ -208,9 +360,12 @@ class EventBus:
         return out
 
     def undelivered(self) -> int:
-        """Events observers may be sent now and have not been sent yet."""
+        """Events observers may be sent now and have not been sent yet (for watchlist subscriptions, an upper
+        bound: the seqs they have yet to replay count, matching or not)."""
         total = 0
         for subscription in (*self._live, *self._durable):
-            if subscription.cursor is not None:
+            if subscription.cursor is not None and subscription.watching is None:
                 total += max(0, self.limit(subscription) - subscription.cursor)
+        for subscription in self._watchers:
+            total += subscription.pending(self.limit(subscription))
         return total

@@ -32,6 +32,16 @@ Durable subscriptions (``subscribe durable=true``): the cursor stops at the writ
 under ``fsync=always``, a process crash under ``never``; under ``interval`` events arrive up to
 ``fsync_interval`` later. Its replies wait for the events before them, too.
 
+Watchlists (``subscribe uids=[...]``, ``watch``, ``unwatch``): the bus fills the observer's own bounded queue
+with its matches at publish time (``idled.server.bus``); the sender sends from that queue, or -- for the
+seqs before the queue's ``live_from``, and after an overflow -- replays the window or the disk filtered by
+uid. A ``watch``/``unwatch`` changes the index at once (it applies to every event published after it was
+read) and is queued among the replies with the same horizon as a reply to a request read then: the replay
+filter sees the change only once the cursor has passed it, so the events before a ``watch`` follow the old
+list and a ``ping`` after it is answered once it applies. ``watch`` before ``subscribe`` builds the list the
+subscribe starts with (a list too big for one frame is sent as watch frames, then ``subscribe``), which
+then must carry ``uids``. At most ``max_watch`` uids per observer (``not_allowed`` beyond it).
+
 Resuming: ``subscribe from=N`` starts the cursor at N. Seqs below this run's ``first_seq`` come from the
 previous runs' log (a gap a crash left is skipped: those seqs never existed); this run's events come from
 the window, or from disk once the writer has written them if they have left the window. A ``from`` older
@@ -52,7 +62,7 @@ import collections
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import trio
@@ -75,11 +85,14 @@ from idled.protocol import (
     encode,
     receive_message,
 )
+from idled.protocol import Unwatch, Watch
 from idled.server.bus import EventBus, Subscription, event_frame
 from idled.server.conn import SEND_ERROR_TIMEOUT, Connection, close_with
 
 __all__ = [
-    "OBSERVER_STALL", "OBSERVER_WRITE_BYTES", "REPLAY_BATCH", "REPLY_BYTES", "LAST_SEEN_WAIT", "FrameWriter", "Observers", "Stalled"]
+    "OBSERVER_STALL", "OBSERVER_WRITE_BYTES", "REPLAY_BATCH", "REPLY_BYTES", "LAST_SEEN_WAIT", "DEFAULT_MAX_WATCH",
+    "WATCH_SCAN", "FrameWriter", "Observers", "Stalled",
+]
 
 log = logging.getLogger("idled.server.observers")
 
@@ -89,6 +102,8 @@ OBSERVER_STALL = 5.0  # seconds an observer may take no byte while data waits fo
 REPLAY_BATCH = 1000  # records per disk read
 DISK_CATCH_UP_POLL = 0.01  # seconds between two looks at the log while waiting for the writer
 LAST_SEEN_WAIT = 5.0  # seconds a last_seen query waits at most for the writer (then answers from what it has)
+DEFAULT_MAX_WATCH = 100_000  # uids in one observer's watchlist (the max_watch setting)
+WATCH_SCAN = 4096  # seqs of the window a filtered replay looks at before it lets other tasks run
 
 
 class Stalled(Exception):
@@ -185,19 +200,63 @@ class _DiskReader:
         return out
 
 
+class _Change:
+    """A watchlist change among the replies: ``added`` (watch) or not (unwatch) ``uids``, each of which it
+    really changed. Until the cursor passes it, the replay filter sees the list as it was before it."""
+
+    __slots__ = ("added", "uids")
+
+    def __init__(self, added: bool, uids: list[Uid]) -> None:
+        self.added = added
+        self.uids = uids
+
+    @property
+    def size(self) -> int:
+        """What it counts against ``REPLY_BYTES``: about what its frame took."""
+        return 64 + 16 * len(self.uids)
+
+
 class _Peer:
     """One observer connection's state, shared by its two tasks."""
 
-    __slots__ = ("name", "subscription", "writer", "replies", "reply_bytes", "_room", "disk")
+    __slots__ = ("name", "subscription", "writer", "replies", "reply_bytes", "_room", "disk", "changes")
 
     def __init__(self, stream: trio.abc.Stream, name: str) -> None:
         self.name = name
         self.subscription = Subscription()
         self.writer = FrameWriter(stream)
-        self.replies: collections.deque[tuple[int, bytes]] = collections.deque()  # (events before it, frame)
+        # (events before it, frame or watchlist change)
+        self.replies: collections.deque[tuple[int, bytes | _Change]] = collections.deque()
         self.reply_bytes = 0
         self._room = trio.Event()
         self.disk: _DiskReader | None = None
+        self.changes = 0  # _Change entries in `replies`
+
+    def change(self, horizon: int, added: bool, uids: list[Uid]) -> None:
+        """Queue a watchlist change: the replay filter takes it in once every event below ``horizon`` is sent."""
+        entry = _Change(added, uids)
+        self.replies.append((horizon, entry))
+        self.reply_bytes += entry.size
+        self.changes += 1
+        self.subscription.wake()
+
+    def watched(self) -> Callable[[Uid], bool]:
+        """The replay filter at the cursor: the watchlist without the changes still queued (see `_Change`)."""
+        watching = self.subscription.watching
+        assert watching is not None
+        if not self.changes:
+            return watching.__contains__
+        before = self.before_changes()
+        return lambda uid: before[uid] if uid in before else uid in watching
+
+    def before_changes(self) -> dict[Uid, bool]:
+        """uid -> watched before the queued changes, for each uid they touch (the earliest one tells)."""
+        before: dict[Uid, bool] = {}
+        for _, entry in self.replies:
+            if type(entry) is _Change:
+                for uid in entry.uids:
+                    before.setdefault(uid, not entry.added)
+        return before
 
     def reply(self, horizon: int, frame: bytes) -> None:
         """Queue ``frame`` to go out once every event below ``horizon`` has been sent."""
@@ -217,6 +276,12 @@ class _Peer:
         size = 0
         while self.replies and (cursor is None or self.replies[0][0] <= cursor) and size < OBSERVER_WRITE_BYTES:
             frame = self.replies.popleft()[1]
+            if type(frame) is _Change:  # the replay filter has passed it: nothing to send
+                self.changes -= 1
+                self.reply_bytes -= frame.size
+                self._room.set()
+                continue
+            assert type(frame) is bytes
             out.append(frame)
             size += len(frame)
         return out
@@ -233,6 +298,7 @@ class Observers:
     def __init__(
         self, presence: PresenceTable, bus: EventBus, log: EventLog, *, first_seq: int, peers: set[Connection],
         clock: Callable[[], float] = trio.current_time,
+        max_watch: int = DEFAULT_MAX_WATCH,
     ) -> None:
         self.presence = presence
         self.clock = clock  # the presence table's clock (the server's pause-adjusted one)
@@ -240,13 +306,15 @@ class Observers:
         self.log = log
         self.first_seq = first_seq
         self.peers = peers
+        self.max_watch = max_watch
         self._connected: set[_Peer] = set()
         bus.start(first_seq)
 
     def queued_bytes(self) -> int:
-        """Bytes held for observers right now beyond the shared window: replies waiting to be sent, and the
-        rest of frames cut in two (for metrics and tests; read on the event loop)."""
-        return sum(peer.reply_bytes + len(peer.writer.partial) for peer in self._connected)
+        """Bytes held for observers right now beyond the shared window: replies waiting to be sent, the rest
+        of frames cut in two, and watchlist queues (for metrics and tests; read on the event loop)."""
+        return sum(peer.reply_bytes + len(peer.writer.partial) + peer.subscription.queue_bytes
+                   for peer in self._connected)
 
     async def run(self, stream: trio.abc.Stream, decoder: FrameDecoder, login: Login) -> None:
         observer = Connection()
@@ -291,8 +359,26 @@ class Observers:
             if type(message) is Subscribe:
                 if bus.is_subscribed(subscription):
                     raise ProtocolError(ErrorCode.NOT_ALLOWED, "already subscribed")
+                if message.uids is not None:
+                    self._watch(subscription, message.uids)
+                elif subscription.watching is not None:
+                    raise ProtocolError(ErrorCode.NOT_ALLOWED, "this observer has a watchlist (watch came first): "
+                                        "subscribe with uids (an empty array keeps the list as it is)")
                 await self._check_retained(message.from_seq)
                 bus.subscribe(subscription, message.from_seq, durable=message.durable)
+            elif type(message) is Watch or type(message) is Unwatch:
+                subscribed = bus.is_subscribed(subscription)
+                if subscribed and subscription.watching is None:
+                    raise ProtocolError(ErrorCode.NOT_ALLOWED, f"{type(message).__name__.lower()} needs a watchlist: "
+                                        "this observer subscribed to every event (subscribe with uids for one)")
+                if type(message) is Watch:
+                    changed = self._watch(subscription, message.uids)
+                else:
+                    changed = bus.unwatch(subscription, message.uids) if subscription.watching is not None else []
+                    if subscription.watching is None:
+                        bus.watch(subscription, ())  # an unwatch first makes a watchlist observer too
+                if changed and subscribed:
+                    peer.change(bus.next_seq, type(message) is Watch, changed)
             elif type(message) is Query:
                 if message.last_seen:
                     await self._written(bus.next_seq)
@@ -303,6 +389,15 @@ class Observers:
                 peer.reply(bus.next_seq, PONG_FRAME)
             else:
                 raise ProtocolError(ErrorCode.NOT_ALLOWED, f"{type(message).__name__.lower()} is not for observers")
+
+    def _watch(self, subscription: Subscription, uids: Iterable[Uid]) -> list[Uid]:
+        """Add to the watchlist, within ``max_watch``; the uids it added."""
+        watching = subscription.watching or ()
+        new = {uid for uid in uids if uid not in watching}
+        if len(watching) + len(new) > self.max_watch:
+            raise ProtocolError(ErrorCode.NOT_ALLOWED, f"a watchlist of {len(watching) + len(new)} uids is beyond "
+                                f"the limit max_watch={self.max_watch}")
+        return self.bus.watch(subscription, uids)
 
     def status_with_last_seen(self, uids: tuple[Uid, ...]) -> Status:
         """The reply to a query with ``last_seen`` (see the module docstring)."""
@@ -356,6 +451,9 @@ class Observers:
         bus, subscription, writer = self.bus, peer.subscription, peer.writer
         try:
             while True:
+                watchlist = subscription.watching is not None and subscription.cursor is not None
+                if watchlist:
+                    _skip_quiet(bus, subscription)
                 replies = peer.ready_replies()
                 if replies:
                     await writer.write(replies, OBSERVER_STALL)
@@ -366,7 +464,17 @@ class Observers:
                     limit = bus.limit(subscription)
                     if peer.replies:  # the next reply goes out right after the events before it
                         limit = min(limit, peer.replies[0][0])
-                    if cursor < limit:
+                    if watchlist:
+                        step = await self._watched(peer, cursor, limit)
+                        if step is not None:
+                            frames, cursor = step
+                            if frames:
+                                await writer.write(frames, OBSERVER_STALL)
+                            else:
+                                await trio.lowlevel.checkpoint()  # a long filtered replay lets others run
+                            subscription.cursor = cursor
+                            continue
+                    elif cursor < limit:
                         frames, cursor = await self._events(peer, cursor, limit)
                         if frames:
                             await writer.write(frames, OBSERVER_STALL)
@@ -391,7 +499,40 @@ class Observers:
             return frames, cursor + len(frames)
         return await self._from_disk(peer, cursor, limit if oldest is None else min(limit, oldest))
 
-    async def _from_disk(self, peer: _Peer, cursor: int, below: int) -> tuple[list[bytes], int]:
+    async def _watched(self, peer: _Peer, cursor: int, limit: int) -> tuple[list[bytes], int] | None:
+        """A watchlist observer's next frames below ``limit`` and the cursor after them (None: nothing to do
+        now): from its queue, or replayed filtered from the window or the disk (see idled.server.bus)."""
+        bus, subscription = self.bus, peer.subscription
+        live_from = subscription.live_from
+        if live_from is not None and cursor >= live_from:  # the queue's part; _skip_quiet is at its head
+            queue = subscription.queue
+            if not queue or queue[0][0] >= limit:
+                return None
+            frames: list[bytes] = []
+            size = seq = 0
+            while queue and queue[0][0] < limit and size < OBSERVER_WRITE_BYTES:
+                seq, frame = queue.popleft()
+                frames.append(frame)
+                size += len(frame)
+            subscription.queue_bytes -= size
+            return frames, seq + 1
+        oldest = bus.oldest_recent()
+        if live_from is None and (oldest is None or cursor >= oldest):
+            # The replay after an overflow has reached the window: fill the queue again from the next event,
+            # and replay up to there (what is left is in the window, or reaches the writer).
+            subscription.live_from = live_from = bus.next_seq
+        end = limit if live_from is None else min(limit, live_from)
+        if cursor >= end:
+            return None
+        watching = subscription.watching
+        assert watching is not None
+        if oldest is not None and cursor >= oldest:
+            before = peer.before_changes() if peer.changes else None
+            return bus.watched_frames(cursor, end, OBSERVER_WRITE_BYTES, WATCH_SCAN, watching, before)
+        return await self._from_disk(peer, cursor, end if oldest is None else min(end, oldest), peer.watched())
+
+    async def _from_disk(self, peer: _Peer, cursor: int, below: int,
+                         watched: Callable[[Uid], bool] | None = None) -> tuple[list[bytes], int]:
         first = self.first_seq
         if cursor < first:
             below = min(below, first)  # the previous runs' log: all of it is on disk
@@ -415,4 +556,22 @@ class Observers:
             if records or fresh or reader.held is not None:
                 raise _Gone(f"seq {cursor} was deleted by retention before this observer read it")
             return [], cursor  # the reader's segment list ended: look again with a fresh one
+        if watched is not None:
+            return [event_frame(record) for record in records if watched(record["uid"])], records[-1]["seq"] + 1
         return [event_frame(record) for record in records], records[-1]["seq"] + 1
+
+
+def _skip_quiet(bus: EventBus, subscription: Subscription) -> None:
+    """Move a watchlist cursor within its queue's part over the seqs that are not its own: up to the next
+    queued match, or to where the queue's coverage ends. At the end of an overflowed queue, leave it: the
+    sender replays from ``stop_at`` on."""
+    live_from, cursor = subscription.live_from, subscription.cursor
+    if live_from is None or cursor is None or cursor < live_from:
+        return
+    queue, stop_at = subscription.queue, subscription.stop_at
+    target = queue[0][0] if queue else bus.next_seq if stop_at is None else stop_at
+    target = min(target, bus.limit(subscription))
+    if target > cursor:
+        subscription.cursor = cursor = target
+    if not queue and stop_at is not None and cursor >= stop_at:
+        subscription.live_from = subscription.stop_at = None

@@ -175,6 +175,42 @@ async def observer_resumes_across_restarts(lib: ModuleType, sleep: Sleep, idled:
     assert sum(e.reason == "detach" for e in processed) == 100
 
 
+async def watchlist_observer_watches_and_resumes(lib: ModuleType, sleep: Sleep, idled: Idled) -> None:
+    """Only its uids; watch/unwatch in effect when they return; after a server restart it resumes with its
+    whole list (longer than a frame: sent as watch frames before the subscribe) and misses nothing."""
+    many = [f"w{i:04d}" for i in range(1500)]  # ~10 KB of uids: three frames
+    got: list[Event] = []
+
+    def seen() -> list[tuple[Any, str]]:
+        return [(e.uid, e.kind) for e in got]
+
+    async with lib.open_gateway(HOST, idled.port, "edge", backoff=FAST) as gateway, \
+            lib.open_observer(HOST, idled.port, "contacts", uids=many, backoff=FAST) as observer:
+        await observer.watch([])  # a round trip: the subscribe is in place
+        await gateway.attach(["w0000", "x", "w1499"], keepalive=60)
+        await gateway.flush()
+        await collect(observer, lambda e: len(got) == 2, got)
+        await observer.watch(["x2"])
+        await gateway.attach(["x2", "x3"], keepalive=60)
+        await gateway.flush()
+        await collect(observer, lambda e: len(got) == 3, got)
+        await observer.unwatch(["w0000"])
+        await gateway.detach(["w0000", "w1499", "x2", "x3"])
+        await gateway.flush()
+        await collect(observer, lambda e: len(got) == 5, got)
+        assert seen() == [("w0000", "online"), ("w1499", "online"), ("x2", "online"), ("w1499", "offline"),
+                          ("x2", "offline")]
+        assert observer.watchlist == [*many[1:], "x2"]
+        idled.restart()  # "x" goes offline (shutdown) and comes back: not watched
+        await until(sleep, lambda: gateway.connections == 2)
+        await gateway.attach(["w0001", "w0000", "w1499", "x2"], keepalive=60)  # w0001 is in the first frame
+        await gateway.flush()
+        await collect(observer, lambda e: len(got) == 8, got)
+        assert observer.connections == 2 and observer.duplicates == 0
+    assert seen()[5:] == [("w0001", "online"), ("w1499", "online"), ("x2", "online")]
+    assert [e.seq for e in got] == sorted({e.seq for e in got})
+
+
 async def slow_observer_is_cut_with_busy_and_resumes(lib: ModuleType, sleep: Sleep, idled: Idled) -> None:
     n = 50_000
     async with lib.open_gateway(HOST, idled.port, "edge") as gateway, \

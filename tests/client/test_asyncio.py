@@ -42,6 +42,10 @@ def test_observer_resumes_across_restarts(idled: Idled) -> None:
     asyncio.run(scenarios.observer_resumes_across_restarts(lib, asyncio.sleep, idled))
 
 
+def test_watchlist_observer_watches_and_resumes(idled: Idled) -> None:
+    asyncio.run(scenarios.watchlist_observer_watches_and_resumes(lib, asyncio.sleep, idled))
+
+
 def test_slow_observer_is_cut_with_busy_and_resumes(idled: Idled) -> None:
     asyncio.run(scenarios.slow_observer_is_cut_with_busy_and_resumes(lib, asyncio.sleep, idled))
 

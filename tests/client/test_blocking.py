@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from idled.client import AuthFailed
-from idled.client.blocking import connect_session, watch
+from idled.client.blocking import connect_observer, connect_session, watch
 from tests.client.support import HOST, Idled
 
 pytestmark = pytest.mark.slow  # real idled daemons
@@ -25,6 +25,21 @@ def test_blocking_session_and_watch(idled: Idled) -> None:
         if event.kind == "offline":
             break
     assert events == [(1, "dave", "online", "login"), (2, "dave", "offline", "logout")]
+
+
+def test_blocking_watchlist_observer(idled: Idled) -> None:
+    with connect_observer(HOST, idled.port, "script", uids=["erin"]) as observer:
+        observer.watch(["frank"])  # in effect once it returns
+        with connect_session(HOST, idled.port, "gina"), connect_session(HOST, idled.port, "frank"):
+            pass
+        assert observer.query(["frank"]) == {"frank": False}
+        observer.unwatch(["frank", "erin"])
+        assert observer.observer.watchlist == []
+        events = iter(observer)
+        assert [(e.uid, e.kind) for e in (next(events), next(events))] == [("frank", "online"), ("frank", "offline")]
+    replay = watch(HOST, idled.port, "again", after=0, uids=["gina"])
+    assert [(e.uid, e.kind) for e in (next(replay), next(replay))] == [("gina", "online"), ("gina", "offline")]
+    replay.close()
 
 
 def test_blocking_login_failure_is_raised(tmp_path: Path) -> None:

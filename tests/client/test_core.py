@@ -122,6 +122,27 @@ def test_cursor_resumes_after_the_last_event_and_drops_duplicates() -> None:
         ObserverCursor(after=-1)
 
 
+def test_watchlist_cursor_sends_its_whole_list_before_the_subscribe() -> None:
+    assert ObserverCursor(uids=[]).subscribe() == Subscribe(None, False, ())
+    assert bodies(ObserverCursor(after=4, uids=["a", 1, "a"]).subscribe_frames()) == [
+        {"op": "subscribe", "from": 5, "durable": True, "uids": ["a", 1]}]
+    many = [f"user-{i:05d}" for i in range(1000)]  # ~12 KB of uids: four frames of at most 4096 bytes
+    cursor = ObserverCursor(after=9, durable=False, uids=many)
+    frames = cursor.subscribe_frames()
+    assert len(frames) == 4 and all(len(frame) - 4 <= 4096 for frame in frames)
+    *watches, subscribe = bodies(frames)
+    assert all(body.keys() == {"op", "uids"} and body["op"] == "watch" for body in watches)
+    assert subscribe["op"] == "subscribe" and subscribe["from"] == 10 and "durable" not in subscribe
+    assert [uid for body in bodies(frames) for uid in body["uids"]] == many
+    assert bodies(cursor.watch(["x", "user-00001", "x"])) == [{"op": "watch", "uids": ["x", "user-00001"]}]
+    assert bodies(cursor.unwatch(["user-00000", "nobody"])) == [{"op": "unwatch", "uids": ["user-00000", "nobody"]}]
+    assert cursor.uids is not None and list(cursor.uids) == [*many[1:], "x"]
+    assert len(cursor.watch(many)) == 4  # split like the subscribe
+    with pytest.raises(ValueError, match="not a watchlist observer"):
+        ObserverCursor().watch(["a"])
+    assert ObserverCursor().subscribe_frames() == [encode(Subscribe())]  # a full observer: as before
+
+
 def test_durable_defaults_to_having_a_checkpoint_and_can_be_overridden() -> None:
     assert ObserverCursor().subscribe() == Subscribe(None, durable=False)  # from now: the fast view
     assert ObserverCursor(durable=True).subscribe() == Subscribe(None, durable=True)

@@ -38,6 +38,10 @@ async def test_observer_resumes_across_restarts(idled: Idled) -> None:
     await scenarios.observer_resumes_across_restarts(lib, trio.sleep, idled)
 
 
+async def test_watchlist_observer_watches_and_resumes(idled: Idled) -> None:
+    await scenarios.watchlist_observer_watches_and_resumes(lib, trio.sleep, idled)
+
+
 async def test_slow_observer_is_cut_with_busy_and_resumes(idled: Idled) -> None:
     await scenarios.slow_observer_is_cut_with_busy_and_resumes(lib, trio.sleep, idled)
 

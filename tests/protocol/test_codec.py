@@ -18,6 +18,7 @@ from idled.protocol import (
     Query,
     Status, Subscribe, Touch, Welcome, check_uid, encode, parse_client_message, parse_server_message,
 )
+from idled.protocol import Unwatch, Watch
 
 CLIENT_MESSAGES = [
     Login("uid", 42, "tok", 30.0),
@@ -423,6 +424,7 @@ def test_error_codes_are_the_documented_strings() -> None:
 # ------------------------------------------------------------------------------------------- hypothesis
 
 OUTCOME_TYPES = (Login, Ping, Msg, Bye, Attach, Touch, Detach, Subscribe, Query)
+OUTCOME_TYPES += (Watch, Unwatch)
 
 
 def run_decoder(data: bytes, cuts: list[int], max_frame: int, parse=parse_client_message) -> list[Any]:
@@ -469,7 +471,8 @@ values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3)
                       | st.dictionaries(st.text(max_size=4), inner, max_size=3), max_leaves=10)
 FIELDS = {  # the fields each op may carry, plus one nobody defines
     "login": ["uid", "gateway", "observer", "token", "keepalive"], "ping": [], "msg": ["data"], "bye": [],
-    "attach": ["uids", "keepalive"], "touch": ["uids"], "detach": ["uids"], "subscribe": ["from"],
+    "attach": ["uids", "keepalive"], "touch": ["uids"], "detach": ["uids"], "subscribe": ["from", "uids"],
+    "watch": ["uids"], "unwatch": ["uids"],
     "query": ["uids"], "welcome": ["uid", "gateway", "observer", "timeout", "max_frame"], "pong": [],
     "event": ["seq", "kind", "uid", "ts", "reason", "last_seen", "deadline", "timeout"], "status": ["online"],
     "error": ["code", "reason"], "nope": [],
@@ -510,6 +513,10 @@ client_messages = st.one_of(
     st.builds(Detach, st.lists(uids, max_size=20).map(tuple)),
     st.builds(Subscribe, st.none() | st.integers(0, 2**63 - 1)),
     st.builds(Query, st.lists(uids, max_size=20).map(tuple)),
+    st.builds(Subscribe, st.none() | st.integers(0, 2**63 - 1), st.booleans(),
+              st.none() | st.lists(uids, max_size=20).map(tuple)),
+    st.builds(Watch, st.lists(uids, max_size=20).map(tuple)),
+    st.builds(Unwatch, st.lists(uids, max_size=20).map(tuple)),
 )
 
 
