@@ -68,15 +68,12 @@ class _Portal:
         self._thread.join()
 
 
-class BlockingSession:
-    """A user session driven from blocking code; `close()` (or leaving the `with` block) says bye."""
+class _Blocking:
+    """What the blocking wrappers share: their portal, closed (the link logged out) by `close()` or on leaving
+    the `with` block."""
 
     def __init__(self, portal: _Portal) -> None:
         self._portal = portal
-        self.session: Session = portal.link  # type: ignore[assignment]
-
-    def send(self, data: Any = None) -> None:
-        self._portal.run(self.session.send, data)
 
     def close(self) -> None:
         self._portal.close()
@@ -88,6 +85,17 @@ class BlockingSession:
         self.close()
 
 
+class BlockingSession(_Blocking):
+    """A user session driven from blocking code; `close()` (or leaving the `with` block) says bye."""
+
+    def __init__(self, portal: _Portal) -> None:
+        super().__init__(portal)
+        self.session: Session = portal.link  # type: ignore[assignment]
+
+    def send(self, data: Any = None) -> None:
+        self._portal.run(self.session.send, data)
+
+
 def connect_session(host: str, port: int, uid: Uid, **options: Any) -> BlockingSession:
     """Log in as `uid` (options as for `idled.client.trio.open_session`: keepalive, device, ...); raises
     ClientError on failure."""
@@ -97,16 +105,8 @@ def connect_session(host: str, port: int, uid: Uid, **options: Any) -> BlockingS
 def watch(host: str, port: int, name: str, **options: Any) -> Iterator[Event]:
     """Presence events as a blocking iterator (options as for `open_observer`: after, reconnect...).
     Closing the generator (break, or garbage collection) logs the observer out."""
-    portal = _Portal(Observer(TRIO, host, port, name, **options))
-    observer: Observer = portal.link  # type: ignore[assignment]
-    try:
-        while True:
-            try:
-                yield portal.run(observer.__anext__)
-            except StopAsyncIteration:
-                return
-    finally:
-        portal.close()
+    with connect_observer(host, port, name, **options) as observer:
+        yield from observer
 
 
 @overload
@@ -135,12 +135,12 @@ def query(host: str, port: int, uids: Iterable[Uid], *, name: str = "idled-query
         portal.close()
 
 
-class BlockingObserver:
+class BlockingObserver(_Blocking):
     """An observer driven from blocking code: iterate for events; `watch`, `unwatch` and `query` as in the
     async API; `close()` (or leaving the `with` block) logs it out."""
 
     def __init__(self, portal: _Portal) -> None:
-        self._portal = portal
+        super().__init__(portal)
         self.observer: Observer = portal.link  # type: ignore[assignment]
 
     def __iter__(self) -> Iterator[Event]:
@@ -159,15 +159,6 @@ class BlockingObserver:
     def query(self, uids: Iterable[Uid]) -> dict[Uid, bool]:
         result: dict[Uid, bool] = self._portal.run(self.observer.query, uids)
         return result
-
-    def close(self) -> None:
-        self._portal.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def connect_observer(host: str, port: int, name: str, **options: Any) -> BlockingObserver:

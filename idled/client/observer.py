@@ -158,7 +158,7 @@ class Observer(Link):
         await reply.flag.wait()
         if isinstance(reply.value, ClientError):
             raise reply.value
-        assert type(reply.value) is Status, reply.value  # replies are answered in order: a query's is a status
+        assert type(reply.value) is Status  # replies come in request order: a query's is its status
         return reply.value
 
     async def watch(self, uids: Iterable[Uid]) -> None:

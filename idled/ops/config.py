@@ -107,7 +107,7 @@ class Config:
     # PROXY protocol v1/v2 from the balancers in proxy_allow (comma-separated CIDRs).
     proxy_protocol: bool = False
     proxy_allow: str = "127.0.0.0/8,::1"
-    # Uids in one observer's watchlist (subscribe uids / watch); beyond it: not_allowed (idled.server.observers).
+    # Uids in one observer's watchlist (subscribe uids / watch); beyond it: not_allowed (idled.server.watchlists).
     max_watch: int = 100_000
 
     def validate(self) -> Config:

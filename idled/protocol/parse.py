@@ -280,6 +280,7 @@ def _parse_attach(obj: dict[str, Any]) -> Attach:
 
 
 def _uids_of(obj: dict[str, Any], op: str) -> tuple[Uid, ...]:
+    """`uids` of watch / unwatch: plain uids only (never session keys), like query's."""
     _only(obj, _UIDS_KEYS, op)
     if "uids" not in obj:
         raise _bad(f"{op} needs uids")
@@ -316,22 +317,6 @@ def _parse_subscribe(obj: dict[str, Any]) -> Subscribe:
                      None if uids is None else _uid_list(uids))
 
 
-def _parse_watch(obj: dict[str, Any]) -> Watch:
-    return Watch(_watchlist_of(obj, "watch"))
-
-
-def _parse_unwatch(obj: dict[str, Any]) -> Unwatch:
-    return Unwatch(_watchlist_of(obj, "unwatch"))
-
-
-def _watchlist_of(obj: dict[str, Any], op: str) -> tuple[Uid, ...]:
-    """`uids` of watch / unwatch: plain uids only (never session keys), like query's."""
-    _only(obj, _UIDS_KEYS, op)
-    if "uids" not in obj:
-        raise _bad(f"{op} needs uids")
-    return _uid_list(obj["uids"])
-
-
 def _parse_query(obj: dict[str, Any]) -> Query:
     _only(obj, _QUERY_KEYS, "query")
     if "uids" not in obj:
@@ -353,8 +338,8 @@ _CLIENT_PARSERS: Final[dict[str, Callable[[dict[str, Any]], ClientMessage]]] = {
     "marked": _parse_marked,
     "subscribe": _parse_subscribe,
     "query": _parse_query,
-    "watch": _parse_watch,
-    "unwatch": _parse_unwatch,
+    "watch": lambda obj: Watch(_uids_of(obj, "watch")),
+    "unwatch": lambda obj: Unwatch(_uids_of(obj, "unwatch")),
 }
 
 
@@ -432,24 +417,32 @@ def _parse_status(obj: dict[Any, Any]) -> Status:
         check_uid(uid, "status uid")
         if type(flag) is not bool:
             raise _bad("status values must be booleans")
-    last_seen = obj.get("last_seen")
+    last_seen = _uid_map(obj.get("last_seen"), "last_seen", _last_seen_value)
     if last_seen is not None:
-        if type(last_seen) is not dict:
-            raise _bad("status last_seen must be a map")
-        for uid, value in last_seen.items():
-            check_uid(uid, "status last_seen uid")
-            if value is not None:
-                _finite(value, "status last_seen")
         last_seen = {uid: None if value is None else float(value) for uid, value in last_seen.items()}
-    devices = obj.get("devices")
-    if devices is not None:
-        if type(devices) is not dict:
-            raise _bad("status devices must be a map")
-        for uid, names in devices.items():
-            check_uid(uid, "status devices uid")
-            if type(names) is not tuple or any(type(name) is not str for name in names):
-                raise _bad("status devices values must be arrays of str")
-    return Status(online, last_seen, devices)
+    return Status(online, last_seen, _uid_map(obj.get("devices"), "devices", _device_names))
+
+
+def _uid_map(value: Any, field: str, check: Callable[[Any], object]) -> dict[Uid, Any] | None:
+    """An optional map of a status (``field``): uid -> a value ``check`` accepts (it raises otherwise)."""
+    if value is None:
+        return None
+    if type(value) is not dict:
+        raise _bad(f"status {field} must be a map")
+    for uid, item in value.items():
+        check_uid(uid, f"status {field} uid")
+        check(item)
+    return value
+
+
+def _last_seen_value(value: Any) -> None:
+    if value is not None:
+        _finite(value, "status last_seen")
+
+
+def _device_names(names: Any) -> None:
+    if type(names) is not tuple or any(type(name) is not str for name in names):
+        raise _bad("status devices values must be arrays of str")
 
 
 def _parse_error(obj: dict[Any, Any]) -> Error:

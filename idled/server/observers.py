@@ -32,15 +32,8 @@ Durable subscriptions (``subscribe durable=true``): the cursor stops at the writ
 under ``fsync=always``, a process crash under ``never``; under ``interval`` events arrive up to
 ``fsync_interval`` later. Its replies wait for the events before them, too.
 
-Watchlists (``subscribe uids=[...]``, ``watch``, ``unwatch``): the bus fills the observer's own bounded queue
-with its matches at publish time (``idled.server.bus``); the sender sends from that queue, or -- for the
-seqs before the queue's ``live_from``, and after an overflow -- replays the window or the disk filtered by
-uid. A ``watch``/``unwatch`` changes the index at once (it applies to every event published after it was
-read) and is queued among the replies with the same horizon as a reply to a request read then: the replay
-filter sees the change only once the cursor has passed it, so the events before a ``watch`` follow the old
-list and a ``ping`` after it is answered once it applies. ``watch`` before ``subscribe`` builds the list the
-subscribe starts with (a list too big for one frame is sent as watch frames, then ``subscribe``), which
-then must carry ``uids``. At most ``max_watch`` uids per observer (``not_allowed`` beyond it).
+Watchlists (``subscribe uids=[...]``, ``watch``, ``unwatch``): the sender sends only the observer's uids'
+events, from its own queue or replayed filtered; the requests and that replay are ``idled.server.watchlists``.
 
 Resuming: ``subscribe from=N`` starts the cursor at N. Seqs below this run's ``first_seq`` come from the
 previous runs' log (a gap a crash left is skipped: those seqs never existed); this run's events come from
@@ -48,21 +41,17 @@ the window, or from disk once the writer has written them if they have left the 
 than anything retained is refused (``gone``); an observer that falls behind retention while connected is
 cut with ``gone``.
 
-Last seen (``query`` with ``last_seen: true``): an online user's answer is its latest activity
-(``PresenceTable.last_activity``: the latest over its sessions, on the server clock, turned into wall time as events are: ``wall - (now - seen)``); an
-offline user's is the event log's last-seen map (`idled.log.lastseen`, ``EventLog.last_seen``), which the log
-writer updates as it appends each record. So such a query is answered once the writer has appended every
-event published before it (``_written``: usually at once; else a few ms, bounded by ``LAST_SEEN_WAIT``): a user
-who has just gone offline is answered with that offline's ``last_seen``, not an older one.
+Queries (``query``, with ``last_seen`` or not) are answered by ``idled.server.queries`` and queued among the
+replies like any other.
 """
 
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import os
-import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import trio
@@ -78,21 +67,21 @@ from idled.protocol import (
     Login,
     ProtocolError,
     Query,
-    Status,
     Subscribe,
     Uid,
+    Unwatch,
+    Watch,
     Welcome,
     encode,
     receive_message,
 )
-from idled.protocol import Unwatch, Watch
+from idled.server import watchlists
 from idled.server.bus import EventBus, Subscription, event_frame
 from idled.server.conn import SEND_ERROR_TIMEOUT, Connection, close_with
+from idled.server.queries import Queries
+from idled.server.watchlists import DEFAULT_MAX_WATCH, Change
 
-__all__ = [
-    "OBSERVER_STALL", "OBSERVER_WRITE_BYTES", "REPLAY_BATCH", "REPLY_BYTES", "LAST_SEEN_WAIT", "DEFAULT_MAX_WATCH",
-    "WATCH_SCAN", "FrameWriter", "Observers", "Stalled",
-]
+__all__ = ["OBSERVER_STALL", "OBSERVER_WRITE_BYTES", "REPLAY_BATCH", "REPLY_BYTES", "FrameWriter", "Observers", "Stalled"]
 
 log = logging.getLogger("idled.server.observers")
 
@@ -101,9 +90,6 @@ REPLY_BYTES = 256 * 1024  # replies waiting beyond this: stop reading the observ
 OBSERVER_STALL = 5.0  # seconds an observer may take no byte while data waits for it; then busy
 REPLAY_BATCH = 1000  # records per disk read
 DISK_CATCH_UP_POLL = 0.01  # seconds between two looks at the log while waiting for the writer
-LAST_SEEN_WAIT = 5.0  # seconds a last_seen query waits at most for the writer (then answers from what it has)
-DEFAULT_MAX_WATCH = 100_000  # uids in one observer's watchlist (the max_watch setting)
-WATCH_SCAN = 4096  # seqs of the window a filtered replay looks at before it lets other tasks run
 
 
 class Stalled(Exception):
@@ -200,22 +186,6 @@ class _DiskReader:
         return out
 
 
-class _Change:
-    """A watchlist change among the replies: ``added`` (watch) or not (unwatch) ``uids``, each of which it
-    really changed. Until the cursor passes it, the replay filter sees the list as it was before it."""
-
-    __slots__ = ("added", "uids")
-
-    def __init__(self, added: bool, uids: list[Uid]) -> None:
-        self.added = added
-        self.uids = uids
-
-    @property
-    def size(self) -> int:
-        """What it counts against ``REPLY_BYTES``: about what its frame took."""
-        return 64 + 16 * len(self.uids)
-
-
 class _Peer:
     """One observer connection's state, shared by its two tasks."""
 
@@ -226,37 +196,18 @@ class _Peer:
         self.subscription = Subscription()
         self.writer = FrameWriter(stream)
         # (events before it, frame or watchlist change)
-        self.replies: collections.deque[tuple[int, bytes | _Change]] = collections.deque()
+        self.replies: collections.deque[tuple[int, bytes | Change]] = collections.deque()
         self.reply_bytes = 0
         self._room = trio.Event()
         self.disk: _DiskReader | None = None
-        self.changes = 0  # _Change entries in `replies`
+        self.changes = 0  # watchlist changes in `replies`
 
-    def change(self, horizon: int, added: bool, uids: list[Uid]) -> None:
+    def change(self, horizon: int, entry: Change) -> None:
         """Queue a watchlist change: the replay filter takes it in once every event below ``horizon`` is sent."""
-        entry = _Change(added, uids)
         self.replies.append((horizon, entry))
         self.reply_bytes += entry.size
         self.changes += 1
         self.subscription.wake()
-
-    def watched(self) -> Callable[[Uid], bool]:
-        """The replay filter at the cursor: the watchlist without the changes still queued (see `_Change`)."""
-        watching = self.subscription.watching
-        assert watching is not None
-        if not self.changes:
-            return watching.__contains__
-        before = self.before_changes()
-        return lambda uid: before[uid] if uid in before else uid in watching
-
-    def before_changes(self) -> dict[Uid, bool]:
-        """uid -> watched before the queued changes, for each uid they touch (the earliest one tells)."""
-        before: dict[Uid, bool] = {}
-        for _, entry in self.replies:
-            if type(entry) is _Change:
-                for uid in entry.uids:
-                    before.setdefault(uid, not entry.added)
-        return before
 
     def reply(self, horizon: int, frame: bytes) -> None:
         """Queue ``frame`` to go out once every event below ``horizon`` has been sent."""
@@ -276,7 +227,7 @@ class _Peer:
         size = 0
         while self.replies and (cursor is None or self.replies[0][0] <= cursor) and size < OBSERVER_WRITE_BYTES:
             frame = self.replies.popleft()[1]
-            if type(frame) is _Change:  # the replay filter has passed it: nothing to send
+            if type(frame) is Change:  # the replay filter has passed it: nothing to send
                 self.changes -= 1
                 self.reply_bytes -= frame.size
                 self._room.set()
@@ -300,8 +251,7 @@ class Observers:
         clock: Callable[[], float] = trio.current_time,
         max_watch: int = DEFAULT_MAX_WATCH,
     ) -> None:
-        self.presence = presence
-        self.clock = clock  # the presence table's clock (the server's pause-adjusted one)
+        self.queries = Queries(presence, bus, log, first_seq=first_seq, clock=clock)
         self.bus = bus
         self.log = log
         self.first_seq = first_seq
@@ -350,7 +300,7 @@ class Observers:
             await close_with(stream, *observer.end)
 
     async def _requests(self, stream: trio.abc.Stream, decoder: FrameDecoder, peer: _Peer) -> None:
-        presence, bus, subscription = self.presence, self.bus, peer.subscription
+        bus, subscription = self.bus, peer.subscription
         while True:
             await peer.room()
             message = await receive_message(stream, decoder)
@@ -359,78 +309,20 @@ class Observers:
             if type(message) is Subscribe:
                 if bus.is_subscribed(subscription):
                     raise ProtocolError(ErrorCode.NOT_ALLOWED, "already subscribed")
-                if message.uids is not None:
-                    self._watch(subscription, message.uids)
-                elif subscription.watching is not None:
-                    raise ProtocolError(ErrorCode.NOT_ALLOWED, "this observer has a watchlist (watch came first): "
-                                        "subscribe with uids (an empty array keeps the list as it is)")
+                watchlists.subscribing(bus, subscription, message.uids, self.max_watch)
                 await self._check_retained(message.from_seq)
                 bus.subscribe(subscription, message.from_seq, durable=message.durable)
             elif type(message) is Watch or type(message) is Unwatch:
-                subscribed = bus.is_subscribed(subscription)
-                if subscribed and subscription.watching is None:
-                    raise ProtocolError(ErrorCode.NOT_ALLOWED, f"{type(message).__name__.lower()} needs a watchlist: "
-                                        "this observer subscribed to every event (subscribe with uids for one)")
-                if type(message) is Watch:
-                    changed = self._watch(subscription, message.uids)
-                else:
-                    changed = bus.unwatch(subscription, message.uids) if subscription.watching is not None else []
-                    if subscription.watching is None:
-                        bus.watch(subscription, ())  # an unwatch first makes a watchlist observer too
-                if changed and subscribed:
-                    peer.change(bus.next_seq, type(message) is Watch, changed)
+                change = watchlists.request(bus, subscription, message, self.max_watch)
+                if change is not None:
+                    peer.change(bus.next_seq, change)
             elif type(message) is Query:
-                if message.last_seen:
-                    await self._written(bus.next_seq)
-                    peer.reply(bus.next_seq, encode(self.status_with_last_seen(message.uids)))
-                else:
-                    peer.reply(bus.next_seq, encode(Status({uid: presence.is_online(uid) for uid in message.uids})))
+                frame = await self.queries.answer(message)
+                peer.reply(bus.next_seq, frame)
             elif message is PING:
                 peer.reply(bus.next_seq, PONG_FRAME)
             else:
                 raise ProtocolError(ErrorCode.NOT_ALLOWED, f"{type(message).__name__.lower()} is not for observers")
-
-    def _watch(self, subscription: Subscription, uids: Iterable[Uid]) -> list[Uid]:
-        """Add to the watchlist, within ``max_watch``; the uids it added."""
-        watching = subscription.watching or ()
-        new = {uid for uid in uids if uid not in watching}
-        if len(watching) + len(new) > self.max_watch:
-            raise ProtocolError(ErrorCode.NOT_ALLOWED, f"a watchlist of {len(watching) + len(new)} uids is beyond "
-                                f"the limit max_watch={self.max_watch}")
-        return self.bus.watch(subscription, uids)
-
-    def status_with_last_seen(self, uids: tuple[Uid, ...]) -> Status:
-        """The reply to a query with ``last_seen`` (see the module docstring)."""
-        presence, log = self.presence, self.log
-        wall, now = time.time(), self.clock()
-        online: dict[Uid, bool] = {}
-        last_seen: dict[Uid, float | None] = {}
-        devices: dict[Uid, tuple[str, ...]] = {}
-        for uid in uids:
-            seen = presence.last_activity(uid)
-            if seen is not None:
-                online[uid] = True
-                last_seen[uid] = wall - (now - seen)
-                if names := presence.devices_of(uid):
-                    devices[uid] = names
-            elif (graced := presence.grace_last_seen(uid)) is not None:
-                online[uid] = True  # its offline waits out the grace: online, last seen when its session ended
-                last_seen[uid] = graced
-            else:
-                online[uid] = False
-                last_seen[uid] = log.last_seen(uid, wall)
-        return Status(online, last_seen, devices)
-
-    async def _written(self, below: int) -> None:
-        """Wait (at most LAST_SEEN_WAIT) until the log has appended every event of this run with a seq below
-        ``below``. (The previous runs' are on disk; after a crash this run's first seq may lie past a gap of
-        seqs nobody will ever write: see idled.server.seqs.)"""
-        log = self.log
-        if below <= self.first_seq or log.last_seq + 1 >= below:
-            return
-        with trio.move_on_after(LAST_SEEN_WAIT):
-            while log.last_seq + 1 < below and not self.bus.log_closed:
-                await trio.sleep(DISK_CATCH_UP_POLL / 5)
 
     async def _check_retained(self, start: int | None) -> None:
         """Refuse a ``from`` beyond the next seq (``bad_message``) or older than anything retained (``gone``)."""
@@ -449,11 +341,12 @@ class Observers:
     async def _sender(self, peer: _Peer, observer: Connection, done: trio.CancelScope) -> None:
         """The only task writing to an observer's socket: replies, then events from the cursor on."""
         bus, subscription, writer = self.bus, peer.subscription, peer.writer
+        from_disk = functools.partial(self._from_disk, peer)
         try:
             while True:
                 watchlist = subscription.watching is not None and subscription.cursor is not None
                 if watchlist:
-                    _skip_quiet(bus, subscription)
+                    watchlists.skip_quiet(bus, subscription)
                 replies = peer.ready_replies()
                 if replies:
                     await writer.write(replies, OBSERVER_STALL)
@@ -465,7 +358,8 @@ class Observers:
                     if peer.replies:  # the next reply goes out right after the events before it
                         limit = min(limit, peer.replies[0][0])
                     if watchlist:
-                        step = await self._watched(peer, cursor, limit)
+                        step = await watchlists.next_frames(bus, subscription, cursor, limit, OBSERVER_WRITE_BYTES,
+                                                            peer.replies if peer.changes else None, from_disk)
                         if step is not None:
                             frames, cursor = step
                             if frames:
@@ -499,38 +393,6 @@ class Observers:
             return frames, cursor + len(frames)
         return await self._from_disk(peer, cursor, limit if oldest is None else min(limit, oldest))
 
-    async def _watched(self, peer: _Peer, cursor: int, limit: int) -> tuple[list[bytes], int] | None:
-        """A watchlist observer's next frames below ``limit`` and the cursor after them (None: nothing to do
-        now): from its queue, or replayed filtered from the window or the disk (see idled.server.bus)."""
-        bus, subscription = self.bus, peer.subscription
-        live_from = subscription.live_from
-        if live_from is not None and cursor >= live_from:  # the queue's part; _skip_quiet is at its head
-            queue = subscription.queue
-            if not queue or queue[0][0] >= limit:
-                return None
-            frames: list[bytes] = []
-            size = seq = 0
-            while queue and queue[0][0] < limit and size < OBSERVER_WRITE_BYTES:
-                seq, frame = queue.popleft()
-                frames.append(frame)
-                size += len(frame)
-            subscription.queue_bytes -= size
-            return frames, seq + 1
-        oldest = bus.oldest_recent()
-        if live_from is None and (oldest is None or cursor >= oldest):
-            # The replay after an overflow has reached the window: fill the queue again from the next event,
-            # and replay up to there (what is left is in the window, or reaches the writer).
-            subscription.live_from = live_from = bus.next_seq
-        end = limit if live_from is None else min(limit, live_from)
-        if cursor >= end:
-            return None
-        watching = subscription.watching
-        assert watching is not None
-        if oldest is not None and cursor >= oldest:
-            before = peer.before_changes() if peer.changes else None
-            return bus.watched_frames(cursor, end, OBSERVER_WRITE_BYTES, WATCH_SCAN, watching, before)
-        return await self._from_disk(peer, cursor, end if oldest is None else min(end, oldest), peer.watched())
-
     async def _from_disk(self, peer: _Peer, cursor: int, below: int,
                          watched: Callable[[Uid], bool] | None = None) -> tuple[list[bytes], int]:
         first = self.first_seq
@@ -560,18 +422,3 @@ class Observers:
             return [event_frame(record) for record in records if watched(record["uid"])], records[-1]["seq"] + 1
         return [event_frame(record) for record in records], records[-1]["seq"] + 1
 
-
-def _skip_quiet(bus: EventBus, subscription: Subscription) -> None:
-    """Move a watchlist cursor within its queue's part over the seqs that are not its own: up to the next
-    queued match, or to where the queue's coverage ends. At the end of an overflowed queue, leave it: the
-    sender replays from ``stop_at`` on."""
-    live_from, cursor = subscription.live_from, subscription.cursor
-    if live_from is None or cursor is None or cursor < live_from:
-        return
-    queue, stop_at = subscription.queue, subscription.stop_at
-    target = queue[0][0] if queue else bus.next_seq if stop_at is None else stop_at
-    target = min(target, bus.limit(subscription))
-    if target > cursor:
-        subscription.cursor = cursor = target
-    if not queue and stop_at is not None and cursor >= stop_at:
-        subscription.live_from = subscription.stop_at = None

@@ -1,8 +1,12 @@
-"""What the snapshot and last-seen tests share: minimal presence records and a burst of short sessions."""
+"""What the snapshot and last-seen tests share: minimal presence records, a burst of short sessions, and the
+memory a map of the log takes."""
 
 from __future__ import annotations
 
-from typing import Any
+import gc
+import tracemalloc
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol, TypeVar
 
 from idled.log.eventlog import EventLog
 
@@ -23,3 +27,26 @@ def churn(log: EventLog, first: int, pairs: int) -> int:
         log.append([ev(seq, "online", f"c{n}"), ev(seq + 1, "offline", f"c{n}")])
         seq += 2
     return seq
+
+
+
+class _LogMap(Protocol):
+    def note(self, event: Mapping[str, Any]) -> None: ...
+
+
+M = TypeVar("M", bound=_LogMap)
+
+
+def filled(make: Callable[[], M], events: Iterable[Mapping[str, Any]]) -> tuple[M, int]:
+    """A map of the log (``make()``: `LastSeen`, `OpenSessions`) that noted ``events``, and the bytes it took
+    (tracemalloc: everything allocated from its making to its last event that is still held)."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        log_map = make()
+        for event in events:
+            log_map.note(event)
+        return log_map, tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from idled.log.snapshot import (
     write_snapshot,
 )
 
-from tests.log.records import NOW, churn, ev
+from tests.log.records import NOW, churn, ev, filled
 
 DAY = 86400.0
 
@@ -123,21 +124,15 @@ def test_disabled_store_writes_the_old_snapshot_body(tmp_path: Path) -> None:
 def test_the_map_costs_under_140_bytes_per_offline_user() -> None:
     # What `idled bench --last-seen` measures at 1M (116 B/user for str uids): the dict entry, the uid and the
     # float, which only the map holds once the user is offline.
-    import gc
-    import tracemalloc
-
     n = 100_000
-    gc.collect()
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
-        seen = LastSeen(DAY)
+
+    def offlines() -> Iterator[dict[str, Any]]:
         event: dict[str, Any] = {"kind": "offline"}
         for i in range(n):  # a fresh uid and float per record, as the writer gets them decoded
             event["uid"], event["last_seen"] = f"user-{i:07d}", NOW + i * 0.001
-            seen.note(event)
-        per_user = (tracemalloc.get_traced_memory()[0] - before) / n
-    finally:
-        tracemalloc.stop()
+            yield event
+
+    seen, size = filled(lambda: LastSeen(DAY), offlines())
+    per_user = size / n
     assert len(seen) == n
     assert per_user < 140, per_user

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import gc
-import tracemalloc
 from pathlib import Path
 
 import trio
@@ -13,7 +11,7 @@ from idled.log.snapshot import OpenSessions, list_snapshots, read_snapshot
 from idled.protocol import BYE, PING
 
 from tests import peers
-from tests.log.records import churn, ev
+from tests.log.records import churn, ev, filled
 
 
 def test_retention_keeps_sessions_whose_online_record_it_deleted(tmp_path: Path) -> None:
@@ -84,16 +82,8 @@ def test_open_sessions_cost_under_100_bytes_each() -> None:
     n = 200_000
     uids = [f"user-{i}" for i in range(n)]
     events = [{"kind": "online", "uid": uid, "last_seen": 1.7e9 + i, "timeout": 45.0} for i, uid in enumerate(uids)]
-    gc.collect()
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
-        sessions = OpenSessions()
-        for event in events:
-            sessions.note(event)
-        per_session = (tracemalloc.get_traced_memory()[0] - before) / n
-    finally:
-        tracemalloc.stop()
+    sessions, size = filled(OpenSessions, events)
+    per_session = size / n
     assert len(sessions) == n
     assert per_session < 100, per_session
 
