@@ -81,7 +81,7 @@ class Snapshot(TypedDict, total=False):
     users_online            users currently online: with a live session, or waiting out offline_grace
     detector_keys           keys (uids) tracked by the detector, ring plus overflow
     detector_overflow_keys  of those, keys parked in the overflow wheel (deadline beyond the ring)
-    observer_queued_bytes   bytes held for observers beyond the shared event window (their replies)
+    observer_queued_bytes   bytes held for observers beyond the shared event window (replies, watchlist queues)
     eventlog_damaged_bytes  damaged bytes the last recovery skipped in place or quarantined
     eventlog_damaged_records  records lost to that damage (estimated)
     eventlog_rolls_deferred segment rolls put off for lack of a descriptor since the start
@@ -156,7 +156,7 @@ class _SnapshotCollector(Collector):
                 "idled_detector_overflow_keys", "Detector keys whose deadline lies beyond the ring (overflow wheel)."
             ),
             "observer_queued_bytes": GaugeMetricFamily(
-                "idled_observer_queued_bytes", "Bytes held for observers beyond the shared event window (replies)."
+                "idled_observer_queued_bytes", "Bytes held for observers beyond the shared event window (replies, watchlist queues)."
             ),
             "eventlog_damaged_bytes": GaugeMetricFamily(
                 "idled_eventlog_damaged_bytes", "Damaged bytes the last recovery skipped in place or quarantined."
