@@ -22,8 +22,10 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 def example(name: str, *args: str, out: Path) -> subprocess.Popen[bytes]:
     with open(out, "wb") as sink:
+        # SIGINT stops an example: an ignored SIGINT inherited from the test run (a shell's background job
+        # ignores it) would leave the example running and the test waiting.
         return subprocess.Popen([sys.executable, str(EXAMPLES / name), *args], stdout=sink, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
+                                stdin=subprocess.DEVNULL, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 async def wait_output(path: Path, text: str, timeout: float = 20.0) -> str:
