@@ -288,19 +288,17 @@ class Gateways:
 
     async def detach(self, gateway: Gateway, message: Detach) -> None:
         sessions = self.sessions
-        presence, clock = sessions.presence, sessions.clock
+        clock = sessions.clock
         await sessions.room()
         now, wall = clock.now(), time.time()
         reason = message.reason or "detach"  # an edge says what its user did (logout, closed)
         for index, uid in enumerate(message.uids, 1):
-            sessions.publish(presence.logout(uid, gateway, now, wall, reason))
+            sessions.logout(uid, gateway, now, wall, reason)
             gateway.uids.pop(uid, None)
             if index % ATTACH_CHUNK == 0:  # like attach: a 1 MiB detach must not hold the loop for all of it
                 await trio.lowlevel.checkpoint()
                 await sessions.room()
                 now, wall = clock.now(), time.time()
-        if reason == "closed" and presence.offline_grace:
-            sessions.wake_ticker()  # offlines may wait out the grace now, due before the tick task's wake-up
 
     async def lost(self, gateway: Gateway) -> None:
         """The gateway is gone: every session it still owns goes offline (``gateway_lost``)."""

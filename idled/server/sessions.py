@@ -32,7 +32,7 @@ from typing import Any
 import trio
 
 from idled.core.detector import DEFAULT_CHUNK
-from idled.core.presence import Owner, PresenceEvent, PresenceTable, SessionKey
+from idled.core.presence import Owner, PresenceEvent, PresenceTable, SessionKey, uid_of
 from idled.protocol import ErrorCode, ProtocolError
 from idled.server.bus import EventBus
 from idled.server.clock import Clock
@@ -72,6 +72,17 @@ class Sessions:
     def publish(self, event: PresenceEvent | None) -> None:
         if event is not None:
             self.bus.publish(event)
+
+    def logout(self, key: SessionKey, owner: Owner, now: float, wall: float, reason: str) -> None:
+        """End ``key``'s session if ``owner`` still owns it, publishing the user's offline -- unless another key
+        of the user lives, or a ``closed`` end starts the grace: then the tick task is woken, since that
+        offline may come due before the tick task's own wake-up (a grace shorter than the next deadline)."""
+        presence = self.presence
+        event = presence.logout(key, owner, now, wall, reason)
+        if event is not None:
+            self.bus.publish(event)
+        elif reason == "closed" and presence.offline_grace and presence.in_grace(uid_of(key)):
+            self.wake_ticker()
 
     def take_over(self, key: SessionKey, replaced: tuple[SessionKey, Owner] | None, owner: Owner) -> None:
         """``owner`` logged ``key`` in, ending ``replaced`` (``PresenceTable.login``): its owner is told

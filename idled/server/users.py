@@ -54,7 +54,6 @@ from idled.protocol import (
     BYE, PING, PONG_FRAME, ErrorCode, FrameDecoder, Login, Msg, ProtocolError, SessionKey, Welcome, encode,
     receive_message,
 )
-from idled.core.presence import uid_of
 from idled.server.conn import HANDED_OVER, Admission, Connection, close_with
 from idled.server.sessions import Sessions
 
@@ -142,13 +141,7 @@ class CoreUsers:
         return self.sessions.presence.timeout_of(key)
 
     def end(self, key: SessionKey, conn: Connection, reason: str) -> None:
-        sessions = self.sessions
-        presence = sessions.presence
-        event = presence.logout(key, conn, self.now(), time.time(), reason)
-        if event is not None:
-            sessions.publish(event)
-        elif reason == "closed" and presence.offline_grace and presence.in_grace(uid_of(key)):
-            sessions.wake_ticker()  # the offline waits out the grace: due, maybe, before the tick task wakes
+        self.sessions.logout(key, conn, self.now(), time.time(), reason)
 
 
 async def run_user(users: UserSink[Any], stream: trio.abc.Stream, decoder: FrameDecoder, login: Login) -> str | None:
