@@ -89,6 +89,7 @@ class UserPlane:
         self.reject = reject
         self.epoll = select.epoll()
         self.conns: dict[int, Adopted] = {}
+        self.stopped = False  # run() has ended: the epoll is closed, a late login keeps its own task
         self._closing: dict[Adopted, None] = {}
         self._wakeup = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self.epoll.register(self._wakeup, select.EPOLLIN)
@@ -103,7 +104,7 @@ class UserPlane:
 
         The caller's task must end without touching the stream again; what the decoder still holds is served
         at the plane's next step."""
-        if type(stream) is not trio.SocketStream:
+        if type(stream) is not trio.SocketStream or self.stopped:
             return False
         trio.lowlevel.notify_closing(stream.socket)  # out of trio's epoll: ours from now on
         sock = socket.socket(fileno=stream.socket.detach())
@@ -155,6 +156,7 @@ class UserPlane:
                     for record in list(self._closing):
                         self._close(record, "closed")
         finally:
+            self.stopped = True  # (a login finishing during shutdown must not register in a closed epoll)
             for fd in list(conns):
                 record = conns.pop(fd)
                 record.sock.close()

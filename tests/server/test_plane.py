@@ -7,10 +7,12 @@ of a protocol error or of a close by the server, the end of its session, its con
 from __future__ import annotations
 
 import struct
+from typing import Any, cast
 from pathlib import Path
 
 import msgpack
 import trio
+import trio.testing
 
 from idled.protocol import BYE, PING, PONG, Attach, Error, ErrorCode, Event, Msg, Welcome
 from idled.server.plane import MAX_OUT
@@ -147,3 +149,22 @@ async def test_closed_plane_connections_leave_no_cycles(tmp_path: Path) -> None:
             gc.set_debug(0)
             gc.garbage.clear()
             gc.enable()
+
+
+async def test_a_login_finishing_after_the_plane_stopped_keeps_its_own_task() -> None:
+    # Shutdown (e.g. a fatal disk error) cancels the plane's task while a login may still be waiting for its
+    # welcome: its hand-over must leave the connection to its task, not register in the closed epoll.
+    from idled.protocol import FrameDecoder
+    from idled.server.plane import UserPlane
+
+    plane = UserPlane(cast(Any, None), release=lambda: None, reject=lambda code: None)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(plane.run)
+        await trio.testing.wait_all_tasks_blocked()  # the plane is waiting on its epoll
+        nursery.cancel_scope.cancel()
+    assert plane.stopped
+    left, right = trio.socket.socketpair()
+    with left, right:
+        stream = trio.SocketStream(left)
+        assert plane.adopt(stream, "late", object(), FrameDecoder()) is False
+        assert stream.socket.fileno() == left.fileno()  # untouched: still the task's
