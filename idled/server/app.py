@@ -39,6 +39,7 @@ import functools
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -79,6 +80,7 @@ from idled.server import internal
 from idled.server.workermetrics import WorkerCollector
 from idled.server.ticker import Ticker
 from idled.server.users import CoreUsers
+from idled.server.vitals import Sample, Vitals, histogram_source
 
 __all__ = ["RELOADABLE", "Server"]
 
@@ -120,6 +122,8 @@ class Server:
         self.seqs = SeqBlocks(SeqReservation(self.log.directory))
         self._event_counters: dict[tuple[str, str], Any] = {}
         self.bus = EventBus(on_event=self._count_event)
+        self.vitals = Vitals(self._sample, lateness=histogram_source(self.metrics.offline_lateness)
+                             if isinstance(self.metrics, Metrics) else lambda: None)
         self.clock = Clock(config.stall_ticks * config.tick)
         self.monitor = Monitor(self.clock, tick=config.tick, env=self.env, metrics=self.metrics)
         self.connections = connection_counts()
@@ -274,7 +278,7 @@ class Server:
         # Edges that fall behind say so (the threshold: beyond a GC walk's pause and a couple of ticks).
         self._lagwatch = LagWatch(presence.holds, self.clock.now, threshold=max(2.0, 2 * cfg.tick))
         hooks: list[Callable[[], object]] = [functools.partial(self.seqs.extend_ahead, presence, nursery),
-                                             self._lagwatch.check]
+                                             self._lagwatch.check, lambda: self.vitals.sample(time.time())]
         if self.gc_policy is not None:
             hooks.append(self.gc_policy.maybe_thaw)
         # Started after READY=1, so the manager never sees WATCHDOG=1 (or STATUS=) before it.
@@ -418,6 +422,7 @@ class Server:
         if counter is None:
             counter = self._event_counters[key] = self.metrics.presence_events.labels(kind=event.kind, reason=event.reason)
         counter.inc()
+        self.vitals.on_event(event)
         peer_log.event(event)
 
     def _status_line(self) -> str:
@@ -432,6 +437,11 @@ class Server:
         assert self.presence is not None
         return {**self.snapshot(), "next_seq": self.presence.next_seq, "ports": list(self.ports),
                 "stopping": self.stopping, "data_dir": str(self.log.directory)}
+
+    def _sample(self, wall: float) -> Sample:
+        presence = self.presence
+        assert presence is not None
+        return Sample(wall, len(presence), presence.users(), dict(self.connections), presence.next_seq - 1)
 
     def snapshot(self) -> dict[str, Any]:
         """Sizes for the scrape-time gauges (``Metrics.register_snapshot``); read on the event loop."""
