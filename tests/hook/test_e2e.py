@@ -157,3 +157,24 @@ async def test_a_filtered_hook_posts_exactly_the_matching_events(tmp_path: Path,
                 hook.kill()
     expected = [r["seq"] for r in records if wanted(r)]
     assert expected and [e["seq"] for e in receiver.acked_events()] == expected
+
+
+async def test_sigterm_abandons_a_stalled_request_within_the_grace_and_commits_nothing(tmp_path: Path) -> None:
+    data_dir, state, secret_file = tmp_path / "data", tmp_path / "state", tmp_path / "hook-secret"
+    secret_file.write_bytes(SECRET)
+    port = peers.free_port()
+    with Receiver(["stall:5"]) as receiver:
+        async with daemon(data_dir, port, tmp_path / "daemon.stderr"):
+            hook = Hook(hook_command(receiver.url, port, state, secret_file, "--from", "1", "--timeout", "30",
+                                     "--stop-grace", "0.3"), tmp_path / "hook.stderr")
+            try:
+                await hook.subscribed()
+                await gateway_events(port, ["s1", "s2"])
+                await until(lambda: receiver.attempts, 20, "the request in flight")
+                started = time.monotonic()
+                hook.proc.send_signal(signal.SIGTERM)
+                assert await hook.wait() == 0, hook.stderr()
+                assert time.monotonic() - started < 3
+            finally:
+                hook.kill()
+    assert checkpoint(state) == 0  # --from 1 pinned it; the stalled batch was never acknowledged
