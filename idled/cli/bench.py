@@ -39,6 +39,8 @@ DEFAULT_GROWTH_DETECTORS = ["ring-lazy"]  # the server's default
 DEFAULT_LOGIN_RATE = 50_000.0
 DEFAULT_DEVICES_SIZES = [100_000]
 DEFAULT_DEVICES_ROUNDS = 15
+DEFAULT_HOOK_EVENTS = 20_000
+DEFAULT_HOOK_RATE = 5_000.0
 
 
 class UsageError(Exception):
@@ -174,6 +176,17 @@ def _add_mode_arguments(parser: argparse.ArgumentParser) -> None:
     )
     writer.add_argument("--dir", metavar="DIR",
                         help="with --writer or --last-seen: where the temporary logs go (default: $TMPDIR)")
+    hook = parser.add_argument_group("webhook delivery (instead of the detectors)")
+    hook.add_argument(
+        "--hook",
+        action="store_true",
+        help="start idled serve, a local receiver and idled hook, make --hook-events events at --hook-rate per "
+        "second through a gateway, and print delivery events/s, latency p50/p99/max and the hook's CPU",
+    )
+    hook.add_argument("--hook-events", type=int, default=DEFAULT_HOOK_EVENTS, metavar="N",
+                      help="with --hook: events to make (default: %(default)s)")
+    hook.add_argument("--hook-rate", type=float, default=DEFAULT_HOOK_RATE, metavar="N",
+                      help="with --hook: events per second (default: %(default).0f)")
     last_seen = parser.add_argument_group("last-seen map (instead of the detectors)")
     last_seen.add_argument(
         "--last-seen",
@@ -190,6 +203,8 @@ def run(args: argparse.Namespace) -> int:
             return _writer(args)
         if args.last_seen:
             return _last_seen(args)
+        if args.hook:
+            return _hook(args)
         if args.growth:
             return _growth(args)
         if args.devices:
@@ -261,6 +276,8 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError("--keepalive and --login-rate are for --growth")
     if args.rounds != DEFAULT_DEVICES_ROUNDS:
         raise UsageError("--rounds is for --devices")
+    if args.hook_events != DEFAULT_HOOK_EVENTS or args.hook_rate != DEFAULT_HOOK_RATE:
+        raise UsageError("--hook-events and --hook-rate are for --hook")
     if args.seconds is not None and not float(args.seconds).is_integer():
         raise UsageError(f"--seconds must be a whole number of ticks here, got {args.seconds:g}")
     seconds = DEFAULT_SECONDS if args.seconds is None else int(args.seconds)
@@ -380,6 +397,16 @@ def _last_seen(args: argparse.Namespace) -> int:
     from idled.tools.bench import lastseen
 
     return _print_lines(lastseen.report_lines(sizes, args.dir), OSError)
+
+
+def _hook(args: argparse.Namespace) -> int:
+    """`idled bench --hook [--hook-events N] [--hook-rate R]`: webhook delivery with real processes."""
+    _only(args, ("hook", "hook_events", "hook_rate"), "--hook")
+    if not 1 <= args.hook_events <= 10_000_000 or not 0 < args.hook_rate <= 1_000_000:
+        raise UsageError("--hook-events must be in [1, 10000000] and --hook-rate in (0, 1000000]")
+    from idled.tools.bench import hook  # subprocesses and an HTTP receiver: only for this mode
+
+    return _print_lines(hook.report_lines(args.hook_events, args.hook_rate), RuntimeError)
 
 
 def _defaults() -> argparse.Namespace:

@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "check-config": ("idled.cli.check_config", "validate the daemon's configuration and print it, without starting"),
     "user": ("idled.cli.user", "log in as a user from the terminal and keep the session alive (or let it idle)"),
     "watch": ("idled.cli.watch", "print presence events from a running daemon as they happen"),
+    "hook": ("idled.cli.hook", "post presence events to a webhook URL: signed batches, in order, at least once"),
     "query": ("idled.cli.query", "ask a running daemon whether uids are online"),
     "status": ("idled.cli.status", "what a running daemon holds: sessions, connections, next seq, uptime"),
     "token": ("idled.cli.token", "mint an HMAC login token for a uid, gateway or observer"),

@@ -226,3 +226,51 @@ def test_cpython_and_dependencies_run_with_memory_deny_write_execute() -> None:
     if result.stdout.startswith("unsupported"):
         pytest.skip(f"kernel without PR_SET_MDWE (Linux >= 6.3 needed): {os.uname().release}")
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stdout + result.stderr
+
+
+# --- systemd/idled-hook.service -----------------------------------------------------------------------
+
+HOOK = UNITS / "idled-hook.service"
+
+
+def hook_stub_copy(tmp_path: Path) -> Path:
+    """idled-hook.service in tmp_path with ExecStart's binary replaced by an executable stub (as stub_copy)."""
+    stub = tmp_path / "idled-stub"
+    stub.write_text("#!/bin/sh\nexit 0\n")
+    stub.chmod(0o755)
+    original = HOOK.read_text()
+    copy = original.replace(f"ExecStart={EXECUTABLE} ", f"ExecStart={stub} ")
+    changed = [(a, b) for a, b in zip(original.splitlines(), copy.splitlines(), strict=True) if a != b]
+    assert len(changed) == 1 and changed[0][0].startswith(f"ExecStart={EXECUTABLE} hook "), changed
+    unit = tmp_path / "idled-hook.service"
+    unit.write_text(copy)
+    return unit
+
+
+@needs_analyze
+def test_hook_unit_verify_passes(tmp_path: Path) -> None:
+    result = analyze("verify", "--man=no", str(hook_stub_copy(tmp_path)))
+    assert result.returncode == 0 and result.stdout == "" and result.stderr == "", result.stdout + result.stderr
+
+
+@needs_analyze
+def test_hook_unit_security_exposure_is_low() -> None:
+    result = analyze("security", "--offline=yes", str(HOOK))
+    match = re.search(r"Overall exposure level for idled-hook\.service:\s*([0-9.]+)\s+(\S+)", result.stdout)
+    assert match, result.stdout + result.stderr
+    print(f"systemd-analyze security (hook): {match.group(1)} {match.group(2)}")
+    assert float(match.group(1)) <= MAX_EXPOSURE, result.stdout
+
+
+def test_hook_unit_runs_the_documented_command() -> None:
+    unit = directives(HOOK)
+    (exec_start,) = unit["Service.ExecStart"]
+    argv = exec_start.split()
+    assert argv[:2] == [EXECUTABLE, "hook"]
+    assert {"--url", "--state", "--hook-secret-file"} <= set(argv)
+    from tests.cli.test_help_docs import flags_of
+
+    assert {arg for arg in argv if arg.startswith("--")} <= flags_of("hook")
+    assert unit["Service.Restart"] == ["on-failure"] and unit["Service.RestartPreventExitStatus"] == ["2"]
+    assert unit["Service.StateDirectory"] == ["idled-hook"] and "/var/lib/idled-hook" in argv
+    assert unit["Service.DynamicUser"] == ["yes"] and unit["Service.MemoryDenyWriteExecute"] == ["yes"]
