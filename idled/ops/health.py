@@ -20,10 +20,12 @@ from typing import Any
 import trio
 
 from idled import __version__
+from idled.ops.statuspage import LIVE_PATH, live_query
 
 __all__ = ["PROBE_NAME", "Health", "health_response", "probe_directory"]
 
 PROBE_NAME = ".readyz-probe"  # the file /readyz writes and removes in the data directory
+JSON_SEPARATORS = (",", ":")  # compact: the status page polls it every second
 
 
 def probe_directory(directory: Path) -> str | None:
@@ -49,7 +51,8 @@ class Health:
 
     ``data_dir``: the event log's directory, probed with a real write. ``status``: the server's part of the
     status document, called on the event loop. ``listening``: whether the client listener is open (and the
-    server not shutting down)."""
+    server not shutting down). ``vitals(after, since)``: the ``vitals`` part of ``/status/live`` (events with a
+    seq above ``after``, samples newer than ``since``; see `idled.ops.statuspage`), called on the event loop."""
 
     def __init__(
         self,
@@ -57,12 +60,14 @@ class Health:
         *,
         status: Callable[[], Mapping[str, Any]],
         listening: Callable[[], bool],
+        vitals: Callable[[int, float | None], Mapping[str, Any]] = lambda after, since: {},
         version: str = __version__,
         cache_seconds: float = 1.0,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.status_source = status
         self.listening = listening
+        self.vitals_source = vitals
         self.version = version
         self.cache_seconds = cache_seconds
         self.started = time.monotonic()
@@ -106,13 +111,27 @@ class Health:
         document.update(self.status_source())
         return document
 
+    async def live(self, after: int = 0, since: float | None = None) -> dict[str, Any]:
+        """The /status/live document: /status and what changed in the vitals (see `idled.ops.statuspage`)."""
+        document = await self.status()
+        document["vitals"] = self.vitals_source(after, since)
+        return document
 
-async def health_response(health: Health, path: str) -> tuple[int, bytes, str]:
+
+async def health_response(health: Health, path: str, query: str = "") -> tuple[int, bytes, str]:
+    """(status, body, content type) for /healthz, /readyz, /status and /status/live (``query``: its query)."""
     plain = "text/plain; charset=utf-8"
     if path == "/healthz":
         return 200, b"ok\n", plain
     if path == "/readyz":
         ready, reason = await health.ready()
         return (200 if ready else 503), f"{reason}\n".encode(), plain
-    document = await health.status()
-    return 200, (json.dumps(document, sort_keys=True) + "\n").encode(), "application/json"
+    if path == LIVE_PATH:
+        try:
+            after, since = live_query(query)
+        except ValueError as exc:
+            return 400, f"{exc}\n".encode(), plain
+        document = await health.live(after, since)
+    else:
+        document = await health.status()
+    return 200, (json.dumps(document, sort_keys=True, separators=JSON_SEPARATORS) + "\n").encode(), "application/json"
