@@ -26,6 +26,7 @@ __all__ = ["PROBE_NAME", "Health", "health_response", "probe_directory"]
 
 PROBE_NAME = ".readyz-probe"  # the file /readyz writes and removes in the data directory
 JSON_SEPARATORS = (",", ":")  # compact: the status page polls it every second
+LIVE_PROBE_AGE = 5.0  # seconds: an open status page makes the readiness probe write at most this seldom
 
 
 def probe_directory(directory: Path) -> str | None:
@@ -80,28 +81,29 @@ class Health:
         problem = probe_directory(self.data_dir)
         return None if problem is None else f"event log directory {self.data_dir} is not writable: {problem}"
 
-    async def log_problem(self) -> str | None:
-        """Why the event log cannot be written (None: it can), probed at most once per ``cache_seconds``."""
+    async def log_problem(self, max_age: float = 0.0) -> str | None:
+        """Why the event log cannot be written (None: it can), probed at most once per ``cache_seconds`` (or
+        ``max_age``, if longer)."""
         if self._lock is None:
             self._lock = trio.Lock()
         async with self._lock:  # concurrent probes share one write
-            if trio.current_time() - self._probed_at >= self.cache_seconds:
+            if trio.current_time() - self._probed_at >= max(max_age, self.cache_seconds):
                 self._log_problem = await trio.to_thread.run_sync(self._probe_log)
                 self._probed_at = trio.current_time()
         return self._log_problem
 
-    async def ready(self) -> tuple[bool, str]:
-        """(ready?, reason) for /readyz."""
+    async def ready(self, max_age: float = 0.0) -> tuple[bool, str]:
+        """(ready?, reason) for /readyz (``max_age``: see ``log_problem``)."""
         if not self.listening():
             return False, "not listening for clients (starting or shutting down)"
-        problem = await self.log_problem()
+        problem = await self.log_problem(max_age)
         if problem is not None:
             return False, problem
         return True, "ready"
 
-    async def status(self) -> dict[str, Any]:
+    async def status(self, max_age: float = 0.0) -> dict[str, Any]:
         """The /status document."""
-        ready, reason = await self.ready()
+        ready, reason = await self.ready(max_age)
         document: dict[str, Any] = {
             "version": self.version,
             "uptime_seconds": round(time.monotonic() - self.started, 3),
@@ -113,7 +115,7 @@ class Health:
 
     async def live(self, after: int = 0, since: float | None = None) -> dict[str, Any]:
         """The /status/live document: /status and what changed in the vitals (see `idled.ops.statuspage`)."""
-        document = await self.status()
+        document = await self.status(LIVE_PROBE_AGE)
         document["vitals"] = self.vitals_source(after, since)
         return document
 
