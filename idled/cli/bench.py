@@ -182,6 +182,13 @@ def _add_mode_arguments(parser: argparse.ArgumentParser) -> None:
         "memory per user (RSS and tracemalloc), snapshot bytes on disk, snapshot write/load time (takes only "
         "--sizes and --dir)",
     )
+    page = parser.add_argument_group("status page (instead of the detectors)")
+    page.add_argument(
+        "--status-page", action="store_true",
+        help="a loaded `idled serve` (--sizes sessions, default 5000), its CPU over --seconds (default 30) with no "
+        "page open, then with --pages tabs of headless Chromium polling its status page: CPU per page and per poll",
+    )
+    page.add_argument("--pages", type=int, default=10, metavar="N", help="with --status-page: tabs (default: 10)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -190,6 +197,8 @@ def run(args: argparse.Namespace) -> int:
             return _writer(args)
         if args.last_seen:
             return _last_seen(args)
+        if args.status_page:
+            return _status_page(args)
         if args.growth:
             return _growth(args)
         if args.devices:
@@ -261,6 +270,8 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError("--keepalive and --login-rate are for --growth")
     if args.rounds != DEFAULT_DEVICES_ROUNDS:
         raise UsageError("--rounds is for --devices")
+    if args.pages != 10:
+        raise UsageError("--pages is for --status-page")
     if args.seconds is not None and not float(args.seconds).is_integer():
         raise UsageError(f"--seconds must be a whole number of ticks here, got {args.seconds:g}")
     seconds = DEFAULT_SECONDS if args.seconds is None else int(args.seconds)
@@ -380,6 +391,18 @@ def _last_seen(args: argparse.Namespace) -> int:
     from idled.tools.bench import lastseen
 
     return _print_lines(lastseen.report_lines(sizes, args.dir), OSError)
+
+
+def _status_page(args: argparse.Namespace) -> int:
+    """`idled bench --status-page [--sizes N] [--seconds S] [--pages P]`: what open status pages cost the daemon."""
+    _only(args, ("status_page", "sizes", "seconds", "pages"), "--status-page")
+    sizes = [5000] if args.sizes == _defaults().sizes else args.sizes
+    seconds = 30.0 if args.seconds is None else args.seconds
+    if len(sizes) != 1 or not 0 < seconds <= 3600 or not 1 <= args.pages <= 50:
+        raise UsageError("--status-page takes one size, --seconds in (0, 3600] and --pages in [1, 50]")
+    from idled.tools.bench import statuspage  # a daemon, a browser: only for this mode
+
+    return _print_lines(statuspage.report_lines(sizes[0], seconds, args.pages), RuntimeError)
 
 
 def _defaults() -> argparse.Namespace:

@@ -11,6 +11,7 @@ console messages are kept (``goog:loggingPrefs``) for ``driver.get_log("browser"
 from __future__ import annotations
 
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +24,13 @@ CHROMIUM_FLAGS = (
 )
 
 
-class BrowserUnavailable(Exception):
+class BrowserUnavailable(RuntimeError):
     """No headless Chromium here: the reason says what is missing or why it did not start."""
 
 
-def start_chromium(profile: Path, *, width: int = 1280, height: int = 1500) -> Any:
-    """A ``selenium.webdriver.Chrome`` on the system's chromium and chromedriver, with a profile in ``profile``."""
+def start_chromium(profile: Path, *, width: int = 1280, height: int = 1500, flags: Sequence[str] = ()) -> Any:
+    """A ``selenium.webdriver.Chrome`` on the system's chromium and chromedriver, with a profile in ``profile``
+    (``flags``: more command-line switches)."""
     try:
         from selenium import webdriver
         from selenium.common.exceptions import WebDriverException
@@ -42,7 +44,7 @@ def start_chromium(profile: Path, *, width: int = 1280, height: int = 1500) -> A
         raise BrowserUnavailable(f"{missing} not on PATH (Debian: chromium, chromium-driver; see .ci/system-deps)")
     options = webdriver.ChromeOptions()
     options.binary_location = binary
-    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--window-size={width},{height}"):
+    for flag in (*CHROMIUM_FLAGS, *flags, f"--user-data-dir={profile}", f"--window-size={width},{height}"):
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     try:
