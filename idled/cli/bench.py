@@ -2,7 +2,8 @@
 ``--growth``, the presence table grown from 0 to N sessions with every login timed; with ``--devices``, the
 keepalive, parse and login cost and the memory of (uid, device) session keys against plain uids, in one run;
 with ``--writer``, the event-log writer's throughput and latency under each fsync policy; with ``--last-seen``,
-what the event log's last-seen map costs per offline user (memory, snapshot bytes, write and load time).
+what the event log's last-seen map costs per offline user (memory, snapshot bytes, write and load time); with
+``--status-page``, what open status pages cost a loaded daemon in CPU (`idled.tools.bench.statuspage`).
 
 The machinery is in `idled.tools.bench` (`schedule`, `detectors`, `table`; `growth`; `devices`; `writer`); this module reads
 the flags, checks them -- and the output files, and matplotlib for ``--plot`` -- before minutes of
