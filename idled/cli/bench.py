@@ -2,7 +2,8 @@
 ``--growth``, the presence table grown from 0 to N sessions with every login timed; with ``--devices``, the
 keepalive, parse and login cost and the memory of (uid, device) session keys against plain uids, in one run;
 with ``--writer``, the event-log writer's throughput and latency under each fsync policy; with ``--last-seen``,
-what the event log's last-seen map costs per offline user (memory, snapshot bytes, write and load time).
+what the event log's last-seen map costs per offline user (memory, snapshot bytes, write and load time); with
+``--status-page``, what open status pages cost a loaded daemon in CPU (`idled.tools.bench.statuspage`).
 
 The machinery is in `idled.tools.bench` (`schedule`, `detectors`, `table`; `growth`; `devices`; `writer`); this module reads
 the flags, checks them -- and the output files, and matplotlib for ``--plot`` -- before minutes of
@@ -195,6 +196,13 @@ def _add_mode_arguments(parser: argparse.ArgumentParser) -> None:
         "memory per user (RSS and tracemalloc), snapshot bytes on disk, snapshot write/load time (takes only "
         "--sizes and --dir)",
     )
+    page = parser.add_argument_group("status page (instead of the detectors)")
+    page.add_argument(
+        "--status-page", action="store_true",
+        help="a loaded `idled serve` (--sizes sessions, default 5000), its CPU over --seconds (default 30) with no "
+        "page open, then with --pages tabs of headless Chromium polling its status page: CPU per page and per poll",
+    )
+    page.add_argument("--pages", type=int, default=10, metavar="N", help="with --status-page: tabs (default: 10)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -205,6 +213,8 @@ def run(args: argparse.Namespace) -> int:
             return _last_seen(args)
         if args.hook:
             return _hook(args)
+        if args.status_page:
+            return _status_page(args)
         if args.growth:
             return _growth(args)
         if args.devices:
@@ -278,6 +288,8 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError("--rounds is for --devices")
     if args.hook_events != DEFAULT_HOOK_EVENTS or args.hook_rate != DEFAULT_HOOK_RATE:
         raise UsageError("--hook-events and --hook-rate are for --hook")
+    if args.pages != 10:
+        raise UsageError("--pages is for --status-page")
     if args.seconds is not None and not float(args.seconds).is_integer():
         raise UsageError(f"--seconds must be a whole number of ticks here, got {args.seconds:g}")
     seconds = DEFAULT_SECONDS if args.seconds is None else int(args.seconds)
@@ -407,6 +419,18 @@ def _hook(args: argparse.Namespace) -> int:
     from idled.tools.bench import hook  # subprocesses and an HTTP receiver: only for this mode
 
     return _print_lines(hook.report_lines(args.hook_events, args.hook_rate), RuntimeError)
+
+
+def _status_page(args: argparse.Namespace) -> int:
+    """`idled bench --status-page [--sizes N] [--seconds S] [--pages P]`: what open status pages cost the daemon."""
+    _only(args, ("status_page", "sizes", "seconds", "pages"), "--status-page")
+    sizes = [5000] if args.sizes == _defaults().sizes else args.sizes
+    seconds = 30.0 if args.seconds is None else args.seconds
+    if len(sizes) != 1 or not 0 < seconds <= 3600 or not 1 <= args.pages <= 50:
+        raise UsageError("--status-page takes one size, --seconds in (0, 3600] and --pages in [1, 50]")
+    from idled.tools.bench import statuspage  # a daemon, a browser: only for this mode
+
+    return _print_lines(statuspage.report_lines(sizes[0], seconds, args.pages), RuntimeError)
 
 
 def _defaults() -> argparse.Namespace:

@@ -74,8 +74,30 @@ def format_status(doc: dict[str, Any]) -> str:
         f"detector keys    {doc.get('detector_keys')} ({doc.get('detector_overflow_keys')} in overflow)",
         f"client ports     {', '.join(str(p) for p in doc.get('ports') or []) or '-'}",
         f"data dir         {doc.get('data_dir')}",
+        *_vitals_lines(doc),
     ]
     return "\n".join(lines)
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:g} ms"
+
+
+def _vitals_lines(doc: dict[str, Any]) -> list[str]:
+    """Event rate, lateness percentiles and workers, from daemons that send them (older ones do not)."""
+    lines = []
+    if doc.get("events_per_second") is not None:
+        lines.append(f"events/s         {float(doc['events_per_second']):.2f} (last minute)")
+    lateness = doc.get("lateness")
+    if lateness:
+        lines.append(f"offline lateness p50 {_ms(lateness.get('p50'))}, p90 {_ms(lateness.get('p90'))}, "
+                     f"p99 {_ms(lateness.get('p99'))} (at most; {plural(int(lateness.get('count', 0)), 'idle offline')})")
+    for worker in doc.get("workers") or []:
+        state = f"up, pid {worker.get('pid')}" if worker.get("up") else "DOWN"
+        lines.append(f"{worker.get('name')!s:<17}{state}, {plural(int(worker.get('restarts', 0)), 'restart')}, "
+                     f"{plural(int(worker.get('sessions', 0)), 'session')}, "
+                     f"{plural(int(worker.get('connections', 0)), 'connection')}")
+    return lines
 
 
 def run(args: argparse.Namespace) -> int:
@@ -99,5 +121,6 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"{PROG}: {args.metrics}/status: {exc}", file=sys.stderr)
         return EXIT_FAILURE
-    print(json.dumps(document, sort_keys=True) if args.json else format_status(document))
+    print(json.dumps(document, sort_keys=True) if args.json else
+          f"{format_status(document)}\nstatus page      http://{args.metrics}/")
     return EXIT_OK

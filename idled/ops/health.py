@@ -20,10 +20,13 @@ from typing import Any
 import trio
 
 from idled import __version__
+from idled.ops.statuspage import LIVE_PATH, live_query
 
 __all__ = ["PROBE_NAME", "Health", "health_response", "probe_directory"]
 
 PROBE_NAME = ".readyz-probe"  # the file /readyz writes and removes in the data directory
+JSON_SEPARATORS = (",", ":")  # compact: the status page polls it every second
+LIVE_PROBE_AGE = 5.0  # seconds: an open status page makes the readiness probe write at most this seldom
 
 
 def probe_directory(directory: Path) -> str | None:
@@ -49,7 +52,8 @@ class Health:
 
     ``data_dir``: the event log's directory, probed with a real write. ``status``: the server's part of the
     status document, called on the event loop. ``listening``: whether the client listener is open (and the
-    server not shutting down)."""
+    server not shutting down). ``vitals(after, since)``: the ``vitals`` part of ``/status/live`` (events with a
+    seq above ``after``, samples newer than ``since``; see `idled.ops.statuspage`), called on the event loop."""
 
     def __init__(
         self,
@@ -57,12 +61,14 @@ class Health:
         *,
         status: Callable[[], Mapping[str, Any]],
         listening: Callable[[], bool],
+        vitals: Callable[[int, float | None], Mapping[str, Any]] = lambda after, since: {},
         version: str = __version__,
         cache_seconds: float = 1.0,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.status_source = status
         self.listening = listening
+        self.vitals_source = vitals
         self.version = version
         self.cache_seconds = cache_seconds
         self.started = time.monotonic()
@@ -75,28 +81,29 @@ class Health:
         problem = probe_directory(self.data_dir)
         return None if problem is None else f"event log directory {self.data_dir} is not writable: {problem}"
 
-    async def log_problem(self) -> str | None:
-        """Why the event log cannot be written (None: it can), probed at most once per ``cache_seconds``."""
+    async def log_problem(self, max_age: float = 0.0) -> str | None:
+        """Why the event log cannot be written (None: it can), probed at most once per ``cache_seconds`` (or
+        ``max_age``, if longer)."""
         if self._lock is None:
             self._lock = trio.Lock()
         async with self._lock:  # concurrent probes share one write
-            if trio.current_time() - self._probed_at >= self.cache_seconds:
+            if trio.current_time() - self._probed_at >= max(max_age, self.cache_seconds):
                 self._log_problem = await trio.to_thread.run_sync(self._probe_log)
                 self._probed_at = trio.current_time()
         return self._log_problem
 
-    async def ready(self) -> tuple[bool, str]:
-        """(ready?, reason) for /readyz."""
+    async def ready(self, max_age: float = 0.0) -> tuple[bool, str]:
+        """(ready?, reason) for /readyz (``max_age``: see ``log_problem``)."""
         if not self.listening():
             return False, "not listening for clients (starting or shutting down)"
-        problem = await self.log_problem()
+        problem = await self.log_problem(max_age)
         if problem is not None:
             return False, problem
         return True, "ready"
 
-    async def status(self) -> dict[str, Any]:
+    async def status(self, max_age: float = 0.0) -> dict[str, Any]:
         """The /status document."""
-        ready, reason = await self.ready()
+        ready, reason = await self.ready(max_age)
         document: dict[str, Any] = {
             "version": self.version,
             "uptime_seconds": round(time.monotonic() - self.started, 3),
@@ -106,13 +113,27 @@ class Health:
         document.update(self.status_source())
         return document
 
+    async def live(self, after: int = 0, since: float | None = None) -> dict[str, Any]:
+        """The /status/live document: /status and what changed in the vitals (see `idled.ops.statuspage`)."""
+        document = await self.status(LIVE_PROBE_AGE)
+        document["vitals"] = self.vitals_source(after, since)
+        return document
 
-async def health_response(health: Health, path: str) -> tuple[int, bytes, str]:
+
+async def health_response(health: Health, path: str, query: str = "") -> tuple[int, bytes, str]:
+    """(status, body, content type) for /healthz, /readyz, /status and /status/live (``query``: its query)."""
     plain = "text/plain; charset=utf-8"
     if path == "/healthz":
         return 200, b"ok\n", plain
     if path == "/readyz":
         ready, reason = await health.ready()
         return (200 if ready else 503), f"{reason}\n".encode(), plain
-    document = await health.status()
-    return 200, (json.dumps(document, sort_keys=True) + "\n").encode(), "application/json"
+    if path == LIVE_PATH:
+        try:
+            after, since = live_query(query)
+        except ValueError as exc:
+            return 400, f"{exc}\n".encode(), plain
+        document = await health.live(after, since)
+    else:
+        document = await health.status()
+    return 200, (json.dumps(document, sort_keys=True, separators=JSON_SEPARATORS) + "\n").encode(), "application/json"

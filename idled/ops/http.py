@@ -19,12 +19,18 @@ Given a :class:`Health`, the same endpoint answers the probes and the status doc
   probe storm costs one write per second;
 * ``/status`` -- a JSON document (version, uptime, sessions, connections by role, next seq, readiness),
   what ``idled status`` prints. Like NATS's ``/varz``: plain HTTP, readable with curl, no client library
-  and no protocol change. The server's part is read on the event loop (the handler runs there).
+  and no protocol change. The server's part is read on the event loop (the handler runs there);
+* ``/status/live?after=SEQ&since=T`` -- the same with a ``vitals`` part: what the status page polls.
+
+And always ``/``, the status page (`idled.ops.statuspage`: three files served from memory, with their
+security headers; without a ``Health`` -- an edge -- a note that the page is the core's). Every response
+carries ``X-Content-Type-Options: nosniff``.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 
 import trio
 from prometheus_client import CollectorRegistry, generate_latest
@@ -32,6 +38,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from idled.ops.fatal import EXIT_LISTEN, fatal_on_oserror
 from idled.ops.health import Health, health_response
 from idled.ops.metrics import CONTENT_TYPE
+from idled.ops.statuspage import JSON_HEADERS, LIVE_PATH, PAGE_HEADERS, Asset, load_assets
 
 __all__ = ["serve_metrics"]
 
@@ -86,34 +93,40 @@ async def _linger(stream: trio.SocketStream, *, seconds: float = 1.0, max_bytes:
             drained += len(chunk)
 
 
-def _response(status: int, body: bytes, content_type: str, *, head_only: bool = False) -> bytes:
+Headers = tuple[tuple[str, str], ...]
+
+
+def _response(status: int, body: bytes, content_type: str, *, head_only: bool = False, headers: Headers = ()) -> bytes:
+    extra = "".join(f"{name}: {value}\r\n" for name, value in headers)
     head = (
         f"HTTP/1.1 {status} {_REASONS[status]}\r\n"
         f"Content-Type: {content_type}\r\n"
         f"Content-Length: {len(body)}\r\n"
+        "X-Content-Type-Options: nosniff\r\n"
+        f"{extra}"
         "Connection: close\r\n"
         "\r\n"
     ).encode("ascii")
     return head if head_only else head + body
 
 
-_HEALTH_PATHS = (b"/healthz", b"/readyz", b"/status")
+_HEALTH_PATHS = ("/healthz", "/readyz", "/status", LIVE_PATH)
 
 
-def _route(head: bytes, health: bool = False) -> tuple[int, str, str]:
-    """(status, method, path) for a request head; the health paths exist only with a ``Health``."""
+def _route(head: bytes, paths: Collection[str]) -> tuple[int, str, str, str]:
+    """(status, method, path, query) for a request head: 404 for a path not in ``paths``, 405 for a method
+    other than GET and HEAD."""
     request_line = head.split(b"\r\n", 1)[0]
     parts = request_line.split(b" ")
     if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
         raise _HttpError(400)
-    method, target = parts[0], parts[1]
-    path = target.split(b"?", 1)[0]
-    text = path.decode("ascii", "replace")
-    if path != b"/metrics" and not (health and path in _HEALTH_PATHS):
-        return 404, method.decode("ascii", "replace"), text
-    if method not in (b"GET", b"HEAD"):
-        return 405, method.decode("ascii", "replace"), text
-    return 200, method.decode("ascii"), text
+    method, target = parts[0].decode("ascii", "replace"), parts[1].decode("ascii", "replace")
+    path, _, query = target.partition("?")
+    if path not in paths:
+        return 404, method, path, query
+    if method not in ("GET", "HEAD"):
+        return 405, method, path, query
+    return 200, method, path, query
 
 
 async def serve_metrics(
@@ -127,8 +140,8 @@ async def serve_metrics(
     health: Health | None = None,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``GET /metrics`` for ``registry`` on ``host:port`` until cancelled (and, given ``health``,
-    ``/healthz``, ``/readyz`` and ``/status``).
+    """Serve ``GET /metrics`` for ``registry`` and the status page (``/``) on ``host:port`` until cancelled
+    (and, given ``health``, ``/healthz``, ``/readyz``, ``/status`` and ``/status/live``).
 
     Use with ``port = await nursery.start(serve_metrics, registry, host, port)``: the bound port
     is reported once listening (useful with port 0). ``host`` should be an IP literal; the default
@@ -139,13 +152,15 @@ async def serve_metrics(
     clients = trio.CapacityLimiter(max_clients)
     renderer = trio.CapacityLimiter(1)  # concurrent scrapes queue for one worker thread, not forty
     plain = "text/plain; charset=utf-8"
+    assets: dict[str, Asset] = load_assets(full=health is not None)
+    paths = {"/metrics", *assets, *(_HEALTH_PATHS if health is not None else ())}
 
     async def respond(stream: trio.SocketStream) -> None:
         try:
             head = await _read_head(stream, max_request_bytes)
             if head is None:
                 return
-            status, method, path = _route(head, health is not None)
+            status, method, path, query = _route(head, paths)
         except _HttpError as exc:
             await stream.send_all(_response(exc.status, f"{_REASONS[exc.status]}\n".encode(), plain))
             return
@@ -153,9 +168,15 @@ async def serve_metrics(
         if status != 200:
             await stream.send_all(_response(status, f"{_REASONS[status]}\n".encode(), plain, head_only=head_only))
             return
+        asset = assets.get(path)
+        if asset is not None:
+            await stream.send_all(_response(200, asset.body, asset.content_type, head_only=head_only,
+                                            headers=PAGE_HEADERS))
+            return
         if health is not None and path != "/metrics":
-            code, body, kind = await health_response(health, path)
-            await stream.send_all(_response(code, body, kind, head_only=head_only))
+            code, body, kind = await health_response(health, path, query)
+            headers = JSON_HEADERS if kind == "application/json" else ()
+            await stream.send_all(_response(code, body, kind, head_only=head_only, headers=headers))
             return
         try:
             body = await trio.to_thread.run_sync(generate_latest, registry, limiter=renderer)

@@ -71,6 +71,7 @@ from idled.server.lifecycle import (
 from idled.server.listen import Shortage, accept_all, bound_address, display, open_listeners, precheck_host, require_auth
 from idled.server.monitor import Monitor
 from idled.server.observers import Observers
+from idled.server.overview import status_part
 from idled.server.plane import UserPlane
 from idled.server.seqs import SeqBlocks
 from idled.server.sessions import Sessions
@@ -256,7 +257,8 @@ class Server:
         if self.workers is not None and self.metrics.registry is not None:
             self.metrics.registry.register(WorkerCollector(self.workers.view))
         if cfg.metrics_port and self.metrics.registry is not None:  # NullMetrics: nothing to export
-            health = Health(self.log.directory, status=self.status, listening=lambda: bool(self.ports) and not self.stopping)
+            health = Health(self.log.directory, status=self.status, listening=lambda: bool(self.ports) and not self.stopping,
+                            vitals=self.vitals.live)
             port = await nursery.start(
                 functools.partial(serve_metrics, health=health), self.metrics.registry, cfg.metrics_host, cfg.metrics_port
             )
@@ -436,7 +438,8 @@ class Server:
         """The server's part of ``GET /status`` (``idled status``); read on the event loop."""
         assert self.presence is not None
         return {**self.snapshot(), "next_seq": self.presence.next_seq, "ports": list(self.ports),
-                "stopping": self.stopping, "data_dir": str(self.log.directory)}
+                "stopping": self.stopping, "data_dir": str(self.log.directory),
+                **status_part(self.config, self.workers, self.vitals)}
 
     def _sample(self, wall: float) -> Sample:
         presence = self.presence

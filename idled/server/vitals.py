@@ -15,23 +15,29 @@ reads them. Everything else is read off state that exists anyway:
   (``Metrics.offline_lateness``). A percentile is given as the upper bound of the bucket that holds it: an
   "at most" figure (Prometheus' ``histogram_quantile`` would interpolate inside the bucket instead, which
   can report less than a real value). Without metrics (``NullMetrics``, tests) there is no lateness.
+
+``live(after, since)`` is what the status page polls each second (``GET /status/live``): only the events above
+seq ``after`` and the samples newer than ``since``, found by walking the two deques from their new end, so a
+poll that finds nothing new costs a few comparisons however much is kept.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
+from itertools import takewhile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
 from idled.core.events import PresenceEvent
 
-__all__ = ["HISTORY", "RECENT", "Sample", "Vitals", "histogram_source", "lateness_summary"]
+__all__ = ["HISTORY", "RECENT", "Sample", "Vitals", "histogram_source", "lateness_summary", "page_record"]
 
 HISTORY: Final = 600  # samples kept: ten minutes at one a second
 RECENT: Final = 100  # last events kept for the status page
 QUANTILES: Final = (0.5, 0.9, 0.99, 0.999)
+EXACT_IN_JS: Final = 2**53  # a JSON number beyond this is rounded by a browser: such int uids go as strings
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +94,20 @@ class Vitals:
         source = self.lateness_source()
         return None if source is None else lateness_summary(*source)
 
+    def live(self, after: int = 0, since: float | None = None) -> dict[str, Any]:
+        """What the status page polls: events above seq ``after``, samples newer than ``since``, the rates and
+        the lateness histogram (see the module docstring)."""
+        events = list(takewhile(lambda e: e.seq > after, reversed(self.events)))[::-1]
+        newer = self.samples if since is None else takewhile(lambda s: s.wall > since, reversed(self.samples))
+        samples = list(newer) if since is None else list(newer)[::-1]
+        return {
+            "history": [sample.document() for sample in samples],
+            "rates": {"events_per_second_1m": self.rate(60.0), "events_per_second_10s": self.rate(10.0)},
+            "lateness": self.lateness(),
+            "recent_events": [page_record(event) for event in events],
+            "recent_limit": self.events.maxlen,
+        }
+
     def document(self) -> dict[str, Any]:
         """Everything, as JSON-ready data: history, rates, lateness, the last events."""
         return {
@@ -96,6 +116,15 @@ class Vitals:
             "lateness": self.lateness(),
             "recent_events": self.recent(),
         }
+
+
+def page_record(event: PresenceEvent) -> dict[str, Any]:
+    """An event's record for a browser: an int uid JavaScript would round is sent as a string."""
+    record = event.record()
+    uid = record["uid"]
+    if isinstance(uid, int) and abs(uid) > EXACT_IN_JS:
+        record["uid"] = str(uid)
+    return record
 
 
 def lateness_summary(bounds: list[float], cumulative: list[float], total: float) -> dict[str, Any]:

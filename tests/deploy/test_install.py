@@ -84,3 +84,10 @@ def test_wheel_from_the_checkout_installs_and_runs(tmp_path: Path) -> None:
                            cwd=tmp_path, env=env, capture_output=True, text=True, check=False, timeout=30)
     assert check.returncode == 0, check.stderr
     assert "configuration OK" in check.stderr
+    # The status page's files are package data: in the wheel, served from the installed copy.
+    assets = subprocess.run([python, "-c", "from idled.ops.statuspage import load_assets; "
+                             "print(sorted((p, len(a.body)) for p, a in load_assets().items()))"],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, check=False, timeout=30)
+    assert assets.returncode == 0, assets.stderr
+    for path in ("'/'", "'/static/status.js'", "'/static/status.css'", "'/static/favicon.svg'"):
+        assert path in assets.stdout, assets.stdout

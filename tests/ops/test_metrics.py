@@ -312,7 +312,7 @@ async def test_scrape_real_endpoint(registry: CollectorRegistry, metrics: Metric
 async def test_other_paths_methods_and_garbage(registry: CollectorRegistry, metrics: Metrics) -> None:
     async with trio.open_nursery() as nursery:
         port = await nursery.start(serve_metrics, registry, "127.0.0.1", 0)
-        assert (await _get(port, "/"))[0] == 404
+        assert (await _get(port, "/nothing-here"))[0] == 404  # (/ is the status page: tests/ops/test_status_page.py)
         assert (await _get(port, "/metrics/extra"))[0] == 404
         assert (await _get(port, "/metrics", method="POST"))[0] == 405
         status, headers, body = await _get(port, "/metrics", method="HEAD")

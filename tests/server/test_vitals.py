@@ -65,3 +65,27 @@ async def test_a_running_server_samples_itself_and_keeps_its_events(tmp_path: Pa
         assert document["history"] and document["history"][-1]["events"] >= 1
         assert document["lateness"]["count"] == 1 and document["lateness"]["p99"] is not None
         await alice.stream.aclose()
+
+
+def test_live_sends_only_the_events_and_samples_a_poll_has_not_seen() -> None:
+    vitals = Vitals(lambda wall: sample_at(wall, int(wall)), recent=5)
+    for second in range(10):
+        vitals.sample(float(second))
+    for seq in range(1, 8):
+        vitals.on_event(PresenceEvent(seq, "online", f"u{seq}", 1.0, "login", 1.0, 31.0, 30.0, "ring"))
+    first = vitals.live()
+    assert [s["t"] for s in first["history"]] == [float(s) for s in range(10)]
+    assert [e["seq"] for e in first["recent_events"]] == [3, 4, 5, 6, 7] and first["recent_limit"] == 5
+    later = vitals.live(after=5, since=7.0)
+    assert [s["t"] for s in later["history"]] == [8.0, 9.0]
+    assert [e["seq"] for e in later["recent_events"]] == [6, 7]
+    nothing = vitals.live(after=7, since=9.0)
+    assert nothing["history"] == [] and nothing["recent_events"] == []
+    assert set(nothing) == {"history", "rates", "lateness", "recent_events", "recent_limit"}
+
+
+def test_live_sends_an_int_uid_a_browser_would_round_as_a_string() -> None:
+    vitals = Vitals(lambda wall: sample_at(wall, 0))
+    for seq, uid in enumerate((42, 2**53 + 1, "alice"), start=1):
+        vitals.on_event(PresenceEvent(seq, "online", uid, 1.0, "login", 1.0, 31.0, 30.0, "ring"))
+    assert [e["uid"] for e in vitals.live()["recent_events"]] == [42, str(2**53 + 1), "alice"]

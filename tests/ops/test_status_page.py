@@ -1,0 +1,292 @@
+"""The status page (``/`` on the metrics port, idled.ops.statuspage): its routes over plain HTTP, then the page
+itself in a real headless Chromium against a real `idled serve`.
+
+The browser tests skip (with the reason) where chromium, chromedriver or selenium are missing or Chromium does
+not start; ``.ci/system-deps`` installs them, so in CI and on the developers' machines they run. Each saves a
+screenshot under ``$IDLED_TEST_ARTIFACTS`` (default: ``test-artifacts/`` in the checkout, git-ignored) and
+prints its path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from prometheus_client import CollectorRegistry
+
+from idled.ops.http import serve_metrics
+from idled.ops.statuspage import CSP, live_query
+from idled.protocol import Login, encode
+from idled.tools.browser import BrowserUnavailable, start_chromium
+from tests import peers
+from tests.peers import running
+
+ROOT = Path(__file__).resolve().parents[2]
+Response = tuple[int, dict[str, str], bytes]
+
+
+def get(port: int, path: str, method: str = "GET") -> Response:
+    """(status, headers with lower-case names, body) of one request to 127.0.0.1:port (no proxy)."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method)
+    try:
+        with opener.open(request, timeout=10) as response:
+            return response.status, {k.lower(): v for k, v in response.headers.items()}, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, {k.lower(): v for k, v in exc.headers.items()}, exc.read()
+
+
+async def aget(port: int, path: str, method: str = "GET") -> Response:
+    return await trio.to_thread.run_sync(get, port, path, method)
+
+
+# -- plain HTTP: the routes, their headers, the JSON ------------------------------------------------------------
+
+
+def test_live_query_reads_after_and_since() -> None:
+    assert live_query("") == (0, None)
+    assert live_query("after=42&since=1790000000.5") == (42, 1790000000.5)
+    for bad in ("after=-1", "after=x", "since=nan", "since=inf"):
+        with pytest.raises(ValueError):
+            live_query(bad)
+
+
+async def test_the_page_its_files_and_headers(tmp_path: Path) -> None:
+    metrics_port = peers.free_port()
+    async with running(tmp_path, metrics_port=metrics_port):
+        status, headers, body = await aget(metrics_port, "/")
+        assert status == 200 and headers["content-type"] == "text/html; charset=utf-8"
+        assert headers["content-security-policy"] == CSP and "default-src 'self'" in CSP
+        assert headers["x-content-type-options"] == "nosniff" and headers["cache-control"] == "no-cache"
+        assert headers["x-frame-options"] == "DENY"
+        html = body.decode()
+        assert 'src="static/status.js"' in html and 'href="static/status.css"' in html
+        assert "<script>" not in html and "style=" not in html  # nothing inline: the CSP would refuse it
+        for path, kind in (("/static/status.js", "text/javascript"), ("/static/status.css", "text/css"),
+                           ("/static/favicon.svg", "image/svg+xml")):
+            status, headers, body = await aget(metrics_port, path)
+            assert status == 200 and headers["content-type"].startswith(kind) and body, path
+            assert headers["content-security-policy"] == CSP and headers["x-content-type-options"] == "nosniff"
+        status, headers, body = await aget(metrics_port, "/", "HEAD")
+        assert status == 200 and body == b"" and int(headers["content-length"]) > 1000
+        for path in ("/static/", "/static/nope.js", "/index.html", "/status/live/x", "/static/../status.html"):
+            status, headers, _ = await aget(metrics_port, path)
+            assert status == 404 and headers["x-content-type-options"] == "nosniff", path
+        for method in ("POST", "PUT", "DELETE"):  # read-only
+            assert (await aget(metrics_port, "/", method))[0] == 405
+            assert (await aget(metrics_port, "/status/live", method))[0] == 405
+
+
+async def test_status_live_sends_only_what_changed(tmp_path: Path) -> None:
+    metrics_port = peers.free_port()
+    async with running(tmp_path, listen=True, metrics_port=metrics_port, settle=False) as h:
+        alice = await h.user("alice", keepalive=10)
+        status, headers, body = await aget(metrics_port, "/status/live")
+        assert status == 200 and headers["content-type"] == "application/json"
+        assert headers["cache-control"] == "no-store" and headers["x-content-type-options"] == "nosniff"
+        first = json.loads(body)
+        assert first["sessions_online"] == 1 and first["version"] and first["ready"] is True
+        assert first["config"]["tick"] == 0.1 and first["config"]["fsync"] == "never" and "secret_file" not in first["config"]
+        assert "workers" not in first  # one process
+        vitals = first["vitals"]
+        assert [(e["uid"], e["kind"]) for e in vitals["recent_events"]] == [("alice", "online")]
+        assert vitals["recent_limit"] == 100 and set(vitals["rates"]) == {"events_per_second_1m", "events_per_second_10s"}
+        assert vitals["lateness"]["count"] == 0 and vitals["lateness"]["buckets"]
+        with trio.fail_after(10):
+            while not h.server.vitals.samples:
+                await trio.sleep(0.05)
+        seq = vitals["recent_events"][-1]["seq"]
+        newest = h.server.vitals.samples[-1].wall
+        later = json.loads((await aget(metrics_port, f"/status/live?after={seq}&since={newest}"))[2])["vitals"]
+        assert later["recent_events"] == [] and all(s["t"] > newest for s in later["history"])
+        bob = await h.user("bob", keepalive=10)
+        later = json.loads((await aget(metrics_port, f"/status/live?after={seq}"))[2])["vitals"]
+        assert [e["uid"] for e in later["recent_events"]] == ["bob"]
+        assert (await aget(metrics_port, "/status/live?after=nope"))[0] == 400
+        document = json.loads((await aget(metrics_port, "/status"))[2])
+        assert "vitals" not in document and document["lateness"]["p99"] is None and "config" in document
+        await alice.stream.aclose()
+        await bob.stream.aclose()
+
+
+async def test_without_health_the_page_is_a_note_pointing_to_the_core() -> None:
+    """An edge's metrics endpoint (no Health): / says the page is the core's; the JSON routes do not exist."""
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(serve_metrics, CollectorRegistry(), "127.0.0.1", 0)
+        status, headers, body = await aget(port, "/")
+        assert status == 200 and b"core's" in body and headers["content-security-policy"] == CSP
+        assert (await aget(port, "/static/status.css"))[0] == 200
+        assert (await aget(port, "/status/live"))[0] == 404 and (await aget(port, "/status"))[0] == 404
+        assert (await aget(port, "/metrics"))[0] == 200
+        nursery.cancel_scope.cancel()
+
+
+# -- in a real headless Chromium ---------------------------------------------------------------------------------
+
+
+class Serve:
+    """`idled serve` in a subprocess with a metrics port (loopback, auth off there)."""
+
+    def __init__(self, tmp_path: Path, *extra: str) -> None:
+        self.metrics_port = peers.free_port()
+        self.stderr_path = tmp_path / f"serve-{time.monotonic_ns()}.stderr"
+        command = peers.serve_command(tmp_path / "data", "--metrics-port", str(self.metrics_port), "--tick", "0.1",
+                                      "--fsync", "never", *extra)
+        with open(self.stderr_path, "wb") as err:
+            self.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+        self.port = self._listening()
+
+    def _listening(self, timeout: float = 30.0) -> int:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in self.stderr_path.read_text(errors="replace").splitlines():
+                if line.startswith("IDLED_LISTENING"):
+                    return int(line.rsplit("port=", 1)[1])
+            assert self.proc.poll() is None, self.stderr_path.read_text(errors="replace")
+            time.sleep(0.02)
+        raise AssertionError(f"idled did not listen within {timeout} s")
+
+    def login(self, uid: str, keepalive: float) -> socket.socket:
+        """A user logged in (welcome read); it sends nothing more, so it goes idle after 1.5 x keepalive."""
+        sock = socket.create_connection(("127.0.0.1", self.port), timeout=10)
+        sock.sendall(encode(Login("uid", uid, None, keepalive)))
+        reply = sock.recv(4096)
+        assert b"welcome" in reply, reply
+        return sock
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def chromium(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    try:
+        driver = start_chromium(tmp_path_factory.mktemp("chromium-profile"))
+    except BrowserUnavailable as exc:
+        pytest.skip(f"no headless Chromium: {exc}")
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture
+def browser(chromium: Any) -> Iterator[Any]:
+    """The module's browser, its console emptied; left on a blank page (a page left polling a stopped daemon
+    would log failed requests into the next test)."""
+    chromium.get_log("browser")
+    try:
+        yield chromium
+    finally:
+        chromium.get("about:blank")
+
+
+def screenshot(driver: Any, name: str) -> Path:
+    """The whole page as ``name`` under $IDLED_TEST_ARTIFACTS (default test-artifacts/ in the checkout)."""
+    directory = Path(os.environ.get("IDLED_TEST_ARTIFACTS") or ROOT / "test-artifacts")
+    directory.mkdir(parents=True, exist_ok=True)
+    height = driver.execute_script("return document.documentElement.scrollHeight")
+    driver.set_window_size(1280, height + 140)  # the window's frame around the viewport, in headless Chromium too
+    time.sleep(1.2)  # a poll at the new size: charts are drawn to their width
+    path = directory / name
+    driver.save_screenshot(str(path))
+    print(f"screenshot: {path}")
+    return path
+
+
+def until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
+        time.sleep(0.05)
+
+
+def problems(driver: Any) -> list[str]:
+    """Console errors (SEVERE: script errors, CSP refusals, failed loads) and requests that did not answer 200."""
+    severe = [entry["message"] for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
+    failed = driver.execute_script(
+        "return performance.getEntriesByType('navigation').concat(performance.getEntriesByType('resource'))"
+        ".filter(e => e.responseStatus !== 200).map(e => e.name + ' ' + e.responseStatus)")
+    return severe + failed
+
+
+def cells(driver: Any, selector: str) -> list[str]:
+    return driver.execute_script(
+        "return Array.from(document.querySelectorAll(arguments[0])).map(n => n.textContent)", selector)
+
+
+@pytest.mark.slow
+def test_the_page_in_chromium_shows_logins_live_and_the_lateness_histogram(browser: Any, tmp_path: Path) -> None:
+    serve = Serve(tmp_path)
+    users: list[socket.socket] = []
+    try:
+        browser.get(f"http://127.0.0.1:{serve.metrics_port}/")
+        until(lambda: browser.find_element("id", "link").text == "live", 10, "the page's first poll")
+        assert browser.title == "idled status"
+        uid = "page-alice"
+        users.append(serve.login(uid, keepalive=1))  # silent: idle after 1.5 s
+        logged_in = time.monotonic()
+        until(lambda: browser.find_elements("css selector", f"#events tr[data-uid='{uid}'][data-kind='online']"), 2.0,
+              "the login on the page")
+        print(f"login shown after {time.monotonic() - logged_in:.2f} s")
+        users.append(serve.login("page-bob", keepalive=60))  # stays online
+        until(lambda: browser.find_elements("css selector", f"#events tr[data-uid='{uid}'][data-kind='offline']"), 10,
+              "the idle offline on the page")
+        bars = until(lambda: [c for c in browser.execute_script(
+            "return Array.from(document.querySelectorAll('#chart-lateness rect.bar')).map(r => +r.dataset.count)")
+            if c > 0], 5, "a lateness bar")
+        assert bars == [1]
+        assert browser.find_element("id", "p99").text not in ("", "–")
+        assert browser.find_element("id", "lateness-count").text == "1"
+        assert browser.find_elements("css selector", "#chart-sessions polyline.sessions")
+        until(lambda: browser.find_element("id", "sessions").text == "1", 3, "one session online")
+        assert browser.find_element("id", "ready").text == "ready"
+        assert "tick" in cells(browser, "#config dt") and "100 ms" in cells(browser, "#config dd")
+        assert browser.find_element("id", "workers-none").is_displayed()
+        time.sleep(1.5)  # a few more polls: history and rate charts with several points
+        assert problems(browser) == []
+        screenshot(browser, "status-page.png")
+    finally:
+        for user in users:
+            user.close()
+        serve.stop()
+
+
+@pytest.mark.slow
+def test_the_page_of_a_core_with_workers_shows_them(browser: Any, tmp_path: Path) -> None:
+    serve = Serve(tmp_path, "--workers", "2")
+    users: list[socket.socket] = []
+    try:
+        browser.get(f"http://127.0.0.1:{serve.metrics_port}/")
+        until(lambda: browser.find_element("id", "link").text == "live", 10, "the page's first poll")
+        users.append(serve.login("worker-user", keepalive=60))
+        until(lambda: browser.find_elements("css selector", "#events tr[data-uid='worker-user']"), 2.0, "the login")
+        until(lambda: len(browser.find_elements("css selector", "#workers tr")) == 2, 5, "two workers")
+        assert cells(browser, "#workers td:first-child") == ["worker-0", "worker-1"]
+        assert cells(browser, "#workers td.state-up") == ["up", "up"]
+        until(lambda: sorted(cells(browser, "#workers td:nth-child(5)")) == ["0", "1"], 5, "the user's session")
+        assert problems(browser) == []
+        screenshot(browser, "status-page-workers.png")
+    finally:
+        for user in users:
+            user.close()
+        serve.stop()
