@@ -7,7 +7,8 @@ h11 parses and frames; this loop only moves bytes and enforces the limits, one r
 * **Keep-alive and pipelining.** After a response, ``start_next_cycle`` and the next request is read --
   first from what h11 has already buffered, so a client that sent many requests at once gets every answer,
   in order, on the one connection.
-* **Limits.** The request head: h11's ``max_incomplete_event_size`` (``MAX_HEAD``; beyond: 431). The body:
+* **Limits.** The request head: h11's ``max_incomplete_event_size`` (beyond: 431), ``max_body`` too, at least
+  ``MIN_HEAD``: a GET carries its uids in the request line (10,000 uids: ~100 KB). The body:
   ``max_body`` (a larger ``Content-Length`` is refused before any of it is read, a chunked one once it passes
   the cap: 413, and the connection closes, its remaining bytes unread). Time: each request, from its first
   byte to its last, and its handling, must fit in ``timeout`` (else 408 and close: a slowloris gets nothing
@@ -31,11 +32,11 @@ import trio
 from idled.server.api.errors import ApiError
 from idled.server.api.routes import OTHER_ROUTE, Answer
 
-__all__ = ["MAX_HEAD", "RECEIVE_BYTES", "HttpConnection", "encode_json"]
+__all__ = ["MIN_HEAD", "RECEIVE_BYTES", "HttpConnection", "encode_json"]
 
 log = logging.getLogger("idled.server.api")
 
-MAX_HEAD: Final = 16 * 1024  # bytes of request line + headers (h11's own default is 16 KiB too)
+MIN_HEAD: Final = 16 * 1024  # bytes of request line + headers allowed at least (h11's own default)
 RECEIVE_BYTES: Final = 65536
 SERVER_HEADER: Final = (b"Server", b"idled")
 
@@ -65,7 +66,7 @@ class HttpConnection:
         self.observe = observe
         self.closing = closing
         self.single = single  # answer one request, then close
-        self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
+        self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=max(MIN_HEAD, max_body))
         self.idle: trio.CancelScope | None = None  # set while waiting for the next request
 
     async def serve(self) -> None:

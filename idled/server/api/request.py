@@ -91,11 +91,12 @@ def kick_request(body: bytes) -> Kick:
     device = value.get("device")
     if device is not None:
         try:
-            check_device(device)
-        except (ProtocolError, UnicodeError) as exc:  # a lone surrogate (JSON "\\ud800") does not encode
+            check_device(device).encode()
+        except (ProtocolError, UnicodeError) as exc:
             raise ApiError("bad_request", str(exc)) from None
     note = value.get("reason")
-    if note is not None and (type(note) is not str or len(note.encode("utf-8", "replace")) > MAX_NOTE_BYTES):
+    if note is not None and (type(note) is not str or len(note.encode("utf-8", "surrogatepass")) > MAX_NOTE_BYTES
+                             or not note.isprintable() and any(ord(c) < 32 or 0xD800 <= ord(c) < 0xE000 for c in note)):
         raise ApiError("bad_request", f"reason must be a string of at most {MAX_NOTE_BYTES} UTF-8 bytes")
     return Kick(uid, device, note or None)
 
@@ -108,8 +109,11 @@ def _only(value: dict[str, Any], keys: tuple[str, ...]) -> None:
 
 def _uid(value: Any) -> Uid:
     try:
-        return check_uid(value)
-    except ProtocolError as exc:
+        uid = check_uid(value)
+        if type(uid) is str:
+            uid.encode()  # a lone surrogate (JSON "\ud800") is no UTF-8: refused here, not when answering
+        return uid
+    except (ProtocolError, UnicodeError) as exc:
         raise ApiError("bad_request", str(exc)) from None
 
 

@@ -93,6 +93,8 @@ class Api:
         self._connections.add(connection)
         try:
             await connection.serve()
+        except Exception:  # a bug of this connection's own: it ends, the API and the daemon go on
+            log.exception("HTTP API: connection from %s failed", client)
         finally:
             self._connections.discard(connection)
             self.open -= 1
