@@ -38,6 +38,8 @@ log = logging.getLogger("idled.server.api")
 
 MIN_HEAD: Final = 16 * 1024  # bytes of request line + headers allowed at least (h11's own default)
 RECEIVE_BYTES: Final = 65536
+LINGER: Final = 1.0  # seconds a connection closed after an error answer still reads (see _linger)
+LINGER_BYTES: Final = 4 << 20
 SERVER_HEADER: Final = (b"Server", b"idled")
 
 Dispatch = Callable[[str, bytes, Sequence[tuple[bytes, bytes]], bytes, str], Awaitable[Answer]]
@@ -68,6 +70,7 @@ class HttpConnection:
         self.single = single  # answer one request, then close
         self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=max(MIN_HEAD, max_body))
         self.idle: trio.CancelScope | None = None  # set while waiting for the next request
+        self.linger = False  # closing after an error answer (see _linger)
 
     async def serve(self) -> None:
         try:
@@ -78,8 +81,24 @@ class HttpConnection:
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         finally:
+            if self.linger:
+                await self._linger()
             with trio.CancelScope(shield=True), trio.move_on_after(1.0):
                 await self.stream.aclose()
+
+    async def _linger(self) -> None:
+        """After an error answer, with the client's bytes maybe still coming (a body too large): half-close
+        and read what comes for a moment, so the kernel does not reset the connection (and lose the answer)."""
+        stream = self.stream
+        with trio.move_on_after(LINGER):
+            try:
+                if isinstance(stream, trio.SocketStream):
+                    await stream.send_eof()
+                drained = 0
+                while drained < LINGER_BYTES and (chunk := await stream.receive_some(RECEIVE_BYTES)):
+                    drained += len(chunk)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                pass
 
     async def _one(self) -> bool:
         """Read, answer and send one request; False: the connection ends after it."""
@@ -162,6 +181,7 @@ class HttpConnection:
             with trio.move_on_after(self.timeout):
                 await self._respond(status, document, headers, keep=False)
             self.observe(route, status, 0.0)
+            self.linger = True
         return False
 
     async def _respond(self, status: int, document: Any, headers: tuple[tuple[str, str], ...], keep: bool) -> None:
