@@ -174,6 +174,11 @@ def _add_mode_arguments(parser: argparse.ArgumentParser) -> None:
     )
     writer.add_argument("--dir", metavar="DIR",
                         help="with --writer or --last-seen: where the temporary logs go (default: $TMPDIR)")
+    parser.add_argument(
+        "--api", action="store_true",
+        help="HTTP presence API: POST /v1/presence queries/s per daemon CPU-second for batches of 1, 100 and "
+        "10000 uids, 100000 users online, against a real idled serve (takes only --seconds)",
+    )
     last_seen = parser.add_argument_group("last-seen map (instead of the detectors)")
     last_seen.add_argument(
         "--last-seen",
@@ -186,6 +191,10 @@ def _add_mode_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
+        if args.api:
+            from idled.tools.bench.api import DEFAULT_USERS, bench_api, format_rows
+            print(format_rows(bench_api(seconds=args.seconds or 5.0), DEFAULT_USERS))
+            return EXIT_OK
         if args.writer:
             return _writer(args)
         if args.last_seen:
