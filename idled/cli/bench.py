@@ -188,6 +188,11 @@ def _add_mode_arguments(parser: argparse.ArgumentParser) -> None:
                       help="with --hook: events to make (default: %(default)s)")
     hook.add_argument("--hook-rate", type=float, default=DEFAULT_HOOK_RATE, metavar="N",
                       help="with --hook: events per second (default: %(default).0f)")
+    parser.add_argument(
+        "--api", action="store_true",
+        help="HTTP presence API: POST /v1/presence queries/s per daemon CPU-second for batches of 1, 100 and "
+        "10000 uids, 100000 users online, against a real idled serve (takes only --seconds)",
+    )
     last_seen = parser.add_argument_group("last-seen map (instead of the detectors)")
     last_seen.add_argument(
         "--last-seen",
@@ -207,6 +212,10 @@ def _add_mode_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
+        if args.api:
+            from idled.tools.bench.api import DEFAULT_USERS, bench_api, format_rows
+            print(format_rows(bench_api(seconds=args.seconds or 5.0), DEFAULT_USERS))
+            return EXIT_OK
         if args.writer:
             return _writer(args)
         if args.last_seen:

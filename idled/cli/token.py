@@ -1,4 +1,4 @@
-"""`idled token`: mint an HMAC login token for a uid, gateway or observer."""
+"""`idled token`: mint an HMAC login token for a uid, gateway or observer, or a bearer token for the HTTP API."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from idled.ops.fatal import EXIT_USAGE
 from idled.protocol import ROLES
-from idled.protocol.tokens import DEFAULT_TTL, SecretError, load_secret, mint
+from idled.protocol.tokens import API_ROLE, DEFAULT_TTL, SecretError, load_secret, mint
 
 
 def _positive_int(text: str) -> int:
@@ -29,6 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     who.add_argument("--uid", metavar="UID", help="mint a user token (uid 42 and \"42\" share a token)")
     who.add_argument("--gateway", metavar="NAME", help="mint a gateway token")
     who.add_argument("--observer", metavar="NAME", help="mint an observer token")
+    who.add_argument("--api", metavar="NAME", help="mint a bearer token for the HTTP API (docs/api.md); it cannot log in")
     parser.add_argument("--ttl", type=_positive_int, default=DEFAULT_TTL, metavar="SECONDS",
                         help=f"validity from now, in seconds (default {DEFAULT_TTL})")
 
@@ -36,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Print one token to stdout. Exit status 2 (usage or configuration, as for `idled serve`) with one line on
     stderr if the secret file or the name is unusable."""
-    role = next(r for r in ROLES if getattr(args, r) is not None)
+    role = next(r for r in (*ROLES, API_ROLE) if getattr(args, r) is not None)
     try:
         secret = load_secret(args.secret_file)
         token = mint(secret, role, getattr(args, role), time.time() + args.ttl)

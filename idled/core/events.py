@@ -8,12 +8,14 @@ it sends nothing itself. The server hands the event to the bus, which logs ``rec
 record, ``docs/event-log.md``) and shows it to observers. Times are wall-clock unix seconds: ``ts`` when it
 happened, ``last_seen`` the session's last activity, ``deadline`` = ``last_seen + timeout``.
 
-Two fields are optional and appear in the record only when set, so a client that never sends a device, on a
-daemon without ``offline_grace``, produces the very records it did before either existed:
+Three fields are optional and appear in the record only when set, so a client that never sends a device, on a
+daemon without ``offline_grace``, produces the very records it did before any existed:
 
 * ``device``: the device whose login or end caused the event (None: a plain key's);
 * ``grace``: on an offline that waited out the grace (``idled.core.grace``), the grace in seconds (its ``ts``
-  is when the connection closed, not when the grace ran out).
+  is when the connection closed, not when the grace ran out);
+* ``note``: on an offline with reason ``kicked`` that the HTTP API ended (``POST /v1/kick``), the free text
+  its caller gave, if any.
 
 A frozen value (``slots=True, frozen=True``). Its ``__init__`` is written out rather than generated: a frozen
 dataclass's own looks up ``object.__setattr__`` once per field, and the two optional fields made every event
@@ -36,7 +38,8 @@ class PresenceEvent:
     """One presence change, as logged and as observers see it (times are wall-clock unix seconds).
 
     ``device``: the device whose login or end caused the event (None: a plain key's, and then absent from the
-    record); ``grace``: the grace in seconds an offline waited for (only on a grace offline)."""
+    record); ``grace``: the grace in seconds an offline waited for (only on a grace offline); ``note``: a kick's
+    free text (only on an offline the HTTP API kicked with one)."""
 
     seq: int
     kind: str  # "online" | "offline"
@@ -49,11 +52,12 @@ class PresenceEvent:
     detector: str
     device: str | None = None
     grace: float | None = None
+    note: str | None = None
 
     # Written out rather than generated: see the module docstring.
     def __init__(self, seq: int, kind: str, uid: Uid, ts: float, reason: str, last_seen: float, deadline: float,
                  timeout: float, detector: str, device: str | None = None, grace: float | None = None,
-                 _set: Any = object.__setattr__) -> None:
+                 note: str | None = None, _set: Any = object.__setattr__) -> None:
         _set(self, "seq", seq)
         _set(self, "kind", kind)
         _set(self, "uid", uid)
@@ -65,6 +69,7 @@ class PresenceEvent:
         _set(self, "detector", detector)
         _set(self, "device", device)
         _set(self, "grace", grace)
+        _set(self, "note", note)
 
     def record(self) -> dict[str, Any]:
         record = {
@@ -82,4 +87,6 @@ class PresenceEvent:
             record["device"] = self.device
         if self.grace is not None:
             record["grace"] = self.grace
+        if self.note is not None:
+            record["note"] = self.note
         return record

@@ -169,6 +169,12 @@ class EventLog:
         read). ``now``: wall time (default: the log's clock)."""
         return self._last_seen.get(uid, self.clock() if now is None else now)
 
+    def online_since(self, uid: Uid) -> float | None:
+        """When ``uid``, online as of last_seq, came online (wall): its open online record's ``last_seen``, which
+        is the login's time. None if it is not online as of last_seq. Safe from another thread (one dict read)."""
+        value = self._sessions.sessions.get(uid)
+        return None if value is None or value.real != value.real else value.real
+
     @property
     def last_seen_users(self) -> int:
         """Users in the last-seen map (what the next snapshot would hold, before pruning)."""

@@ -109,6 +109,15 @@ class Config:
     proxy_allow: str = "127.0.0.0/8,::1"
     # Uids in one observer's watchlist (subscribe uids / watch); beyond it: not_allowed (idled.server.watchlists).
     max_watch: int = 100_000
+    # The HTTP presence API (idled.server.api, docs/api.md), on its own listener; api_port 0 = off.
+    api_host: str = "127.0.0.1"
+    api_port: int = 0
+    api_max_batch: int = 10_000
+    api_max_body: int = 1 << 20
+    api_max_clients: int = 256
+    api_rate: float = 1000.0
+    api_burst: int = 2000
+    api_request_timeout: float = 10.0
 
     def validate(self) -> Config:
         def need(ok: bool, message: str) -> None:
@@ -154,6 +163,13 @@ class Config:
                 raise ConfigError(f"proxy_allow: {part!r} is not an address or CIDR") from None
         need(not self.proxy_protocol or bool(self.proxy_allow.strip()), "proxy_protocol needs proxy_allow (the balancers' addresses)")
         need(1 <= self.max_watch <= 10_000_000, "max_watch must be 1..10000000")
+        need(0 <= self.api_port <= 65535, f"api_port must be 0..65535, got {self.api_port}")
+        need(1 <= self.api_max_batch <= 1_000_000, "api_max_batch must be 1..1000000")
+        need(1024 <= self.api_max_body <= 256 << 20, "api_max_body must be 1024..268435456 bytes")
+        need(1 <= self.api_max_clients <= 100_000, "api_max_clients must be 1..100000")
+        need(0 < self.api_rate <= 10_000_000 and 1 <= self.api_burst <= 100_000_000,
+             "api_rate must be in (0, 10000000] requests/s and api_burst 1..100000000")
+        need(0 < self.api_request_timeout <= 3600, "api_request_timeout must be in (0, 3600]")
         return self
 
     @property
@@ -210,6 +226,15 @@ HELP: dict[str, str] = {
     "proxy_allow": "comma-separated addresses/CIDRs allowed to send PROXY headers",
     "workers": "edge processes sharing the public port in front of the core; 0 = one process, auto = one per core",
     "max_watch": "uids one observer may watch (subscribe uids, watch); beyond it the observer is refused with not_allowed",
+    "api_host": "address of the HTTP presence API (docs/api.md); a non-loopback one needs --secret-file or --insecure",
+    "api_port": "port of the HTTP presence API; 0 disables it",
+    "api_max_batch": "uids one presence request may ask about; beyond it: 413",
+    "api_max_body": "largest HTTP API request body in bytes; beyond it: 413",
+    "api_max_clients": "HTTP API connections at once; beyond it a new one is answered 503 and closed",
+    "api_rate": "HTTP API requests per second per client address (a token bucket); beyond it: 429",
+    "api_burst": "HTTP API requests a client address may make at once before --api-rate applies",
+    "api_request_timeout": "seconds an HTTP API request may take to arrive and be answered (and an idle keep-alive "
+                           "connection may wait)",
 }
 
 # Fields whose text form is not just their type (flag, TOML string, environment variable).
@@ -217,6 +242,7 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "workers": parse_workers,
     "port": parse_port,
     "metrics_port": functools.partial(parse_port, name="metrics_port"),
+    "api_port": functools.partial(parse_port, name="api_port"),
 }
 _CHOICES = {"detector": DETECTORS, "policy": POLICIES, "fsync": FSYNC_POLICIES, "log_level": LOG_LEVELS}
 

@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 A token proves that whoever holds the shared secret allowed one identity to log in until a given time::
 
-    payload = "1:u:1767225600:alice"       version : role letter (u/g/o) : expiry (unix s) : name
+    payload = "1:u:1767225600:alice"       version : role letter (u/g/o/a) : expiry (unix s) : name
     token   = b64url(payload) + "." + b64url(HMAC-SHA256(secret, "idled-token-v1\\0" + b64url(payload)))
 
 (base64url without "=" padding; a uid token is ~60 characters plus the name.) The MAC covers the *encoded*
@@ -17,6 +17,11 @@ MAC (before the attacker-chosen payload is parsed), version, role, name, expiry 
 Uid tokens bind the canonical string `str(uid)`: the int uid 42 and the str uid "42" -- distinct uids on the
 wire -- share one token. Whoever may be 42 may be "42"; an app that gives the two different owners must not
 use both spellings.
+
+Role ``api`` (letter ``a``) is not a login role: it is the bearer token of the HTTP API
+(``idled.server.api``), minted and checked the same way. A login checks its role among the protocol's ``ROLES``
+and an api token's letter names none of them, so it never logs in; the API checks for ``api``, so no login
+token reaches it (``verify_bearer``).
 
 The name is the last payload field, so it may contain ":" or any other character.
 """
@@ -36,7 +41,7 @@ from idled.protocol import MAX_TOKEN_CHARS, MAX_UID_BYTES, ROLES, ErrorCode
 
 __all__ = [
     "ROLES", "MIN_SECRET_BYTES", "MAX_SECRET_BYTES", "MAX_TOKEN_CHARS", "DEFAULT_TTL",
-    "AuthError", "SecretError", "canonical_name", "mint", "verify", "load_secret",
+    "API_ROLE", "AuthError", "SecretError", "canonical_name", "mint", "verify", "verify_bearer", "load_secret",
 ]
 
 MIN_SECRET_BYTES: Final = 16
@@ -45,7 +50,8 @@ DEFAULT_TTL: Final = 86400
 
 _VERSION: Final = "1"
 _CONTEXT: Final = b"idled-token-v1\x00"  # domain separation: this MAC means "idled login token"
-_ROLE_LETTER: Final = {"uid": "u", "gateway": "g", "observer": "o"}
+API_ROLE: Final = "api"  # the HTTP API's bearer tokens: never a login role (see the module docstring)
+_ROLE_LETTER: Final = {"uid": "u", "gateway": "g", "observer": "o", API_ROLE: "a"}
 _LETTER_ROLE: Final = {letter: role for role, letter in _ROLE_LETTER.items()}
 # 32-byte SHA-256 MAC = 43 base64url characters without padding
 _TOKEN_RE: Final = re.compile(r"[A-Za-z0-9_-]{1,1000}\.[A-Za-z0-9_-]{43}")
@@ -83,7 +89,7 @@ def _mac(secret: bytes, encoded_payload: str) -> str:
 def canonical_name(role: str, name: str | int) -> str:
     """The string a token binds: str(uid) for uids (42 and "42" agree), the name itself otherwise."""
     if role not in _ROLE_LETTER:
-        raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+        raise ValueError(f"role must be one of {(*ROLES, API_ROLE)}, got {role!r}")
     if type(name) is int and role == "uid":
         if name < 0:
             raise ValueError("int uids are >= 0")
@@ -114,6 +120,18 @@ def mint(secret: bytes, role: str, name: str | int, expires_at: float) -> str:
 def verify(secret: bytes, token: str, role: str, name: str | int, now: float) -> None:
     """Return if `token` lets `name` log in as `role` at wall-clock time `now`; raise AuthError otherwise."""
     expected_name = canonical_name(role, name)  # ValueError: a caller bug, not a bad token
+    token_name = _check(secret, token, role, now, expected_name)
+    assert token_name == expected_name
+
+
+def verify_bearer(secret: bytes, token: str, role: str, now: float) -> str:
+    """The name `token` was minted for, if it is a valid `role` token at `now` (any name); AuthError otherwise."""
+    canonical_name(role, "-")  # ValueError for an unknown role: a caller bug
+    return _check(secret, token, role, now, None)
+
+
+def _check(secret: bytes, token: str, role: str, now: float, expected_name: str | None) -> str:
+    """The checks of `verify`, in order (see the module docstring); returns the token's name."""
     if type(token) is not str or len(token) > MAX_TOKEN_CHARS or not _TOKEN_RE.fullmatch(token):
         raise AuthError("malformed token", "malformed")
     encoded, mac = token.split(".")
@@ -132,11 +150,15 @@ def verify(secret: bytes, token: str, role: str, name: str | int, now: float) ->
         raise AuthError(f"unsupported token version {version}", "malformed")
     token_role = _LETTER_ROLE.get(letter)
     if token_role != role:
+        if API_ROLE in (role, token_role):  # an api token never logs in; a login token never reaches the API
+            raise AuthError(f"token is {'an api' if token_role == API_ROLE else 'a login'} token, not an "
+                            f"{'api' if role == API_ROLE else 'login'} token", "wrong_role")
         raise AuthError(f"token is for a {token_role or 'unknown'} login, not {role}", "wrong_role")
-    if token_name != expected_name:
+    if expected_name is not None and token_name != expected_name:
         raise AuthError(f"token was issued for another {role}", "wrong_name")
     if now >= int(expiry):
         raise AuthError("token expired", "expired")
+    return token_name
 
 
 def load_secret(path: str | Path) -> bytes:

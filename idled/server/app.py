@@ -60,6 +60,7 @@ from idled.ops.health import Health
 from idled.ops.http import serve_metrics
 from idled.ops.metrics import Metrics, NullMetrics
 from idled.protocol import ErrorCode
+from idled.server.api import Api, ApiMetrics, Backend
 from idled.server.bus import EventBus
 from idled.server.clock import Clock
 from idled.server.conn import Connection, Doorway, auth_secret, refuse_out_of_descriptors
@@ -148,6 +149,7 @@ class Server:
         self.shortage = Shortage(lambda: str(self.budget))
         # --workers N: edge children take the public port; the core serves them on its internal socket.
         self.workers = Supervisor(config, peers=self._peers) if config.workers else None
+        self.api: Api | None = None  # the HTTP API (idled.server.api), with api_port
 
     @property
     def stopping(self) -> bool:
@@ -263,6 +265,8 @@ class Server:
                 functools.partial(serve_metrics, health=health), self.metrics.registry, cfg.metrics_host, cfg.metrics_port
             )
             log.info("metrics on http://%s:%d/metrics", cfg.metrics_host, port)
+        if cfg.api_port:
+            await nursery.start(self._start_api().serve)
         assert self._gateways is not None and self._plane is not None
         self._gateways.spawn = nursery.start_soon  # grace periods of gateways that lost their connection
         nursery.start_soon(self._plane.run)
@@ -285,6 +289,13 @@ class Server:
             hooks.append(self.gc_policy.maybe_thaw)
         # Started after READY=1, so the manager never sees WATCHDOG=1 (or STATUS=) before it.
         nursery.start_soon(self.monitor.run, self._status_line, hooks)
+
+    def _start_api(self) -> Api:
+        assert self._sessions is not None and self._observers is not None
+        backend = Backend(self._sessions, self._observers.queries, self.log, self.vitals, self.status,
+                          self.workers.view if self.workers is not None else None, time.time())
+        self.api = Api(self.config, backend, secret=self.secret, metrics=ApiMetrics(self.metrics.registry))
+        return self.api
 
     def _reject(self, code: str) -> None:
         assert self._door is not None
@@ -350,6 +361,8 @@ class Server:
         assert sessions is not None
         sessions.stopping = True
         self._accept_scope.cancel()
+        if self.api is not None:
+            self.api.close()
         systemd.notify(systemd.STOPPING, env=self.env)
         workers_grace = STOP_TIMEOUT if self.workers is not None else 0.0
         with trio.move_on_after(max(MIN_GRACE, self.config.login_timeout) + workers_grace) as grace:

@@ -73,12 +73,12 @@ LOG_BACKLOG_LIMIT = 50_000  # producers wait in room() while more records than t
 WATCH_QUEUE_BYTES = 1 << 20  # frame bytes a watchlist subscription's own queue holds before it replays instead
 
 
-_EXTRA_KEYS = ("timeout", "detector", "device", "grace")
+_EXTRA_KEYS = ("timeout", "detector", "device", "grace", "note")
 
 
 def event_frame(record: dict[str, Any]) -> bytes:
     """The wire frame observers receive for one event record (live and replayed alike)."""
-    # "device" and "grace" only on events that have them (idled.core.presence): older records, and every event
+    # "device", "grace" and "note" only on events that have them (idled.core.presence): older records, and every event
     # of a client that sends no device, encode to the very frames they did before.
     extra: dict[str, Any] = {key: record[key] for key in _EXTRA_KEYS if key in record}
     return encode(

@@ -1,0 +1,30 @@
+"""What the API reads and changes, handed over by the server: the API never sees the ``Server`` itself.
+
+The presence table, ``Sessions`` (the one way to change presence), the observer role's ``Queries`` (the
+answers an observer's ``query`` with ``last_seen`` gets), the event log (``online_since``), and the server's
+status, vitals and worker view for ``GET /v1/stats``. All of it is read and changed on the event loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from idled.log.eventlog import EventLog
+from idled.server.queries import Queries
+from idled.server.sessions import Sessions
+from idled.server.vitals import Vitals
+
+__all__ = ["Backend"]
+
+
+@dataclass(frozen=True, slots=True)
+class Backend:
+    sessions: Sessions
+    queries: Queries
+    log: EventLog
+    vitals: Vitals
+    status: Callable[[], dict[str, Any]]  # Server.status: sizes, connections, next_seq, stopping
+    workers: Callable[[], list[tuple[str, int | None, int, int, int]]] | None  # Supervisor.view, with --workers
+    started: float  # wall time the server started (uptime)

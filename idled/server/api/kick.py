@@ -1,0 +1,56 @@
+"""``POST /v1/kick``: end a user's sessions now -- every one, or one device's.
+
+Each ended session is logged out as its owner would be (``PresenceTable.logout`` with the owner it has, reason
+``kicked``), so the device rules hold: the user's offline (with the caller's text as ``note``, when given) is
+published only when its last session ends; kicking one device while another lives emits nothing. Then the
+owner is told (``release(key, "kicked", text)``): a direct connection gets the error frame and is closed; an
+edge gets an ``ended`` notice (reason ``kicked``) through its gateway link and closes its user's connection --
+the gateway protocol carries no text, so an edge's user reads the edge's own message.
+
+A user online only by the grace (its last connection is gone, its offline not yet due) has no session to end:
+``not_online``, as for a user not online at all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from idled.core.presence import SessionKey
+from idled.protocol import ErrorCode, ProtocolError
+from idled.server.api.backend import Backend
+from idled.server.api.errors import ApiError
+from idled.server.api.request import Kick
+
+__all__ = ["kick"]
+
+
+async def kick(backend: Backend, request: Kick) -> dict[str, int]:
+    sessions = backend.sessions
+    await sessions.room()
+    try:
+        sessions.refuse_if_stopping()
+    except ProtocolError:
+        raise ApiError("unavailable", "the server is shutting down") from None
+    presence = sessions.presence
+    keys: tuple[SessionKey, ...] = presence.keys_of(request.uid)
+    if request.device is not None:
+        device_key = (request.uid, request.device)
+        keys = (device_key,) if device_key in keys else ()
+    if not keys:
+        what = f"device {request.device!r} of uid" if request.device is not None else "uid"
+        raise ApiError("not_online", f"{what} {request.uid!r} has no live session")
+    now, wall = sessions.clock.now(), time.time()
+    message = f"kicked: {request.note}" if request.note else "kicked by the server's operator"
+    ended = 0
+    for key in keys:
+        owner = presence.owner_of(key)
+        if owner is None:
+            continue
+        event = presence.logout(key, owner, now, wall, "kicked")
+        if event is not None and request.note:
+            event = dataclasses.replace(event, note=request.note)
+        sessions.publish(event)
+        owner.release(key, ErrorCode.KICKED, message)
+        ended += 1
+    return {"ended": ended}

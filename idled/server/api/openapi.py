@@ -1,0 +1,130 @@
+"""The API's OpenAPI 3.1 document (served at ``GET /v1/openapi.json``; tests validate real answers against it)."""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from idled import __version__
+from idled.server.api.errors import CODES
+
+__all__ = ["OPENAPI", "schema_of"]
+
+_NUMBER_OR_NULL: Final = {"type": ["number", "null"]}
+_UID: Final = {"oneOf": [{"type": "string", "minLength": 1}, {"type": "integer", "minimum": 0}]}
+
+_SCHEMAS: Final[dict[str, Any]] = {
+    "Error": {
+        "type": "object", "required": ["error"], "additionalProperties": False,
+        "properties": {"error": {
+            "type": "object", "required": ["code", "message"], "additionalProperties": False,
+            "properties": {"code": {"enum": sorted(CODES)}, "message": {"type": "string"}}}},
+    },
+    "Uid": _UID,
+    "User": {
+        "type": "object", "required": ["uid", "online", "since", "last_seen"], "additionalProperties": False,
+        "properties": {
+            "uid": _UID,
+            "online": {"type": "boolean", "description": "a user whose offline waits out the grace is online"},
+            "since": {**_NUMBER_OR_NULL, "description": "wall time (unix s) the user came online; null offline"},
+            "last_seen": {**_NUMBER_OR_NULL, "description": "wall time of its last activity; null: unknown"},
+            "devices": {"type": "array", "items": {"type": "string"}, "minItems": 1,
+                        "description": "devices online (only when any)"},
+        },
+    },
+    "Presence": {
+        "type": "object", "required": ["users"], "additionalProperties": False,
+        "properties": {"users": {"type": "array", "items": {"$ref": "#/components/schemas/User"}}},
+    },
+    "PresenceRequest": {
+        "type": "object", "required": ["uids"], "additionalProperties": False,
+        "properties": {"uids": {"type": "array", "items": {"$ref": "#/components/schemas/Uid"}, "minItems": 1}},
+    },
+    "KickRequest": {
+        "type": "object", "required": ["uid"], "additionalProperties": False,
+        "properties": {"uid": {"$ref": "#/components/schemas/Uid"}, "device": {"type": "string", "minLength": 1},
+                       "reason": {"type": "string", "description": "at most 256 UTF-8 bytes"}},
+    },
+    "Kicked": {
+        "type": "object", "required": ["ended"], "additionalProperties": False,
+        "properties": {"ended": {"type": "integer", "minimum": 1}},
+    },
+    "Stats": {
+        "type": "object", "additionalProperties": False,
+        "required": ["version", "uptime", "ready", "stopping", "sessions_online", "users_online", "connections",
+                     "next_seq", "rates", "lateness", "workers"],
+        "properties": {
+            "version": {"type": "string"}, "uptime": {"type": "number"}, "ready": {"type": "boolean"},
+            "stopping": {"type": "boolean"},
+            "sessions_online": {"type": "integer"}, "users_online": {"type": "integer"},
+            "connections": {"type": "object", "additionalProperties": {"type": "integer"}},
+            "next_seq": {"type": "integer", "description": "the seq the next event gets: events published so far + 1"},
+            "rates": {"type": "object", "properties": {"events_per_second_1m": _NUMBER_OR_NULL,
+                                                       "events_per_second_10s": _NUMBER_OR_NULL}},
+            "lateness": {"oneOf": [{"type": "null"}, {
+                "type": "object", "required": ["buckets", "count", "mean"],
+                "properties": {"buckets": {"type": "array", "items": {
+                    "type": "object", "required": ["le", "count"],
+                    "properties": {"le": _NUMBER_OR_NULL, "count": {"type": "integer"}}}},
+                    "count": {"type": "integer"}, "mean": _NUMBER_OR_NULL},
+                "additionalProperties": _NUMBER_OR_NULL}]},
+            "workers": {"oneOf": [{"type": "null"}, {"type": "array", "items": {
+                "type": "object", "required": ["name", "pid", "up", "restarts", "sessions", "connections"],
+                "properties": {"name": {"type": "string"}, "pid": {"type": ["integer", "null"]},
+                               "up": {"type": "boolean"}, "restarts": {"type": "integer"},
+                               "sessions": {"type": "integer"}, "connections": {"type": "integer"}}}}]},
+        },
+    },
+}
+
+
+def _json(schema: str) -> dict[str, Any]:
+    return {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}}
+
+
+def _errors(*codes: int) -> dict[str, Any]:
+    return {str(code): {"description": ", ".join(c for c, s in CODES.items() if s == code), "content": _json("Error")}
+            for code in codes}
+
+
+_COMMON: Final = (400, 401, 408, 413, 429, 431, 500, 503)
+
+OPENAPI: Final[dict[str, Any]] = {
+    "openapi": "3.1.0",
+    "info": {"title": "idled HTTP presence API", "version": __version__,
+             "description": "Presence queries, stats and kicks (docs/api.md)."},
+    "components": {
+        "schemas": _SCHEMAS,
+        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
+                                       "description": "an api token: idled token --api NAME (only with a secret)"}},
+    },
+    "security": [{"bearer": []}, {}],
+    "paths": {
+        "/v1/presence": {
+            "get": {"summary": "presence of the uids given as uid= parameters (strings)",
+                    "parameters": [{"name": "uid", "in": "query", "required": True, "explode": True,
+                                    "schema": {"type": "array", "items": {"type": "string"}}}],
+                    "responses": {"200": {"description": "one entry per uid, in order", "content": _json("Presence")},
+                                  **_errors(*_COMMON, 405)}},
+            "post": {"summary": "presence of the uids in the body (str or int, kept distinct)",
+                     "requestBody": {"required": True, "content": _json("PresenceRequest")},
+                     "responses": {"200": {"description": "one entry per uid, in order", "content": _json("Presence")},
+                                   **_errors(*_COMMON, 405)}},
+        },
+        "/v1/stats": {"get": {"summary": "the daemon at a glance",
+                              "responses": {"200": {"description": "stats", "content": _json("Stats")},
+                                            **_errors(*_COMMON, 405)}}},
+        "/v1/kick": {"post": {"summary": "end a user's sessions (or one device's) now",
+                              "requestBody": {"required": True, "content": _json("KickRequest")},
+                              "responses": {"200": {"description": "sessions ended", "content": _json("Kicked")},
+                                            **_errors(*_COMMON, 404, 405)}}},
+        "/v1/openapi.json": {"get": {"summary": "this document",
+                                     "responses": {"200": {"description": "OpenAPI 3.1",
+                                                           "content": {"application/json": {}}}}}},
+    },
+}
+
+
+def schema_of(path: str, method: str, status: int) -> dict[str, Any]:
+    """The response schema of one route and status, with the components beside it (for a validator)."""
+    response = OPENAPI["paths"][path][method.lower()]["responses"][str(status)]
+    return {**response["content"]["application/json"]["schema"], "components": OPENAPI["components"]}

@@ -1,0 +1,128 @@
+"""The API's listener: accept, admit (``api_max_clients``), serve each connection, close on shutdown.
+
+Theory of operation
+-------------------
+``Api.serve`` binds ``api_host:api_port`` (refused with auth off on an address that is not local, as the
+client port is: ``listen.require_auth``), reports the port through ``task_status`` and accepts in its own
+nursery, one task per connection (``http.HttpConnection``). Connections beyond ``api_max_clients`` are
+answered ``503 unavailable`` and closed (a short deadline each; beyond twice the limit they are closed
+unanswered, so a flood never holds more than that many tasks). ``close()`` (the server stops): stop
+accepting, cancel every connection waiting between requests; a request in progress is answered, with
+``Connection: close``. A handler's failure is contained in ``routes.Router`` (500, logged); a connection's
+own failure ends that connection only.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Final
+
+import trio
+
+from idled.ops.config import Config
+from idled.ops.fatal import EXIT_LISTEN, fatal_on_oserror
+from idled.server.api.backend import Backend
+from idled.server.api.errors import ApiError
+from idled.server.api.http import HttpConnection
+from idled.server.api.metrics import ApiMetrics
+from idled.server.api.routes import OTHER_ROUTE, Answer, Router
+from idled.server.listen import bound_address, display, require_auth
+
+__all__ = ["REFUSE_TIMEOUT", "Api"]
+
+log = logging.getLogger("idled.server.api")
+
+REFUSE_TIMEOUT: Final = 1.0  # seconds a connection beyond api_max_clients gets to send its request (then 503)
+
+
+class Api:
+    def __init__(self, config: Config, backend: Backend, *, secret: bytes | None, metrics: ApiMetrics) -> None:
+        self.config = config
+        self.secret = secret
+        self.metrics = metrics
+        self.router = Router(backend, config, secret, api_connections=lambda: self.open)
+        self.open = 0  # connections being served
+        self.refusing = 0  # connections beyond the limit, being answered 503
+        self.closing = False
+        self.port = 0
+        self._accepting = trio.CancelScope()
+        self._connections: set[HttpConnection] = set()
+
+    async def serve(self, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        cfg = self.config
+        where = display(cfg.api_host, cfg.api_port)
+        with fatal_on_oserror("cannot listen (HTTP API)", where, EXIT_LISTEN):
+            listeners = await trio.open_tcp_listeners(cfg.api_port, host=cfg.api_host)
+        try:
+            addresses = [bound_address(listener) for listener in listeners]
+            require_auth(addresses, secret=self.secret, insecure=cfg.insecure)
+        except BaseException:
+            for listener in listeners:
+                listener.socket.close()
+            raise
+        self.port = addresses[0][1] or 0
+        # Accept loops under their own scope, connections in the outer nursery: close() stops the accepting (the
+        # listeners close) and leaves the connections to end as close() told them.
+        async with trio.open_nursery() as handlers:
+            with self._accepting:
+                async with trio.open_nursery() as accepting:
+                    await accepting.start(functools.partial(trio.serve_listeners, self._handle, listeners,
+                                                            handler_nursery=handlers))
+                    log.info("HTTP API on http://%s", display(addresses[0][0], self.port))
+                    task_status.started(self.port)
+
+    def close(self) -> None:
+        """Stop accepting; end idle connections now, busy ones after their response."""
+        self.closing = True
+        self._accepting.cancel()
+        for connection in list(self._connections):
+            if connection.idle is not None:
+                connection.idle.cancel()
+
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        client = _client(stream)
+        if self.open >= self.config.api_max_clients:
+            await self._refuse(stream, client)
+            return
+        connection = HttpConnection(stream, client, self.router.answer, max_body=self.config.api_max_body,
+                                    timeout=self.config.api_request_timeout, observe=self.metrics.observe,
+                                    closing=lambda: self.closing)
+        self.open += 1
+        self.metrics.connections.inc()
+        self._connections.add(connection)
+        try:
+            await connection.serve()
+        except Exception:  # a bug of this connection's own: it ends, the API and the daemon go on
+            log.exception("HTTP API: connection from %s failed", client)
+        finally:
+            self._connections.discard(connection)
+            self.open -= 1
+            self.metrics.connections.dec()
+
+    async def _refuse(self, stream: trio.SocketStream, client: str) -> None:
+        if self.refusing >= self.config.api_max_clients:
+            await trio.aclose_forcefully(stream)
+            return
+        self.refusing += 1
+        try:
+            busy = f"more than {self.config.api_max_clients} HTTP API connections"
+
+            async def refuse(*_: object) -> Answer:
+                return OTHER_ROUTE, 503, ApiError("unavailable", busy).document(), (("Retry-After", "1"),)
+
+            connection = HttpConnection(stream, client, refuse, max_body=self.config.api_max_body,
+                                        timeout=REFUSE_TIMEOUT, observe=self.metrics.observe, closing=lambda: False,
+                                        single=True)
+            await connection.serve()
+        finally:
+            self.refusing -= 1
+
+
+def _client(stream: trio.SocketStream) -> str:
+    """The client's address (the rate limiter's key)."""
+    try:
+        peer = stream.socket.getpeername()
+    except OSError:
+        return "?"
+    return str(peer[0]) if isinstance(peer, tuple) else str(peer)

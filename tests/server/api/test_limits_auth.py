@@ -1,0 +1,140 @@
+"""Limits (413, 429, 431, 408, max clients), a handler's bug, and auth."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import trio
+
+from idled.protocol import Error, Login, Welcome
+from idled.protocol.tokens import mint
+from idled.server.api import routes
+from tests.server.api.conftest import api_server
+from tests.server.api.httpclient import HttpClient, raw_exchange
+
+SECRET = b"s" * 32
+
+
+async def test_body_too_large_and_head_too_large(tmp_path: Path) -> None:
+    async with api_server(tmp_path, api_max_body=4096) as h:
+        assert h.server.api is not None
+        port = h.server.api.port
+        async with await HttpClient.connect(port) as c:
+            r = await c.post("/v1/presence", {"uids": ["x" * 200] * 40})
+            assert r.status == 413 and r.json()["error"]["code"] == "too_large" and r.headers["connection"] == "close"
+        chunked = b"POST /v1/presence HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + b"1000\r\n" + b"x" * 4096 + b"\r\n" + b"1000\r\n" + b"x" * 4096 + b"\r\n0\r\n\r\n"
+        assert (await raw_exchange(port, chunked)).startswith(b"HTTP/1.1 413")
+        huge = b"GET /v1/stats HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 200_000 + b"\r\n\r\n"
+        assert (await raw_exchange(port, huge)).startswith(b"HTTP/1.1 431")
+        assert (await raw_exchange(port, b"NOT HTTP AT ALL\r\n\r\n")).startswith(b"HTTP/1.1 400")
+        async with await HttpClient.connect(port) as c:  # nothing above affected anyone else
+            assert (await c.get("/v1/stats")).status == 200
+
+
+async def test_rate_limit(tmp_path: Path) -> None:
+    async with api_server(tmp_path, api_rate=1.0, api_burst=3) as h:
+        assert h.server.api is not None
+        async with await HttpClient.connect(h.server.api.port) as c:
+            statuses = [(await c.get("/v1/stats")).status for _ in range(4)]
+            assert statuses == [200, 200, 200, 429]
+            r = await c.get("/v1/stats")
+            assert r.status == 429 and int(r.headers["retry-after"]) >= 1
+            assert r.json()["error"]["code"] == "rate_limited"
+
+
+async def test_slowloris_gets_408_and_an_idle_connection_is_closed(tmp_path: Path) -> None:
+    async with api_server(tmp_path, api_request_timeout=0.3) as h:
+        assert h.server.api is not None
+        port = h.server.api.port
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        started = time.monotonic()
+        out = b""
+        async with stream:
+            for byte in b"GET /v1/stats HTTP/1.1\r\n":  # one byte every 50 ms: never done in time
+                try:
+                    await stream.send_all(bytes([byte]))
+                except trio.BrokenResourceError:
+                    break
+                await trio.sleep(0.05)
+            with trio.move_on_after(2):
+                while chunk := await stream.receive_some(65536):
+                    out += chunk
+        assert out.startswith(b"HTTP/1.1 408") and time.monotonic() - started < 2
+        assert await raw_exchange(port, b"", read_timeout=2) == b""  # silent: closed quietly after the timeout
+
+
+async def test_clients_beyond_the_limit_get_503(tmp_path: Path) -> None:
+    async with api_server(tmp_path, api_max_clients=2) as h:
+        assert h.server.api is not None
+        port = h.server.api.port
+        first, second = await HttpClient.connect(port), await HttpClient.connect(port)
+        assert (await first.get("/v1/stats")).status == 200 and (await second.get("/v1/stats")).status == 200
+        async with await HttpClient.connect(port) as third:
+            r = await third.get("/v1/stats")
+            assert r.status == 503 and r.json()["error"]["code"] == "unavailable"
+        await first.aclose()
+        await trio.sleep(0.1)
+        async with await HttpClient.connect(port) as fourth:
+            assert (await fourth.get("/v1/stats")).status == 200
+        await second.aclose()
+
+
+async def test_a_handler_bug_is_a_500_and_the_daemon_goes_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args: object) -> object:
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(routes, "stats", broken)
+    async with api_server(tmp_path) as h:
+        assert h.server.api is not None
+        async with await HttpClient.connect(h.server.api.port) as c:
+            r = await c.get("/v1/stats")
+            assert r.status == 500 and r.json()["error"]["code"] == "internal"
+            assert (await c.get("/v1/presence?uid=a")).status == 200
+
+
+async def test_bearer_tokens(tmp_path: Path) -> None:
+    secret_file = tmp_path / "secret"
+    secret_file.write_bytes(SECRET)
+    async with api_server(tmp_path, secret_file=str(secret_file)) as h:
+        assert h.server.api is not None
+        good = mint(SECRET, "api", "ops", time.time() + 60)
+        cases = {
+            None: 401,
+            "Basic abc": 401,
+            "Bearer " + good: 200,
+            "bearer " + good: 200,
+            "Bearer " + good[:-2] + ("AA" if not good.endswith("AA") else "BB"): 401,  # forged
+            "Bearer " + mint(b"t" * 32, "api", "ops", time.time() + 60): 401,  # another secret
+            "Bearer " + mint(SECRET, "api", "ops", time.time() - 1): 401,  # expired
+            "Bearer " + mint(SECRET, "uid", "alice", time.time() + 60): 401,  # a login token
+            "Bearer " + mint(SECRET, "observer", "obs", time.time() + 60): 401,
+        }
+        async with await HttpClient.connect(h.server.api.port) as c:
+            for header, status in cases.items():
+                r = await c.get("/v1/stats", headers=() if header is None else (("Authorization", header),))
+                assert r.status == status, (header, r)
+                if status == 401:
+                    assert r.headers["www-authenticate"].startswith("Bearer")
+                    assert r.json()["error"]["code"] == "unauthorized"
+        # ... and an api token never logs in over the binary protocol
+        peer = await h.connect()
+        await peer.send(Login("uid", "ops", good))
+        assert (await peer.expect(Error)).code == "auth_failed"
+        peer = await h.connect()
+        await peer.send(Login("observer", "ops", good))
+        assert (await peer.expect(Error)).code == "auth_failed"
+        peer = await h.connect()
+        await peer.send(Login("uid", "alice", mint(SECRET, "uid", "alice", time.time() + 60)))
+        await peer.expect(Welcome)
+
+
+async def test_no_secret_refuses_a_public_address(tmp_path: Path) -> None:
+    from idled.ops.fatal import Fatal
+    from tests.peers import free_port, running
+
+    with pytest.raises(BaseException) as info:  # noqa: B017  (the Fatal arrives inside an ExceptionGroup)
+        async with running(tmp_path, api_host="0.0.0.0", api_port=free_port()):
+            pass
+    assert info.group_contains(Fatal) if isinstance(info.value, BaseExceptionGroup) else isinstance(info.value, Fatal)
