@@ -16,15 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
 
 from idled.cli.events import human_line
 from idled.cli.clientflags import Interrupt, add_client_arguments, run_command, tls_context, token_for
 from idled.client.trio import open_observer
 from idled.ops.fatal import EXIT_FAILURE, EXIT_OK
-from idled.protocol import Event
 
-__all__ = ["add_arguments", "run", "event_record"]
+__all__ = ["add_arguments", "run"]
 
 PROG = "idled watch"
 
@@ -57,16 +55,6 @@ def watch_uids(args: argparse.Namespace) -> list[str | int] | None:
         raise ValueError(f"--int: not an integer among {args.uids!r}") from None
 
 
-def event_record(event: Event) -> dict[str, Any]:
-    """An event as the event log stores it: the fixed keys, then the extra ones."""
-    record: dict[str, Any] = {
-        "seq": event.seq, "kind": event.kind, "uid": event.uid, "ts": event.ts, "reason": event.reason,
-        "last_seen": event.last_seen, "deadline": event.deadline,
-    }
-    record.update(event.extra or {})
-    return record
-
-
 def run(args: argparse.Namespace) -> int:
     if args.from_seq is not None and args.from_seq < 1:
         print(f"{PROG}: --from must be at least 1", file=sys.stderr)
@@ -97,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
             async def follow() -> bool:
                 nonlocal seen
                 async for event in observer:
-                    record = event_record(event)
+                    record = event.record()
                     line = json.dumps(record, ensure_ascii=False, default=repr) if args.json else human_line(record)
                     print(line, flush=True)
                     seen += 1

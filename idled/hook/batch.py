@@ -24,11 +24,11 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
 from idled.protocol import Event
 
-__all__ = ["Filter", "Batch", "Batcher", "event_record", "encode_event", "FILTER_KEYS"]
+__all__ = ["Filter", "Batch", "Batcher", "encode_event", "FILTER_KEYS"]
 
 FILTER_KEYS: Final = ("kind", "reason")
 _KINDS: Final = ("online", "offline")
@@ -64,19 +64,9 @@ class Filter:
         return " and ".join(parts) or "every event"
 
 
-def event_record(event: Event) -> dict[str, Any]:
-    """An event as the event log stores it: the fixed keys, then the extra ones."""
-    record: dict[str, Any] = {
-        "seq": event.seq, "kind": event.kind, "uid": event.uid, "ts": event.ts, "reason": event.reason,
-        "last_seen": event.last_seen, "deadline": event.deadline,
-    }
-    record.update(event.extra or {})
-    return record
-
-
 def encode_event(event: Event) -> bytes:
-    """Compact JSON of `event_record` (UTF-8; a value JSON cannot carry is written as its repr)."""
-    return json.dumps(event_record(event), ensure_ascii=False, separators=(",", ":"), default=repr).encode()
+    """Compact JSON of `Event.record()` (UTF-8; a value JSON cannot carry is written as its repr)."""
+    return json.dumps(event.record(), ensure_ascii=False, separators=(",", ":"), default=repr).encode()
 
 
 @dataclass(frozen=True, slots=True)

@@ -241,6 +241,15 @@ class Event:
     deadline: float
     extra: Mapping[str, Any] | None = None
 
+    def record(self) -> dict[str, Any]:
+        """The event as the event log stores it: the fixed keys, then the extra ones."""
+        record: dict[str, Any] = {
+            "seq": self.seq, "kind": self.kind, "uid": self.uid, "ts": self.ts, "reason": self.reason,
+            "last_seen": self.last_seen, "deadline": self.deadline,
+        }
+        record.update(self.extra or {})
+        return record
+
 
 @dataclass(frozen=True, slots=True)
 class Status:
