@@ -143,9 +143,14 @@ class Client:
         events, _ = await self.events_until_status()
         return events
 
-    async def events_until_status(self, uids: Sequence[Any] = ()) -> tuple[list[Event], Status]:
+    async def status_of(self, uids: Sequence[Any], *, last_seen: bool = False) -> Status:
+        """An observer's query answer, skipping the events queued before it."""
+        return (await self.events_until_status(uids, last_seen=last_seen))[1]
+
+    async def events_until_status(self, uids: Sequence[Any] = (), *,
+                                  last_seen: bool = False) -> tuple[list[Event], Status]:
         """Flush an observer: query, then collect every event queued before the reply."""
-        await self.send(Query(tuple(uids)))
+        await self.send(Query(tuple(uids), last_seen=last_seen))
         events = []
         while True:
             message = await self.recv()

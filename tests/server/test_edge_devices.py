@@ -164,6 +164,9 @@ async def test_devices_of_one_user_through_the_edges_of_workers_2(tmp_path: Path
         assert await phone2.recv() is None
         events, status = await observer.events_until_status(["alice"])
         assert events == [] and status.online == {"alice": True}  # the laptop still holds the user
+        with trio.fail_after(10):  # the two edges' links are independent: phone2's detach may still be in flight
+            while (await observer.status_of(["alice"], last_seen=True)).devices != {"alice": ("laptop",)}:
+                await trio.sleep(0.02)
         await laptop.send(BYE)
         assert await laptop.recv() is None
         offline = await observer.recv()

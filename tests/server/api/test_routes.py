@@ -115,7 +115,9 @@ async def test_kick_everything_or_one_device(tmp_path: Path) -> None:
         offlines = [e for e in [await watcher.recv() for _ in range(4)] if e.kind == "offline"]  # type: ignore[union-attr]
         assert [(e.uid, e.reason, (e.extra or {}).get("note")) for e in offlines] == [
             ("alice", "kicked", "spam"), ("bob", "kicked", None)]  # the phone alone emitted nothing
-        records = [r for r in h.records() if r["kind"] == "offline"]
+        with trio.fail_after(10):
+            while len(records := [r for r in h.records() if r["kind"] == "offline"]) < 2:
+                await trio.sleep(0.01)  # the log writer runs behind the bus (a loaded machine: CI saw it)
         assert records[0]["note"] == "spam" and "note" not in records[1]
 
 
