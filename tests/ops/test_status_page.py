@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -27,6 +26,7 @@ from prometheus_client import CollectorRegistry
 from idled.ops.http import serve_metrics
 from idled.ops.statuspage import CSP, live_query
 from idled.protocol import Login, encode
+from idled.tools.bench.daemon import Daemon
 from idled.tools.browser import BrowserUnavailable, start_chromium
 from tests import peers
 from tests.peers import running
@@ -134,27 +134,12 @@ async def test_without_health_the_page_is_a_note_pointing_to_the_core() -> None:
 # -- in a real headless Chromium ---------------------------------------------------------------------------------
 
 
-class Serve:
-    """`idled serve` in a subprocess with a metrics port (loopback, auth off there)."""
+class Serve(Daemon):
+    """`idled serve` in a subprocess (`idled.tools.bench.daemon`) with a metrics port (loopback, auth off there)."""
 
     def __init__(self, tmp_path: Path, *extra: str) -> None:
         self.metrics_port = peers.free_port()
-        self.stderr_path = tmp_path / f"serve-{time.monotonic_ns()}.stderr"
-        command = peers.serve_command(tmp_path / "data", "--metrics-port", str(self.metrics_port), "--tick", "0.1",
-                                      "--fsync", "never", *extra)
-        with open(self.stderr_path, "wb") as err:
-            self.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
-        self.port = self._listening()
-
-    def _listening(self, timeout: float = 30.0) -> int:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for line in self.stderr_path.read_text(errors="replace").splitlines():
-                if line.startswith("IDLED_LISTENING"):
-                    return int(line.rsplit("port=", 1)[1])
-            assert self.proc.poll() is None, self.stderr_path.read_text(errors="replace")
-            time.sleep(0.02)
-        raise AssertionError(f"idled did not listen within {timeout} s")
+        super().__init__(tmp_path, "--metrics-port", str(self.metrics_port), "--tick", "0.1", "--fsync", "never", *extra)
 
     def login(self, uid: str, keepalive: float) -> socket.socket:
         """A user logged in (welcome read); it sends nothing more, so it goes idle after 1.5 x keepalive."""
@@ -163,15 +148,6 @@ class Serve:
         reply = sock.recv(4096)
         assert b"welcome" in reply, reply
         return sock
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
 
 
 @pytest.fixture(scope="module")

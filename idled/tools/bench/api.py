@@ -25,40 +25,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from idled.protocol import Attach, Login, encode
+from idled.tools.bench.daemon import Daemon, free_port
 
 __all__ = ["DEFAULT_BATCHES", "DEFAULT_USERS", "bench_api", "format_rows"]
 
 DEFAULT_BATCHES = (1, 100, 10_000)
 DEFAULT_USERS = 100_000
 ATTACH_CHUNK = 1_000
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _start(directory: Path, api_port: int) -> tuple[subprocess.Popen[bytes], int, Path]:
-    stderr = directory / "idled.stderr"
-    command = [sys.executable, "-m", "idled.cli.main", "serve", "--port", "0", "--data-dir", str(directory / "data"),
-               "--api-port", str(api_port), "--api-rate", "10000000", "--api-burst", "100000000", "--fsync", "never",
-               "--metrics-port", "0", "--timeout", "600", "--max-timeout", "3600", "--log-level", "warning"]
-    with open(stderr, "wb") as err:
-        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        for line in stderr.read_text(errors="replace").splitlines():
-            if line.startswith("IDLED_LISTENING"):
-                return proc, int(line.rsplit("port=", 1)[1]), stderr
-        if proc.poll() is not None:
-            break
-        time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError(f"idled did not start:\n{stderr.read_text(errors='replace')}")
 
 
 def _attach(port: int, users: int) -> socket.socket:
@@ -105,26 +79,21 @@ def client(api_port: int, users: int, batch: int, seconds: float) -> dict[str, f
     return {"requests": requests, "elapsed": elapsed, "cpu": cpu}
 
 
-def _cpu(proc: psutil.Process) -> float:
-    times = proc.cpu_times()
-    return float(times.user + times.system)
-
-
 def bench_api(users: int = DEFAULT_USERS, batches: tuple[int, ...] = DEFAULT_BATCHES,
               seconds: float = 5.0) -> list[dict[str, Any]]:
     rows = []
     with tempfile.TemporaryDirectory(prefix="idled-bench-api-") as tmp:
-        api_port = _free_port()
-        proc, port, _ = _start(Path(tmp), api_port)
-        try:
-            gateway = _attach(port, users)
+        api_port = free_port()
+        with Daemon(Path(tmp), "--api-port", str(api_port), "--api-rate", "10000000", "--api-burst", "100000000",
+                    "--fsync", "never", "--metrics-port", "0", "--timeout", "600", "--max-timeout", "3600",
+                    "--log-level", "warning") as daemon:
+            gateway = _attach(daemon.port, users)
             _wait_online(api_port, users)
-            daemon = psutil.Process(proc.pid)
             for batch in batches:
-                before = _cpu(daemon)
+                before = daemon.cpu_seconds()
                 out = subprocess.run([sys.executable, "-m", "idled.tools.bench.api", str(api_port), str(users),
                                       str(batch), str(seconds)], capture_output=True, check=True, text=True)
-                daemon_cpu = _cpu(daemon) - before
+                daemon_cpu = daemon.cpu_seconds() - before
                 result = json.loads(out.stdout)
                 n, elapsed = result["requests"], result["elapsed"]
                 rows.append({"batch": batch, "requests": n, "requests_per_s": n / elapsed,
@@ -133,12 +102,6 @@ def bench_api(users: int = DEFAULT_USERS, batches: tuple[int, ...] = DEFAULT_BAT
                              "uids_per_daemon_cpu_s": n * batch / max(daemon_cpu, 1e-9),
                              "daemon_cpu_share": daemon_cpu / elapsed, "client_cpu_share": result["cpu"] / elapsed})
             gateway.close()
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
     return rows
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import http.server
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -22,9 +21,11 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from idled.protocol import Attach, Detach, Login, encode
+from idled.tools.bench.daemon import Daemon, stop
 
 __all__ = ["report_lines"]
 
@@ -59,25 +60,6 @@ class _Receiver:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _wait_listening(port: int, proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError("idled serve exited at start")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError("idled serve did not start listening")
-
-
 def _generate(port: int, events: int, rate: float) -> None:
     """Attach then detach uids through one gateway connection: ``events`` events at ``rate`` per second."""
     sock = socket.create_connection(("127.0.0.1", port))
@@ -105,38 +87,28 @@ def report_lines(events: int, rate: float) -> Iterator[str]:
     import psutil
 
     receiver = _Receiver()
-    port = _free_port()
-    with tempfile.TemporaryDirectory(prefix="idled-bench-hook-") as tmp:
-        secret = os.path.join(tmp, "secret")
-        with open(secret, "w") as f:
-            f.write("bench-hook-secret-0123456789abcdef\n")
-        base = [sys.executable, "-m", "idled.cli.main"]
-        daemon = subprocess.Popen([*base, "serve", "--port", str(port), "--data-dir", os.path.join(tmp, "data"),
-                                   "--fsync", "always", "--metrics-port", "0"],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        hook: subprocess.Popen[bytes] | None = None
-        try:
-            _wait_listening(port, daemon)
+    try:
+        with tempfile.TemporaryDirectory(prefix="idled-bench-hook-") as tmp, \
+                Daemon(Path(tmp), "--fsync", "always", "--metrics-port", "0") as daemon:
+            secret = os.path.join(tmp, "secret")
+            with open(secret, "w") as f:
+                f.write("bench-hook-secret-0123456789abcdef\n")
             url = f"http://127.0.0.1:{receiver.server.server_address[1]}/"
-            hook = subprocess.Popen([*base, "hook", "--url", url, "--port", str(port), "--from", "1",
-                                     "--state", os.path.join(tmp, "state"), "--hook-secret-file", secret,
-                                     "--log-level", "warning"], stdout=subprocess.DEVNULL)
-            yield f"idled bench --hook: {events} events at {rate:g}/s through a gateway, --fsync always, " \
-                  "default batching (500 events, 0.05 s), signed"
-            _generate(port, events, rate)
-            deadline = time.monotonic() + 60 + events / 1000
-            while len(receiver.arrivals) < events and time.monotonic() < deadline:
-                time.sleep(0.05)
-            cpu = psutil.Process(hook.pid).cpu_times()
-        finally:
-            for proc in (hook, daemon):
-                if proc is not None and proc.poll() is None:
-                    proc.send_signal(signal.SIGTERM)
-                    try:
-                        proc.wait(10)
-                    except subprocess.TimeoutExpired:
-                        proc.kill()
-            receiver.server.shutdown()
+            hook = subprocess.Popen([sys.executable, "-m", "idled.cli.main", "hook", "--url", url, "--port",
+                                     str(daemon.port), "--from", "1", "--state", os.path.join(tmp, "state"),
+                                     "--hook-secret-file", secret, "--log-level", "warning"], stdout=subprocess.DEVNULL)
+            try:
+                yield f"idled bench --hook: {events} events at {rate:g}/s through a gateway, --fsync always, " \
+                      "default batching (500 events, 0.05 s), signed"
+                _generate(daemon.port, events, rate)
+                deadline = time.monotonic() + 60 + events / 1000
+                while len(receiver.arrivals) < events and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                cpu = psutil.Process(hook.pid).cpu_times()
+            finally:
+                stop(hook, grace=10)  # before the daemon: its subscription ends first
+    finally:
+        receiver.server.shutdown()
     yield from _summary(receiver, events, cpu.user + cpu.system)
 
 

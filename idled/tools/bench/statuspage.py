@@ -15,19 +15,16 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import trio
 
 from idled.protocol import Attach, Detach, Login, Touch, encode
+from idled.tools.bench.daemon import Daemon, free_port
 from idled.tools.browser import start_chromium
 
 __all__ = ["report_lines"]
@@ -38,50 +35,6 @@ CHURN = 10  # sessions detached, and attached again, each second (half of the ne
 UNTHROTTLED = ("--disable-background-timer-throttling", "--disable-renderer-backgrounding",
                "--disable-backgrounding-occluded-windows")
 COUNT_POLLS = "return performance.getEntriesByType('resource').filter(e => e.name.includes('status/live')).length"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class Daemon:
-    """`idled serve` in a subprocess; ``port`` from its IDLED_LISTENING line."""
-
-    def __init__(self, directory: Path) -> None:
-        self.metrics_port = _free_port()
-        self.stderr_path = directory / "serve.stderr"
-        command = [sys.executable, "-m", "idled.cli.main", "serve", "--port", "0", "--data-dir",
-                   str(directory / "data"), "--fsync", "never", "--metrics-port", str(self.metrics_port)]
-        with open(self.stderr_path, "wb") as stderr:
-            self.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr)
-        self.cpu = psutil.Process(self.proc.pid)
-        self.port = self._listening()
-
-    def _listening(self, timeout: float = 30.0) -> int:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for line in self.stderr_path.read_text(errors="replace").splitlines():
-                if line.startswith("IDLED_LISTENING"):
-                    return int(line.rsplit("port=", 1)[1])
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"idled serve exited: {self.stderr_path.read_text(errors='replace')[-2000:]}")
-            time.sleep(0.05)
-        raise RuntimeError("idled serve did not listen in 30 s")
-
-    def cpu_seconds(self) -> float:
-        times = self.cpu.cpu_times()
-        return times.user + times.system
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
 
 
 async def _load(port: int, sessions: int, ready: trio.Event) -> None:
@@ -142,7 +95,8 @@ def _polls(driver: Any, handles: list[str]) -> int:
 
 
 async def _run(sessions: int, seconds: float, pages: int, directory: Path) -> list[str]:
-    daemon = Daemon(directory)
+    metrics_port = free_port()
+    daemon = Daemon(directory, "--fsync", "never", "--metrics-port", str(metrics_port))
     driver = None
     try:
         async with trio.open_nursery() as nursery:
@@ -152,7 +106,7 @@ async def _run(sessions: int, seconds: float, pages: int, directory: Path) -> li
             await trio.sleep(5.0)  # attached, first idle offlines, one-second samples running
             idle = await _measure(daemon, seconds)
             driver = await trio.to_thread.run_sync(lambda: start_chromium(directory / "profile", flags=UNTHROTTLED))
-            url = f"http://127.0.0.1:{daemon.metrics_port}/"
+            url = f"http://127.0.0.1:{metrics_port}/"
             handles = await trio.to_thread.run_sync(_open_pages, driver, url, pages)
             await trio.sleep(3.0)
             polls_before = await trio.to_thread.run_sync(_polls, driver, handles)
