@@ -34,19 +34,29 @@ def emit(event: str, **fields: Any) -> None:
     sys.stdout.flush()
 
 
-async def sample(election: EtcdElection) -> None:
-    leading, last_true = False, 0.0
-    while True:
+class Sampler:
+    """``is_leader`` every 10 ms; prints the changes."""
+
+    def __init__(self, election: EtcdElection) -> None:
+        self.election = election
+        self.leading = False
+        self.last_true = 0.0
+
+    def once(self) -> None:
         now = time.monotonic()
-        now_leading = election.is_leader(now)
-        if now_leading and not leading:
-            emit("up", t=now, deadline=election.deadline)
-        elif leading and not now_leading:
-            emit("down", t=now, last_true=last_true)
-        if now_leading:
-            last_true = now
-        leading = now_leading
-        await trio.sleep(SAMPLE)
+        leading = self.election.is_leader(now)
+        if leading and not self.leading:
+            emit("up", t=now, deadline=self.election.deadline)
+        elif self.leading and not leading:
+            emit("down", t=now, last_true=self.last_true)
+        if leading:
+            self.last_true = now
+        self.leading = leading
+
+    async def run(self) -> None:
+        while True:
+            self.once()
+            await trio.sleep(SAMPLE)
 
 
 async def report(election: EtcdElection) -> None:
@@ -58,7 +68,7 @@ async def report(election: EtcdElection) -> None:
              t=time.monotonic())
 
 
-async def commands(election: EtcdElection, nursery: trio.Nursery) -> None:
+async def commands(election: EtcdElection, sampler: Sampler, nursery: trio.Nursery) -> None:
     stream = trio.lowlevel.FdStream(os.dup(sys.stdin.fileno()))
     buffer = b""
     while True:
@@ -80,6 +90,7 @@ async def commands(election: EtcdElection, nursery: trio.Nursery) -> None:
                 emit("last", seq=await election.last_seq())
             elif word == "resign":
                 await election.resign()
+                sampler.once()  # its last word before it exits
                 emit("resigned", t=time.monotonic())
                 nursery.cancel_scope.cancel()
                 return
@@ -88,11 +99,12 @@ async def commands(election: EtcdElection, nursery: trio.Nursery) -> None:
 async def main(url: str, address: str, ttl: int) -> None:
     async with EtcdElection(parse_election_url(url), address, timings=Timings.of(ttl)) as election:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(sample, election)
+            sampler = Sampler(election)
+            nursery.start_soon(sampler.run)
             nursery.start_soon(report, election)
             await nursery.start(election.run)
             emit("started", t=time.monotonic())
-            nursery.start_soon(commands, election, nursery)
+            nursery.start_soon(commands, election, sampler, nursery)
 
 
 if __name__ == "__main__":
