@@ -143,7 +143,7 @@ class EtcdGateway:
     async def _attempt(self, endpoint: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
         try:
             async with self._client.stream("POST", f"{endpoint}/v3/{path}", content=json.dumps(body)) as response:
-                data = await self._read(response.aiter_raw(), endpoint, path)
+                data = await self._read(response.aiter_bytes(), endpoint, path)
                 status = response.status_code
         except httpx.HTTPError as exc:
             self._rotate(endpoint)
@@ -209,10 +209,10 @@ class EtcdGateway:
             async with self._client.stream("POST", f"{endpoint}/v3/watch", content=json.dumps(body),
                                            timeout=httpx.Timeout(self.timeout, read=None)) as response:
                 if response.status_code != 200:
-                    data = await self._read(response.aiter_raw(), endpoint, "watch")
+                    data = await self._read(response.aiter_bytes(), endpoint, "watch")
                     raise EtcdError(f"{endpoint}: /v3/watch: HTTP {response.status_code}: {data[:200]!r}")
                 buffer = b""
-                async for chunk in response.aiter_raw():
+                async for chunk in response.aiter_bytes():
                     buffer += chunk
                     if len(buffer) > self.max_response_bytes:
                         raise EtcdError(f"{endpoint}: /v3/watch: a line over {self.max_response_bytes} bytes")
