@@ -92,7 +92,8 @@ class Election(Protocol):
         """The current leader's advertised address (ours when leading), None when unknown."""
 
     async def publish_seq(self, seq: int) -> None:
-        """Record ``seq`` as the last written, if we still lead; `NotLeader` otherwise."""
+        """Record ``seq`` as the last written, if we still lead: `NotLeader` otherwise (``not_leader``: the
+        local lease check; ``fenced``: etcd refused), `EtcdUnavailable` when etcd did not answer in time."""
 
     async def last_seq(self) -> int:
         """The last seq a leader published (0: none yet)."""

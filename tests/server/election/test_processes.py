@@ -185,7 +185,7 @@ def test_a_sigstopped_leader_is_fenced_on_waking(campaigners: Callable[[str], Ca
     assert refused["code"] == "not_leader"
     down = leader.wait_for("down", 5, since=since)
     assert down["last_true"] < stopped  # no true sample after the stop...
-    assert woken <= down["t"] < woken + 0.5  # ...and false from its first look on waking
+    assert woken <= down["t"] < woken + 1.0  # ...and false from its first look on waking (a loaded machine's slack)
     assert not [e for e in leader.events[since:] if e["event"] in ("published", "up")]
 
     follower.send("last")
