@@ -37,15 +37,11 @@ class Daemon(peers.Daemon):
 
     def core_pid(self, default: int | None = None) -> int:
         """The pid of the root's child that is the core (``default`` while there is none: being restarted)."""
-        for child in psutil.Process(self.proc.pid).children():
-            try:
-                if "--core-of-workers" in child.cmdline() and child.status() != psutil.STATUS_ZOMBIE:
-                    return child.pid
-            except psutil.NoSuchProcess:
-                continue
-        if default is None:
-            raise AssertionError("no core")
-        return default
+        pid = peers.core_pid(self.proc.pid)
+        if pid is None:
+            assert default is not None, "no core"
+            return default
+        return pid
 
     def workers(self) -> dict[str, int]:
         """worker name -> pid of its live edge process."""
