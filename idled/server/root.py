@@ -31,7 +31,8 @@ protocol machinery), so it is small enough not to crash itself:
 * **Ready.** Once the core and every edge printed ``IDLED_LISTENING`` (the edges only after the core's
   welcome; at most ``STARTUP_TIMEOUT`` after the core), the root prints its own ``IDLED_LISTENING`` line per
   public socket and tells systemd ``READY=1``: the root is the unit's main process (``NotifyAccess=main``).
-* **Watchdog.** With ``WatchdogSec=`` the root pings systemd from its own loop, and judges the core by its
+* **Watchdog.** The root sends systemd a ``STATUS=`` line every 5 s (core up or restarting, edges up). With
+  ``WatchdogSec=`` the root pings systemd from its own loop, and judges the core by its
   heartbeat (the core's monitor beats the roster): a core silent for a whole watchdog period is killed
   (SIGABRT) and restarted like a crashed one, while the edges keep their users.
 * **Signals.** SIGHUP is forwarded to every child. SIGTERM/SIGINT stop in order: the core first (it ends every
@@ -70,6 +71,7 @@ __all__ = ["CORE_GRACE", "Root", "core_command", "parse_core_fds"]
 
 log = logging.getLogger("idled.server.root")
 
+STATUS_EVERY = 5.0  # seconds between two systemd STATUS= lines
 CORE_GRACE = 30.0  # seconds a SIGTERMed core may take (its own drain is shorter: the login timeout, at least 5 s)
 
 
@@ -154,6 +156,7 @@ class Root:
         interval = systemd.watchdog_interval(self.env)
         if interval is not None:
             nursery.start_soon(self._watchdog, interval)
+        nursery.start_soon(self._status)
 
     async def _open_public(self) -> None:
         cfg = self.config
@@ -259,6 +262,16 @@ class Root:
                     self.core.signal(signal.SIGABRT)
                     self.roster.clear_heartbeat()
                 await trio.sleep(interval)
+
+    async def _status(self) -> None:
+        """A ``STATUS=`` line for ``systemctl status`` every ``STATUS_EVERY`` seconds (the core's own are not
+        sent: only the main process may)."""
+        with systemd.Notifier(self.env) as notifier:
+            while notifier.enabled:
+                up = sum(w.pid is not None for w in self.workers)
+                core = "up" if self.core.pid is not None else "restarting"
+                notifier.send(systemd.status(f"core {core} ({self.core.restarts} restarts); edges up {up}/{len(self.workers)}"))
+                await trio.sleep(STATUS_EVERY)
 
     # -- signals ---------------------------------------------------------------------------------------------
 
