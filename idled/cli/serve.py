@@ -88,7 +88,8 @@ def _run_root(cfg: Config, args: argparse.Namespace) -> int:
         secret = tokens.load_secret(cfg.secret_file) if cfg.secret_file else None
     except tokens.SecretError as exc:
         return _fatal(f"configuration: {exc}", EXIT_USAGE)
-    root = Root(cfg, _given_flags(args), secret=secret, config_file=args.config or os.environ.get("IDLED_CONFIG"))
+    root = Root(cfg, _given_flags(args), secret=secret, config_file=args.config or os.environ.get("IDLED_CONFIG"),
+                reload_config=lambda: config_module.load(args))
     try:
         trio.run(root.run)
     except KeyboardInterrupt:

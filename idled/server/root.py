@@ -23,7 +23,7 @@ protocol machinery), so it is small enough not to crash itself:
   (``idled.server.children.copy_log``), wait for its exit, restart it after a backoff of 0.1 s doubling to
   5 s (reset once it has been up a minute). A child that exits before it ever listened during the start is a
   configuration error: the root stops with one fatal line and the child's exit status (a core's 2 stays 2, so
-  ``RestartPreventExitStatus=2`` still holds). **A dead core** costs no user: the edges keep their users
+  ``RestartPreventExitStatus=2`` still holds; a core that exits 2 later is not restarted either). **A dead core** costs no user: the edges keep their users
   connected and answer their pings; their links drop, reconnect, and re-attach every live user to the new
   core, whose recovery first wrote ``offline restart`` for every session the log showed online (see
   docs/edge.md). **A dead edge** is a lost gateway to the core (``gateway_lost`` for its sessions); its users
@@ -49,14 +49,14 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import trio
 
 from idled.ops import systemd
-from idled.ops.config import Config
-from idled.ops.fatal import EXIT_FAILURE, EXIT_LOG, Fatal
+from idled.ops.config import Config, ConfigError
+from idled.ops.fatal import EXIT_FAILURE, EXIT_LOG, EXIT_USAGE, Fatal
 from idled.server import internal
 from idled.server.children import (
     BACKOFF_MAX, BACKOFF_MIN, STARTUP_TIMEOUT, STEADY, STOP_TIMEOUT, Child, Slot, copy_log, death_signal,
@@ -96,8 +96,10 @@ class Root:
     ``secret``: whether logins need a token (the auth rule on the public sockets)."""
 
     def __init__(self, config: Config, flags: Sequence[str], *, secret: bytes | None,
-                 env: Mapping[str, str] | None = None, config_file: str | None = None) -> None:
+                 env: Mapping[str, str] | None = None, config_file: str | None = None,
+                 reload_config: Callable[[], Config] | None = None) -> None:
         self.config = config
+        self._reload_config = reload_config  # SIGHUP: a restarted edge then gets what the file says now
         self.flags = list(flags)
         self.secret = secret
         self.env = dict(os.environ) if env is None else dict(env)
@@ -214,9 +216,12 @@ class Root:
             returncode = await self._watch(slot, process)
             if self.stopping:
                 return
-            if not slot.ever_listened:
+            if not slot.ever_listened or (slot is self.core and returncode == EXIT_USAGE):
+                # (A core that says its configuration is wrong -- a file edited since -- is not restarted into
+                # it: RestartPreventExitStatus=2 holds for the whole daemon.)
                 status = returncode if slot is self.core and returncode > 0 else EXIT_FAILURE
-                raise Fatal(slot.name, f"pid {process.pid}", f"{describe_exit(returncode)} before it listened "
+                when = "before it listened" if not slot.ever_listened else "(a configuration error)"
+                raise Fatal(slot.name, f"pid {process.pid}", f"{describe_exit(returncode)} {when} "
                             "(see its log lines above)", status)
             if time.monotonic() - slot.started_at >= STEADY:
                 backoff = BACKOFF_MIN
@@ -276,7 +281,12 @@ class Root:
     # -- signals ---------------------------------------------------------------------------------------------
 
     def hangup(self) -> None:
-        """SIGHUP: every live child reloads its configuration."""
+        """SIGHUP: every live child reloads its configuration (and the root, for the edges it restarts later)."""
+        if self._reload_config is not None:
+            try:
+                self.config = self._reload_config()
+            except ConfigError as exc:
+                log.warning("SIGHUP: configuration not reloaded by the root: %s", exc)
         for slot in self.slots:
             slot.signal(signal.SIGHUP)
 

@@ -112,3 +112,19 @@ async def test_the_root_is_the_parent_of_the_core_and_the_edges(tmp_path: Path) 
         assert set(daemon.workers()) == {"worker-0", "worker-1"}
     finally:
         daemon.kill()
+
+
+async def test_a_core_that_cannot_start_stops_the_root_with_its_status(tmp_path: Path) -> None:
+    """The event log is locked by another daemon: the core exits 5 before it listened, and so does the root
+    (one fatal line; its edges do not outlive it)."""
+    data_dir = tmp_path / "data"
+    async with peers.Daemon(peers.serve_command(data_dir, "--metrics-port", "0"), tmp_path / "one.err"):
+        daemon = peers.Daemon(peers.serve_command(data_dir, "--metrics-port", "0", "--workers", "2"),
+                              tmp_path / "workers.err")
+        try:
+            assert await daemon.wait(timeout=30) == 5
+        finally:
+            daemon.kill()
+        lines = daemon.stderr().splitlines()
+        assert [ln for ln in lines if ln.startswith("idled: fatal: core (pid ")], lines[-5:]
+        assert "IDLED_LISTENING" not in daemon.stderr()
