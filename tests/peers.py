@@ -286,6 +286,20 @@ def scrape(metrics_port: int, name: str) -> float:
     raise AssertionError(f"{name} not exported")
 
 
+def core_pid(root: int) -> int | None:
+    """Under `idled serve --workers N`: the pid of the core, the root's child started with --core-of-workers
+    (None while there is none: being restarted)."""
+    import psutil
+
+    for child in psutil.Process(root).children():
+        try:
+            if "--core-of-workers" in child.cmdline() and child.status() != psutil.STATUS_ZOMBIE:
+                return int(child.pid)
+        except psutil.NoSuchProcess:
+            continue
+    return None
+
+
 def serve_command(data_dir: Path, *options: str) -> list[str]:
     """`python -m idled.cli.main serve` on a port-0 listener; `options` come last, so they win over the defaults."""
     return [sys.executable, "-m", "idled.cli.main", "serve", "--port", "0", "--data-dir", str(data_dir), *options]

@@ -3,7 +3,8 @@
 keepalive, parse and login cost and the memory of (uid, device) session keys against plain uids, in one run;
 with ``--writer``, the event-log writer's throughput and latency under each fsync policy; with ``--last-seen``,
 what the event log's last-seen map costs per offline user (memory, snapshot bytes, write and load time); with
-``--status-page``, what open status pages cost a loaded daemon in CPU (`idled.tools.bench.statuspage`).
+``--status-page``, what open status pages cost a loaded daemon in CPU (`idled.tools.bench.statuspage`); with
+``--core-kill``, what a core crash under ``--workers 2`` costs its users (`idled.tools.bench.corekill`).
 
 The machinery is in `idled.tools.bench` (`schedule`, `detectors`, `table`; `growth`; `devices`; `writer`); this module reads
 the flags, checks them -- and the output files, and matplotlib for ``--plot`` -- before minutes of
@@ -208,6 +209,11 @@ def _add_mode_arguments(parser: argparse.ArgumentParser) -> None:
         "page open, then with --pages tabs of headless Chromium polling its status page: CPU per page and per poll",
     )
     page.add_argument("--pages", type=int, default=10, metavar="N", help="with --status-page: tabs (default: 10)")
+    parser.add_argument(
+        "--core-kill", type=int, nargs="?", const=3, metavar="RUNS",
+        help="`idled serve --workers 2` with --sizes users (default 2000) pinging through its edges: SIGKILL the core "
+        "RUNS times (default 3); users closed, and how long until it is back and a new login is recorded online",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -224,6 +230,8 @@ def run(args: argparse.Namespace) -> int:
             return _hook(args)
         if args.status_page:
             return _status_page(args)
+        if args.core_kill is not None:
+            return _core_kill(args)
         if args.growth:
             return _growth(args)
         if args.devices:
@@ -440,6 +448,20 @@ def _status_page(args: argparse.Namespace) -> int:
     from idled.tools.bench import statuspage  # a daemon, a browser: only for this mode
 
     return _print_lines(statuspage.report_lines(sizes[0], seconds, args.pages), RuntimeError)
+
+
+def _core_kill(args: argparse.Namespace) -> int:
+    """`idled bench --core-kill [RUNS] [--sizes N]`: users closed by a core crash under --workers 2, and the wait."""
+    _only(args, ("core_kill", "sizes"), "--core-kill")
+    sizes = [2000] if args.sizes == _defaults().sizes else args.sizes
+    if len(sizes) != 1 or not 1 <= sizes[0] <= 15_000 or not 1 <= args.core_kill <= 100:
+        raise UsageError("--core-kill takes RUNS in [1, 100] and one size in [1, 15000]")
+    import trio
+
+    from idled.tools.bench import corekill  # a daemon and its users: only for this mode
+
+    results = trio.run(corekill.measure, sizes[0], args.core_kill)
+    return _print_lines(corekill.report_lines(results, sizes[0]), RuntimeError)
 
 
 def _defaults() -> argparse.Namespace:

@@ -1,8 +1,9 @@
-"""`idled serve`: run the daemon."""
+"""`idled serve`: run the daemon (with ``--workers N``: its root, which runs the core and the edges)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
@@ -12,17 +13,19 @@ import trio
 
 from idled.ops import config as config_module
 from idled.ops import systemd
-from idled.ops.config import ConfigError
+from idled.ops.config import Config, ConfigError
 from idled.ops.fatal import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, describe
 from idled.ops.gcpolicy import GcPolicy
 from idled.ops.logs import config_summary, setup_logging
-from idled.ops.metrics import Metrics
 from idled.protocol import tokens
-from idled.server.app import Server
 
 log = logging.getLogger("idled.server")
 
-add_arguments = config_module.add_arguments
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    config_module.add_arguments(parser)
+    # Set by the root of `idled serve --workers N` on the core it starts (idled.server.root): not for people.
+    parser.add_argument("--core-of-workers", metavar="FDS", help=argparse.SUPPRESS)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -31,19 +34,23 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         return _fatal(f"configuration: {exc}", EXIT_USAGE)
     setup_logging(cfg.log_level)
-    inherited = "inherited sockets (LISTEN_FDS)" if "LISTEN_FDS" in os.environ else None
-    log.info("%s", config_summary(cfg, listen=inherited))
+    if cfg.workers and not args.core_of_workers:
+        return _run_root(cfg, args)
+    if not args.core_of_workers:  # the root said it already
+        inherited = "inherited sockets (LISTEN_FDS)" if "LISTEN_FDS" in os.environ else None
+        log.info("%s", config_summary(cfg, listen=inherited))
     soft, hard = systemd.raise_nofile_limit()
     log.info("open-file limit %d (hard %d)", soft, hard)
+    from idled.ops.metrics import Metrics
+    from idled.server.app import Server  # not in the root: it runs no presence machinery
+
     try:
         server = Server(
             cfg, metrics=Metrics(_registry(), tick=cfg.tick), reload_config=lambda: config_module.load(args),
-            gc_policy=GcPolicy(thaw_every=cfg.gc_thaw_every),
+            gc_policy=GcPolicy(thaw_every=cfg.gc_thaw_every), workers=_workers(args.core_of_workers),
         )
-    except (ConfigError, tokens.SecretError) as exc:
+    except (ConfigError, tokens.SecretError, ValueError, OSError) as exc:
         return _fatal(f"configuration: {exc}", EXIT_USAGE)
-    if server.workers is not None:
-        server.workers.config_file = args.config or os.environ.get("IDLED_CONFIG")
     try:
         trio.run(server.serve)
     except KeyboardInterrupt:
@@ -57,6 +64,57 @@ def run(args: argparse.Namespace) -> int:
         return _fatal(line, status)
     log.info("stopped; largest event-loop stall %.1f ms", 1000 * server.largest_stall)
     return EXIT_OK
+
+
+def _workers(spec: str | None) -> Any:
+    """The core of ``--workers``: a factory of its view of the edges, from the descriptors the root passed."""
+    if not spec:
+        return None
+    from idled.server.root import parse_core_fds
+    from idled.server.workers import Workers
+
+    internal, roster, occupancy, public = parse_core_fds(spec)
+    return lambda peers: Workers.from_fds(internal, roster, occupancy, public, peers=peers)
+
+
+def _run_root(cfg: Config, args: argparse.Namespace) -> int:
+    """``--workers N``: this process is the root (``idled.server.root``); the core is its child."""
+    from idled.server.root import Root
+
+    log.info("%s", config_summary(cfg, listen="inherited sockets (LISTEN_FDS)" if "LISTEN_FDS" in os.environ else None))
+    soft, hard = systemd.raise_nofile_limit()  # the children inherit it
+    log.info("open-file limit %d (hard %d)", soft, hard)
+    try:
+        secret = tokens.load_secret(cfg.secret_file) if cfg.secret_file else None
+    except tokens.SecretError as exc:
+        return _fatal(f"configuration: {exc}", EXIT_USAGE)
+    root = Root(cfg, _given_flags(args), secret=secret, config_file=args.config or os.environ.get("IDLED_CONFIG"),
+                reload_config=lambda: config_module.load(args))
+    try:
+        trio.run(root.run)
+    except KeyboardInterrupt:
+        log.error("interrupted during shutdown")
+        return EXIT_INTERRUPTED
+    except Exception as exc:
+        line, status = describe(exc)
+        log.debug("fatal error", exc_info=exc)
+        return _fatal(line, status)
+    log.info("stopped")
+    return EXIT_OK
+
+
+def _given_flags(args: argparse.Namespace) -> list[str]:
+    """The serve flags given on this command line, to start the core with (the file and the environment
+    it reads itself, so a SIGHUP re-reads them as in one process)."""
+    flags = ["--config", args.config] if args.config else []
+    for field in dataclasses.fields(Config):
+        value = getattr(args, field.name, None)
+        flag = "--" + field.name.replace("_", "-")
+        if value is True:
+            flags.append(flag)
+        elif value is not None and value is not False:
+            flags += [flag, str(value)]
+    return flags
 
 
 def _fatal(line: str, status: int) -> int:

@@ -23,8 +23,9 @@ so descriptors never run out under the log's feet. Then it recovers the log (whi
 builds the presence table and the pieces above, and runs one nursery: the writer, the /metrics endpoint, the
 tick task, one accept loop per listener (``listen.accept_all``; handlers run in this nursery, under the
 accept loops' own scope so stopping to accept leaves them running), the monitor.
-With ``--workers N`` the core accepts only on its internal unix socket (``internal``) and a
-``supervisor.Supervisor`` task runs N ``idled edge`` children on the public port (READY=1 once they listen).
+With ``--workers N`` the core is a child of the root (``root``), which runs N ``idled edge`` children on the
+public port and restarts the core if it dies: the core accepts only on the internal unix socket the root
+passed (``workers.Workers``: the sockets, the edges' pids and counts), and the root speaks to systemd.
 Then it waits for SIGTERM/SIGINT or ``stop()``. An expected failure of the log (disk full, fsync failed)
 ends the daemon as one ``Fatal`` naming the log's directory (``idled.ops.fatal``): systemd restarts it onto
 a recovered log. Shutdown is a cancel-scope deadline, not a polling loop:
@@ -77,9 +78,8 @@ from idled.server.plane import UserPlane
 from idled.server.seqs import SeqBlocks
 from idled.server.sessions import Sessions
 from idled.server.signals import SIGNALS, until_stopped
-from idled.server.supervisor import STOP_TIMEOUT, Supervisor
-from idled.server import internal
 from idled.server.workermetrics import WorkerCollector
+from idled.server.workers import Workers
 from idled.server.ticker import Ticker
 from idled.server.users import CoreUsers
 from idled.server.vitals import Sample, Vitals, histogram_source
@@ -107,6 +107,7 @@ class Server:
         env: dict[str, str] | None = None,
         reload_config: Callable[[], Config] | None = None,
         gc_policy: GcPolicy | None = None,
+        workers: Callable[[set[Connection]], Workers] | None = None,
     ) -> None:
         self.config = config
         self.gc_policy = gc_policy  # None: the interpreter's default (tests run many servers in one process)
@@ -147,8 +148,9 @@ class Server:
         self.addresses: list[tuple[str, int | None]] = []  # what each listener is bound to (getsockname)
         self.budget: Budget | None = None  # set by serve() once the listeners are known
         self.shortage = Shortage(lambda: str(self.budget))
-        # --workers N: edge children take the public port; the core serves them on its internal socket.
-        self.workers = Supervisor(config, peers=self._peers) if config.workers else None
+        # --workers N (``workers``: adopts what the root passed): the edges take the public port, the core
+        # serves them on the internal socket.
+        self.workers = workers(self._peers) if workers is not None else None
         self.api: Api | None = None  # the HTTP API (idled.server.api), with api_port
 
     @property
@@ -175,7 +177,7 @@ class Server:
         connection then comes through ``handle``)."""
         try:
             if listeners is None:
-                listeners = await self._open_listeners()
+                listeners = self.workers.public if self.workers is not None else await self._open_listeners()
             try:
                 self.addresses = [bound_address(listener) for listener in listeners]
                 require_auth(self.addresses, secret=self.secret, insecure=self.config.insecure)
@@ -188,7 +190,9 @@ class Server:
                     listener.socket.close()  # not served: the accept loops would have closed them
                 raise
             if self.workers is not None:
-                listeners = [await self._open_internal(listeners)]
+                for listener in listeners:
+                    listener.socket.close()  # the edges accept there; the core knows the addresses now
+                listeners = [self.workers.internal]
             self.clock.start()
             async with trio.open_nursery() as nursery:
                 # Signals are received from before READY=1 / IDLED_LISTENING on (a SIGTERM right after is a
@@ -200,8 +204,6 @@ class Server:
                     await until_stopped(self._stop_event, self._hangup, signals)
                 await self._shutdown(nursery)
         finally:
-            if self.workers is not None and self.workers.socket_path is not None:
-                internal.remove_socket(self.workers.socket_path)  # only if we bound it: never another core's
             self.stopped.set()
 
     async def _recover(self) -> Recovery:
@@ -257,7 +259,7 @@ class Server:
             log.info("closed %s left online by the previous run (reason restart)", plural(ended, "session"))
         self.metrics.register_snapshot(self.snapshot)
         if self.workers is not None and self.metrics.registry is not None:
-            self.metrics.registry.register(WorkerCollector(self.workers.view))
+            self.metrics.registry.register(WorkerCollector(self.workers.view, self.workers.core_restarts))
         if cfg.metrics_port and self.metrics.registry is not None:  # NullMetrics: nothing to export
             health = Health(self.log.directory, status=self.status, listening=lambda: bool(self.ports) and not self.stopping,
                             vitals=self.vitals.live)
@@ -274,8 +276,6 @@ class Server:
         sessions.wake_ticker = ticker.wake
         nursery.start_soon(ticker.run)
         await nursery.start(self._accept, listeners, nursery)
-        if self.workers is not None:
-            await nursery.start(self.workers.run, self.clock.beat)  # returns once every edge listens
         for host, port in self.addresses:
             log.info("listening on %s", display(host, port))
             if port is not None:
@@ -287,6 +287,8 @@ class Server:
                                              self._lagwatch.check, lambda: self.vitals.sample(time.time())]
         if self.gc_policy is not None:
             hooks.append(self.gc_policy.maybe_thaw)
+        if self.workers is not None:
+            hooks.append(self.workers.beat)  # the root's watchdog watches it
         # Started after READY=1, so the manager never sees WATCHDOG=1 (or STATUS=) before it.
         nursery.start_soon(self.monitor.run, self._status_line, hooks)
 
@@ -317,24 +319,13 @@ class Server:
             await accept_all(listeners, self.handle, handlers, refuse_out_of_descriptors, self.shortage,
                              task_status=task_status)
 
-    async def _open_internal(self, public: Sequence[trio.SocketListener]) -> trio.SocketListener:
-        """--workers: keep the public sockets for the edges, and listen on the internal unix socket."""
-        assert self.workers is not None
-        path = internal.core_socket_path(self.env, self.log.directory)
-        listener = await internal.open_internal_listener(path)
-        self.workers.adopt([listener.socket for listener in public], path)
-        log.info("workers: %d edges on the public port; core on unix:%s", len(self.workers.workers), path)
-        return listener
-
     async def _open_listeners(self) -> list[trio.SocketListener]:
         cfg = self.config
         precheck_host(cfg.host, cfg.port, self.env, secret=self.secret, insecure=cfg.insecure)
         return await open_listeners(cfg.host, cfg.port, self.env)
 
     def _hangup(self) -> None:
-        self._reload()
-        if self.workers is not None:
-            self.workers.hangup()
+        self._reload()  # under --workers the root forwards SIGHUP to the edges itself
 
     def stop(self) -> None:
         """Begin a clean shutdown (what SIGTERM does)."""
@@ -352,8 +343,6 @@ class Server:
             reload_door(self._door, previous, config, self._connection_limit)
         if self._gateways is not None:
             self._gateways.max_frame = config.max_gateway_frame
-        if self.workers is not None:
-            self.workers.config = config  # a restarted edge gets the reloaded settings
 
     async def _shutdown(self, nursery: trio.Nursery) -> None:
         """Stop accepting, end every session (reason shutdown), flush the log, then cancel the rest."""
@@ -364,8 +353,7 @@ class Server:
         if self.api is not None:
             self.api.close()
         systemd.notify(systemd.STOPPING, env=self.env)
-        workers_grace = STOP_TIMEOUT if self.workers is not None else 0.0
-        with trio.move_on_after(max(MIN_GRACE, self.config.login_timeout) + workers_grace) as grace:
+        with trio.move_on_after(max(MIN_GRACE, self.config.login_timeout)) as grace:
             grace.shield = True
             ended = await sessions.end_all("shutdown", ErrorCode.SERVER_SHUTDOWN, "server is shutting down")
             log.info("shutdown: ended %s", plural(ended, "session"))
@@ -375,15 +363,14 @@ class Server:
             while self.bus.undelivered():
                 await trio.sleep(0.01)
             if self.workers is not None:
-                # The gateways and observers the edges relay first: an edge exits only once its relays ended,
-                # and they must end with this server_shutdown, not with the edge's exit. Then the edges (after
-                # end_all: every session is logged `shutdown` before they close their users), their links last.
+                # The gateways and observers the edges relay first, so they end with this server_shutdown;
+                # the edges' links last. The root stops the edges once this core has exited (they close their
+                # users then: every session is logged `shutdown` already).
                 links = self.workers.is_link
                 for peer in [p for p in self._peers if not links(p)]:
                     peer.close(ErrorCode.SERVER_SHUTDOWN, "server is shutting down")
                 while any(not links(p) for p in self._peers):
                     await trio.sleep(0.01)
-                await self.workers.stop()
             for peer in list(self._peers):
                 peer.close(ErrorCode.SERVER_SHUTDOWN, "server is shutting down")
             # Let every logged-in connection send its server_shutdown frame and close (each send is bounded

@@ -2,21 +2,23 @@
 
 Theory of operation
 -------------------
-With workers the core accepts nothing on the public port: it hands the public listening socket(s) to its
-``idled edge`` children and listens here instead, on a unix stream socket named ``core.sock`` in
-``$RUNTIME_DIRECTORY`` (systemd's ``RuntimeDirectory=``) or else in the event-log directory. The file is
-created mode 0600 (the umask is narrowed around ``bind``, so it is never more open than that) and removed
-when the core stops. A stale file from a core that crashed is removed before binding: the event log's lock
-is already held by then, so no other live core can own it.
+With workers the core accepts nothing on the public port: the root (``idled.server.root``) hands the public
+listening socket(s) to the ``idled edge`` children and the core accepts here instead, on a unix stream
+socket named ``core.sock`` in ``$RUNTIME_DIRECTORY`` (systemd's ``RuntimeDirectory=``) or else in the
+event-log directory. The root binds it (and every core it starts inherits it, so it outlives a crashed
+core); the file is created mode 0600 (the umask is narrowed around ``bind``, so it is never more open than
+that) and removed when the root stops. A stale file from a daemon that crashed is removed before binding --
+only once a connect to it was refused: a live daemon's socket is never taken over.
 
 Everything arriving here is served by the ordinary ``Doorway``: the edges' own links (gateways named
 ``worker-<i>``), and the gateways and observers the edges relay from the public port (their login frame
-forwarded unchanged). Only the first kind is trusted, and the rule is precise (``Supervisor.trusts``): a
-*gateway* login *without a token* whose peer process (``SO_PEERCRED``) is the live worker the core started
-under that very name, while no gateway of that name is connected. Every other login -- a relayed gateway
-or observer, anything carrying a token -- is verified as usual when auth is on. The socket's permissions
-keep other users out; the pid and name rule keeps a client of the public port from borrowing an edge's
-trust through the relay (an edge forwards a relayed login unchecked: the core checks tokens).
+forwarded unchanged). Only the first kind is trusted, and the rule is precise (``Workers.trusts``): a
+*gateway* login *without a token* whose peer process (``SO_PEERCRED``) is the live worker the root started
+under that very name (its pid from ``idled.server.roster``), while no gateway of that name is connected.
+Every other login -- a relayed gateway or observer, anything carrying a token -- is verified as usual when
+auth is on. The socket's permissions keep other users out; the pid and name rule keeps a client of the public
+port from borrowing an edge's trust through the relay (an edge forwards a relayed login unchecked: the core
+checks tokens).
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ async def open_internal_listener(path: Path) -> trio.SocketListener:
     if len(os.fsencode(path)) > _SUN_PATH_MAX:
         raise ConfigError(f"internal socket path too long for a unix socket ({len(str(path))} bytes): {path}")
     try:
-        # Left by a core that crashed; we hold the event log's lock, so it is not live. (Blocking calls, but once
+        # Left by a daemon that crashed (the root checked that nobody answers on it). (Blocking calls, but once
         # at startup on a local directory, before anything else runs.)
         if path.is_socket():  # noqa: ASYNC240
             path.unlink()  # noqa: ASYNC240

@@ -2,7 +2,7 @@
 event rate and the lateness percentiles -- for ``idled status`` and the status page (``/`` on the metrics port).
 
 Everything here is read on the event loop from what the server holds anyway (the frozen ``Config``, the
-supervisor's view, the vitals' ring and histogram): a few microseconds a call. The configuration summary names
+workers' view, the vitals' ring and histogram): a few microseconds a call. The configuration summary names
 what shapes behaviour (tick, timeouts, fsync, limits) and nothing secret: no secret file, no key, no path but
 the data directory the document already has.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from idled.ops.config import Config
-from idled.server.supervisor import Supervisor
+from idled.server.workers import Workers
 from idled.server.vitals import Vitals
 
 __all__ = ["config_summary", "status_part", "workers_part"]
@@ -41,7 +41,7 @@ def config_summary(cfg: Config) -> dict[str, Any]:
     }
 
 
-def workers_part(workers: Supervisor) -> list[dict[str, Any]]:
+def workers_part(workers: Workers) -> list[dict[str, Any]]:
     """Per edge worker: name, pid (None: down), up, restarts, sessions and connections it holds."""
     return [
         {"name": name, "pid": pid, "up": pid is not None, "restarts": restarts, "sessions": sessions,
@@ -50,7 +50,7 @@ def workers_part(workers: Supervisor) -> list[dict[str, Any]]:
     ]
 
 
-def status_part(cfg: Config, workers: Supervisor | None, vitals: Vitals) -> dict[str, Any]:
+def status_part(cfg: Config, workers: Workers | None, vitals: Vitals) -> dict[str, Any]:
     """What ``Server.status()`` adds to the snapshot: config, workers (with ``--workers``), rate, lateness."""
     lateness = vitals.lateness()
     part: dict[str, Any] = {

@@ -2,19 +2,22 @@
 
 Theory of operation
 -------------------
-A custom collector registered on the core's registry. At scrape time it reads the supervisor's view (name,
-pid, restarts, sessions held through that worker's link) on the event loop -- the same hop as the snapshot
+A custom collector registered on the core's registry. At scrape time it reads the workers' view (name,
+pid, restarts, sessions held through that worker's link: ``idled.server.workers``, from what the root shares) on the event loop -- the same hop as the snapshot
 collector in ``idled.ops.metrics``, since ``/metrics`` renders in a worker thread -- then reads each live
 child's CPU time and RSS with psutil off the loop. Every family carries a ``worker`` label
 (``worker-0`` ...):
 
   idled_worker_up                      1 while the worker's process runs, 0 while it is being restarted
-  idled_worker_restarts_total          restarts since the core started
+  idled_worker_restarts_total          restarts since the daemon (its root) started
   idled_worker_sessions                sessions the core holds through the worker's link (its users online)
   idled_worker_connections             connections the worker holds (shared occupancy: what its accept loop sees)
   idled_worker_resident_memory_bytes   RSS of the worker's current process
   idled_worker_cpu_seconds_total       user + system CPU of the worker's current process (a restart resets
                                        it, which Prometheus' rate() reads as a counter reset)
+
+and one family without a label, ``idled_core_restarts_total``: restarts of the core by the root since the
+daemon started (the edges held their users meanwhile).
 
 The core's own process_* metrics, sessions, connections (edges count as gateways) and presence events
 already cover the rest; the edges export no endpoint of their own (``--metrics-port 0``).
@@ -35,14 +38,15 @@ __all__ = ["WorkerCollector"]
 
 log = logging.getLogger("idled.server.workermetrics")
 
-View = list[tuple[str, int | None, int, int, int]]  # Supervisor.view(): name, pid, restarts, sessions, connections
+View = list[tuple[str, int | None, int, int, int]]  # Workers.view(): name, pid, restarts, sessions, connections
 
 
 class WorkerCollector(Collector):
     """Per-worker gauges and counters; ``view`` is read on the loop whose token is current at construction."""
 
-    def __init__(self, view: Callable[[], View]) -> None:
+    def __init__(self, view: Callable[[], View], core_restarts: Callable[[], int] | None = None) -> None:
         self._view = view
+        self._core_restarts = core_restarts
         self._token = trio.lowlevel.current_trio_token()
         self._loop_thread = threading.get_ident()
 
@@ -51,7 +55,7 @@ class WorkerCollector(Collector):
         return {
             "up": GaugeMetricFamily("idled_worker_up", "1 while the edge worker's process runs.", labels=["worker"]),
             "restarts": CounterMetricFamily(
-                "idled_worker_restarts", "Restarts of the edge worker since the core started.", labels=["worker"]
+                "idled_worker_restarts", "Restarts of the edge worker since the daemon started.", labels=["worker"]
             ),
             "sessions": GaugeMetricFamily(
                 "idled_worker_sessions", "Sessions the core holds through the edge worker's link.", labels=["worker"]
@@ -69,7 +73,15 @@ class WorkerCollector(Collector):
         }
 
     def describe(self) -> Iterable[Metric]:
-        return list(self._families().values())
+        return [*self._families().values(), *self._core([])]
+
+    def _core(self, value: list[int]) -> list[Metric]:
+        if self._core_restarts is None:
+            return []
+        family = CounterMetricFamily("idled_core_restarts", "Restarts of the core by the daemon's root since it started.")
+        for restarts in value:
+            family.add_metric([], float(restarts))
+        return [family]
 
     def _read(self) -> View | None:
         try:
@@ -104,4 +116,5 @@ class WorkerCollector(Collector):
             if rss is not None and cpu is not None:
                 families["rss"].add_metric([name], float(rss))
                 families["cpu"].add_metric([name], cpu)
-        return list(families.values())
+        core = [self._core_restarts()] if self._core_restarts is not None else []
+        return [*families.values(), *self._core(core)]

@@ -35,7 +35,9 @@ async def test_logins_past_the_attach_bound_are_refused_busy_and_the_rest_are_re
     outcome: dict[str, str] = {}
     clients: list[peers.Client] = []
     async with peers.Daemon(command, tmp_path / "serve.err") as daemon:
-        os.kill(daemon.proc.pid, signal.SIGSTOP)  # the core: the edge keeps accepting
+        core = peers.core_pid(daemon.proc.pid)  # the root's child (idled.server.root)
+        assert core is not None
+        os.kill(core, signal.SIGSTOP)  # the core: the edge keeps accepting
         try:
             async def login(i: int) -> None:
                 client = await peers.Client.connect(daemon.port)
@@ -55,7 +57,7 @@ async def test_logins_past_the_attach_bound_are_refused_busy_and_the_rest_are_re
                 for i in range(LOGINS):
                     nursery.start_soon(login, i)
         finally:
-            os.kill(daemon.proc.pid, signal.SIGCONT)
+            os.kill(core, signal.SIGCONT)
         counts = Counter(outcome.values())
         assert counts["welcome"] <= MAX_ATTACHING and counts["busy"] >= LOGINS - MAX_ATTACHING, counts
         assert counts["welcome"] + counts["busy"] == LOGINS, counts

@@ -69,8 +69,8 @@ def offlines(data_dir: Path) -> Counter[str]:
     return Counter(r["reason"] for r in iter_records(data_dir) if r["kind"] == "offline")
 
 
-def edge_pids(core_pid: int) -> list[int]:
-    return [c.pid for c in psutil.Process(core_pid).children() if "edge" in c.cmdline()]
+def edge_pids(root_pid: int) -> list[int]:
+    return [c.pid for c in psutil.Process(root_pid).children() if "edge" in c.cmdline()]
 
 
 async def pause(pid: int, seconds: float) -> None:
@@ -90,7 +90,8 @@ async def test_a_stopped_edge_or_core_takes_nobody_offline(tmp_path: Path, who: 
         users = Users()
         async with trio.open_nursery() as nursery:
             await users.start(daemon.port, nursery)
-            target = edge_pids(daemon.proc.pid)[0] if who == "edge" else daemon.proc.pid
+            target = edge_pids(daemon.proc.pid)[0] if who == "edge" else peers.core_pid(daemon.proc.pid)
+            assert target is not None
             for seconds in (8.0, 20.0):
                 await trio.sleep(2.0)
                 await pause(target, seconds)

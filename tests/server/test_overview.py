@@ -8,7 +8,7 @@ from typing import Any, cast
 
 from idled.ops.config import Config
 from idled.server.overview import config_summary, status_part, workers_part
-from idled.server.supervisor import Supervisor
+from idled.server.workers import Workers
 from idled.server.vitals import Sample, Vitals
 
 
@@ -28,7 +28,7 @@ class FakeSupervisor:
 
 
 def test_workers_part_and_status_part() -> None:
-    workers = cast(Supervisor, FakeSupervisor())
+    workers = cast(Workers, FakeSupervisor())
     assert workers_part(workers) == [
         {"name": "worker-0", "pid": 1234, "up": True, "restarts": 0, "sessions": 10, "connections": 11},
         {"name": "worker-1", "pid": None, "up": False, "restarts": 3, "sessions": 0, "connections": 0},

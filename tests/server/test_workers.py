@@ -1,7 +1,8 @@
-"""`idled serve --workers 2` end to end: the real core, the real `idled edge` children, one public port.
+"""`idled serve --workers 2` end to end: the root, the real core, the real `idled edge` children, one public port.
 
-Real subprocesses, real loopback sockets, real time (tick 0.1 s, timeout 2 s). The daemon's own stderr holds
-its children's lines behind a `worker-<i>:` prefix, which is how these tests see each edge.
+Real subprocesses, real loopback sockets, real time (tick 0.1 s, timeout 2 s). The daemon's own stderr (the
+root's) holds its children's lines behind a `core:` or `worker-<i>:` prefix, which is how these tests see each
+process. A killed core: tests/server/test_workers_core.py.
 """
 
 from __future__ import annotations
@@ -33,6 +34,14 @@ class Daemon(peers.Daemon):
         command = peers.serve_command(self.data_dir, "--metrics-port", "0", "--tick", str(TICK), "--timeout",
                                       str(TIMEOUT), "--fsync", "never", "--workers", "2", *extra)
         super().__init__(command, tmp_path / f"idled-{time.monotonic_ns()}.stderr")
+
+    def core_pid(self, default: int | None = None) -> int:
+        """The pid of the root's child that is the core (``default`` while there is none: being restarted)."""
+        pid = peers.core_pid(self.proc.pid)
+        if pid is None:
+            assert default is not None, "no core"
+            return default
+        return pid
 
     def workers(self) -> dict[str, int]:
         """worker name -> pid of its live edge process."""
@@ -139,7 +148,7 @@ async def test_sigterm_stops_every_process_and_logs_every_session_shutdown(tmp_p
     clients = await users(port, 20)
     # An edge welcomes a user before its batched attach reaches the core (within 10 ms): wait for all 20.
     await wait_for(lambda: len([r for r in iter_records(daemon.data_dir) if r["kind"] == "online"]) == 20)
-    pids = list(daemon.workers().values()) + [daemon.proc.pid]
+    pids = list(daemon.workers().values()) + [daemon.core_pid(), daemon.proc.pid]
     try:
         assert await daemon.stop(signal.SIGTERM, timeout=30) == 0
     finally:

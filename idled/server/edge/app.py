@@ -209,7 +209,7 @@ class Edge:
             grace.shield = True
             closed = self.users.close_all(ErrorCode.SERVER_SHUTDOWN, "server is shutting down")
             # Users and logins in progress only: relayed gateways and observers are the core's peers, ended
-            # by the core (under --workers it closes them before it stops the edges); a relay still open
+            # by the core (under --workers it closes them before it exits and the root stops the edges); a relay still open
             # after the link's bye is cut when the nursery is cancelled.
             while self.connections["user"] or self.connections["pending"]:
                 await trio.sleep(0.01)

@@ -8,8 +8,8 @@ worker finished its ramp: the server's work is the logins (plus the few keepaliv
 with the default 30 s keepalive, ~1 % as many). The *keepalive phase* runs from a moment after the ramp
 (once ``--ping-every`` has taken over, so the offered rate is fixed) to the end: the server's work is the
 keepalives, each read, answered with a pong and -- through an edge -- relayed to the core as a batched
-touch. For each phase: the server's CPU-seconds (summed over its process tree; the root's own are the
-core's, its descendants' the edges'), the events, and their ratio: logins per CPU-second, keepalives per
+touch. For each phase: the server's CPU-seconds (summed over its process tree; the core's apart -- under
+``--workers`` the ``--core-of-workers`` child with the small root's own --, the edges' the rest), the events, and their ratio: logins per CPU-second, keepalives per
 CPU-second, CPU microseconds per event. Idle costs (the tick, the monitor, the links' pings) are included:
 they are small next to thousands of events per second.
 

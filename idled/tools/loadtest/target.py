@@ -10,8 +10,9 @@ log line (with its largest event-loop stall) is found after the server stops. `s
 and waits, then SIGKILL.
 
 `ProcessSampler` reads CPU time and RSS with psutil from a pid and all its descendants (`--spawn` through
-a wrapper measures the real server, its child), and the root's own CPU time apart: under ``--workers`` the
-root is the core and its descendants are the edges. CPU % is the CPU time used between two samples over the
+a wrapper measures the real server, its child), and the core's CPU time apart: under ``--workers`` the core is
+the root's child started with ``--core-of-workers`` (counted with the root's own, a few ms), the other
+descendants are the edges. CPU % is the CPU time used between two samples over the
 wall time between them (100 % = one core). The drain task also picks out each process's ``gc full walk``
 log lines (`idled.ops.gcpolicy`; an edge's come through the core behind ``worker-<i>:``) into ``gc_walks``.
 `find_listening_pid` maps a `--target` port to a pid when the pid is not given (with `--workers`, the core:
@@ -163,7 +164,7 @@ class Sample:
     cpu_seconds: float  # user + system, cumulative, over the process tree
     rss: int  # bytes, summed over the process tree
     cpu_percent: float  # since the previous sample (100 = one core)
-    core_cpu_seconds: float = 0.0  # the root process's own (the core's, under --workers)
+    core_cpu_seconds: float = 0.0  # the core's (under --workers: its process's, with the root's own)
 
 
 class ProcessSampler:
@@ -175,6 +176,8 @@ class ProcessSampler:
         self._last: tuple[float, float] | None = None
         self._dead_cpu = 0.0  # CPU time of children that have exited (so the total never goes back)
         self._child_cpu: dict[int, float] = {}
+        self._cores: dict[int, bool] = {}  # child pid -> it is a core (--core-of-workers), looked up once
+        self._dead_core = 0.0
 
     def sample(self) -> Sample | None:
         """None once the process is gone."""
@@ -198,13 +201,27 @@ class ProcessSampler:
         for pid, used in self._child_cpu.items():
             if pid not in alive:
                 self._dead_cpu += used
+                self._dead_core += used if self._cores.pop(pid, False) else 0.0
         self._child_cpu = alive
+        core += self._dead_core + sum(used for pid, used in alive.items() if self._is_core(kids, pid))
         cpu += sum(alive.values()) + self._dead_cpu
         percent = 0.0
         if self._last is not None and wall > self._last[0]:
             percent = max(0.0, (cpu - self._last[1]) / (wall - self._last[0]) * 100.0)
         self._last = (wall, cpu)
         return Sample(wall, cpu, rss, percent, core)
+
+    def _is_core(self, kids: list[psutil.Process], pid: int) -> bool:
+        if pid not in self._cores:
+            self._cores[pid] = "--core-of-workers" in _cmdline(kids, pid)
+        return self._cores[pid]
+
+
+def _cmdline(kids: list[psutil.Process], pid: int) -> list[str]:
+    try:
+        return next(child for child in kids if child.pid == pid).cmdline()
+    except (StopIteration, psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return []
 
 
 def find_listening_pid(port: int, host: str = "127.0.0.1") -> int | None:
