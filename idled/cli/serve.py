@@ -7,6 +7,7 @@ import dataclasses
 import logging
 import os
 import sys
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
@@ -51,19 +52,10 @@ def run(args: argparse.Namespace) -> int:
         )
     except (ConfigError, tokens.SecretError, ValueError, OSError) as exc:
         return _fatal(f"configuration: {exc}", EXIT_USAGE)
-    try:
-        trio.run(server.serve)
-    except KeyboardInterrupt:
-        log.error("interrupted during shutdown")
-        return EXIT_INTERRUPTED
-    except Exception as exc:
-        # Fatal by design, e.g. a failed fsync (never retried): exit non-zero with one line and let the
-        # supervisor restart us onto a recovered log. The traceback is for --log-level debug.
-        line, status = describe(exc)
-        log.debug("fatal error", exc_info=exc)
-        return _fatal(line, status)
-    log.info("stopped; largest event-loop stall %.1f ms", 1000 * server.largest_stall)
-    return EXIT_OK
+    status = _run_until_stopped(server.serve)
+    if status == EXIT_OK:
+        log.info("stopped; largest event-loop stall %.1f ms", 1000 * server.largest_stall)
+    return status
 
 
 def _workers(spec: str | None) -> Any:
@@ -90,16 +82,25 @@ def _run_root(cfg: Config, args: argparse.Namespace) -> int:
         return _fatal(f"configuration: {exc}", EXIT_USAGE)
     root = Root(cfg, _given_flags(args), secret=secret, config_file=args.config or os.environ.get("IDLED_CONFIG"),
                 reload_config=lambda: config_module.load(args))
+    status = _run_until_stopped(root.run)
+    if status == EXIT_OK:
+        log.info("stopped")
+    return status
+
+
+def _run_until_stopped(main: Callable[[], Awaitable[object]]) -> int:
+    """Run ``main`` under trio: EXIT_OK, or the exit status of what ended it."""
     try:
-        trio.run(root.run)
+        trio.run(main)
     except KeyboardInterrupt:
         log.error("interrupted during shutdown")
         return EXIT_INTERRUPTED
     except Exception as exc:
+        # Fatal by design, e.g. a failed fsync (never retried): exit non-zero with one line and let the
+        # supervisor restart us onto a recovered log. The traceback is for --log-level debug.
         line, status = describe(exc)
         log.debug("fatal error", exc_info=exc)
         return _fatal(line, status)
-    log.info("stopped")
     return EXIT_OK
 
 
