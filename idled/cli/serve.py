@@ -19,6 +19,7 @@ from idled.ops.logs import config_summary, setup_logging
 from idled.ops.metrics import Metrics
 from idled.protocol import tokens
 from idled.server.app import Server
+from idled.server.standbyserver import StandbyServer
 
 log = logging.getLogger("idled.server")
 
@@ -35,14 +36,18 @@ def run(args: argparse.Namespace) -> int:
     log.info("%s", config_summary(cfg, listen=inherited))
     soft, hard = systemd.raise_nofile_limit()
     log.info("open-file limit %d (hard %d)", soft, hard)
+    server: Server | StandbyServer
     try:
-        server = Server(
-            cfg, metrics=Metrics(_registry(), tick=cfg.tick), reload_config=lambda: config_module.load(args),
-            gc_policy=GcPolicy(thaw_every=cfg.gc_thaw_every),
-        )
+        if cfg.standby_of is not None:  # the role is chosen here, once (docs/ha.md)
+            server = StandbyServer(cfg, metrics=Metrics(_registry(), tick=cfg.tick))
+        else:
+            server = Server(
+                cfg, metrics=Metrics(_registry(), tick=cfg.tick), reload_config=lambda: config_module.load(args),
+                gc_policy=GcPolicy(thaw_every=cfg.gc_thaw_every),
+            )
     except (ConfigError, tokens.SecretError) as exc:
         return _fatal(f"configuration: {exc}", EXIT_USAGE)
-    if server.workers is not None:
+    if isinstance(server, Server) and server.workers is not None:
         server.workers.config_file = args.config or os.environ.get("IDLED_CONFIG")
     try:
         trio.run(server.serve)
