@@ -201,6 +201,11 @@ def _add_mode_arguments(parser: argparse.ArgumentParser) -> None:
         "memory per user (RSS and tracemalloc), snapshot bytes on disk, snapshot write/load time (takes only "
         "--sizes and --dir)",
     )
+    parser.add_argument(
+        "--standby", action="store_true",
+        help="an active idled serve at 3000 events/s for 3 x --seconds (default 10): its CPU per event without, "
+        "with and again without a standby attached, and the standby's lag (takes only --seconds)",
+    )
     page = parser.add_argument_group("status page (instead of the detectors)")
     page.add_argument(
         "--status-page", action="store_true",
@@ -224,6 +229,8 @@ def run(args: argparse.Namespace) -> int:
             return _hook(args)
         if args.status_page:
             return _status_page(args)
+        if args.standby:
+            return _standby(args)
         if args.growth:
             return _growth(args)
         if args.devices:
@@ -428,6 +435,17 @@ def _hook(args: argparse.Namespace) -> int:
     from idled.tools.bench import hook  # subprocesses and an HTTP receiver: only for this mode
 
     return _print_lines(hook.report_lines(args.hook_events, args.hook_rate), RuntimeError)
+
+
+def _standby(args: argparse.Namespace) -> int:
+    """`idled bench --standby [--seconds S]`: what a standby costs the active, and its lag at 3000 events/s."""
+    _only(args, ("standby", "seconds"), "--standby")
+    seconds = 10.0 if args.seconds is None else args.seconds
+    if not 1 <= seconds <= 3600:
+        raise UsageError("--seconds must be in [1, 3600] for --standby")
+    from idled.tools.bench import standby  # subprocesses: only for this mode
+
+    return _print_lines(standby.report_lines(seconds, 3000.0), RuntimeError)
 
 
 def _status_page(args: argparse.Namespace) -> int:
