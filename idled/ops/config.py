@@ -249,7 +249,8 @@ HELP: dict[str, str] = {
     "api_burst": "HTTP API requests a client address may make at once before --api-rate applies",
     "api_request_timeout": "seconds an HTTP API request may take to arrive and be answered (and an idle keep-alive "
                            "connection may wait)",
-    "standby_of": "HOST:PORT of the active core: run as its hot standby, copying its event log (docs/ha.md)",
+    "standby_of": "HOST:PORT of an active core to follow as its hot standby, copying its event log; see docs/ha.md "
+                  "(default unset: this core is the active one)",
 }
 
 # Fields whose text form is not just their type (flag, TOML string, environment variable).
