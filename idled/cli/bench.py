@@ -4,7 +4,9 @@ keepalive, parse and login cost and the memory of (uid, device) session keys aga
 with ``--writer``, the event-log writer's throughput and latency under each fsync policy; with ``--last-seen``,
 what the event log's last-seen map costs per offline user (memory, snapshot bytes, write and load time); with
 ``--status-page``, what open status pages cost a loaded daemon in CPU (`idled.tools.bench.statuspage`); with
-``--core-kill``, what a core crash under ``--workers 2`` costs its users (`idled.tools.bench.corekill`).
+``--core-kill``, what a core crash under ``--workers 2`` costs its users (`idled.tools.bench.corekill`). The
+modes that start real processes (``--api``, ``--hook``, ``--standby``, ``--status-page``, ``--core-kill``) are
+read and run by `idled.cli.benchprocs`.
 
 The machinery is in `idled.tools.bench` (`schedule`, `detectors`, `table`; `growth`; `devices`; `writer`); this module reads
 the flags, checks them -- and the output files, and matplotlib for ``--plot`` -- before minutes of
@@ -21,11 +23,12 @@ import json
 import math
 import os
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 from idled.core.detector import DEFAULT_CHUNK
 from idled.core.factory import DETECTOR_KINDS
+from idled.cli import benchprocs
+from idled.cli.benchprocs import UsageError, print_lines
 from idled.ops.fatal import EXIT_FAILURE, EXIT_OK, EXIT_TARGET_FAILED, EXIT_USAGE
 from idled.tools.bench.detectors import (
     CLOCKS, DEFAULT_SECONDS, DEFAULT_SILENT_FRACTION, DEFAULT_SIZES, DEFAULT_SLOTS, DEFAULT_TIMEOUT, SizeReport,
@@ -41,12 +44,6 @@ DEFAULT_GROWTH_DETECTORS = ["ring-lazy"]  # the server's default
 DEFAULT_LOGIN_RATE = 50_000.0
 DEFAULT_DEVICES_SIZES = [100_000]
 DEFAULT_DEVICES_ROUNDS = 15
-DEFAULT_HOOK_EVENTS = 20_000
-DEFAULT_HOOK_RATE = 5_000.0
-
-
-class UsageError(Exception):
-    pass
 
 
 def _sizes(text: str) -> list[int]:
@@ -132,6 +129,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", type=Path, metavar="FILE.png", help="plot tick_max and CPU against size")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     _add_mode_arguments(parser)
+    benchprocs.add_arguments(parser)
 
 
 def _add_mode_arguments(parser: argparse.ArgumentParser) -> None:
@@ -178,22 +176,6 @@ def _add_mode_arguments(parser: argparse.ArgumentParser) -> None:
     )
     writer.add_argument("--dir", metavar="DIR",
                         help="with --writer or --last-seen: where the temporary logs go (default: $TMPDIR)")
-    hook = parser.add_argument_group("webhook delivery (instead of the detectors)")
-    hook.add_argument(
-        "--hook",
-        action="store_true",
-        help="start idled serve, a local receiver and idled hook, make --hook-events events at --hook-rate per "
-        "second through a gateway, and print delivery events/s, latency p50/p99/max and the hook's CPU",
-    )
-    hook.add_argument("--hook-events", type=int, default=DEFAULT_HOOK_EVENTS, metavar="N",
-                      help="with --hook: events to make (default: %(default)s)")
-    hook.add_argument("--hook-rate", type=float, default=DEFAULT_HOOK_RATE, metavar="N",
-                      help="with --hook: events per second (default: %(default).0f)")
-    parser.add_argument(
-        "--api", action="store_true",
-        help="HTTP presence API: POST /v1/presence queries/s per daemon CPU-second for batches of 1, 100 and "
-        "10000 uids, 100000 users online, against a real idled serve (takes only --seconds)",
-    )
     last_seen = parser.add_argument_group("last-seen map (instead of the detectors)")
     last_seen.add_argument(
         "--last-seen",
@@ -202,36 +184,17 @@ def _add_mode_arguments(parser: argparse.ArgumentParser) -> None:
         "memory per user (RSS and tracemalloc), snapshot bytes on disk, snapshot write/load time (takes only "
         "--sizes and --dir)",
     )
-    page = parser.add_argument_group("status page (instead of the detectors)")
-    page.add_argument(
-        "--status-page", action="store_true",
-        help="a loaded `idled serve` (--sizes sessions, default 5000), its CPU over --seconds (default 30) with no "
-        "page open, then with --pages tabs of headless Chromium polling its status page: CPU per page and per poll",
-    )
-    page.add_argument("--pages", type=int, default=10, metavar="N", help="with --status-page: tabs (default: 10)")
-    parser.add_argument(
-        "--core-kill", type=int, nargs="?", const=3, metavar="RUNS",
-        help="`idled serve --workers 2` with --sizes users (default 2000) pinging through its edges: SIGKILL the core "
-        "RUNS times (default 3); users closed, and how long until it is back and a new login is recorded online",
-    )
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        if args.api:
-            from idled.tools.bench.api import DEFAULT_USERS, bench_api, format_rows
-            print(format_rows(bench_api(seconds=args.seconds or 5.0), DEFAULT_USERS))
-            return EXIT_OK
+        status = benchprocs.run(args, vars(_defaults()))
+        if status is not None:
+            return status
         if args.writer:
             return _writer(args)
         if args.last_seen:
             return _last_seen(args)
-        if args.hook:
-            return _hook(args)
-        if args.status_page:
-            return _status_page(args)
-        if args.core_kill is not None:
-            return _core_kill(args)
         if args.growth:
             return _growth(args)
         if args.devices:
@@ -303,10 +266,7 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError("--keepalive and --login-rate are for --growth")
     if args.rounds != DEFAULT_DEVICES_ROUNDS:
         raise UsageError("--rounds is for --devices")
-    if args.hook_events != DEFAULT_HOOK_EVENTS or args.hook_rate != DEFAULT_HOOK_RATE:
-        raise UsageError("--hook-events and --hook-rate are for --hook")
-    if args.pages != 10:
-        raise UsageError("--pages is for --status-page")
+    benchprocs.check_unused(args)
     if args.seconds is not None and not float(args.seconds).is_integer():
         raise UsageError(f"--seconds must be a whole number of ticks here, got {args.seconds:g}")
     seconds = DEFAULT_SECONDS if args.seconds is None else int(args.seconds)
@@ -359,31 +319,11 @@ def _growth(args: argparse.Namespace) -> int:
         sizes, kinds, rate=args.login_rate, timeout=float(args.timeout), keepalive=args.keepalive,
         slots=args.slots, chunk=args.chunk or None, clock_name=args.clock, seed=args.seed, memory=not args.no_memory,
     )
-    return _print_lines(lines, MemoryError)
-
-
-def _print_lines(lines: Iterator[str], failure: type[Exception]) -> int:
-    """Print a mode's report lines as they come; Ctrl-C and ``failure`` end it with one line and a status."""
-    try:
-        for line in lines:
-            print(line, flush=True)
-    except KeyboardInterrupt:
-        print("idled bench: interrupted", file=sys.stderr)
-        return 130
-    except failure as exc:
-        print(f"idled bench: {exc}", file=sys.stderr)
-        return EXIT_FAILURE
-    return EXIT_OK
+    return print_lines(lines, MemoryError)
 
 
 def _only(args: argparse.Namespace, allowed: tuple[str, ...], mode: str) -> None:
-    """Refuse any flag given with ``mode`` that it does not take."""
-    defaults = vars(_defaults())
-    extra = sorted(f"--{k.replace('_', '-')}" for k, v in vars(args).items()
-                   if k not in ("command", "quiet", *allowed) and v != defaults.get(k))
-    if extra:
-        takes = [f"--{k.replace('_', '-')}" for k in allowed if f"--{k.replace('_', '-')}" != mode]
-        raise UsageError(f"{mode} takes only {', '.join(takes[:-1])} and {takes[-1]}; drop {', '.join(extra)}")
+    benchprocs.only(args, vars(_defaults()), allowed, mode)
 
 
 # ------------------------------------------------------------------------------------------ --devices
@@ -397,7 +337,7 @@ def _devices(args: argparse.Namespace) -> int:
     sizes = DEFAULT_DEVICES_SIZES if args.sizes == _defaults().sizes else args.sizes
     from idled.tools.bench import devices  # msgpack and the protocol's parser: only for this mode
 
-    return _print_lines(devices.report_lines(sizes, rounds=args.rounds, clock_name=args.clock,
+    return print_lines(devices.report_lines(sizes, rounds=args.rounds, clock_name=args.clock,
                                              memory=not args.no_memory), MemoryError)
 
 
@@ -414,7 +354,7 @@ def _writer(args: argparse.Namespace) -> int:
         raise UsageError(f"--dir {args.dir}: not a writable directory")
     from idled.tools.bench import writer  # trio and the event log: only for this mode
 
-    return _print_lines(writer.report_lines(seconds, args.dir), OSError)
+    return print_lines(writer.report_lines(seconds, args.dir), OSError)
 
 
 def _last_seen(args: argparse.Namespace) -> int:
@@ -425,43 +365,7 @@ def _last_seen(args: argparse.Namespace) -> int:
     sizes = DEFAULT_GROWTH_SIZES if args.sizes == _defaults().sizes else args.sizes
     from idled.tools.bench import lastseen
 
-    return _print_lines(lastseen.report_lines(sizes, args.dir), OSError)
-
-
-def _hook(args: argparse.Namespace) -> int:
-    """`idled bench --hook [--hook-events N] [--hook-rate R]`: webhook delivery with real processes."""
-    _only(args, ("hook", "hook_events", "hook_rate"), "--hook")
-    if not 1 <= args.hook_events <= 10_000_000 or not 0 < args.hook_rate <= 1_000_000:
-        raise UsageError("--hook-events must be in [1, 10000000] and --hook-rate in (0, 1000000]")
-    from idled.tools.bench import hook  # subprocesses and an HTTP receiver: only for this mode
-
-    return _print_lines(hook.report_lines(args.hook_events, args.hook_rate), RuntimeError)
-
-
-def _status_page(args: argparse.Namespace) -> int:
-    """`idled bench --status-page [--sizes N] [--seconds S] [--pages P]`: what open status pages cost the daemon."""
-    _only(args, ("status_page", "sizes", "seconds", "pages"), "--status-page")
-    sizes = [5000] if args.sizes == _defaults().sizes else args.sizes
-    seconds = 30.0 if args.seconds is None else args.seconds
-    if len(sizes) != 1 or not 0 < seconds <= 3600 or not 1 <= args.pages <= 50:
-        raise UsageError("--status-page takes one size, --seconds in (0, 3600] and --pages in [1, 50]")
-    from idled.tools.bench import statuspage  # a daemon, a browser: only for this mode
-
-    return _print_lines(statuspage.report_lines(sizes[0], seconds, args.pages), RuntimeError)
-
-
-def _core_kill(args: argparse.Namespace) -> int:
-    """`idled bench --core-kill [RUNS] [--sizes N]`: users closed by a core crash under --workers 2, and the wait."""
-    _only(args, ("core_kill", "sizes"), "--core-kill")
-    sizes = [2000] if args.sizes == _defaults().sizes else args.sizes
-    if len(sizes) != 1 or not 1 <= sizes[0] <= 15_000 or not 1 <= args.core_kill <= 100:
-        raise UsageError("--core-kill takes RUNS in [1, 100] and one size in [1, 15000]")
-    import trio
-
-    from idled.tools.bench import corekill  # a daemon and its users: only for this mode
-
-    results = trio.run(corekill.measure, sizes[0], args.core_kill)
-    return _print_lines(corekill.report_lines(results, sizes[0]), RuntimeError)
+    return print_lines(lastseen.report_lines(sizes, args.dir), OSError)
 
 
 def _defaults() -> argparse.Namespace:

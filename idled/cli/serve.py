@@ -44,12 +44,17 @@ def run(args: argparse.Namespace) -> int:
     log.info("open-file limit %d (hard %d)", soft, hard)
     from idled.ops.metrics import Metrics
     from idled.server.app import Server  # not in the root: it runs no presence machinery
+    from idled.server.standbyserver import StandbyServer
 
+    server: Server | StandbyServer
     try:
-        server = Server(
-            cfg, metrics=Metrics(_registry(), tick=cfg.tick), reload_config=lambda: config_module.load(args),
-            gc_policy=GcPolicy(thaw_every=cfg.gc_thaw_every), workers=_workers(args.core_of_workers),
-        )
+        if cfg.standby_of is not None:  # the role is chosen here, once (docs/ha.md)
+            server = StandbyServer(cfg, metrics=Metrics(_registry(), tick=cfg.tick))
+        else:
+            server = Server(
+                cfg, metrics=Metrics(_registry(), tick=cfg.tick), reload_config=lambda: config_module.load(args),
+                gc_policy=GcPolicy(thaw_every=cfg.gc_thaw_every), workers=_workers(args.core_of_workers),
+            )
     except (ConfigError, tokens.SecretError, ValueError, OSError) as exc:
         return _fatal(f"configuration: {exc}", EXIT_USAGE)
     status = _run_until_stopped(server.serve)

@@ -58,9 +58,7 @@ from typing import Any, Final, Literal
 
 from idled.log import dirlock, retention
 from idled.log.dirlock import LOCK_NAME
-from idled.log.errors import (
-    EventLogError, FsyncFailed, LogLocked, LogStateError, RecordTooLarge, SeqOrderError, WriteFailed,
-)
+from idled.log.errors import EventLogError, FsyncFailed, LogLocked, LogStateError, RecordTooLarge, SeqOrderError, WriteFailed
 from idled.log.records import HEADER_BYTES, MAX_RECORD_BYTES, DecodeResult, decode_buffer, encode_record
 from idled.log.recovery import RecoveredSessions, Recovery, SegmentReport, quarantine_tail, scan_log, verify_log
 from idled.log.segments import (
@@ -261,26 +259,27 @@ class EventLog:
 
     # ------------------------------------------------------------------------------------------ writing
 
-    def append(self, events: Sequence[Mapping[str, Any]]) -> int:
-        """Encode and write `events` (seq strictly increasing, above last_seq); return bytes written.
+    def append(self, events: Sequence[Mapping[str, Any]], encoded: Sequence[bytes] | None = None) -> int:
+        """Encode and write `events` (seq strictly increasing, above last_seq; ``encoded``: their framed records,
+        written as they are: a standby's, `idled.log.shipping`); return bytes written.
 
         The batch is validated and encoded before anything is written, so SeqOrderError / RecordTooLarge /
         TypeError leave the log untouched. Rotates by size; runs retention after a rotation. No fsync.
         """
         self._check_writable()
         try:
-            return self._append(events)
+            return self._append(events, encoded)
         finally:
             self._published_seq = self._last_seq
 
-    def _append(self, events: Sequence[Mapping[str, Any]]) -> int:
+    def _append(self, events: Sequence[Mapping[str, Any]], given: Sequence[bytes] | None) -> int:
         encoded: list[tuple[int, bytes]] = []
         last = self._last_seq
-        for event in events:
+        for index, event in enumerate(events):
             seq = event.get("seq")
             if type(seq) is not int or seq <= last:
                 raise SeqOrderError(f"seq {seq!r} after {last}: seqs must be ints, strictly increasing")
-            encoded.append((seq, encode_record(event)))
+            encoded.append((seq, encode_record(event) if given is None else given[index]))
             last = seq
         if not encoded:
             return 0

@@ -52,6 +52,15 @@ def parse_port(value: str, name: str = "port") -> int:
     return port
 
 
+def split_address(value: str, name: str = "address") -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` too) -> (host, port); ConfigError naming the setting otherwise."""
+    host, sep, port = value.strip().rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise ConfigError(f"{name} must be HOST:PORT, got {value!r}")
+    return host, int(port)
+
+
 class ConfigError(ValueError):
     """A setting is missing, unknown or out of range: reported before anything starts."""
 
@@ -118,6 +127,8 @@ class Config:
     api_rate: float = 1000.0
     api_burst: int = 2000
     api_request_timeout: float = 10.0
+    # Run as a hot standby of the active core at HOST:PORT (idled.server.standby, docs/ha.md); None: active.
+    standby_of: str | None = None
 
     def validate(self) -> Config:
         def need(ok: bool, message: str) -> None:
@@ -170,6 +181,9 @@ class Config:
         need(0 < self.api_rate <= 10_000_000 and 1 <= self.api_burst <= 100_000_000,
              "api_rate must be in (0, 10000000] requests/s and api_burst 1..100000000")
         need(0 < self.api_request_timeout <= 3600, "api_request_timeout must be in (0, 3600]")
+        if self.standby_of is not None:
+            split_address(self.standby_of, "standby_of")
+            need(not self.workers and not self.api_port, "a standby (standby_of) runs without workers and api_port")
         return self
 
     @property
@@ -235,6 +249,8 @@ HELP: dict[str, str] = {
     "api_burst": "HTTP API requests a client address may make at once before --api-rate applies",
     "api_request_timeout": "seconds an HTTP API request may take to arrive and be answered (and an idle keep-alive "
                            "connection may wait)",
+    "standby_of": "HOST:PORT of an active core to follow as its hot standby, copying its event log; see docs/ha.md "
+                  "(default unset: this core is the active one)",
 }
 
 # Fields whose text form is not just their type (flag, TOML string, environment variable).

@@ -14,7 +14,7 @@ from idled.protocol.messages import (
     Event, Status, Error, Ended, Mark, ENDED_REASONS, DETACH_REASONS, PING, BYE, PONG, ClientMessage, ServerMessage,
     Message,
 )
-from idled.protocol.messages import Unwatch, Watch
+from idled.protocol.messages import Replicate, Unwatch, Watch
 from idled.protocol.parse import check_device, check_key, check_uid, parse_client_message, parse_server_message
 from idled.protocol.codec import BYE_FRAME, PING_FRAME, PONG_FRAME, decode_client_body, decode_server_body, encode
 from idled.protocol.framing import FrameDecoder
@@ -29,5 +29,5 @@ __all__ = [
     "PONG", "ClientMessage", "ServerMessage", "Message", "parse_client_message", "parse_server_message",
     "check_uid", "check_device", "check_key", "PING_FRAME", "BYE_FRAME", "PONG_FRAME", "encode", "decode_client_body",
     "decode_server_body", "FrameDecoder", "RECEIVE_BYTES", "ByteStream", "messages", "receive_message",
-    "Watch", "Unwatch",
+    "Watch", "Unwatch", "Replicate",
 ]

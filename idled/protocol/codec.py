@@ -42,7 +42,7 @@ from idled.protocol.messages import (
     Attach, Bye, ClientMessage, Detach, Ended, Error, ErrorCode, Event, Login, Mark, Marked, Message, Msg, Ping, Pong,
     ProtocolError, Query, ServerMessage, Status, Subscribe, Touch, Welcome,
 )
-from idled.protocol.messages import Unwatch, Watch
+from idled.protocol.messages import Replicate, Unwatch, Watch
 from idled.protocol.parse import EVENT_KEYS, _short, parse_client_message, parse_server_message
 
 __all__ = [
@@ -150,6 +150,7 @@ _ENCODERS: Final[dict[type, Callable[[Any], bytes]]] = {
                             else {"op": "query", "uids": m.uids}),
     Watch: lambda m: _frame({"op": "watch", "uids": m.uids}),
     Unwatch: lambda m: _frame({"op": "unwatch", "uids": m.uids}),
+    Replicate: lambda m: _frame({"op": "replicate", "from": m.from_seq}),
     Welcome: _encode_welcome,
     Event: _encode_event,
     Status: _encode_status,

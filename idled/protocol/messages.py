@@ -20,7 +20,7 @@ __all__ = [
     "MIN_KEEPALIVE", "MAX_KEEPALIVE", "MAX_INT_UID", "MAX_SEQ", "MAX_DATA_DEPTH", "ROLES",
     "ErrorCode", "ProtocolError", "NEED_DATA", "NeedData", "Uid", "SessionKey", "Role", "EventKind",
     "Login", "Ping", "Msg", "Bye", "Attach", "Touch", "Detach", "Marked", "Subscribe", "Query",
-    "Watch", "Unwatch",
+    "Watch", "Unwatch", "Replicate",
     "Welcome", "Pong", "Event", "Status", "Error", "Ended", "Mark", "ENDED_REASONS", "DETACH_REASONS",
     "PING", "BYE", "PONG", "ClientMessage", "ServerMessage", "Message",
 ]
@@ -68,6 +68,7 @@ class ErrorCode(enum.StrEnum):
     BUSY = "busy"  # the server refuses the connection or request for lack of capacity
     SERVER_SHUTDOWN = "server_shutdown"  # the server is stopping
     GONE = "gone"  # the requested thing no longer exists (server-defined, e.g. events pruned before `from`)
+    NOT_LEADER = "not_leader"  # this core is a standby: log in to the active core, named in the reason
 
 
 class ProtocolError(Exception):
@@ -180,6 +181,14 @@ class Subscribe:
     from_seq: int | None = None
     durable: bool = False
     uids: tuple[Uid, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Replicate:
+    """Observer: `{"op":"replicate","from":SEQ}`, instead of `subscribe`: a standby core asks for the durable
+    log records from SEQ on, byte for byte (`idled.protocol.replication` has the server's replies)."""
+
+    from_seq: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,7 +307,7 @@ class Mark:
 
 ClientMessage: TypeAlias = (
     Login | Ping | Msg | Bye | Attach | Touch | Detach | Marked | Subscribe | Query
-    | Watch | Unwatch
+    | Watch | Unwatch | Replicate
 )
 ServerMessage: TypeAlias = Welcome | Pong | Event | Status | Error | Ended | Mark
 Message: TypeAlias = ClientMessage | ServerMessage

@@ -35,7 +35,7 @@ from idled.protocol.messages import (
     EventKind, Ended, Login, Mark, Marked, Msg, Ping, ProtocolError, Query, Role, ServerMessage, SessionKey, Status, Subscribe, Touch,
     Uid, Welcome,
 )
-from idled.protocol.messages import Unwatch, Watch
+from idled.protocol.messages import Replicate, Unwatch, Watch
 
 __all__ = ["parse_client_message", "parse_server_message", "check_uid", "check_device", "check_key"]
 
@@ -199,6 +199,7 @@ _ATTACH_KEYS: Final = frozenset({"op", "uids", "keepalive"})
 _UIDS_KEYS: Final = frozenset({"op", "uids"})
 _SUBSCRIBE_KEYS: Final = frozenset({"op", "from", "durable", "uids"})
 _QUERY_KEYS: Final = frozenset({"op", "uids", "last_seen"})
+_REPLICATE_KEYS: Final = frozenset({"op", "from"})
 
 
 def _identity(obj: dict[str, Any], op: str) -> tuple[Role, Uid]:
@@ -340,7 +341,13 @@ _CLIENT_PARSERS: Final[dict[str, Callable[[dict[str, Any]], ClientMessage]]] = {
     "query": _parse_query,
     "watch": lambda obj: Watch(_uids_of(obj, "watch")),
     "unwatch": lambda obj: Unwatch(_uids_of(obj, "unwatch")),
+    "replicate": lambda obj: _parse_replicate(obj),
 }
+
+
+def _parse_replicate(obj: dict[str, Any]) -> Replicate:
+    _only(obj, _REPLICATE_KEYS, "replicate")
+    return Replicate(_seq(obj.get("from"), "from"))
 
 
 def _op_of(obj: Any) -> str:

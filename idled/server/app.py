@@ -75,6 +75,7 @@ from idled.server.monitor import Monitor
 from idled.server.observers import Observers
 from idled.server.overview import status_part
 from idled.server.plane import UserPlane
+from idled.server.replication import Replicas
 from idled.server.seqs import SeqBlocks
 from idled.server.sessions import Sessions
 from idled.server.signals import SIGNALS, until_stopped
@@ -231,6 +232,7 @@ class Server:
             presence, self.bus, self.log, first_seq=self.seqs.first, peers=self._peers, clock=self.clock.now,
             max_watch=cfg.max_watch,
         )
+        observers.replicas = Replicas(self.bus, self.log).run  # standbys (idled.server.replication)
         self._damage = (recovery.skipped_bytes + recovery.truncated_bytes, recovery.corrupt_records)
         users = CoreUsers(sessions)
         # Logged-in plain TCP users are served by one task (idled.server.plane), not one each.

@@ -195,8 +195,14 @@ class EventBus:
                 self._closed = True
         if self._on_event is not None:
             self._on_event(event)
-        seq = event.seq
-        if seq != self._next:  # never within a run; if it happens, the window restarts rather than lie
+        self._window(event.seq, record["uid"], record)
+
+    def relay(self, record: dict[str, Any]) -> None:
+        """A standby's record, already in its log (``idled.server.standby``): to the observers only."""
+        self._window(record["seq"], record["uid"], record)
+
+    def _window(self, seq: int, uid: Uid, record: dict[str, Any]) -> None:
+        if seq != self._next:  # never within a run (but a standby's gap); the window restarts rather than lie
             self._count = 0
         frame = self._ring[seq % self._size] = event_frame(record)
         self._next = seq + 1
@@ -205,7 +211,6 @@ class EventBus:
         for subscription in self._live:
             subscription.wake()
         if self._watchers:
-            uid = event.uid
             self._uids[seq % self._size] = uid
             watching = self._index.get(uid)
             if watching is not None:

@@ -51,7 +51,7 @@ import collections
 import functools
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import trio
@@ -67,6 +67,7 @@ from idled.protocol import (
     Login,
     ProtocolError,
     Query,
+    Replicate,
     Subscribe,
     Uid,
     Unwatch,
@@ -247,11 +248,16 @@ class Observers:
     disk yet); ``peers`` holds the live observers for shutdown to close."""
 
     def __init__(
-        self, presence: PresenceTable, bus: EventBus, log: EventLog, *, first_seq: int, peers: set[Connection],
+        self, presence: PresenceTable | None, bus: EventBus, log: EventLog, *, first_seq: int, peers: set[Connection],
         clock: Callable[[], float] = trio.current_time,
-        max_watch: int = DEFAULT_MAX_WATCH,
+        max_watch: int = DEFAULT_MAX_WATCH, queries: Queries | None = None,
     ) -> None:
-        self.queries = Queries(presence, bus, log, first_seq=first_seq, clock=clock)
+        if queries is None:
+            assert presence is not None
+            queries = Queries(presence, bus, log, first_seq=first_seq, clock=clock)
+        self.queries = queries  # a standby's answers from its replicated log (idled.server.standby)
+        # A standby's ``replicate`` (idled.server.replication), on an active core: it takes the connection over.
+        self.replicas: Callable[[trio.abc.Stream, FrameDecoder, Replicate, FrameWriter], Awaitable[None]] | None = None
         self.bus = bus
         self.log = log
         self.first_seq = first_seq
@@ -321,6 +327,11 @@ class Observers:
                 peer.reply(bus.next_seq, frame)
             elif message is PING:
                 peer.reply(bus.next_seq, PONG_FRAME)
+            elif type(message) is Replicate:
+                if self.replicas is None or bus.is_subscribed(subscription) or peer.replies:
+                    raise ProtocolError(ErrorCode.NOT_ALLOWED, "replicate: a standby's first request, to an active core")
+                await self.replicas(stream, decoder, message, peer.writer)
+                return
             else:
                 raise ProtocolError(ErrorCode.NOT_ALLOWED, f"{type(message).__name__.lower()} is not for observers")
 

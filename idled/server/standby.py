@@ -1,0 +1,316 @@
+"""The standby's replication link: follow the active core's event log, record by record, into our own.
+
+Theory of operation
+-------------------
+`StandbyLink.run` keeps one connection to the active core (``standby_of``): it logs in as an observer
+(with a token it mints itself when auth is on: a standby shares the active's secret) and sends ``replicate
+from=<our last seq + 1>``, so every (re)connection resumes exactly after the last record we hold: no gap,
+no duplicate. The active sends ``records`` frames of durable records, byte for byte as its segments hold
+them (``idled.server.replication``, ``idled.protocol.replication``); each batch is
+
+1. appended to our log as it is (``idled.log.shipping.append_raw``: same bytes, same seqs; the log keeps
+   its open sessions, last-seen map, snapshots and retention as the active's does), in a worker thread;
+2. synced by *our* ``--fsync`` policy: ``always`` every batch, ``interval`` once ``fsync_interval`` has
+   passed (heartbeats come every second, so nothing stays unsynced much longer), ``never`` not at all;
+3. handed to our observers (``EventBus.relay``; durable subscribers once we have synced it).
+
+Only then is the next frame read, so a slow disk here stops us reading, the active's send blocks, and no
+buffer grows on either side: one frame (``MAX_FRAME``) is in flight.
+
+**Lag.** Every frame carries the active's durable seq (``head``). ``lag_records`` is ``head`` less our
+last seq; ``lag_seconds`` is 0 while we hold everything the active last told us of, else the time since
+we last did (so it grows while the link is down, or while we fall behind).
+
+**Re-sync.** If our next seq is older than what the active retains, the active answers ``resync``. We say
+so in one warning line (which seqs we have, which the active keeps), move our log aside
+(``aside-<time>/`` in the data directory: nothing is deleted), receive the active's newest snapshot into a
+temporary file, and start a new log with the records from the active's oldest seq. Once the records
+below the snapshot's seq are written, the snapshot is installed and the log reopened from it: its open
+sessions are then the active's.
+
+**Failures.** A lost link, a silent one (``LINK_TIMEOUT``), the active restarting: reconnect with
+exponential backoff (``BACKOFF_MIN`` .. ``BACKOFF_MAX``), one log line per change of state. A write that
+fails (disk full) stops replication with an error line and retries every ``WRITE_RETRY`` seconds from
+the last record written; a failed fsync stops it for good (the log is poisoned: restart the standby). An
+active that says we hold records it never had (``not_allowed``) stops it too: rebuild the standby
+(docs/ha.md). The active is unaffected by any of these.
+
+State is kept here, in one place (``state``: connecting, streaming, resyncing, retrying, stopped), so that
+a later promotion can stop the link at a known point and start the active role on the same directory.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any, Final
+
+import trio
+
+from idled.log.errors import EventLogError, FsyncFailed, LogStateError
+from idled.log.eventlog import EventLog
+from idled.log.shipping import SnapshotSink, append_raw, move_aside, record_seqs
+from idled.protocol import Error, ErrorCode, FrameDecoder, Login, ProtocolError, Replicate, Welcome, encode, tokens
+from idled.protocol.replication import (
+    LINK_TIMEOUT, MAX_FRAME, Records, Resync, SnapshotPart, parse_replication_message,
+)
+from idled.protocol.stream import receive_message
+from idled.server.bus import EventBus
+
+__all__ = ["BACKOFF_MAX", "BACKOFF_MIN", "WRITE_RETRY", "StandbyLink", "LinkStopped"]
+
+log = logging.getLogger("idled.server.standby")
+
+BACKOFF_MIN: Final = 0.1
+BACKOFF_MAX: Final = 5.0
+WRITE_RETRY: Final = 30.0  # seconds between two attempts after a failed write (a full disk)
+TOKEN_TTL: Final = 3600.0
+
+
+class LinkStopped(Exception):
+    """Replication cannot go on without an operator (see the module docstring)."""
+
+
+class _Reconnect(Exception):
+    """The link ended in a way a new connection may cure; ``args[0]`` says why."""
+
+
+class StandbyLink:
+    """The replication link of a standby (see the module docstring). ``reopen(log)`` is called whenever the
+    link replaces its `EventLog` (a re-sync, an installed snapshot): the server points its readers at it."""
+
+    def __init__(self, log: EventLog, bus: EventBus, *, host: str, port: int, fsync: str, fsync_interval: float,
+                 secret: bytes | None, name: str, reopen: Callable[[EventLog, int], None],
+                 make_log: Callable[[], EventLog]) -> None:
+        self.log, self.bus = log, bus
+        self.host, self.port = host, port
+        self.fsync, self.fsync_interval = fsync, fsync_interval
+        self.secret, self.name = secret, name
+        self.reopen, self.make_log = reopen, make_log
+        self.state = "connecting"
+        self.connected = False
+        self.head = log.last_seq  # the active's durable seq, as last heard
+        self.synced_at = time.time()  # wall time we last held everything the active had told us of
+        self.error: str | None = None
+        self.records = 0  # records written since start
+        self.resyncs = 0
+        self.reconnects = 0
+        self._last_sync = trio.current_time()
+        self._dirty = False
+        self._snapshot: SnapshotSink | None = None
+        self._received = False  # the current connection brought records (the next attempt is not backed off)
+
+    # -- what the outside sees ------------------------------------------------------------------------
+
+    @property
+    def lag_records(self) -> int:
+        return max(0, self.head - self.log.last_seq)
+
+    def lag_seconds(self, now: float | None = None) -> float:
+        if self.connected and self.lag_records == 0:
+            return 0.0
+        return max(0.0, (time.time() if now is None else now) - self.synced_at)
+
+    def status(self) -> dict[str, Any]:
+        return {"active": f"{self.host}:{self.port}", "state": self.state, "connected": self.connected,
+                "last_seq": self.log.last_seq, "active_durable_seq": self.head, "lag_records": self.lag_records,
+                "lag_seconds": round(self.lag_seconds(), 3), "records": self.records, "resyncs": self.resyncs,
+                "reconnects": self.reconnects, "error": self.error}
+
+    # -- the loop -------------------------------------------------------------------------------------
+
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Replicate until cancelled (or stopped: ``LinkStopped`` is logged and ends the link, not the server)."""
+        task_status.started()
+        backoff = BACKOFF_MIN
+        try:
+            while True:
+                self._received = False
+                try:
+                    await self._session()
+                except _Reconnect as exc:
+                    why = str(exc.args[0])
+                    if self.error != why:
+                        log.warning("standby: link to the active at %s:%d: %s; reconnecting", self.host, self.port, why)
+                    self.error = why
+                except EventLogError as exc:
+                    if isinstance(exc, FsyncFailed):
+                        raise LinkStopped(f"fsync failed, the log is poisoned ({exc}): restart the standby") from exc
+                    self._set_error(f"cannot write the replicated log ({exc}); replication stopped, "
+                                    f"retrying in {WRITE_RETRY:g} s")
+                    self.state = "retrying"
+                    await trio.sleep(WRITE_RETRY)
+                    continue
+                finally:
+                    self.connected = False
+                    await self._sync_if_dirty()
+                self.reconnects += 1
+                backoff = BACKOFF_MIN if self._received else min(BACKOFF_MAX, backoff * 2)
+                self.state = "connecting"
+                await trio.sleep(backoff)
+        except LinkStopped as exc:
+            self.state = "stopped"
+            self._set_error(f"replication stopped: {exc}")
+
+    def _set_error(self, why: str) -> None:
+        log.error("standby: %s", why)
+        self.error = why
+
+    async def _session(self) -> None:
+        """One connection, until it ends (always by an exception)."""
+        try:
+            with trio.fail_after(LINK_TIMEOUT):
+                stream = await trio.open_tcp_stream(self.host, self.port)
+        except (OSError, trio.TooSlowError) as exc:
+            raise _Reconnect(f"cannot connect ({exc or 'timed out'})") from None
+        try:
+            token = None
+            if self.secret is not None:
+                token = tokens.mint(self.secret, "observer", self.name, time.time() + TOKEN_TTL)
+            await stream.send_all(encode(Login("observer", self.name, token)) + encode(Replicate(self.log.last_seq + 1)))
+            decoder = FrameDecoder(MAX_FRAME, parse=parse_replication_message)
+            while True:
+                with trio.move_on_after(LINK_TIMEOUT) as scope:
+                    message = await receive_message(stream, decoder)
+                if scope.cancelled_caught:
+                    raise _Reconnect(f"nothing from the active for {LINK_TIMEOUT:g} s")
+                if message is None:
+                    raise _Reconnect("the active closed the connection")
+                await self._handle(message)
+        except ProtocolError as exc:
+            raise _Reconnect(f"{exc.code}: {exc.reason}") from None
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            raise _Reconnect(f"connection lost ({exc})") from None
+        finally:
+            with trio.CancelScope(shield=True):
+                await stream.aclose()
+
+    async def _handle(self, message: Any) -> None:
+        if type(message) is Records:
+            await self._records(message)
+        elif type(message) is Welcome:
+            log.info("standby: replicating from the active at %s:%d from seq %d", self.host, self.port,
+                     self.log.last_seq + 1)
+            self.connected, self.error, self.state = True, None, "streaming"
+        elif type(message) is Resync:
+            await self._resync(message)
+        elif type(message) is SnapshotPart:
+            await self._snapshot_part(message)
+        else:
+            self._refused(message)
+
+    def _refused(self, message: Any) -> None:
+        if type(message) is Error:
+            if message.code == ErrorCode.NOT_ALLOWED:
+                raise LinkStopped(f"the active refused: {message.reason}")
+            raise _Reconnect(f"{message.code}: {message.reason}")
+        raise _Reconnect(f"unexpected {type(message).__name__.lower()} from the active")
+
+    async def _records(self, message: Records) -> None:
+        self.head = message.head
+        raws = message.records
+        if raws and self._snapshot is not None:  # a re-sync: the records below the snapshot's seq come first
+            if not self._snapshot.complete:
+                raise _Reconnect("records before the snapshot was complete")
+            seqs = record_seqs(raws)
+            below = sum(1 for seq in seqs if seq < self._snapshot.seq)
+            if below:
+                await self._write(raws[:below])
+            raws = raws[below:]
+            if raws:
+                await self._install()
+        if raws:
+            await self._write(raws)
+        elif self._dirty and trio.current_time() >= self._last_sync + self.fsync_interval:
+            await self._sync_if_dirty()
+        if self._snapshot is not None and self._snapshot.complete and self.log.last_seq >= self.head:
+            await self._install()  # nothing below its seq is left to come
+        if self.log.last_seq >= self.head:
+            self.synced_at = time.time()
+        self._received = self._received or bool(message.records)
+
+    async def _write(self, raws: tuple[bytes, ...]) -> None:
+        now = trio.current_time()
+        sync = self.fsync == "always" or (self.fsync == "interval" and now >= self._last_sync + self.fsync_interval)
+        written = await trio.to_thread.run_sync(self._commit, raws, sync)
+        self.records += len(written)
+        self._relay(written)
+
+    def _commit(self, raws: tuple[bytes, ...], sync: bool) -> list[dict[str, Any]]:
+        """In a worker thread: append the records as they are, and sync if the policy says so now."""
+        records = append_raw(self.log, raws)
+        if sync:
+            self.log.sync()
+        elif self.fsync == "never":
+            self.log.release_rotated()
+        return records
+
+    def _relay(self, records: list[dict[str, Any]]) -> None:
+        bus = self.bus
+        if records[0]["seq"] > bus.next_seq:  # a gap the active's crash left, or a re-sync: a new "run"
+            self.reopen(self.log, records[0]["seq"])
+        for record in records:
+            bus.relay(record)
+        if self.fsync == "always" or self.fsync == "never":
+            bus.durable_to(self.log.last_seq)
+            self._last_sync = trio.current_time() if self.fsync == "always" else self._last_sync
+        elif self.log.durable_seq >= records[-1]["seq"]:
+            self._last_sync = trio.current_time()
+            bus.durable_to(self.log.durable_seq)
+        else:
+            self._dirty = True
+
+    async def _sync_if_dirty(self) -> None:
+        if self._dirty and self.log.last_seq > self.log.durable_seq:
+            try:
+                with trio.CancelScope(shield=True):
+                    await trio.to_thread.run_sync(self.log.sync)
+            except LogStateError:
+                return  # closed half-way through a re-sync: the next log is synced on its own
+            self.bus.durable_to(self.log.durable_seq)
+        self._dirty = False
+        self._last_sync = trio.current_time()
+
+    # -- re-sync --------------------------------------------------------------------------------------
+
+    async def _resync(self, message: Resync) -> None:
+        """Move our log aside and start a new one from what the active retains (see the module docstring)."""
+        have = self.log.last_seq
+        await self._sync_if_dirty()
+        directory = str(self.log.directory)
+        self.log.close()
+        aside, moved = await trio.to_thread.run_sync(move_aside, directory)
+        log.warning(
+            "standby: behind the active's retention: this log held seqs up to %d, the active keeps seqs from %d on "
+            "(snapshot %s); moved the old log (%d files) aside to %s; starting over from seq %d",
+            have, message.oldest, message.snapshot, moved, aside, message.oldest)
+        self.state, self.resyncs = "resyncing", self.resyncs + 1
+        await self._open_new_log()
+        if message.snapshot is not None:
+            self._snapshot = SnapshotSink(directory, message.snapshot, message.size)
+
+    async def _snapshot_part(self, message: SnapshotPart) -> None:
+        if self._snapshot is None:
+            raise _Reconnect("a snapshot part without a re-sync")
+        await trio.to_thread.run_sync(self._snapshot.write, message.data)
+
+    async def _install(self) -> None:
+        """Install the received snapshot (every record below its seq is written) and reopen the log from it."""
+        sink = self._snapshot
+        assert sink is not None
+        await self._sync_if_dirty()
+        self.log.close()
+        path = await trio.to_thread.run_sync(sink.install)
+        log.info("standby: installed the active's snapshot %s", os.path.basename(path))
+        await self._open_new_log()
+        sink.close()
+        self._snapshot = None
+        self.state = "streaming"
+
+    async def _open_new_log(self) -> None:
+        new = self.make_log()
+        await trio.to_thread.run_sync(new.recover)
+        self.log = new
+        self.reopen(new, new.last_seq + 1)

@@ -1,0 +1,240 @@
+"""A standby core (``idled serve --standby-of HOST:PORT``): a read-only copy of the active core's event log.
+
+Theory of operation
+-------------------
+The standby runs no presence table, no ticker and no log writer of its own: its log is written only by the
+replication link (``idled.server.standby.StandbyLink``), record for record as the active wrote it. What it
+serves from that copy:
+
+* observers, exactly as the active does (``idled.server.observers``: ``subscribe`` live, ``from``,
+  ``durable`` -- durable here meaning synced on the standby's own disk --, watchlists), fed through the
+  bus's ``relay`` as records are written;
+* ``query``, answered from the replicated log's open sessions (``StandbyQueries``): a user is online if its
+  last durable record on the active is an ``online``; ``last_seen`` from the replicated last-seen map. So an
+  answer is as old as the standby's lag, and a user online on the active for less than its fsync interval
+  is not online here yet;
+* ``idled events`` on its data directory (the same segment files), ``/metrics`` (the link's
+  ``idled_standby_*`` gauges) and ``/status`` (its ``standby`` part).
+
+User and gateway logins are refused with ``not_leader``, naming the active, so that clients and edges look
+there. ``replicate`` is refused too (no cascading). The one place that says which role a core has is the
+choice in ``idled.cli.serve`` between this class and ``idled.server.app.Server``; a promotion (later work)
+stops the link (``StandbyLink`` keeps its state in one place), closes the log, and starts a ``Server`` on the
+same directory, which recovers it as after any restart.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import socket
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import trio
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from idled.log.eventlog import EventLog
+from idled.ops import systemd
+from idled.ops.config import Config, split_address
+from idled.ops.fatal import fatal_on_log_error
+from idled.ops.health import Health
+from idled.ops.http import serve_metrics
+from idled.ops.metrics import Metrics, NullMetrics
+from idled.protocol import ErrorCode, FrameDecoder, Login, ProtocolError, Query, Status, Uid, encode
+from idled.server.bus import EventBus
+from idled.server.conn import Connection, Doorway, auth_secret, refuse_out_of_descriptors
+from idled.server.lifecycle import connection_counts
+from idled.server.listen import Shortage, accept_all, bound_address, display, open_listeners, precheck_host, require_auth
+from idled.server.observers import Observers
+from idled.server.queries import Queries
+from idled.server.signals import SIGNALS, until_stopped
+from idled.server.standby import StandbyLink
+
+__all__ = ["StandbyServer", "StandbyQueries", "StandbyCollector"]
+
+log = logging.getLogger("idled.server.standbyserver")
+
+GRACE = 5.0  # seconds a shutdown may take
+
+
+class StandbyQueries(Queries):
+    """``query`` on a standby: from the replicated log's open sessions and last-seen map (see the module
+    docstring). Devices are not known here."""
+
+    def __init__(self, log: EventLog, bus: EventBus, first_seq: int) -> None:  # no presence table on a standby
+        self.log, self.bus, self.first_seq = log, bus, first_seq
+
+    async def answer(self, query: Query) -> bytes:
+        log, wall = self.log, time.time()
+        online = {uid: log.online_since(uid) is not None for uid in query.uids}
+        if not query.last_seen:
+            return encode(Status(online))
+        seen: dict[Uid, float | None] = {uid: (log.online_since(uid) if online[uid] else log.last_seen(uid, wall))
+                                         for uid in query.uids}
+        return encode(Status(online, seen, {}))
+
+
+class StandbyCollector(Collector):
+    """``idled_standby_*`` at scrape time, read from the link (a few attribute reads: safe from any thread)."""
+
+    def __init__(self, link: StandbyLink) -> None:
+        self.link = link
+
+    def collect(self) -> Iterator[Metric]:
+        link = self.link
+        yield GaugeMetricFamily("idled_standby_lag_records", "records the active has durable and this standby "
+                                "has not written yet", value=link.lag_records)
+        yield GaugeMetricFamily("idled_standby_lag_seconds", "seconds since this standby last held every record "
+                                "the active had reported durable (0 while it does)", value=link.lag_seconds())
+        yield GaugeMetricFamily("idled_standby_connected", "1 while the replication link to the active is up",
+                                value=1.0 if link.connected else 0.0)
+        yield GaugeMetricFamily("idled_standby_last_seq", "the last seq in this standby's log", value=link.log.last_seq)
+
+
+class _Admission:
+    """The doorway's view of the standby: stopping or not."""
+
+    def __init__(self) -> None:
+        self.stopping = False
+
+    def refuse_if_stopping(self) -> None:
+        if self.stopping:
+            raise ProtocolError(ErrorCode.SERVER_SHUTDOWN, "server is shutting down")
+
+
+class StandbyServer:
+    """One standby daemon: ``serve()`` runs it until SIGTERM/SIGINT or ``stop()``."""
+
+    def __init__(self, config: Config, *, metrics: Metrics | NullMetrics | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        assert config.standby_of is not None
+        self.config = config
+        self.env = dict(os.environ) if env is None else env
+        self.metrics = NullMetrics() if metrics is None else metrics
+        self.secret = auth_secret(config)
+        self.active = split_address(config.standby_of, "standby_of")
+        self.log = self._make_log()
+        self.bus = EventBus()
+        self.connections = connection_counts()
+        self.admission = _Admission()
+        self.ports: list[int] = []
+        self.link: StandbyLink | None = None
+        self.observers: Observers | None = None
+        self._peers: set[Connection] = set()
+        self._stop_event = trio.Event()
+        self._accept_scope = trio.CancelScope()
+        self.stopped = trio.Event()
+
+    def _make_log(self) -> EventLog:
+        cfg = self.config
+        return EventLog(cfg.resolved_data_dir(self.env), segment_bytes=cfg.segment_bytes,
+                        retention_bytes=cfg.retention_bytes, retention_seconds=cfg.retention_seconds,
+                        last_seen_horizon=cfg.last_seen_horizon)
+
+    @property
+    def largest_stall(self) -> float:
+        return 0.0
+
+    def stop(self) -> None:
+        self._stop_event.set()
+
+    async def serve(self, listeners: Sequence[trio.SocketListener] | None = None, *,
+                    task_status: trio.TaskStatus[list[int]] = trio.TASK_STATUS_IGNORED) -> None:
+        cfg = self.config
+        try:
+            if listeners is None:
+                precheck_host(cfg.host, cfg.port, self.env, secret=self.secret, insecure=cfg.insecure)
+                listeners = await open_listeners(cfg.host, cfg.port, self.env)
+            addresses = [bound_address(listener) for listener in listeners]
+            require_auth(addresses, secret=self.secret, insecure=cfg.insecure)
+            self.ports = [port for _, port in addresses if port is not None]
+            with fatal_on_log_error(str(self.log.directory)):
+                await trio.to_thread.run_sync(self.log.recover)
+            door = self._build()
+            async with trio.open_nursery() as nursery:
+                with trio.open_signal_receiver(*SIGNALS) as signals:
+                    await self._start(nursery, door, listeners, addresses)
+                    task_status.started(self.ports)
+                    await until_stopped(self._stop_event, lambda: log.info("SIGHUP: a standby reloads nothing"), signals)
+                await self._shutdown(nursery)
+        finally:
+            self.log.close()
+            self.stopped.set()
+
+    def _build(self) -> Doorway:
+        first = self.log.last_seq + 1
+        self.bus.start(first)
+        self.bus.durable_to(self.log.durable_seq)
+        self.observers = Observers(None, self.bus, self.log, first_seq=first, peers=self._peers,
+                                   queries=StandbyQueries(self.log, self.bus, first), max_watch=self.config.max_watch)
+        host, port = self.active
+        self.link = StandbyLink(
+            self.log, self.bus, host=host, port=port, fsync=self.config.fsync, fsync_interval=self.config.fsync_interval,
+            secret=self.secret, name=f"standby-{socket.gethostname()}"[:128], reopen=self._reopen,
+            make_log=self._make_log,
+        )
+        roles = {"uid": self._not_leader, "gateway": self._not_leader, "observer": self.observers.run}
+        return Doorway(self.config, sessions=self.admission, roles=roles, secret=self.secret, metrics=self.metrics,
+                       connections=self.connections)
+
+    def _reopen(self, new: EventLog, first_seq: int) -> None:
+        """The link's log changed (re-sync, snapshot) or a new run of seqs began (a gap): point readers at it."""
+        self.log = new
+        observers = self.observers
+        assert observers is not None
+        observers.log = new
+        observers.first_seq = first_seq
+        observers.queries.log = new
+        observers.queries.first_seq = first_seq
+
+    async def _not_leader(self, stream: trio.abc.Stream, decoder: FrameDecoder, login: Login) -> None:
+        host, port = self.active
+        raise ProtocolError(ErrorCode.NOT_LEADER, f"this core is a standby of the active core at {host}:{port}; log in there")
+
+    async def _start(self, nursery: trio.Nursery, door: Doorway, listeners: Sequence[trio.SocketListener],
+                     addresses: list[tuple[str, int | None]]) -> None:
+        cfg, link = self.config, self.link
+        assert link is not None
+        if cfg.metrics_port and isinstance(self.metrics, Metrics):
+            self.metrics.registry.register(StandbyCollector(link))
+            health = Health(self.log.directory, status=self.status, listening=lambda: not self.admission.stopping)
+            port = await nursery.start(functools.partial(serve_metrics, health=health), self.metrics.registry,
+                                       cfg.metrics_host, cfg.metrics_port)
+            log.info("metrics on http://%s:%d/metrics", cfg.metrics_host, port)
+        await nursery.start(link.run)
+        shortage = Shortage(lambda: "standby")
+        await nursery.start(self._accept, listeners, nursery, door, shortage)
+        for host, port in addresses:
+            log.info("standby of %s:%d listening on %s", *self.active, display(host, port))
+            if port is not None:
+                print(f"IDLED_LISTENING host={host} port={port}", file=sys.stderr, flush=True)
+        systemd.notify(systemd.READY, env=self.env)
+
+    async def _accept(self, listeners: Sequence[trio.SocketListener], handlers: trio.Nursery, door: Doorway,
+                      shortage: Shortage, task_status: trio.TaskStatus[None]) -> None:
+        with self._accept_scope:
+            await accept_all(listeners, door.handle, handlers, refuse_out_of_descriptors, shortage, task_status=task_status)
+
+    async def _shutdown(self, nursery: trio.Nursery) -> None:
+        self.admission.stopping = True
+        self._accept_scope.cancel()
+        systemd.notify(systemd.STOPPING, env=self.env)
+        with trio.move_on_after(GRACE) as grace:
+            grace.shield = True
+            for peer in list(self._peers):
+                peer.close(ErrorCode.SERVER_SHUTDOWN, "server is shutting down")
+            while self.connections["observer"]:
+                await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()  # the link syncs what it wrote as it is cancelled
+
+    def status(self) -> dict[str, Any]:
+        """``/status``: the standby's part (``standby``) and what an operator looks for first."""
+        link = self.link
+        return {"role": "standby", "connections": dict(self.connections), "next_seq": self.log.last_seq + 1,
+                "ports": list(self.ports), "stopping": self.admission.stopping, "data_dir": str(self.log.directory),
+                "standby": link.status() if link is not None else None}
