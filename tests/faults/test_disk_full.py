@@ -20,6 +20,7 @@ from idled.log.eventlog import iter_records
 from idled.ops.fatal import EXIT_LOG
 from idled.protocol import BYE, Login, Welcome
 from tests.faults.test_fatal import one_line
+from tests import peers
 from tests.peers import Client, Daemon, serve_command
 
 pytestmark = pytest.mark.slow
@@ -29,16 +30,8 @@ LEFT_FREE = 16 * 1024  # bytes the filler leaves: room for ~150 records, then EN
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    mount_point = tmp_path / "disk"
-    mount_point.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)],
-                             capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip() or mounted.returncode}")
-    try:
+    with peers.small_tmpfs(tmp_path, "1m") as mount_point:
         yield mount_point
-    finally:
-        subprocess.run(["umount", str(mount_point)], check=True)
 
 
 def fill(mount_point: Path, leave: int) -> None:
