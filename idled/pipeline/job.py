@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from idled.pipeline.aggregate import TABLES, Laps, Tables, build_tables
 from idled.pipeline.decode import EVENT_SCHEMA, daemon_names, file_totals, read_events
+from idled.pipeline.freshness import log_read_of, watermark_of
 from idled.pipeline.output import SmallTables, read_small_tables, summarize, write_summary, write_tables
 from idled.pipeline.rules import FlapParams, check_grace
 from idled.pipeline.schemas import SMALL_SCHEMAS
@@ -116,15 +117,15 @@ def _session(config: JobConfig, spark: SparkSession | None) -> Iterator[SparkSes
             spark.stop()
 
 
-def _decode(spark: SparkSession, config: JobConfig) -> tuple[DataFrame, dict[str, int]]:
-    """The materialized events, partitioned by user, and the per-file counters summed."""
+def _decode(spark: SparkSession, config: JobConfig) -> tuple[DataFrame, dict[str, tuple]]:
+    """The materialized events, partitioned by user, and the per-file counters."""
     from pyspark.sql import functions as F
 
     events, accumulator = read_events(spark, config.events, config.min_partitions)
     # Hash-partitioned by user once, here: the pairing window (daemon, uid_key) and every later per-user
     # step (concurrency merge, DAU, flappers) reuse this partitioning instead of shuffling again.
     events = materialize(events.repartition("uid_key").withColumn("uid_hash", F.xxhash64("uid_key")))
-    return events, file_totals(accumulator.value)
+    return events, dict(accumulator.value)
 
 
 def _run(config: JobConfig, spark: SparkSession, t0: float) -> JobResult:
@@ -134,14 +135,15 @@ def _run(config: JobConfig, spark: SparkSession, t0: float) -> JobResult:
     names = daemon_names(config.events)
     decoded = decode_paired(spark, config.events, config.flap.short_s, config.min_partitions, config.shuffle_partitions,
                             config.out, config.grace)
-    files = decoded.files
+    files, per_file = decoded.files, decoded.per_file
     laps = Laps(echo=config.progress)
     path = "paired"
     if files["daemons_with_overlapping_files"] > 0 or not decoded.in_seq_order:
         # In-file pairing assumed disjoint, ordered files: decode again and pair record by record (the
         # sessions written by the first pass are overwritten).
         path = "records"
-        events, files = _decode(spark, config)
+        events, per_file = _decode(spark, config)
+        files = file_totals(per_file)
     t_decoded = time.perf_counter()
     event_count = files["records"] - files["malformed"]
     if config.progress:
@@ -166,6 +168,8 @@ def _run(config: JobConfig, spark: SparkSession, t0: float) -> JobResult:
         event_count=event_count, tables=tables, small=small, written=written, timings=timings,
     )
     summary["pairing"] = path
+    summary.update(watermark_of(names, tables.data_end))
+    summary["log_read"] = log_read_of(names, {p: (v[0], v[1], v[5]) for p, v in per_file.items()})
     return _finish(config, summary, timings, small, t0, rated=(event_count, t_decoded - t_started))
 
 
@@ -213,6 +217,7 @@ def _incremental_in(config: JobConfig, spark: SparkSession, t0: float, state: St
         event_count=counts["events"], tables=tables, small=small, written=written, timings=timings,
     )
     summary["incremental"] = {"files_decoded": len(work), "nothing_new": False, "state": os.path.abspath(state.path)}
+    summary.update(_state_freshness(names, data))
     return _finish(config, summary, timings, small, t0, rated=None)  # (a batch's rate says little of the whole)
 
 
@@ -235,6 +240,15 @@ def _finish(config: JobConfig, summary: dict[str, Any], timings: dict[str, Any],
     }
     write_summary(summary, config.out)
     return JobResult(summary)
+
+
+def _state_freshness(names: list[str], data: dict[str, Any]) -> dict[str, Any]:
+    """The summary's freshness keys (`freshness`) from an incremental run's state."""
+    daemons = {int(index): entry for index, entry in data["daemons"].items()}
+    per_file = {os.path.join(names[index], name): (index, file["size"], file["torn_bytes"])
+                for index, entry in daemons.items() for name, file in entry["files"].items()}
+    return {**watermark_of(names, {index: entry["data_end"] for index, entry in daemons.items()}),
+            "log_read": log_read_of(names, per_file)}
 
 
 def _table_schemas(spark: SparkSession) -> dict[str, DataFrame]:

@@ -147,6 +147,9 @@ def test_incremental_counts_equal_one_full_run(grown: dict[str, Any]) -> None:
     assert counts["sessions"] == ref["sessions"] and counts["open_sessions"] == ref["open_sessions"]
     assert counts["orphan_offlines"] == ref["orphans"] and counts["superseded_sessions"] == ref["superseded"]
     reasons = {s["end_reason"] for s in grown["reference"].tables["sessions"]}
+    last = grown["runs"][-1]  # freshness: the slowest daemon's data end; the files present, read
+    assert last["watermark"] == min(last["data_end"].values()) > 0
+    assert all(set(files) == {p.name for p in Path(d).iterdir()} for d, files in last["log_read"].items())
     assert {"restart", "shutdown"} <= reasons  # a crash and a graceful restart happened in between
 
 
