@@ -41,7 +41,6 @@ from idled.pipeline.decode import EVENT_SCHEMA, daemon_names, file_totals, read_
 from idled.pipeline.freshness import log_read_of, watermark_of
 from idled.pipeline.output import SmallTables, read_small_tables, summarize, write_summary, write_tables
 from idled.pipeline.rules import FlapParams, check_grace
-from idled.pipeline.schemas import SMALL_SCHEMAS
 from idled.pipeline.spark import master_of, materialize, spark_conf, start_spark
 
 if TYPE_CHECKING:
@@ -77,6 +76,9 @@ class JobConfig:
     # --grace SECONDS: flappers and session_lengths count sessions joined over a grace (`rules`, rule 6); not
     # available with --incremental
     grace: float = 0.0
+    # --local-batch-bytes N: an incremental batch of at most N new bytes with a local master is paired in a
+    # process pool, without starting Spark (`incpaired.local_batch`); 0: always Spark
+    local_batch_bytes: int = 256 << 20
 
     def __post_init__(self) -> None:
         check_grace(self.grace)
@@ -188,37 +190,61 @@ def _run_incremental(config: JobConfig, spark: SparkSession | None, t0: float) -
             summary = json.load(file)
         summary["incremental"] = {"files_decoded": 0, "nothing_new": True}
         return JobResult(summary)
+    from idled.pipeline.incpaired import local_batch
+
+    if spark is None and work and local_batch(config.master, work, config.local_batch_bytes):
+        return _incremental_in(config, None, t0, state, work)  # a small batch: no JVM to start
     with _session(config, spark) as session:
         return _incremental_in(config, session, t0, state, work)
 
 
-def _incremental_in(config: JobConfig, spark: SparkSession, t0: float, state: State,
+def _incremental_in(config: JobConfig, spark: SparkSession | None, t0: float, state: State,
                     work: list[tuple[int, str, int, int]]) -> JobResult:
-    from idled.pipeline.incremental import file_totals_of, lateness_by_detector, run_incremental
+    from idled.pipeline.incremental import file_totals_of
+    from idled.pipeline.readback import lateness_by_detector, small_tables
+    from idled.pipeline.refresh import LATENESS_VALUES
 
     names = daemon_names(config.events)
     t_started = time.perf_counter()
     laps = Laps(echo=config.progress)
-    data = run_incremental(spark, state, config.out, names, config.flap, work, laps) if work else state.data
+    data, path = _update(spark, state, config, names, work, laps) if work else (state.data, None)
     t_done = time.perf_counter()
     counts = data["counts"]
-    frames = _table_schemas(spark)
     written = {name: os.path.join(config.out, name) for name in TABLES}
-    small = read_small_tables(spark, frames, written)
+    small = small_tables(config.out)  # read back with pyarrow: the summary needs no Spark job
     tables = Tables(
-        frames, {"sessions": counts["sessions"], "open_sessions": counts["open_sessions"], "superseded": counts["superseded"],
-                 "orphans": counts["orphans"], "unique": counts["events"] - counts["duplicates"]},
-        lateness_by_detector(spark, state),
+        {}, {"sessions": counts["sessions"], "open_sessions": counts["open_sessions"], "superseded": counts["superseded"],
+             "orphans": counts["orphans"], "unique": counts["events"] - counts["duplicates"]},
+        lateness_by_detector(os.path.join(state.path, LATENESS_VALUES)),
     )
+    laps.mark("summary")
     timings: dict[str, Any] = {"spark_start": round(t_started - t0, 3), "incremental": round(t_done - t_started, 3),
                                "incremental_steps": laps.laps}
+    master = master_of(spark) if spark is not None else f"{config.master} (no Spark: a pool of {os.cpu_count()} processes)"
     summary = summarize(
-        names=names, out=config.out, master=master_of(spark), flap=config.flap, files=file_totals_of(data),
+        names=names, out=config.out, master=master, flap=config.flap, files=file_totals_of(data),
         event_count=counts["events"], tables=tables, small=small, written=written, timings=timings,
     )
     summary["incremental"] = {"files_decoded": len(work), "nothing_new": False, "state": os.path.abspath(state.path)}
+    summary["pairing"] = path
     summary.update(_state_freshness(names, data))
     return _finish(config, summary, timings, small, t0, rated=None)  # (a batch's rate says little of the whole)
+
+
+def _update(spark: SparkSession | None, state: State, config: JobConfig, names: list[str], work: list[tuple[int, str, int, int]],
+            laps: Laps) -> tuple[dict[str, Any], str]:
+    """The batch through the paired path (`incpaired`), or -- if two new files of a daemon overlap in seq or
+    a run joined files that are not neighbours -- the record path (`incremental.run_incremental`); returns
+    the new state's data and which path ran."""
+    from idled.pipeline.incpaired import commit_paired, plan_paired
+    from idled.pipeline.incremental import run_incremental
+
+    planned = plan_paired(spark, state, config.out, names, config.flap, work, laps)
+    if planned is None:
+        with _session(config, spark) as session:
+            return run_incremental(session, state, config.out, names, config.flap, work, laps), "records"
+    commit_paired(state, planned, config.out, names, laps)
+    return planned.state, "paired"
 
 
 def _finish(config: JobConfig, summary: dict[str, Any], timings: dict[str, Any], small: SmallTables, t0: float,
@@ -249,8 +275,3 @@ def _state_freshness(names: list[str], data: dict[str, Any]) -> dict[str, Any]:
                 for index, entry in daemons.items() for name, file in entry["files"].items()}
     return {**watermark_of(names, {index: entry["data_end"] for index, entry in daemons.items()}),
             "log_read": log_read_of(names, per_file)}
-
-
-def _table_schemas(spark: SparkSession) -> dict[str, DataFrame]:
-    """Empty frames with each small table's schema, for reading them back (`output.read_small_tables`)."""
-    return {name: spark.createDataFrame([], SMALL_SCHEMAS[name]) for name in ("concurrency", "dau", "flappers")}
