@@ -1,4 +1,4 @@
-"""`idled pipeline run | generate | cluster | status`: presence analytics on Spark, synthetic event logs to run it on,
+"""`idled pipeline run | generate | cluster | status | compact`: presence analytics on Spark, synthetic event logs to run it on,
 and a standalone Spark cluster on this machine to run it against.
 
 ``run``'s flags and body are `idled.pipeline.runflags`, shared with the spark-submit entry
@@ -14,6 +14,7 @@ import sys
 import time
 
 from idled.pipeline.cluster import add_cluster_arguments, run_cluster
+from idled.pipeline.compact import add_compact_arguments, run_compact
 from idled.pipeline.freshness import add_status_arguments, run_status
 from idled.pipeline.generate import DEFAULT_START, GenConfig, generate
 from idled.pipeline.runflags import add_run_arguments, positive_int, run_from_args
@@ -80,6 +81,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                         "accounted for), its age and the backlog per log directory; exit 1 if "
                                         "--max-age or --max-backlog is exceeded, 2 if there is no usable summary.json.")
     add_status_arguments(status)
+    compact = sub.add_parser("compact", help="rewrite old days' small sessions files into a few large ones",
+                             description="Rewrite each sessions date partition older than --older-than into a few large "
+                                         "files sorted by offline_ts, atomically (a journal), under the lock incremental "
+                                         "runs take; idempotent.")
+    add_compact_arguments(compact)
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -117,4 +123,6 @@ def run(args: argparse.Namespace) -> int:
         return run_cluster(args)
     if args.pipeline_command == "status":
         return run_status(args)
+    if args.pipeline_command == "compact":
+        return run_compact(args)
     return _generate(args)

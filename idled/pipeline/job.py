@@ -176,7 +176,17 @@ def _run(config: JobConfig, spark: SparkSession, t0: float) -> JobResult:
 
 
 def _run_incremental(config: JobConfig, spark: SparkSession | None, t0: float) -> JobResult:
-    """`incremental.run_incremental` between the state's check (no Spark if nothing is new) and the summary."""
+    """An incremental run under the output's lock (`compact.output_lock`: never beside a compaction), after
+    finishing an interrupted compaction."""
+    from idled.pipeline.compact import finish_compaction, output_lock
+
+    with output_lock(config.out):
+        finish_compaction(config.out)
+        return _run_incremental_locked(config, spark, t0)
+
+
+def _run_incremental_locked(config: JobConfig, spark: SparkSession | None, t0: float) -> JobResult:
+    """The batch (`_update`) between the state's check (no Spark if nothing is new) and the summary."""
     from idled.pipeline.incremental import load_state, pending_work
 
     assert config.state is not None

@@ -490,7 +490,7 @@ def test_every_pipeline_flag_has_help() -> None:
     add_arguments(parser)
     actions = {name: sub for action in parser._actions if isinstance(action, argparse._SubParsersAction)
                for name, sub in action.choices.items()}
-    assert set(actions) == {"run", "generate", "cluster", "status"}
+    assert set(actions) == {"run", "generate", "cluster", "status", "compact"}
     for name, sub in actions.items():
         for action in sub._actions:
             assert action.help, f"pipeline {name} {action.option_strings}: no help"
