@@ -18,8 +18,12 @@ conversion.
 daemon overlapping (a copied or re-cut segment: duplicates possible, in-file order no longer the uid's
 order), or a run joined files that are not neighbours in seq, the paired output is discarded and the
 records are decoded again into one row each, hash-partitioned by uid once, paired by a window per (user,
-daemon) ordered by seq with the duplicate-dropping pass, and the tables are built in the JVM. Incremental
-runs (`incremental`) use this path's steps too.
+daemon) ordered by seq with the duplicate-dropping pass, and the tables are built in the JVM.
+
+**Incremental runs** (``--state``) take the paired path too (`incpaired`: the new bytes paired in Python
+tasks -- or, for a small batch on a local master, in a process pool without starting Spark -- the tables'
+changed partitions built in Python, `incrtables`), and the record path's steps (`incremental`) when new
+files of a daemon overlap in seq; both under the output's lock (`compact`).
 
 Both paths write the same tables, partitioned by ``date`` (`output`), and ``summary.json`` says which ran
 (``pairing``); "decode" and "aggregate" times and per-step laps are in its ``timings_s``.
