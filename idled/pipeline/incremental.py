@@ -14,7 +14,8 @@ written. The state directory (``--state DIR``) holds:
   files of ``--out``'s sessions table that hold the open sessions.
 * ``gen-N/open`` -- open sessions (daemon, uid_key, seq, ts, device): they re-enter the next run as online records.
 * ``gen-N/spanning`` -- closed sessions that cross a UTC midnight: the only closed sessions that cover a
-  day other than their own ``date`` partition.
+  day other than their own ``date`` partition. (the paired path keeps their uid_key, online_ts and end only, and
+  neither path stores the Spark hash of the uid: the record path computes it where it reads).
 * ``lateness_values`` -- the lateness values, partitioned by date (exact percentiles need every value of an
   hour), a file added per run; ``short_sessions`` -- the closed short user-ended sessions (what flappers
   count), likewise; ``active_users`` -- per date the distinct users of the closed sessions covering it.
@@ -28,6 +29,13 @@ and old closed rows never change, so the sessions table only grows: B's closed s
 files to their date partitions (never rewritten), B's open ones are written to files of their own
 (``open-gN-*``) and the previous run's open files are deleted. The derived tables rewrite the dates B
 changes, each reading only what it needs of the old sessions (`refresh`).
+
+Two paths compute B and the tables. The paired path (`incpaired`, `incrtables`; the default) pairs the new
+bytes in Python tasks and builds every table's changed partitions in Python, as a full run's paired path
+does. This module's path -- the record path: rows into Spark, pairing by a window (`pairing.pair`), the
+tables in Spark SQL (`refresh`) -- runs when two new files of a daemon overlap in seq (duplicates
+possible: the window drops them). Both read and write the same state and ``--out``, so either continues
+the other's runs.
 
 Everything is staged under ``state/staging``; a journal (``journal.json``: the moves -- partitions
 replaced, files added, the old open files deleted -- and the new state) is written atomically before
