@@ -14,8 +14,9 @@ written. The state directory (``--state DIR``) holds:
   files of ``--out``'s sessions table that hold the open sessions.
 * ``gen-N/open`` -- open sessions (daemon, uid_key, seq, ts, device): they re-enter the next run as online records.
 * ``gen-N/spanning`` -- closed sessions that cross a UTC midnight: the only closed sessions that cover a
-  day other than their own ``date`` partition. (the paired path keeps their uid_key, online_ts and end only, and
-  neither path stores the Spark hash of the uid: the record path computes it where it reads).
+  day other than their own ``date`` partition (the paired path keeps their uid_key, online_ts and end only;
+  it stores no Spark hash of the uid here or in ``short_sessions``, so the record path recomputes
+  ``uid_hash`` from uid_key wherever it reads them).
 * ``lateness_values`` -- the lateness values, partitioned by date (exact percentiles need every value of an
   hour), a file added per run; ``short_sessions`` -- the closed short user-ended sessions (what flappers
   count), likewise; ``active_users`` -- per date the distinct users of the closed sessions covering it.
