@@ -1,4 +1,4 @@
-"""`idled pipeline run | generate | cluster`: presence analytics on Spark, synthetic event logs to run it on,
+"""`idled pipeline run | generate | cluster | status | compact`: presence analytics on Spark, synthetic event logs to run it on,
 and a standalone Spark cluster on this machine to run it against.
 
 ``run``'s flags and body are `idled.pipeline.runflags`, shared with the spark-submit entry
@@ -14,6 +14,8 @@ import sys
 import time
 
 from idled.pipeline.cluster import add_cluster_arguments, run_cluster
+from idled.pipeline.compact import add_compact_arguments, run_compact
+from idled.pipeline.freshness import add_status_arguments, run_status
 from idled.pipeline.generate import DEFAULT_START, GenConfig, generate
 from idled.pipeline.runflags import add_run_arguments, positive_int, run_from_args
 
@@ -74,6 +76,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              description="Start a Spark master and workers from the installed pyspark package, "
                                          "bound to 127.0.0.1, print the spark:// URL, and stop them on Ctrl-C/SIGTERM.")
     add_cluster_arguments(cluster)
+    status = sub.add_parser("status", help="how fresh a run's output is: its watermark, its age, the log not yet read",
+                            description="Print the watermark of the last run over --out (the newest event time fully "
+                                        "accounted for), its age and the backlog per log directory; exit 1 if "
+                                        "--max-age or --max-backlog is exceeded, 2 if there is no usable summary.json.")
+    add_status_arguments(status)
+    compact = sub.add_parser("compact", help="rewrite old days' small sessions files into a few large ones",
+                             description="Rewrite each sessions date partition older than --older-than into a few large "
+                                         "files sorted by offline_ts, atomically (a journal), under the lock incremental "
+                                         "runs take; idempotent.")
+    add_compact_arguments(compact)
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -109,4 +121,8 @@ def run(args: argparse.Namespace) -> int:
         return run_from_args(args)
     if args.pipeline_command == "cluster":
         return run_cluster(args)
+    if args.pipeline_command == "status":
+        return run_status(args)
+    if args.pipeline_command == "compact":
+        return run_compact(args)
     return _generate(args)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 from idled.pipeline.pairing import USER, date_of, lateness_input_of, pair, pair_count, sessions_of, span, uid_columns
@@ -243,6 +243,7 @@ class Tables:
     frames: dict[str, DataFrame]
     counts: dict[str, int]
     lateness_by_detector: list[dict[str, Any]]
+    data_end: dict[int, float] = field(default_factory=dict)  # per daemon: the largest ts of its records
 
 
 def build_tables(
@@ -292,4 +293,4 @@ def build_tables(
         "dau": _dau(sessions),
         "session_lengths": _session_lengths(user_sessions),
     }
-    return Tables(frames, counts, [row.asDict() for row in by_detector])
+    return Tables(frames, counts, [row.asDict() for row in by_detector], data_end)

@@ -35,7 +35,7 @@ from idled.pipeline.filepass import Session
 from idled.pipeline.records import UID_INT, UID_STR
 from idled.pipeline.tally import Tally
 
-__all__ = ["SESSIONS_SCHEMA", "clear", "write_sessions", "write_rows"]
+__all__ = ["SESSIONS_SCHEMA", "clear", "write_sessions", "write_rows", "session_columns", "write_by_date"]
 
 # As the record path's Spark writer lays the table out (`aggregate._sessions_out`), `date` in the path.
 SESSIONS_SCHEMA: Final = (
@@ -62,6 +62,15 @@ def write_sessions(sessions: Sequence[Session], names: Sequence[str], table: str
     """
     if not sessions:
         return 0
+    columns, dates = session_columns(sessions, names)
+    start, end = columns["online_ts"], columns["offline_ts"]
+    tally.count_written(start.to_numpy(), end.to_numpy(zero_copy_only=False), lengths)
+    write_by_date(columns, dates, table, tag)
+    return len(sessions)
+
+
+def session_columns(sessions: Sequence[Session], names: Sequence[str]) -> tuple[Any, Any]:
+    """`sessions` as the sessions table's columns (a pyarrow Table, without ``date``) and their dates."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -84,10 +93,8 @@ def write_sessions(sessions: Sequence[Session], names: Sequence[str], table: str
         "device": pa.array(device, pa.string()),
         "end_device": pa.array(end_device, pa.string()),
     })
-    tally.count_written(start.to_numpy(), end.to_numpy(zero_copy_only=False), lengths)
     # As `pairing.date_of`: the UTC day of the start.
-    _write_by_date(columns, pc.cast(pc.floor(pc.divide(start, _DAY)), pa.int32()).cast(pa.date32()), table, tag)
-    return len(sessions)
+    return columns, pc.cast(pc.floor(pc.divide(start, _DAY)), pa.int32()).cast(pa.date32())
 
 
 _TYPES: Final = {"STRING": "string", "BIGINT": "int64", "INT": "int32", "DOUBLE": "float64", "BOOLEAN": "bool_",
@@ -103,11 +110,12 @@ def write_rows(rows: Sequence[Mapping[str, Any]], schema: str, table: str) -> No
     arrow = pa.schema([(name, getattr(pa, _TYPES[kind])()) for name, kind in fields])
     columns = pa.Table.from_pylist([dict(row) for row in rows], schema=arrow)
     clear(table)
-    _write_by_date(columns.drop_columns(["date"]), columns["date"], table, "0")
+    write_by_date(columns.drop_columns(["date"]), columns["date"], table, "0")
 
 
-def _write_by_date(columns: Any, dates: Any, table: str, tag: str) -> None:
-    """Each date's rows of `columns` as ``table/date=D/part-<tag>.parquet``, complete before it is named."""
+def write_by_date(columns: Any, dates: Any, table: str, tag: str, row_group_rows: int | None = None) -> None:
+    """Each date's rows of `columns` as ``table/date=D/part-<tag>.parquet``, complete before it is named
+    (`row_group_rows`: rows per row group, default pyarrow's)."""
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
@@ -117,5 +125,5 @@ def _write_by_date(columns: Any, dates: Any, table: str, tag: str) -> None:
         os.makedirs(directory, exist_ok=True)
         path = os.path.join(directory, f"part-{tag}.parquet")
         hidden = os.path.join(directory, f".part-{tag}.parquet.tmp")
-        pq.write_table(columns.filter(pc.equal(dates, date)), hidden, use_dictionary=dictionary)
+        pq.write_table(columns.filter(pc.equal(dates, date)), hidden, use_dictionary=dictionary, row_group_size=row_group_rows)
         os.replace(hidden, path)

@@ -14,7 +14,9 @@ written. The state directory (``--state DIR``) holds:
   files of ``--out``'s sessions table that hold the open sessions.
 * ``gen-N/open`` -- open sessions (daemon, uid_key, seq, ts, device): they re-enter the next run as online records.
 * ``gen-N/spanning`` -- closed sessions that cross a UTC midnight: the only closed sessions that cover a
-  day other than their own ``date`` partition.
+  day other than their own ``date`` partition (the paired path keeps their uid_key, online_ts and end only;
+  it stores no Spark hash of the uid here or in ``short_sessions``, so the record path recomputes
+  ``uid_hash`` from uid_key wherever it reads them).
 * ``lateness_values`` -- the lateness values, partitioned by date (exact percentiles need every value of an
   hour), a file added per run; ``short_sessions`` -- the closed short user-ended sessions (what flappers
   count), likewise; ``active_users`` -- per date the distinct users of the closed sessions covering it.
@@ -28,6 +30,13 @@ and old closed rows never change, so the sessions table only grows: B's closed s
 files to their date partitions (never rewritten), B's open ones are written to files of their own
 (``open-gN-*``) and the previous run's open files are deleted. The derived tables rewrite the dates B
 changes, each reading only what it needs of the old sessions (`refresh`).
+
+Two paths compute B and the tables. The paired path (`incpaired`, `incrtables`; the default) pairs the new
+bytes in Python tasks and builds every table's changed partitions in Python, as a full run's paired path
+does. This module's path -- the record path: rows into Spark, pairing by a window (`pairing.pair`), the
+tables in Spark SQL (`refresh`) -- runs when two new files of a daemon overlap in seq (duplicates
+possible: the window drops them). Both read and write the same state and ``--out``, so either continues
+the other's runs.
 
 Everything is staged under ``state/staging``; a journal (``journal.json``: the moves -- partitions
 replaced, files added, the old open files deleted -- and the new state) is written atomically before
@@ -56,11 +65,11 @@ from idled.pipeline.aggregate import Laps
 from idled.pipeline.decode import EVENT_SCHEMA, PerFileStats
 from idled.pipeline.records import FileStats, Row, iter_rows, seq_ranges_overlap
 from idled.pipeline.refresh import (
-    LATENESS_VALUES, ROW_GROUP_BYTES, SESSION_SCHEMA, SORTED_BY, STATE_TABLES, Refresh, changes_of, read_or_empty, refreshed,
+    ROW_GROUP_BYTES, SESSION_SCHEMA, SORTED_BY, STATE_TABLES, Refresh, changes_of, read_or_empty, refreshed,
 )
 from idled.pipeline.rules import FlapParams
 from idled.pipeline.statedir import (
-    State, StateError, apply_journal, file_totals_of, load_state, pending_work, replace_json, staged_files,
+    State, StateError, added_moves, apply_journal, file_totals_of, load_state, pending_work, replace_json, session_moves,
 )
 
 if TYPE_CHECKING:
@@ -69,7 +78,7 @@ if TYPE_CHECKING:
 # State handling lives in `statedir`; re-exported here, the one import for callers.
 __all__ = [
     "StateError", "State", "load_state", "pending_work", "apply_journal", "file_totals_of", "run_incremental",
-    "lateness_by_detector", "SESSION_TABLES",
+    "SESSION_TABLES",
 ]
 
 SESSION_TABLES: Final = ("sessions", "concurrency", "lateness", "flappers", "dau", "session_lengths")
@@ -207,7 +216,8 @@ def _plan(spark: SparkSession, state: State, out: str, names: Sequence[str], fla
     lateness_new = lateness_input_of(pairs).withColumn("date", F.date_from_unix_date(F.floor(F.col("hour_start") / _DAY).cast("int")))
     change = changes_of(sessions, lateness_new, flap, extent, old_last)
     laps.mark("changed_days")
-    spanning_old = read_or_empty(spark, os.path.join(old_gen, "spanning"), SESSION_SCHEMA)
+    # the paired path stores no uid_hash (Spark's xxhash64): computed here for every stored row alike
+    spanning_old = read_or_empty(spark, os.path.join(old_gen, "spanning"), SESSION_SCHEMA).withColumn("uid_hash", F.xxhash64("uid_key"))
     refresh = refreshed(spark, out, state.path, spanning_old, flap, sessions, change, extent[1], laps)
     is_open = F.col("open")
     spanning_new = sessions.where(~is_open & (F.col("d1") > F.col("d0"))).select(*_SESSION_COLUMNS)
@@ -218,35 +228,14 @@ def _plan(spark: SparkSession, state: State, out: str, names: Sequence[str], fla
                  data, open_rows, spanning_old.unionByName(spanning_new))
 
 
-def _added_moves(staged_root: str, target_root: str, prefix: str) -> list[tuple[str, str]]:
-    """Each file staged under `staged_root` into the same partition of `target_root`, its name prefixed."""
-    return [(os.path.join(staged_root, partition, name), os.path.join(target_root, partition, prefix + name))
-            for partition, name in staged_files(staged_root)]
-
-
 def _session_moves(state: State, batch: Batch, staging: str, out: str, laps: Laps) -> tuple[list[tuple[str | None, str]], list[str]]:
     """Stage B's sessions: the moves that put them into ``--out``, and the open ones' files (relative)."""
-    generation = batch.state["generation"]
     closed_root, open_root = os.path.join(staging, "sessions"), os.path.join(staging, "sessions_open")
     for frame, root in ((batch.closed_sessions, closed_root), (batch.open_sessions, open_root)):
         frame.coalesce(1).sortWithinPartitions(*SORTED_BY).write.option("parquet.block.size", ROW_GROUP_BYTES) \
             .partitionBy("date").parquet(root)
     laps.mark("write_sessions")
-    target = os.path.join(out, "sessions")
-    # the old open sessions are all in B: their files go
-    moves: list[tuple[str | None, str]] = [(None, os.path.join(out, rel)) for rel in state.data["open_files"]]
-    opens = _added_moves(open_root, target, f"open-g{generation}-")
-    closed = _added_moves(closed_root, target, f"g{generation}-")
-    if state.generation > 0:
-        moves += closed + opens
-    else:
-        # A first run replaces whole partitions (whatever --out held there is not this state's).
-        for source, destination in opens:
-            moved = os.path.join(closed_root, os.path.relpath(destination, target))
-            os.makedirs(os.path.dirname(moved), exist_ok=True)
-            os.rename(source, moved)
-        moves += [(os.path.join(closed_root, p), os.path.join(target, p)) for p in {p for p, _ in staged_files(closed_root)}]
-    return moves, [os.path.relpath(destination, out) for _, destination in opens]
+    return session_moves(state, batch.state["generation"], closed_root, open_root, out)
 
 
 def _commit(state: State, batch: Batch, out: str, laps: Laps) -> None:
@@ -262,7 +251,7 @@ def _commit(state: State, batch: Batch, out: str, laps: Laps) -> None:
     for table, frame in batch.refresh.added.items():
         staged_root = os.path.join(staging, table)
         frame.coalesce(1).write.partitionBy("date").parquet(staged_root)
-        moves += _added_moves(staged_root, os.path.join(state.path, table), f"g{batch.state['generation']}-")
+        moves += added_moves(staged_root, os.path.join(state.path, table), f"g{batch.state['generation']}-")
         laps.mark(f"write_{table}")
     for table, dates in batch.refresh.dates.items():
         staged_root = os.path.join(staging, table)
@@ -287,10 +276,3 @@ def run_incremental(spark: SparkSession, state: State, out: str, names: Sequence
     batch = _plan(spark, state, out, names, flap, work, laps)
     _commit(state, batch, out, laps)
     return batch.state
-
-
-def lateness_by_detector(spark: SparkSession, state: State) -> list[dict[str, Any]]:
-    from idled.pipeline.aggregate import _lateness_stats
-
-    values = read_or_empty(spark, os.path.join(state.path, LATENESS_VALUES), "detector STRING, hour_start DOUBLE, lateness DOUBLE")
-    return [row.asDict() for row in _lateness_stats(values, ["detector"]).orderBy("detector").collect()]

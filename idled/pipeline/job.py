@@ -18,8 +18,12 @@ conversion.
 daemon overlapping (a copied or re-cut segment: duplicates possible, in-file order no longer the uid's
 order), or a run joined files that are not neighbours in seq, the paired output is discarded and the
 records are decoded again into one row each, hash-partitioned by uid once, paired by a window per (user,
-daemon) ordered by seq with the duplicate-dropping pass, and the tables are built in the JVM. Incremental
-runs (`incremental`) use this path's steps too.
+daemon) ordered by seq with the duplicate-dropping pass, and the tables are built in the JVM.
+
+**Incremental runs** (``--state``) take the paired path too (`incpaired`: the new bytes paired in Python
+tasks -- or, for a small batch on a local master, in a process pool without starting Spark -- the tables'
+changed partitions built in Python, `incrtables`), and the record path's steps (`incremental`) when new
+files of a daemon overlap in seq; both under the output's lock (`compact`).
 
 Both paths write the same tables, partitioned by ``date`` (`output`), and ``summary.json`` says which ran
 (``pairing``); "decode" and "aggregate" times and per-step laps are in its ``timings_s``.
@@ -38,9 +42,9 @@ from typing import TYPE_CHECKING, Any
 
 from idled.pipeline.aggregate import TABLES, Laps, Tables, build_tables
 from idled.pipeline.decode import EVENT_SCHEMA, daemon_names, file_totals, read_events
+from idled.pipeline.freshness import log_read_of, watermark_of
 from idled.pipeline.output import SmallTables, read_small_tables, summarize, write_summary, write_tables
 from idled.pipeline.rules import FlapParams, check_grace
-from idled.pipeline.schemas import SMALL_SCHEMAS
 from idled.pipeline.spark import master_of, materialize, spark_conf, start_spark
 
 if TYPE_CHECKING:
@@ -76,6 +80,9 @@ class JobConfig:
     # --grace SECONDS: flappers and session_lengths count sessions joined over a grace (`rules`, rule 6); not
     # available with --incremental
     grace: float = 0.0
+    # --local-batch-bytes N: an incremental batch of at most N new bytes with a local master is paired in a
+    # process pool, without starting Spark (`incpaired.local_batch`); 0: always Spark
+    local_batch_bytes: int = 256 << 20
 
     def __post_init__(self) -> None:
         check_grace(self.grace)
@@ -116,15 +123,15 @@ def _session(config: JobConfig, spark: SparkSession | None) -> Iterator[SparkSes
             spark.stop()
 
 
-def _decode(spark: SparkSession, config: JobConfig) -> tuple[DataFrame, dict[str, int]]:
-    """The materialized events, partitioned by user, and the per-file counters summed."""
+def _decode(spark: SparkSession, config: JobConfig) -> tuple[DataFrame, dict[str, tuple]]:
+    """The materialized events, partitioned by user, and the per-file counters."""
     from pyspark.sql import functions as F
 
     events, accumulator = read_events(spark, config.events, config.min_partitions)
     # Hash-partitioned by user once, here: the pairing window (daemon, uid_key) and every later per-user
     # step (concurrency merge, DAU, flappers) reuse this partitioning instead of shuffling again.
     events = materialize(events.repartition("uid_key").withColumn("uid_hash", F.xxhash64("uid_key")))
-    return events, file_totals(accumulator.value)
+    return events, dict(accumulator.value)
 
 
 def _run(config: JobConfig, spark: SparkSession, t0: float) -> JobResult:
@@ -134,14 +141,15 @@ def _run(config: JobConfig, spark: SparkSession, t0: float) -> JobResult:
     names = daemon_names(config.events)
     decoded = decode_paired(spark, config.events, config.flap.short_s, config.min_partitions, config.shuffle_partitions,
                             config.out, config.grace)
-    files = decoded.files
+    files, per_file = decoded.files, decoded.per_file
     laps = Laps(echo=config.progress)
     path = "paired"
     if files["daemons_with_overlapping_files"] > 0 or not decoded.in_seq_order:
         # In-file pairing assumed disjoint, ordered files: decode again and pair record by record (the
         # sessions written by the first pass are overwritten).
         path = "records"
-        events, files = _decode(spark, config)
+        events, per_file = _decode(spark, config)
+        files = file_totals(per_file)
     t_decoded = time.perf_counter()
     event_count = files["records"] - files["malformed"]
     if config.progress:
@@ -166,11 +174,23 @@ def _run(config: JobConfig, spark: SparkSession, t0: float) -> JobResult:
         event_count=event_count, tables=tables, small=small, written=written, timings=timings,
     )
     summary["pairing"] = path
+    summary.update(watermark_of(names, tables.data_end))
+    summary["log_read"] = log_read_of(names, {p: (v[0], v[1], v[5]) for p, v in per_file.items()})
     return _finish(config, summary, timings, small, t0, rated=(event_count, t_decoded - t_started))
 
 
 def _run_incremental(config: JobConfig, spark: SparkSession | None, t0: float) -> JobResult:
-    """`incremental.run_incremental` between the state's check (no Spark if nothing is new) and the summary."""
+    """An incremental run under the output's lock (`compact.output_lock`: never beside a compaction), after
+    finishing an interrupted compaction."""
+    from idled.pipeline.compact import finish_compaction, output_lock
+
+    with output_lock(config.out):
+        finish_compaction(config.out)
+        return _run_incremental_locked(config, spark, t0)
+
+
+def _run_incremental_locked(config: JobConfig, spark: SparkSession | None, t0: float) -> JobResult:
+    """The batch (`_update`) between the state's check (no Spark if nothing is new) and the summary."""
     from idled.pipeline.incremental import load_state, pending_work
 
     assert config.state is not None
@@ -184,36 +204,61 @@ def _run_incremental(config: JobConfig, spark: SparkSession | None, t0: float) -
             summary = json.load(file)
         summary["incremental"] = {"files_decoded": 0, "nothing_new": True}
         return JobResult(summary)
+    from idled.pipeline.incpaired import local_batch
+
+    if spark is None and work and local_batch(config.master, work, config.local_batch_bytes):
+        return _incremental_in(config, None, t0, state, work)  # a small batch: no JVM to start
     with _session(config, spark) as session:
         return _incremental_in(config, session, t0, state, work)
 
 
-def _incremental_in(config: JobConfig, spark: SparkSession, t0: float, state: State,
+def _incremental_in(config: JobConfig, spark: SparkSession | None, t0: float, state: State,
                     work: list[tuple[int, str, int, int]]) -> JobResult:
-    from idled.pipeline.incremental import file_totals_of, lateness_by_detector, run_incremental
+    from idled.pipeline.incremental import file_totals_of
+    from idled.pipeline.readback import lateness_by_detector, small_tables
+    from idled.pipeline.refresh import LATENESS_VALUES
 
     names = daemon_names(config.events)
     t_started = time.perf_counter()
     laps = Laps(echo=config.progress)
-    data = run_incremental(spark, state, config.out, names, config.flap, work, laps) if work else state.data
+    data, path = _update(spark, state, config, names, work, laps) if work else (state.data, None)
     t_done = time.perf_counter()
     counts = data["counts"]
-    frames = _table_schemas(spark)
     written = {name: os.path.join(config.out, name) for name in TABLES}
-    small = read_small_tables(spark, frames, written)
+    small = small_tables(config.out)  # read back with pyarrow: the summary needs no Spark job
     tables = Tables(
-        frames, {"sessions": counts["sessions"], "open_sessions": counts["open_sessions"], "superseded": counts["superseded"],
-                 "orphans": counts["orphans"], "unique": counts["events"] - counts["duplicates"]},
-        lateness_by_detector(spark, state),
+        {}, {"sessions": counts["sessions"], "open_sessions": counts["open_sessions"], "superseded": counts["superseded"],
+             "orphans": counts["orphans"], "unique": counts["events"] - counts["duplicates"]},
+        lateness_by_detector(os.path.join(state.path, LATENESS_VALUES)),
     )
+    laps.mark("summary")
     timings: dict[str, Any] = {"spark_start": round(t_started - t0, 3), "incremental": round(t_done - t_started, 3),
                                "incremental_steps": laps.laps}
+    master = master_of(spark) if spark is not None else f"{config.master} (no Spark: a pool of {os.cpu_count()} processes)"
     summary = summarize(
-        names=names, out=config.out, master=master_of(spark), flap=config.flap, files=file_totals_of(data),
+        names=names, out=config.out, master=master, flap=config.flap, files=file_totals_of(data),
         event_count=counts["events"], tables=tables, small=small, written=written, timings=timings,
     )
     summary["incremental"] = {"files_decoded": len(work), "nothing_new": False, "state": os.path.abspath(state.path)}
+    summary["pairing"] = path
+    summary.update(_state_freshness(names, data))
     return _finish(config, summary, timings, small, t0, rated=None)  # (a batch's rate says little of the whole)
+
+
+def _update(spark: SparkSession | None, state: State, config: JobConfig, names: list[str], work: list[tuple[int, str, int, int]],
+            laps: Laps) -> tuple[dict[str, Any], str]:
+    """The batch through the paired path (`incpaired`), or -- if two new files of a daemon overlap in seq or
+    a run joined files that are not neighbours -- the record path (`incremental.run_incremental`); returns
+    the new state's data and which path ran."""
+    from idled.pipeline.incpaired import commit_paired, plan_paired
+    from idled.pipeline.incremental import run_incremental
+
+    planned = plan_paired(spark, state, config.out, names, config.flap, work, laps)
+    if planned is None:
+        with _session(config, spark) as session:
+            return run_incremental(session, state, config.out, names, config.flap, work, laps), "records"
+    commit_paired(state, planned, config.out, names, laps)
+    return planned.state, "paired"
 
 
 def _finish(config: JobConfig, summary: dict[str, Any], timings: dict[str, Any], small: SmallTables, t0: float,
@@ -237,6 +282,10 @@ def _finish(config: JobConfig, summary: dict[str, Any], timings: dict[str, Any],
     return JobResult(summary)
 
 
-def _table_schemas(spark: SparkSession) -> dict[str, DataFrame]:
-    """Empty frames with each small table's schema, for reading them back (`output.read_small_tables`)."""
-    return {name: spark.createDataFrame([], SMALL_SCHEMAS[name]) for name in ("concurrency", "dau", "flappers")}
+def _state_freshness(names: list[str], data: dict[str, Any]) -> dict[str, Any]:
+    """The summary's freshness keys (`freshness`) from an incremental run's state."""
+    daemons = {int(index): entry for index, entry in data["daemons"].items()}
+    per_file = {os.path.join(names[index], name): (index, file["size"], file["torn_bytes"])
+                for index, entry in daemons.items() for name, file in entry["files"].items()}
+    return {**watermark_of(names, {index: entry["data_end"] for index, entry in daemons.items()}),
+            "log_read": log_read_of(names, per_file)}

@@ -226,6 +226,7 @@ class Decoded:
     tally: Tally  # in-file sessions
     data_end: dict[int, float]  # per daemon: the largest ts of its records
     blobs: list[list[bytes]]  # carry blobs per second-pass partition
+    per_file: dict[str, tuple]  # path -> (daemon, *FileStats.as_tuple())
 
 
 def decode_paired(spark: SparkSession, dirs: Sequence[str], short_s: float, min_partitions: int | None, parts: int,
@@ -261,7 +262,7 @@ def decode_paired(spark: SparkSession, dirs: Sequence[str], short_s: float, min_
             data_end[daemon] = max(end, data_end.get(daemon, end))
         for part, blob in run_blobs:
             blobs[part].append(blob)
-    return Decoded(file_totals(per_file), joins_in_seq_order(per_file, joins), tally, data_end, blobs)
+    return Decoded(file_totals(per_file), joins_in_seq_order(per_file, joins), tally, data_end, blobs, per_file)
 
 
 def _user_pass(data_end: Mapping[int, float], params: FlapParams, grace: float, names: Sequence[str], table: str,
@@ -332,4 +333,4 @@ def finish_paired(spark: SparkSession, decoded: Decoded, names: Sequence[str], p
     concurrency = [(row["minute_start"], row["users_online"]) for row in rows["concurrency"]]
     flapper_users = len({(row["uid"], row["uid_type"]) for row in rows["flappers"]})
     small = SmallTables(concurrency, sorted(rows["dau"], key=lambda row: row["date"]), len(rows["flappers"]), flapper_users)
-    return Tables({}, counts, by_detector), small, written
+    return Tables({}, counts, by_detector, decoded.data_end), small, written

@@ -289,7 +289,9 @@ def refreshed(spark: SparkSession, out: str, state_dir: str, spanning: DataFrame
     if change.flap_days:
         back = -(-flap.window_s // _DAY)
         read = date_strings(range(min(change.flap_days) - back, max(change.flap_days) + 1))
-        rows = partitions(spark, os.path.join(state_dir, SHORT_SESSIONS), _SHORT_SCHEMA, read).unionByName(short).drop("date")
+        stored = partitions(spark, os.path.join(state_dir, SHORT_SESSIONS), _SHORT_SCHEMA, read) \
+            .withColumn("uid_hash", F.xxhash64("uid_key"))  # the paired path stores it null
+        rows = stored.unionByName(short).drop("date")
         frames["flappers"] = _flappers(rows, flap).where(F.col("date").isin(*dates["flappers"]))
     if change.cover_days and change.low is not None and last is not None:
         frames["dau"] = _dau_days(spark, out, state_dir, sessions, change.cover_days)

@@ -72,6 +72,9 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, default_master: str | 
                         help="process only the log written since the last run with the same --state, rewriting only "
                              "the date partitions that changed (needs --state; --events must be readable at the same "
                              "path by the driver and the executors)")
+    parser.add_argument("--local-batch-bytes", type=int, default=256 << 20, metavar="N",
+                        help="--incremental with a local master: a batch of at most N new bytes is decoded and paired "
+                             "in a pool of local processes without starting Spark (default 268435456; 0: always Spark)")
     parser.add_argument("--state", metavar="DIR", default=None,
                         help="state directory of --incremental runs (files processed, open sessions, lateness values)")
 
@@ -127,6 +130,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         events=tuple(args.events), out=args.out, master=args.master, driver_memory=args.driver_memory,
         shuffle_partitions=args.shuffle_partitions, min_partitions=args.min_partitions, flap=flap, chart=args.chart,
         extra_conf=tuple(args.conf), progress=sys.stderr.isatty(), state=args.state, grace=args.grace,
+        local_batch_bytes=args.local_batch_bytes,
     )
     from idled.pipeline.incremental import StateError
 

@@ -22,13 +22,16 @@ from typing import Any, Final
 from idled.pipeline.rules import FlapParams
 
 __all__ = ["VERSION", "StateError", "State", "load_state", "pending_work", "apply_journal", "replace_json", "file_totals_of",
-           "staged_files"]
+           "staged_files", "added_moves", "session_moves", "apply_moves", "Move"]
 
 # 2: a run adds files to the sessions partitions and keeps open sessions in files of their own
 # (``open_files``); a version-1 --out mixes open rows into the partitions' files.
 # 3: the sessions table has the device columns (``device``, ``end_device``) and the carried open sessions
 # their device; a version-2 --out's sessions files lack them (and its open sessions' devices are lost).
 VERSION: Final = 3
+
+
+Move = tuple["str | None", str]  # (source, target) of a journal: a file or partition moved in, or deleted
 
 
 class StateError(Exception):
@@ -67,14 +70,10 @@ def replace_json(path: str, data: dict[str, Any]) -> None:
     os.replace(path + ".tmp", path)
 
 
-def apply_journal(state_dir: str) -> None:
-    """Finish a committed run: move staged partitions into place, then install the new state. Idempotent."""
-    journal_path = os.path.join(state_dir, "journal.json")
-    if not os.path.exists(journal_path):
-        return
-    with open(journal_path) as file:
-        journal = json.load(file)
-    for source, target in journal["moves"]:
+def apply_moves(moves: list[Move]) -> None:
+    """Each (source, target): `target` replaced by `source`, or deleted if the source is None. Idempotent: a
+    move whose source is gone was done (an interrupted run's), a deletion of what is gone is done."""
+    for source, target in moves:
         if source is not None and not os.path.exists(source):
             continue  # moved before an interruption
         if os.path.isdir(target):
@@ -84,6 +83,16 @@ def apply_journal(state_dir: str) -> None:
         if source is not None:
             os.makedirs(os.path.dirname(target), exist_ok=True)
             os.rename(source, target)
+
+
+def apply_journal(state_dir: str) -> None:
+    """Finish a committed run: move staged partitions into place, then install the new state. Idempotent."""
+    journal_path = os.path.join(state_dir, "journal.json")
+    if not os.path.exists(journal_path):
+        return
+    with open(journal_path) as file:
+        journal = json.load(file)
+    apply_moves(journal["moves"])
     replace_json(os.path.join(state_dir, "state.json"), journal["state"])
     os.remove(journal_path)
     for name in os.listdir(state_dir):
@@ -160,3 +169,30 @@ def file_totals_of(data: dict[str, Any]) -> dict[str, int]:
             for name in ("records", "corrupt", "malformed"):
                 totals[name] += entry[name]
     return totals
+
+
+
+def added_moves(staged_root: str, target_root: str, prefix: str) -> list[tuple[str, str]]:
+    """Each file staged under `staged_root` into the same partition of `target_root`, its name prefixed."""
+    return [(os.path.join(staged_root, partition, name), os.path.join(target_root, partition, prefix + name))
+            for partition, name in staged_files(staged_root)]
+
+
+def session_moves(state: State, generation: int, closed_root: str, open_root: str, out: str) -> tuple[list[Move], list[str]]:
+    """The moves that put a run's staged sessions (closed under `closed_root`, open under `open_root`, each
+    partitioned by date) into ``out/sessions``, and the open ones' files relative to `out`. The previous
+    run's open files are deleted (their sessions are all in this run's); a first run replaces whole
+    partitions (whatever --out held there is not this state's)."""
+    target = os.path.join(out, "sessions")
+    moves: list[Move] = [(None, os.path.join(out, rel)) for rel in state.data["open_files"]]
+    opens = added_moves(open_root, target, f"open-g{generation}-")
+    closed = added_moves(closed_root, target, f"g{generation}-")
+    if state.generation > 0:
+        moves += closed + opens
+    else:
+        for source, destination in opens:
+            moved = os.path.join(closed_root, os.path.relpath(destination, target))
+            os.makedirs(os.path.dirname(moved), exist_ok=True)
+            os.rename(source, moved)
+        moves += [(os.path.join(closed_root, p), os.path.join(target, p)) for p in {p for p, _ in staged_files(closed_root)}]
+    return moves, [os.path.relpath(destination, out) for _, destination in opens]

@@ -377,6 +377,12 @@ def test_spark_counts_equal_reference(job_result: dict[str, Any], variant: dict[
         assert counts["corrupt"] == 2 and counts["broken_files"] == 0 and counts["malformed"] == 0
     timings = job_result["summary"]["timings_s"]
     assert {"spark_start", "decode", "aggregate", "total"} <= set(timings)
+    # freshness: the slowest daemon's data end, every file read up to its torn tail
+    summary = job_result["summary"]
+    assert summary["watermark"] == min(summary["data_end"].values()) and summary["watermark"] > 0
+    read = summary["log_read"]
+    assert sum(len(files) for files in read.values()) == counts["files"]
+    assert sum(n for files in read.values() for n in files.values()) == counts["bytes"] - counts["torn_bytes"]
 
 
 def test_run_command_end_to_end(spark: Any, dataset: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -484,7 +490,7 @@ def test_every_pipeline_flag_has_help() -> None:
     add_arguments(parser)
     actions = {name: sub for action in parser._actions if isinstance(action, argparse._SubParsersAction)
                for name, sub in action.choices.items()}
-    assert set(actions) == {"run", "generate", "cluster"}
+    assert set(actions) == {"run", "generate", "cluster", "status", "compact"}
     for name, sub in actions.items():
         for action in sub._actions:
             assert action.help, f"pipeline {name} {action.option_strings}: no help"
