@@ -374,7 +374,7 @@ def commit_paired(state: State, pb: PairedBatch, out: str, names: Sequence[str],
     from idled.pipeline.incremental import SESSION_TABLES
     from idled.pipeline.refresh import LATENESS_VALUES, SHORT_SESSIONS, STATE_TABLES
     from idled.pipeline.schemas import SMALL_SCHEMAS
-    from idled.pipeline.statedir import added_moves, apply_journal, replace_json, session_moves
+    from idled.pipeline.statedir import added_moves, commit_journal, date_moves, session_moves
 
     staging = os.path.join(state.path, "staging")
     generation = pb.state["generation"]
@@ -401,11 +401,8 @@ def commit_paired(state: State, pb: PairedBatch, out: str, names: Sequence[str],
             write_by_date(rows.drop_columns(["date"]), rows["date"], os.path.join(staging, name), "0")
     for name, dates in pb.dates.items():
         target_root = os.path.join(state.path if name in STATE_TABLES else out, name)
-        for date in dates:
-            staged = os.path.join(staging, name, f"date={date}")
-            moves.append((staged if os.path.isdir(staged) else None, os.path.join(target_root, f"date={date}")))
+        moves += date_moves(os.path.join(staging, name), target_root, dates)
     for name in SESSION_TABLES:
         os.makedirs(os.path.join(out, name), exist_ok=True)
-    replace_json(os.path.join(state.path, "journal.json"), {"moves": moves, "state": pb.state})
-    apply_journal(state.path)
+    commit_journal(state.path, moves, pb.state)
     laps.mark("commit")

@@ -69,7 +69,8 @@ from idled.pipeline.refresh import (
 )
 from idled.pipeline.rules import FlapParams
 from idled.pipeline.statedir import (
-    State, StateError, added_moves, apply_journal, file_totals_of, load_state, pending_work, replace_json, session_moves,
+    State, StateError, added_moves, apply_journal, commit_journal, date_moves, file_totals_of, load_state, pending_work,
+    session_moves,
 )
 
 if TYPE_CHECKING:
@@ -260,13 +261,10 @@ def _commit(state: State, batch: Batch, out: str, laps: Laps) -> None:
             rewritten.coalesce(1).write.partitionBy("date").parquet(staged_root)
             laps.mark(f"write_{table}")
         target_root = os.path.join(state.path if table in STATE_TABLES else out, table)
-        for date in dates:
-            staged = os.path.join(staged_root, f"date={date}")
-            moves.append((staged if os.path.isdir(staged) else None, os.path.join(target_root, f"date={date}")))
+        moves += date_moves(staged_root, target_root, dates)
     for table in SESSION_TABLES:
         os.makedirs(os.path.join(out, table), exist_ok=True)
-    replace_json(os.path.join(state.path, "journal.json"), {"moves": moves, "state": batch.state})
-    apply_journal(state.path)
+    commit_journal(state.path, moves, batch.state)
     laps.mark("commit")
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -83,6 +83,22 @@ def apply_moves(moves: list[Move]) -> None:
         if source is not None:
             os.makedirs(os.path.dirname(target), exist_ok=True)
             os.rename(source, target)
+
+
+def date_moves(staged_root: str, target_root: str, dates: Iterable[str]) -> list[Move]:
+    """Moves putting each staged date partition in place of ``target_root``'s (a date with no staged partition
+    any more: the target's is deleted)."""
+    moves: list[Move] = []
+    for date in dates:
+        staged = os.path.join(staged_root, f"date={date}")
+        moves.append((staged if os.path.isdir(staged) else None, os.path.join(target_root, f"date={date}")))
+    return moves
+
+
+def commit_journal(state_dir: str, moves: list[Move], new_state: dict[str, Any]) -> None:
+    """Journal ``moves`` with the state they lead to (the commit point of a run), then apply them."""
+    replace_json(os.path.join(state_dir, "journal.json"), {"moves": moves, "state": new_state})
+    apply_journal(state_dir)
 
 
 def apply_journal(state_dir: str) -> None:
