@@ -74,6 +74,7 @@ async def test_a_user_through_an_edge_sees_what_a_direct_user_sees(tmp_path: Pat
                 await direct.send(BYE)
                 await via.send(BYE)
                 assert await via.recv() is None
+                assert await direct.recv() is None  # its offline is published before alice's online below
             user = await Client.login(e.port, "uid", "alice", keepalive=30)
             await user.send(PING)
             assert await user.recv() is PONG
