@@ -73,13 +73,17 @@ def test_resumes_after_standby_sigkill_and_active_restart(tmp_path: Path) -> Non
         act.stop()  # a clean restart of the active on the same port: the standby reconnects
         expected = last_seq(tmp_path / "a/data")
         act = active(tmp_path / "a", "--fsync", "always", "--port", str(port))
-        Gateway(act.port).churn(10, prefix="w")
+        # Kept open to the end: a gateway closed here would have its sessions end later (gateway_lost, after
+        # the core's hold), after `final` was read -- CI saw those 5 offlines arrive in between.
+        late = Gateway(act.port)
+        late.churn(10, prefix="w")
         wait_for(lambda: last_seq(tmp_path / "a/data") >= expected + 15, what="the restarted active's events")
         final = last_seq(tmp_path / "a/data")
         wait_for(lambda: caught_up(metrics, final), timeout=20, what="catch-up after the active's restart")
         ours, theirs = records(tmp_path / "s/data"), records(tmp_path / "a/data")
         assert ours == theirs  # no gap, no duplicate (records() asserts each seq once)
         assert sorted(ours) == list(range(1, final + 1))
+        late.close()
     finally:
         sb.stop()
         act.stop()
