@@ -51,6 +51,7 @@ the chunk plus one record); damage, and a segment deleted under a reader, are sk
 from __future__ import annotations
 
 import errno
+import math
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -171,7 +172,7 @@ class EventLog:
         """When ``uid``, online as of last_seq, came online (wall): its open online record's ``last_seen``, which
         is the login's time. None if it is not online as of last_seq. Safe from another thread (one dict read)."""
         value = self._sessions.sessions.get(uid)
-        return None if value is None or value.real != value.real else value.real
+        return None if value is None or math.isnan(value.real) else value.real  # NaN: a record without last_seen
 
     @property
     def last_seen_users(self) -> int:
