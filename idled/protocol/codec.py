@@ -154,7 +154,8 @@ _ENCODERS: Final[dict[type, Callable[[Any], bytes]]] = {
     Welcome: _encode_welcome,
     Event: _encode_event,
     Status: _encode_status,
-    Error: lambda m: _frame({"op": "error", "code": str(m.code), "reason": m.reason}),
+    Error: lambda m: _frame({"op": "error", "code": str(m.code), "reason": m.reason} if m.leader is None
+                            else {"op": "error", "code": str(m.code), "reason": m.reason, "leader": m.leader}),
     Ended: lambda m: _frame({"op": "ended", "uids": m.uids, "reason": m.reason}),
     Mark: lambda m: _frame({"op": "mark", "t": m.t}),
     Marked: lambda m: _frame({"op": "marked", "t": m.t}),

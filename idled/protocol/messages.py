@@ -68,16 +68,18 @@ class ErrorCode(enum.StrEnum):
     BUSY = "busy"  # the server refuses the connection or request for lack of capacity
     SERVER_SHUTDOWN = "server_shutdown"  # the server is stopping
     GONE = "gone"  # the requested thing no longer exists (server-defined, e.g. events pruned before `from`)
-    NOT_LEADER = "not_leader"  # this core is a standby: log in to the active core, named in the reason
+    NOT_LEADER = "not_leader"  # this core does not lead: log in to the leader (the frame's `leader`, when known)
 
 
 class ProtocolError(Exception):
-    """The peer broke the protocol. `code` is an ErrorCode, `reason` a short human-readable explanation."""
+    """The peer broke the protocol. `code` is an ErrorCode, `reason` a short human-readable explanation;
+    `leader` ("HOST:PORT", only with `not_leader`) the core to log in to instead, carried by the error frame."""
 
-    def __init__(self, code: ErrorCode, reason: str) -> None:
+    def __init__(self, code: ErrorCode, reason: str, *, leader: str | None = None) -> None:
         super().__init__(code, reason)
         self.code = code
         self.reason = reason
+        self.leader = leader
 
     def __str__(self) -> str:
         return f"{self.code}: {self.reason}"
@@ -274,10 +276,13 @@ class Status:
 
 @dataclass(frozen=True, slots=True)
 class Error:
-    """`{"op":"error","code":C,"reason":TEXT}`, sent before the server closes a connection."""
+    """`{"op":"error","code":C,"reason":TEXT}`, sent before the server closes a connection. `leader`
+    (wire ``"leader": "HOST:PORT"``, only with `not_leader`, only when known: absent otherwise, so the frame is
+    byte for byte what it was before) names the core that accepts the refused login."""
 
     code: str
     reason: str
+    leader: str | None = None
 
 
 DETACH_REASONS: Final = ("logout", "closed", "shutdown")

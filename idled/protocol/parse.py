@@ -41,6 +41,7 @@ __all__ = ["parse_client_message", "parse_server_message", "check_uid", "check_d
 
 EVENT_KEYS: Final = frozenset({"op", "seq", "kind", "uid", "ts", "reason", "last_seen", "deadline"})
 _EVENT_KINDS: Final[dict[str, EventKind]] = {"online": "online", "offline": "offline"}
+_MAX_LEADER_CHARS: Final = 300  # an error's leader: a DNS name (253) or [IPv6], a colon and a port
 
 
 def _short(value: Any) -> str:
@@ -453,7 +454,10 @@ def _device_names(names: Any) -> None:
 
 
 def _parse_error(obj: dict[Any, Any]) -> Error:
-    return Error(_text(obj.get("code"), "code"), _text(obj.get("reason", ""), "reason"))
+    leader = obj.get("leader")
+    if leader is not None and (type(leader) is not str or not leader or len(leader) > _MAX_LEADER_CHARS):
+        raise _bad(f"error leader must be a HOST:PORT str, got {_short(leader)}")
+    return Error(_text(obj.get("code"), "code"), _text(obj.get("reason", ""), "reason"), leader)
 
 
 _SERVER_PARSERS: Final[dict[str, Callable[[dict[Any, Any]], ServerMessage]]] = {

@@ -86,12 +86,12 @@ class Connection:
         self.close(code, reason)
 
 
-async def close_with(stream: trio.abc.Stream, code: str, reason: str) -> None:
+async def close_with(stream: trio.abc.Stream, code: str, reason: str, leader: str | None = None) -> None:
     """Send an error frame (bounded in time, even while cancelled) before the caller closes."""
     with trio.CancelScope(shield=True) as scope:
         scope.deadline = trio.current_time() + SEND_ERROR_TIMEOUT
         try:
-            await stream.send_all(encode(Error(str(code), reason)))
+            await stream.send_all(encode(Error(str(code), reason, leader)))
         except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError):
             pass
 
@@ -199,7 +199,7 @@ class Doorway:
             except ProtocolError as exc:
                 self.reject(exc.code)
                 peer_log.debug("reject", "reject %s from %s: %s", exc.code, address, exc.reason)
-                await close_with(stream, exc.code, exc.reason)
+                await close_with(stream, exc.code, exc.reason, exc.leader)  # leader: a not_leader's hint
         except HandshakeFailed as exc:
             self.reject("tls_handshake")
             peer_log.debug("reject", "reject tls_handshake from %s: %s", address, exc.reason)

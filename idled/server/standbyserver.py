@@ -194,7 +194,10 @@ class StandbyServer:
 
     async def _not_leader(self, stream: trio.abc.Stream, decoder: FrameDecoder, login: Login) -> None:
         host, port = self.active
-        raise ProtocolError(ErrorCode.NOT_LEADER, f"this core is a standby of the active core at {host}:{port}; log in there")
+        # `leader` lets clients and edges given a list of cores go straight there (docs/protocol.md).
+        leader = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        raise ProtocolError(ErrorCode.NOT_LEADER, f"this core is a standby of the active core at {host}:{port}; log in there",
+                            leader=leader)
 
     async def _start(self, nursery: trio.Nursery, door: Doorway, listeners: Sequence[trio.SocketListener],
                      addresses: list[tuple[str, int | None]]) -> None:
