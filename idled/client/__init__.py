@@ -9,7 +9,8 @@
 """
 
 from idled.client.errors import (
-    AuthFailed, Busy, ClientError, ConnectFailed, ConnectionLost, Gone, IdleTimeout, Kicked, ProtocolMismatch, ServerError,
+    AuthFailed, Busy, ClientError, ConnectFailed, ConnectionLost, Gone, IdleTimeout, Kicked, NotLeader, ProtocolMismatch,
+    ServerError,
     ServerShutdown,
 )
 from idled.client.gateway import Gateway
@@ -18,6 +19,6 @@ from idled.client.session import Session
 
 __all__ = [
     "ClientError", "ConnectionLost", "ConnectFailed", "ServerError", "AuthFailed", "Kicked", "Busy", "ServerShutdown",
-    "IdleTimeout", "Gone", "ProtocolMismatch", "Session", "Gateway", "Observer",
+    "IdleTimeout", "Gone", "NotLeader", "ProtocolMismatch", "Session", "Gateway", "Observer",
     "UserStatus",
 ]

@@ -67,7 +67,7 @@ class AsyncioRuntime:
 
     async def connect(self, host: str, port: int, tls: TLS | None = None) -> AsyncioConn:
         # (asyncio's streams take no session to resume: a reconnect is a full handshake.)
-        options: dict[str, Any] = {} if tls is None else {"ssl": tls.context, "server_hostname": tls.server_hostname}
+        options: dict[str, Any] = {} if tls is None else {"ssl": tls.context, "server_hostname": tls.server_hostname or host}
         try:
             return AsyncioConn(*await asyncio.open_connection(host, port, **options))
         except OSError as exc:

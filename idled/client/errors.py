@@ -4,7 +4,8 @@ Every failure a client reports is a `ClientError`. `code` is the server's error 
 such as ``"auth_failed"``) when the server said so in an `error` frame, or a client-side code
 (``"connection_lost"``, ``"timeout"``) otherwise. `retryable` says whether reconnecting can help: a server
 at capacity or restarting (`busy`, `server_shutdown`) or a dropped connection are worth a retry with
-backoff; a rejected token, a newer login (`kicked`) or a malformed message will fail the same way again.
+backoff, and so is `not_leader` (a standby or non-leader core: another core, or this one once promoted, will
+take the login; `NotLeader.leader` names it when the core knew); a rejected token, a newer login (`kicked`) or a malformed message will fail the same way again.
 Unknown codes are final, as the wire contract asks of clients.
 """
 
@@ -18,13 +19,14 @@ from idled.protocol import ErrorCode
 
 __all__ = [
     "ClientError", "ConnectionLost", "ConnectFailed", "ServerError", "AuthFailed", "Kicked", "Busy", "ServerShutdown",
-    "IdleTimeout", "Gone", "ProtocolMismatch", "CONNECTION_LOST", "RETRYABLE_CODES", "error_from",
+    "IdleTimeout", "Gone", "NotLeader", "ProtocolMismatch", "CONNECTION_LOST", "RETRYABLE_CODES", "error_from",
 ]
 
 CONNECTION_LOST: Final = "connection_lost"
 # Codes after which the same login may succeed later: capacity, restarts, and our own lost keepalives.
 RETRYABLE_CODES: Final = frozenset({
     ErrorCode.BUSY, ErrorCode.SERVER_SHUTDOWN, ErrorCode.IDLE_TIMEOUT, ErrorCode.LOGIN_TIMEOUT, CONNECTION_LOST,
+    ErrorCode.NOT_LEADER,
 })
 
 
@@ -113,6 +115,16 @@ class Gone(ServerError):
         self.oldest_seq: int | None = int(match.group(1)) if match else None
 
 
+class NotLeader(ServerError):
+    """`not_leader`: this core does not lead (a standby, or not elected now). `leader` ("HOST:PORT") is the
+    core it named, None if it did not know. Retryable: a link given several cores goes there (or to the next
+    one) at once, and a lone standby may be promoted on the same address."""
+
+    def __init__(self, code: str, reason: str, leader: str | None = None) -> None:
+        super().__init__(code, reason)
+        self.leader = leader
+
+
 class ProtocolMismatch(ServerError):
     """The server rejected our frame (`bad_frame`, `bad_message`, `not_allowed`, ...) or sent one we cannot
     parse: a bug or a version mismatch on one side. Final."""
@@ -128,6 +140,9 @@ _CLASSES: Final[dict[str, type[ServerError]]] = {
 }
 
 
-def error_from(code: str, reason: str) -> ServerError:
-    """The typed exception for an `error` frame's code (unknown codes: ProtocolMismatch, final)."""
+def error_from(code: str, reason: str, leader: str | None = None) -> ServerError:
+    """The typed exception for an `error` frame's code (unknown codes: ProtocolMismatch, final); `leader`:
+    the frame's, kept by `NotLeader`."""
+    if code == ErrorCode.NOT_LEADER:
+        return NotLeader(code, reason, leader)
     return _CLASSES.get(code, ProtocolMismatch)(code, reason)

@@ -11,6 +11,12 @@ sleeps a full-jitter backoff and starts over; a final error (`auth_failed`, `kic
 it, and the error is kept in `error` and raised to whoever waits on the link. The backoff counts the attempts
 since the last successful login: a link that was up starts again from the shortest delay.
 
+*Several cores.* `host` may name several (``"a:7878,b:7878"`` or a list; a member without a port takes
+`port`). `cores` (`idled.client.leader.LeaderSearch`) picks each attempt's address: a failed login that
+another core could take (anything retryable, ``not_leader`` included) moves on to the core a ``not_leader``
+named, else to the next one, *at once*; the backoff is slept only between full rounds. Even without
+`reconnect` the first login tries the whole round. With one address this is the loop described above.
+
 Beyond the client roles, the edge's link to its core is a `Link` too (through `idled.client.gatewaylink`):
 it opens its own streams (`_open`: TCP or a unix socket), logs in with a fresh token each time (`_login`),
 retries whatever the core said (`_retryable`) and logs each retry (`_on_retry`).
@@ -24,7 +30,7 @@ Concurrent users of a link (the application's task sending, the keepalive timer)
 through one lock: a trio stream forbids concurrent `send_all`, and asyncio's `drain()` is not fair either.
 TLS (``ssl_context=``, an ``ssl.SSLContext`` the application builds: its CA, a client certificate for a
 gateway or observer logging in by certificate) wraps every connection of the link, verifying the server as
-``server_hostname`` (default: ``host``). The adapters remember the last TLS session of a link and offer it on
+``server_hostname`` (default: the host of the core connected to). The adapters remember the last TLS session of a link and offer it on
 the next connect (trio; asyncio's streams cannot), so a reconnect costs a resumed handshake, not a full one:
 what makes a reconnect storm affordable for the server.
 
@@ -36,11 +42,12 @@ from __future__ import annotations
 
 import ssl
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 from idled.client.core import Backoff
-from idled.client.errors import ClientError, ConnectionLost, ProtocolMismatch, error_from
+from idled.client.errors import ClientError, ConnectionLost, NotLeader, ProtocolMismatch, error_from
+from idled.client.leader import LeaderSearch, parse_address, parse_addresses
 from idled.protocol import (
     BYE_FRAME, Error, FrameDecoder, Login, ProtocolError, Welcome, encode, parse_server_message, receive_message,
 )
@@ -85,9 +92,9 @@ class TLS:
 
     __slots__ = ("context", "server_hostname", "session")
 
-    def __init__(self, context: ssl.SSLContext, server_hostname: str) -> None:
+    def __init__(self, context: ssl.SSLContext, server_hostname: str | None) -> None:
         self.context = context
-        self.server_hostname = server_hostname
+        self.server_hostname = server_hostname  # None: the host connected to
         self.session: ssl.SSLSession | None = None  # set by the adapter when a connection ends
 
 
@@ -139,13 +146,15 @@ class Mailbox(Generic[T]):
 class Link:
     """One logical connection with login, reconnects and a send lock; subclassed per role."""
 
-    def __init__(self, runtime: Runtime, host: str, port: int, login: Login, *, reconnect: bool = True,
+    def __init__(self, runtime: Runtime, host: str | Sequence[str], port: int, login: Login, *, reconnect: bool = True,
                  backoff: Backoff | None = None, connect_timeout: float = 10.0,
                  ssl_context: ssl.SSLContext | None = None, server_hostname: str | None = None) -> None:
         self.runtime = runtime
-        self.tls = TLS(ssl_context, server_hostname or host) if ssl_context is not None else None
-        self.host = host
-        self.port = port
+        # The cores to find the leader among (one, or several: see idled.client.leader); `host`, `port`: the
+        # one being tried or connected to.
+        self.cores: LeaderSearch[Any] = LeaderSearch(parse_addresses(host, port))
+        self.host, self.port = self.cores.target
+        self.tls = TLS(ssl_context, server_hostname) if ssl_context is not None else None
         self.login = login
         self.reconnect = reconnect
         self.backoff = backoff or Backoff()
@@ -210,22 +219,33 @@ class Link:
     async def run(self) -> None:
         """Connect, log in and serve until aclose() or a final error; never raises a ClientError."""
         attempt = 0
+        cores = self.cores
         try:
             while not self._closing:
                 before = self.connections
+                self.host, self.port = cores.target[0], cores.target[1]
                 try:
                     await self._connection()
                     attempt = 0
+                    cores.lost()
                 except ClientError as exc:
                     if self._closing:
                         return
+                    was_up = self.connections > before
+                    hint = self._hint(exc)
+                    if was_up:
+                        cores.lost(hint)
+                    elif self._elsewhere(exc) and cores.failed(hint):
+                        # Another core is left in this round (see idled.client.leader): at once, no backoff.
+                        self.last_error = exc
+                        self._on_retry(exc, False, 0.0)
+                        continue
                     if not self._retryable(exc):
                         self.error = exc
                         return
                     self.last_error = exc
-                    was_up = self.connections > before
                     if was_up:
-                        attempt = 0  # the backoff counts failed attempts since the last login, not connections
+                        attempt = 0  # the backoff counts failed rounds since the last login, not connections
                     elif self.connections == 0 and attempt == 0 and not isinstance(exc, ConnectionLost):
                         attempt = 1  # refused at once (busy): do not hammer
                     delay = self.backoff.delay(attempt)
@@ -236,6 +256,21 @@ class Link:
             self.done = True
             self._on_done()
             self._pulse()
+
+    def _hint(self, exc: ClientError) -> Any:
+        """The core a `not_leader` refusal named, as a member of `cores` (None: none, or unreadable)."""
+        leader = exc.leader if isinstance(exc, NotLeader) else None
+        if leader is None:
+            return None
+        try:
+            return parse_address(leader)
+        except ValueError:
+            return None  # a hint we cannot read is no hint: go on with the list
+
+    def _elsewhere(self, exc: ClientError) -> bool:
+        """Whether a failed login is worth trying at the next core of the round (even without reconnects:
+        the round is one attempt): whatever a later attempt could cure."""
+        return exc.retryable or self._retryable(exc)
 
     async def _connection(self) -> None:
         runtime = self.runtime
@@ -248,6 +283,7 @@ class Link:
                 raise ProtocolMismatch("bad_message", f"expected welcome, got {type(welcome).__name__}")
             self.welcome = welcome
             self.connections += 1
+            self.cores.connected()
             await self._on_welcome(conn, welcome)
             self._conn = conn
             self._pulse()
@@ -268,7 +304,7 @@ class Link:
         if message is None:
             raise ConnectionLost("the server closed the connection")
         if type(message) is Error:
-            raise error_from(message.code, message.reason)
+            raise error_from(message.code, message.reason, message.leader)
         return message
 
     async def _read(self, conn: Conn, decoder: FrameDecoder) -> None:

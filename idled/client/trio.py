@@ -79,7 +79,7 @@ class TrioRuntime:
             raise ConnectFailed(host, port, exc) from None
         if tls is None:
             return TrioConn(tcp)
-        stream = trio.SSLStream(tcp, tls.context, server_hostname=tls.server_hostname)
+        stream = trio.SSLStream(tcp, tls.context, server_hostname=tls.server_hostname or host)
         if tls.session is not None:
             stream.session = tls.session  # resumed if the server still takes the ticket, else a full handshake
         try:
