@@ -23,6 +23,7 @@ from typing import Any, Literal, Self, overload
 
 import trio
 
+from idled.client.leader import Hosts
 from idled.client.link import Link
 from idled.client.observer import Observer, UserStatus
 from idled.client.session import Session
@@ -96,13 +97,13 @@ class BlockingSession(_Blocking):
         self._portal.run(self.session.send, data)
 
 
-def connect_session(host: str, port: int, uid: Uid, **options: Any) -> BlockingSession:
+def connect_session(host: Hosts, port: int | None, uid: Uid, **options: Any) -> BlockingSession:
     """Log in as `uid` (options as for `idled.client.trio.open_session`: keepalive, device, ...); raises
     ClientError on failure."""
     return BlockingSession(_Portal(Session(TRIO, host, port, uid, **options)))
 
 
-def watch(host: str, port: int, name: str, **options: Any) -> Iterator[Event]:
+def watch(host: Hosts, port: int | None, name: str, **options: Any) -> Iterator[Event]:
     """Presence events as a blocking iterator (options as for `open_observer`: after, reconnect...).
     Closing the generator (break, or garbage collection) logs the observer out."""
     with connect_observer(host, port, name, **options) as observer:
@@ -110,16 +111,16 @@ def watch(host: str, port: int, name: str, **options: Any) -> Iterator[Event]:
 
 
 @overload
-def query(host: str, port: int, uids: Iterable[Uid], *, name: str = ..., last_seen: Literal[False] = False,
+def query(host: Hosts, port: int | None, uids: Iterable[Uid], *, name: str = ..., last_seen: Literal[False] = False,
           **options: Any) -> dict[Uid, bool]: ...
 
 
 @overload
-def query(host: str, port: int, uids: Iterable[Uid], *, name: str = ..., last_seen: Literal[True],
+def query(host: Hosts, port: int | None, uids: Iterable[Uid], *, name: str = ..., last_seen: Literal[True],
           **options: Any) -> dict[Uid, UserStatus]: ...
 
 
-def query(host: str, port: int, uids: Iterable[Uid], *, name: str = "idled-query", last_seen: bool = False,
+def query(host: Hosts, port: int | None, uids: Iterable[Uid], *, name: str = "idled-query", last_seen: bool = False,
           **options: Any) -> dict[Uid, bool] | dict[Uid, UserStatus]:
     """One query from a query-only observer (logged in as ``name``, then out): which of ``uids`` are online,
     or with ``last_seen=True`` a `UserStatus` each (options as for `open_observer`: token, ssl_context...)."""
@@ -161,7 +162,7 @@ class BlockingObserver(_Blocking):
         return result
 
 
-def connect_observer(host: str, port: int, name: str, **options: Any) -> BlockingObserver:
+def connect_observer(host: Hosts, port: int | None, name: str, **options: Any) -> BlockingObserver:
     """An observer (options as for `idled.client.trio.open_observer`: after, durable, uids, reconnect...);
     raises ClientError if its login fails."""
     return BlockingObserver(_Portal(Observer(TRIO, host, port, name, **options)))

@@ -51,6 +51,7 @@ from typing import Final
 from idled.client.core import DEFAULT_FLUSH_INTERVAL, DEFAULT_MAX_PENDING, Backoff, check_key
 from idled.client.errors import ClientError
 from idled.client.gatewaylink import EndedCallback, GatewayLink
+from idled.client.leader import Hosts
 from idled.client.link import Conn, Mailbox, Runtime
 from idled.protocol import Marked, SessionKey, encode
 
@@ -84,7 +85,7 @@ class _Notices:
 class Gateway(GatewayLink):
     """A gateway connection; create it through `idled.client.trio.open_gateway` or the asyncio twin."""
 
-    def __init__(self, runtime: Runtime, host: str, port: int, name: str, *, token: str | None = None,
+    def __init__(self, runtime: Runtime, host: Hosts, port: int | None, name: str, *, token: str | None = None,
                  flush_interval: float = DEFAULT_FLUSH_INTERVAL, max_pending: int = DEFAULT_MAX_PENDING,
                  on_ended: EndedCallback | None = None, notices: bool = False, marks: bool = False,
                  reconnect: bool = True,

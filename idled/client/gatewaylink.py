@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from idled.client.core import DEFAULT_MAX_PENDING, Backoff, GatewayBatcher
+from idled.client.leader import Hosts
 from idled.client.link import Conn, Link, Runtime
 from idled.protocol import DEFAULT_MAX_FRAME, Ended, Login, Mark, Pong, SessionKey, Welcome
 
@@ -44,7 +45,7 @@ class GatewayLink(Link):
     """A gateway's connection: batching, re-attach on welcome, notices. Subclassed by `Gateway` (the
     application's API) and `idled.server.edge.link.CoreLink` (an edge's users, relayed as one gateway)."""
 
-    def __init__(self, runtime: Runtime, host: str, port: int, name: str, *, token: str | None = None,
+    def __init__(self, runtime: Runtime, host: Hosts, port: int | None, name: str, *, token: str | None = None,
                  ended: bool = False, marks: bool = False, on_ended: EndedCallback | None = None,
                  max_pending: int = DEFAULT_MAX_PENDING, reconnect: bool = True, backoff: Backoff | None = None,
                  connect_timeout: float = 10.0, ssl_context: ssl.SSLContext | None = None,

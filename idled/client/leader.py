@@ -39,11 +39,14 @@ literal, two colons or more, is a host); a list is comma-separated or a sequence
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from typing import Generic, TypeVar
+from typing import Generic, TypeAlias, TypeVar
 
-__all__ = ["LeaderSearch", "parse_address", "parse_addresses", "format_address"]
+__all__ = ["Hosts", "LeaderSearch", "parse_address", "parse_addresses", "format_address"]
 
 A = TypeVar("A", bound=Hashable)
+# Where the client API takes a host: one (``"10.0.0.1"``, ``"10.0.0.1:7878"``), a comma-separated list of
+# cores (``"a:7878,b:7878"``), or a sequence of them; a member without a port takes the call's `port`.
+Hosts: TypeAlias = str | Sequence[str]
 
 
 def parse_address(text: str, default_port: int | None = None) -> tuple[str, int]:
@@ -69,7 +72,7 @@ def parse_address(text: str, default_port: int | None = None) -> tuple[str, int]
     return host, int(port)
 
 
-def parse_addresses(hosts: str | Sequence[str], default_port: int | None = None) -> tuple[tuple[str, int], ...]:
+def parse_addresses(hosts: Hosts, default_port: int | None = None) -> tuple[tuple[str, int], ...]:
     """A comma-separated list (or a sequence) of addresses -> (host, port) pairs, duplicates dropped, order
     kept; ValueError for an empty list or a bad member."""
     items = hosts.split(",") if isinstance(hosts, str) else list(hosts)

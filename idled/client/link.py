@@ -42,12 +42,12 @@ from __future__ import annotations
 
 import ssl
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any, Generic, Protocol, TypeVar
 
 from idled.client.core import Backoff
 from idled.client.errors import ClientError, ConnectionLost, NotLeader, ProtocolMismatch, error_from
-from idled.client.leader import LeaderSearch, parse_address, parse_addresses
+from idled.client.leader import Hosts, LeaderSearch, parse_address, parse_addresses
 from idled.protocol import (
     BYE_FRAME, Error, FrameDecoder, Login, ProtocolError, Welcome, encode, parse_server_message, receive_message,
 )
@@ -146,7 +146,7 @@ class Mailbox(Generic[T]):
 class Link:
     """One logical connection with login, reconnects and a send lock; subclassed per role."""
 
-    def __init__(self, runtime: Runtime, host: str | Sequence[str], port: int, login: Login, *, reconnect: bool = True,
+    def __init__(self, runtime: Runtime, host: Hosts, port: int | None, login: Login, *, reconnect: bool = True,
                  backoff: Backoff | None = None, connect_timeout: float = 10.0,
                  ssl_context: ssl.SSLContext | None = None, server_hostname: str | None = None) -> None:
         self.runtime = runtime

@@ -51,6 +51,7 @@ from typing import Any, Final, Literal, overload
 
 from idled.client.core import Backoff, ObserverCursor
 from idled.client.errors import ClientError, ConnectionLost
+from idled.client.leader import Hosts
 from idled.client.link import Conn, Flag, Link, Mailbox, Runtime
 from idled.protocol import DEFAULT_MAX_FRAME, PING_FRAME, Event, Login, Query, Status, Uid, Welcome, encode
 from idled.protocol import Pong
@@ -85,7 +86,7 @@ class _Reply:
 class Observer(Link):
     """An observer connection; create it through `idled.client.trio.open_observer` or the asyncio twin."""
 
-    def __init__(self, runtime: Runtime, host: str, port: int, name: str, *, token: str | None = None,
+    def __init__(self, runtime: Runtime, host: Hosts, port: int | None, name: str, *, token: str | None = None,
                  after: int | None = None, durable: bool | None = None, subscribe: bool = True,
                  buffer: int = DEFAULT_BUFFER, reconnect: bool = True, backoff: Backoff | None = None,
                  connect_timeout: float = 10.0, ssl_context: ssl.SSLContext | None = None,

@@ -23,6 +23,7 @@ from typing import Any
 
 from idled.client.core import Backoff, KeepaliveTimer, check_device, ping_interval
 from idled.client.errors import ConnectionLost
+from idled.client.leader import Hosts
 from idled.client.link import Conn, Link, Runtime
 from idled.protocol import PING_FRAME, Login, Msg, Pong, SessionKey, Uid, Welcome, encode
 
@@ -33,7 +34,7 @@ class Session(Link):
     """A user's connection. Create it through `idled.client.trio.open_session` or
     `idled.client.asyncio.open_session`, which run it in the background for the duration of a block."""
 
-    def __init__(self, runtime: Runtime, host: str, port: int, uid: Uid, *, token: str | None = None,
+    def __init__(self, runtime: Runtime, host: Hosts, port: int | None, uid: Uid, *, token: str | None = None,
                  keepalive: float | None = None, device: str | None = None, reconnect: bool = True,
                  backoff: Backoff | None = None, connect_timeout: float = 10.0,
                  ssl_context: ssl.SSLContext | None = None, server_hostname: str | None = None) -> None:

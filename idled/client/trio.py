@@ -19,6 +19,7 @@ import trio
 
 from idled.client.errors import ClientError, ConnectFailed, ConnectionLost
 from idled.client.gateway import Gateway
+from idled.client.leader import Hosts
 from idled.client.link import TLS, Link
 from idled.client.observer import Observer
 from idled.client.session import Session
@@ -143,18 +144,18 @@ async def running(link: L) -> AsyncIterator[L]:
         raise failure
 
 
-def open_session(host: str, port: int, uid: Uid, **options: Any) -> Any:
+def open_session(host: Hosts, port: int | None, uid: Uid, **options: Any) -> Any:
     """A user session (see `idled.client.session.Session` for the options: token, keepalive, device,
     reconnect...)."""
     return running(Session(TRIO, host, port, uid, **options))
 
 
-def open_gateway(host: str, port: int, name: str, **options: Any) -> Any:
+def open_gateway(host: Hosts, port: int | None, name: str, **options: Any) -> Any:
     """A gateway (options: token, flush_interval, max_pending, on_ended, notices, reconnect...)."""
     return running(Gateway(TRIO, host, port, name, **options))
 
 
-def open_observer(host: str, port: int, name: str, **options: Any) -> Any:
+def open_observer(host: Hosts, port: int | None, name: str, **options: Any) -> Any:
     """An observer (options: token, after, durable (default: True when `after` is given), uids (a watchlist:
     only these uids' events; then `watch()` / `unwatch()`), subscribe, buffer, reconnect...)."""
     return running(Observer(TRIO, host, port, name, **options))
