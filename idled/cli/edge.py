@@ -20,7 +20,7 @@ from idled.ops.logs import setup_logging
 from idled.ops.metrics import Metrics
 from idled.protocol import tokens
 from idled.server.edge import Edge
-from idled.server.edge.link import parse_address
+from idled.server.edge.link import parse_addresses
 from idled.server.edge.occupancy import Occupancy, parse_occupancy
 
 log = logging.getLogger("idled.server.edge")
@@ -32,8 +32,9 @@ EDGE_SETTINGS = ("host", "port", "secret_file", "insecure", "max_frame", "login_
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--core", required=True, metavar="ADDRESS",
-                        help="the core to relay to: HOST:PORT, or unix:PATH (a trusted internal socket: no token)")
+    parser.add_argument("--core", required=True, metavar="ADDRESS[,ADDRESS...]",
+                        help="the core to relay to: HOST:PORT, or unix:PATH (a trusted internal socket: no token); "
+                             "several, comma-separated: the edge finds the leader among them (docs/edge.md)")
     parser.add_argument("--listen-fd", type=int, action="append", default=[], metavar="FD",
                         help="adopt this inherited listening socket instead of binding --host/--port (repeatable)")
     parser.add_argument("--name", help="gateway name at the core (default edge-<hostname>-<pid>)")
@@ -64,7 +65,7 @@ def load(args: argparse.Namespace) -> Config:
 def run(args: argparse.Namespace) -> int:
     try:
         cfg = load(args)
-        parse_address(args.core)
+        cores = parse_addresses(args.core)
         occupancy = Occupancy(*parse_occupancy(args.occupancy)) if args.occupancy else None
     except (ConfigError, ValueError, OSError) as exc:
         return _fatal(f"configuration: {exc}", EXIT_USAGE)
@@ -74,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
     name = args.name or f"edge-{socket.gethostname()}-{os.getpid()}"
     try:
         # The link to a TCP core logs in with a token from the same secret; a unix-socket core trusts its socket.
-        link_secret = tokens.load_secret(cfg.secret_file) if cfg.secret_file and not args.core.startswith("unix:") else None
+        tcp = any(host != "unix" for host, _ in cores)
+        link_secret = tokens.load_secret(cfg.secret_file) if cfg.secret_file and tcp else None
         registry = _registry() if cfg.metrics_port else None
         edge = Edge(cfg, core=args.core, name=name, listen_fds=args.listen_fd,
                     metrics=Metrics(registry, tick=1.0) if registry is not None else None,

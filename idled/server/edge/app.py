@@ -124,7 +124,7 @@ class Edge:
             nursery.start_soon(self.plane.run)
             if cfg.metrics_port and self.metrics.registry is not None:
                 await nursery.start(serve_metrics, self.metrics.registry, cfg.metrics_host, cfg.metrics_port)
-            log.info("waiting for the core at %s", self.link.address)
+            log.info("waiting for the core at %s", self.link.addresses)
             await self.link.ready.wait()
             if self.gc_policy is not None:
                 # As in the core (idled.ops.gcpolicy): without it, full collections walking every user's task

@@ -38,6 +38,11 @@ stops an edge from reading its users and answering their pings.
   is fresh activity for all of them). On every welcome the batcher's ``reattach`` replaces whatever was
   pending by an attach of every live uid: the core forgot them (``gateway_lost``, ``shutdown`` or
   ``restart`` offlines) and they come back ``online``; the flusher writes it first.
+* *Several cores* (``--core A,B``): an active core and its standbys, or an elected group. Which one to try
+  is the client library's rule (``idled.client.leader``): the core a ``not_leader`` refusal names (its
+  ``leader``) first, else the others in turn, at once; the backoff above is slept between full rounds only.
+  The users stay through it all, and the welcome of whichever core leads re-attaches them there. A switch
+  is logged once (``edge: core is now B (was A)``). Relayed gateways and observers go to the current core.
 * *Notices.* The link logs in with ``"ended": true``; each ``ended`` frame is handed to ``on_ended(uids,
   reason)``, which decides per uid what to forget (``EdgeUsers.on_ended``: a notice that crossed a fresh
   login re-attaches it instead). The welcome's ``timeout``, ``tick`` and ``max_timeout`` are kept in
@@ -77,6 +82,7 @@ import trio
 from idled.client.core import Backoff
 from idled.client.errors import ClientError, ConnectionLost
 from idled.client.gatewaylink import EndedCallback, GatewayLink
+from idled.client.leader import LeaderSearch, format_address
 from idled.client.link import Conn
 from idled.client.trio import TRIO, TrioConn
 from idled.core.timeouts import DEFAULT_MAX_TIMEOUT, DEFAULT_TICK, DEFAULT_TIMEOUT, timeout_for
@@ -84,7 +90,7 @@ from idled.protocol import (
     BYE_FRAME, PING_FRAME, Login, Marked, SessionKey, Welcome, encode, tokens,
 )
 
-__all__ = ["CoreLink", "CoreParams", "open_core_stream", "parse_address"]
+__all__ = ["CoreLink", "CoreParams", "open_core_stream", "parse_address", "parse_addresses", "format_core"]
 
 log = logging.getLogger("idled.server.edge.link")
 
@@ -94,6 +100,20 @@ MAX_PENDING: Final = 1_000_000  # pending attach/detach uids before the connecti
 TOKEN_TTL: Final = 86400.0  # a gateway token minted per connection lives this long
 CONNECT_TIMEOUT: Final = 10.0
 MAX_ATTACHING: Final = 1000  # unacknowledged attaches before new logins are refused busy (see Admission)
+
+
+def parse_addresses(addresses: str) -> tuple[tuple[str, str | int], ...]:
+    """``A,B,...`` (each as ``parse_address`` reads it) -> the members, duplicates dropped; ValueError otherwise."""
+    members = tuple(dict.fromkeys(parse_address(item.strip()) for item in addresses.split(",")))
+    if not members:
+        raise ValueError("no core address")
+    return members
+
+
+def format_core(member: tuple[str, str | int]) -> str:
+    """A member back to its text: ``HOST:PORT``, ``[V6]:PORT`` or ``unix:PATH``."""
+    host, port = member
+    return f"unix:{port}" if host == "unix" else format_address(host, int(port))
 
 
 def parse_address(address: str) -> tuple[str, str | int]:
@@ -149,16 +169,18 @@ class CoreLink(GatewayLink):
         dead_after: float = 15.0,
         clock: Callable[[], float] = trio.current_time,
     ) -> None:
-        host, port = parse_address(address)  # fail early on a malformed address
+        members = parse_addresses(address)  # fail early on a malformed address
+        host, port = members[0]
         super().__init__(TRIO, host, port if isinstance(port, int) else 0, name, ended=True, marks=True,
                          on_ended=on_ended, max_pending=MAX_PENDING, backoff=backoff or Backoff(base=0.1, cap=5.0),
                          connect_timeout=CONNECT_TIMEOUT)
-        self.address = address
+        self.cores = LeaderSearch(members)  # unix:PATH members too (the base parses HOST:PORT only)
+        self.addresses = ",".join(format_core(member) for member in members)
         self.name = name
         self.secret = secret
         self.flush_interval = flush_interval
         self.ping_interval = ping_interval
-        self.dead_after = math.inf if host == "unix" else dead_after
+        self._dead_after = dead_after
         self.clock = clock
         self.touches: dict[SessionKey, None] = {}
         self.params: CoreParams | None = None
@@ -177,6 +199,17 @@ class CoreLink(GatewayLink):
         self._pongs: deque[tuple[trio.Event | None, int]] = deque()
         self._mark: float | None = None  # the latest mark request not answered yet
         self._heard = 0.0  # self.clock() when the core's last frame arrived
+        self._core: str | None = None  # the core of the last welcome (to log a switch)
+
+    @property
+    def address(self) -> str:
+        """The core being tried or connected to (one of ``addresses``, or a core a refusal named)."""
+        return format_core(self.cores.target)
+
+    @property
+    def dead_after(self) -> float:
+        """Seconds of silence that end the connection (see Liveness): never over a unix socket."""
+        return math.inf if self.cores.target[0] == "unix" else self._dead_after
 
     # -- what user tasks call: synchronous, never waits ------------------------------------------------------
 
@@ -247,8 +280,8 @@ class CoreLink(GatewayLink):
 
     def _on_retry(self, exc: ClientError, was_up: bool, delay: float) -> None:
         if was_up:
-            log.warning("core link to %s lost (%s); keeping %d users, reconnecting", self.address, exc, self.live)
-        log.debug("core link: %s; next attempt in %.2f s", exc, delay)
+            log.warning("core link to %s lost (%s); keeping %d users, reconnecting", self._core, exc, self.live)
+        log.debug("core link: %s; next attempt at %s in %.2f s", exc, self.address, delay)
 
     async def _on_welcome(self, conn: Conn, welcome: Welcome) -> None:
         self.params = CoreParams(welcome)
@@ -256,6 +289,9 @@ class CoreLink(GatewayLink):
         self._scope = trio.CancelScope()  # the flusher runs in it; a cancel before it starts counts too
         self.touches = {}
         await super()._on_welcome(conn, welcome)  # up, re-attach taken; _send_first keeps it for the flusher
+        if self._core is not None and self._core != self.address:
+            log.info("edge: core is now %s (was %s)", self.address, self._core)
+        self._core = self.address
         log.info("core link to %s up (connection %d): re-attaching %d users", self.address, self.connections, self.live)
         self.ready.set()
 

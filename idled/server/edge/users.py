@@ -33,7 +33,7 @@ attached again instead of closing a fresh connection. ``kicked`` is always obeye
 logins decides, as it does for direct connections.
 
 *Relay.* A gateway or observer that connects to the edge's port is piped to the core: a new connection to
-the core gets the login frame and whatever followed it, then bytes flow both ways (``RELAY_BYTES`` per read,
+the core the link is attached to (or trying, of ``--core A,B``) gets the login frame and whatever followed it, then bytes flow both ways (``RELAY_BYTES`` per read,
 one read in flight per direction) until either side closes. Tokens are checked by the core.
 """
 
@@ -81,7 +81,7 @@ class EdgeUsers:
     def __init__(self, link: CoreLink, core_address: str) -> None:
         self.link = link
         self.touch = link.touch
-        self.core_address = core_address
+        self.core_address = core_address  # what --core said (one address or several)
         self.users: dict[SessionKey, EdgeUser] = {}  # session key (uid, or (uid, device)) -> its connection
         self.relays = 0
         self.stopping = False
@@ -153,7 +153,7 @@ class EdgeUsers:
     async def relay(self, stream: trio.abc.Stream, decoder: FrameDecoder, login: Login) -> None:
         """Pipe a gateway or observer to the core (see the module docstring)."""
         try:
-            core = await open_core_stream(self.core_address)
+            core = await open_core_stream(self.link.address)  # the core the link found (one of --core's)
         except (OSError, trio.TooSlowError) as exc:
             raise ProtocolError(ErrorCode.BUSY, f"core unavailable: {exc}") from None
         self.relays += 1
