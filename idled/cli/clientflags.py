@@ -1,6 +1,7 @@
 """What the protocol-speaking commands (`idled user`, `watch`, `query`) share: flags, tokens, errors, Ctrl-C.
 
-Every one of them takes ``--host/--port`` (default 127.0.0.1:7878) and either ``--token`` or
+Every one of them takes ``--host/--port`` (default 127.0.0.1:7878) -- ``--host`` (alias ``--core``) may list
+several cores, ``A:PORT,B:PORT``, among which the client finds the leader (``idled.client.leader``) -- and either ``--token`` or
 ``--secret-file`` (a token is then minted for the identity, valid one hour); prints what went wrong as one
 line on stderr; with ``--tls`` (``--ca-file``, ``--cert-file``/``--key-file`` for a certificate login,
 ``--insecure-skip-verify`` for tests only) connects over TLS; and maps the outcome onto the exit-status
@@ -26,11 +27,13 @@ from typing import TypeVar
 import trio
 
 from idled.client import ClientError, ConnectFailed
+from idled.client.leader import format_address, parse_addresses
+from idled.client.link import Link
 from idled.ops.config import ConfigError, parse_port
 from idled.ops.fatal import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, exception_leaves
 from idled.protocol.tokens import SecretError, load_secret, mint
 
-__all__ = ["add_client_arguments", "UsageError", "Interrupt", "token_for", "tls_context", "run_command", "TOKEN_TTL"]
+__all__ = ["add_client_arguments", "address_of", "UsageError", "Interrupt", "token_for", "tls_context", "run_command", "TOKEN_TTL"]
 
 T = TypeVar("T")
 TOKEN_TTL = 3600.0  # seconds a token minted from --secret-file is valid
@@ -41,7 +44,9 @@ class UsageError(Exception):
 
 
 def add_client_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host", default="127.0.0.1", help="daemon address (default 127.0.0.1)")
+    parser.add_argument("--host", "--core", dest="host", default="127.0.0.1", type=_hosts, metavar="HOST[:PORT][,...]",
+                        help="daemon address (default 127.0.0.1); several cores comma-separated, the leader is found "
+                             "among them (a member without a port takes --port)")
     parser.add_argument("--port", type=_port, default=7878, help="daemon client port (default 7878)")
     auth = parser.add_mutually_exclusive_group()
     auth.add_argument("--token", metavar="TOKEN",
@@ -59,6 +64,19 @@ def add_client_arguments(parser: argparse.ArgumentParser) -> None:
     tls.add_argument("--key-file", metavar="FILE", help="private key of --cert-file (default: in --cert-file)")
     tls.add_argument("--insecure-skip-verify", action="store_true",
                      help="TLS without verifying the daemon's certificate: for tests only, never in production")
+
+
+def _hosts(text: str) -> str:
+    try:
+        parse_addresses(text, 7878)  # checked here (exit status 2), used as given (the client parses it again)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def address_of(link: Link) -> str:
+    """The core a client is connected to (of several: the one it found), for an operator's message."""
+    return format_address(link.host, link.port)
 
 
 def _port(text: str) -> int:

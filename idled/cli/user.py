@@ -22,7 +22,7 @@ from typing import Any
 
 import trio
 
-from idled.cli.clientflags import Interrupt, add_client_arguments, run_command, tls_context, token_for
+from idled.cli.clientflags import Interrupt, add_client_arguments, address_of, run_command, tls_context, token_for
 from idled.client import IdleTimeout
 from idled.client.core import check_device
 from idled.client.link import Conn
@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             async with running(session):
                 timeout = session.timeout
-                say(f"logged in as {who} on {args.host}:{args.port}; offline after {timeout:g} s of silence"
+                say(f"logged in as {who} on {address_of(session)}; offline after {timeout:g} s of silence"
                     + (" (sending nothing: expect idle_timeout)" if args.silent else " (Ctrl-C logs out)"))
                 await interrupt.wait(session.wait_done)
         except IdleTimeout as exc:

@@ -18,7 +18,7 @@ import json
 import sys
 
 from idled.cli.events import human_line
-from idled.cli.clientflags import Interrupt, add_client_arguments, run_command, tls_context, token_for
+from idled.cli.clientflags import Interrupt, add_client_arguments, address_of, run_command, tls_context, token_for
 from idled.client.trio import open_observer
 from idled.ops.fatal import EXIT_FAILURE, EXIT_OK
 
@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
             where = "from now" if after is None else f"from seq {args.from_seq}"
             if uids is not None:
                 where += f", {len(uids)} uid{'s' if len(uids) != 1 else ''} only"
-            print(f"{PROG}: watching {args.host}:{args.port} {where} (Ctrl-C to stop)", file=sys.stderr, flush=True)
+            print(f"{PROG}: watching {address_of(observer)} {where} (Ctrl-C to stop)", file=sys.stderr, flush=True)
 
             async def follow() -> bool:
                 nonlocal seen
