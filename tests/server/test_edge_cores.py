@@ -167,3 +167,25 @@ async def test_a_session_given_the_standby_first_logs_in_at_the_active(dirs: Pat
         async with open_session([f"127.0.0.1:{sp}", f"127.0.0.1:{ap}"], None, "bob", keepalive=30,
                                 reconnect=False) as session:
             assert session.port == ap and isinstance(session.welcome, Welcome)
+
+
+
+async def test_idled_user_and_query_take_a_core_list(dirs: Path) -> None:
+    ap, sp = free_port(), free_port()
+    async with Daemon(core_command(dirs, "a", ap), dirs / "a.err"), \
+            Daemon(core_command(dirs, "s", sp, "--standby-of", f"127.0.0.1:{ap}"), dirs / "s.err"):
+        cores = f"127.0.0.1:{sp},127.0.0.1:{ap}"  # the standby first: refused, the hint leads to the active
+        out = dirs / "user.out"
+        with open(out, "wb") as stdout:
+            user = await trio.lowlevel.open_process(
+                [sys.executable, "-m", "idled.cli.main", "user", "--core", cores, "carol"], stdout=stdout)
+        try:
+            await until(lambda: f"on 127.0.0.1:{ap};" in out.read_text(), what="idled user's login at the active")
+            # A query is an observer: the standby would answer it too (from its replicated log).
+            result = await trio.run_process(
+                [sys.executable, "-m", "idled.cli.main", "query", "--core", cores, "--json", "carol"],
+                capture_stdout=True, capture_stderr=True, check=False)
+            assert result.returncode == 0, result.stderr
+        finally:
+            user.kill()
+            await user.wait()
