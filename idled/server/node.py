@@ -131,10 +131,16 @@ class Node:
         self.role, self._switching = role, False
         try:
             async with trio.open_nursery() as nursery:
+
+                async def serve(task_status: trio.TaskStatus[list[int]]) -> None:
+                    await role.serve(task_status=task_status)
+                    nursery.cancel_scope.cancel()  # the watcher too
+
                 if watch:
                     nursery.start_soon(self._stop_on_change, role, status)
-                await role.serve()
-                nursery.cancel_scope.cancel()
+                ports = await nursery.start(serve)
+                if self.config.port == 0 and ports:  # later roles listen where this one did
+                    self.config = dataclasses.replace(self.config, port=ports[0])
         finally:
             self.role = None
             self.largest_stall = max(self.largest_stall, role.largest_stall)

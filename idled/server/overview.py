@@ -62,9 +62,9 @@ def status_part(cfg: Config, workers: Workers | None, vitals: Vitals, fence: Fen
     }
     if workers is not None:
         part["workers"] = workers_part(workers)
-    if fence is not None:
+    if fence is not None and cfg.election is not None:
         part["role"] = "leader"
-        part["election"] = {"target": cfg.election, "advertise": cfg.election and cfg.advertised_address(),
+        part["election"] = {"target": cfg.election, "advertise": cfg.advertised_address(),
                             "lease_left": fence.deadline_in()}
     else:
         part["role"] = "active"
