@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -82,29 +84,27 @@ def test_sigkill_of_the_leader_under_load_hands_over_and_loses_no_durable_event(
 
 def test_a_frozen_leader_writes_nothing_when_it_wakes(cluster: Cluster) -> None:
     leader = _started(cluster)
-    gateway = _Gateway(cluster, 300.0)
-    gateway.start()
+    gateway = Gateway(cluster.port, host=cluster.address(leader)[0])
+    gateway.churn(40)
+    data = cluster.base / f"data{leader}"
+    wait_for(lambda: len(records(data)) >= 60, what="the leader's records")  # 40 online + 20 offline
+    node = cluster.nodes[leader]
+    assert node is not None
+    os.kill(node.proc.pid, signal.SIGSTOP)
     try:
-        wait_for(lambda: gateway.sent > 300, what="events")
-        node = cluster.nodes[leader]
-        assert node is not None
-        os.kill(node.proc.pid, signal.SIGSTOP)
-        try:
-            frozen_log = records(cluster.base / f"data{leader}")
-            started = time.monotonic()
-            assert _probe(cluster.address(1 - leader), started, limit=TTL + 10) is not None
-            time.sleep(1.0)  # the gateway sends on, to the new leader (and frames queue up at the frozen one)
-        finally:
-            os.kill(node.proc.pid, signal.SIGCONT)
-        # Woken past its lease: it must not write one more record of its own; it follows the new leader.
-        wait_for(lambda: _role(cluster, leader) == "standby", what="the woken leader following")
+        frozen_log = records(data)
+        gateway.churn(40)  # queued in the frozen leader's socket: work it finds when it wakes
+        assert _probe(cluster.address(1 - leader), time.monotonic(), limit=TTL + 10) is not None
     finally:
-        gateway.stop.set()
-        gateway.join()
+        os.kill(node.proc.pid, signal.SIGCONT)
+    # Woken past its lease: it must not write one more record of its own; it follows the new leader.
+    wait_for(lambda: _role(cluster, leader) == "standby", what="the woken leader following")
+    gateway.close()
     new_log = records(cluster.base / f"data{1 - leader}")
-    mine = records(cluster.base / f"data{leader}")
-    written_after_waking = [seq for seq in mine if seq not in frozen_log and mine[seq] != new_log.get(seq)]
-    assert not written_after_waking, f"the fenced leader wrote {written_after_waking[:5]}"
+    for directory in [data, *data.glob("aside-*")]:  # its log, and any it moved aside to re-sync
+        mine = records(directory)
+        written_after_waking = [seq for seq in mine if seq not in frozen_log and mine[seq] != new_log.get(seq)]
+        assert not written_after_waking, f"the fenced leader wrote {written_after_waking[:5]} in {directory}"
 
 
 def test_with_etcd_gone_the_leader_steps_down_by_its_deadline_and_nobody_leads(cluster: Cluster) -> None:
@@ -121,6 +121,96 @@ def test_with_etcd_gone_the_leader_steps_down_by_its_deadline_and_nobody_leads(c
     for i in range(2):  # no split brain: neither core takes a session without etcd
         assert _login(cluster.address(i), Login("uid", f"after-{i}"), timeout=0.5) is None
         assert _role(cluster, i) != "leader"
+
+
+class LinkProxy:
+    """A TCP relay from a port of its own to ``target``; ``cut()`` drops every connection and refuses new ones
+    (a network partition between one core and etcd), ``heal()`` accepts again."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.open = threading.Event()
+        self.open.set()
+        self.conns: list[socket.socket] = []
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            if not self.open.is_set():
+                client.close()
+                continue
+            try:
+                upstream = socket.create_connection(self.target)
+            except OSError:
+                client.close()
+                continue
+            with self.lock:
+                self.conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        for sock in (source, sink):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def cut(self) -> None:
+        self.open.clear()
+        with self.lock:
+            for sock in self.conns:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            self.conns.clear()
+
+    def heal(self) -> None:
+        self.open.set()
+
+    def close(self) -> None:
+        self.cut()
+        self.listener.close()
+
+
+def test_a_leader_cut_off_from_etcd_steps_down_before_the_other_core_leads(cluster: Cluster) -> None:
+    proxy = LinkProxy(("127.0.0.1", cluster.etcd.client_port))
+    try:
+        cluster.start(0, election_url=f"etcd://127.0.0.1:{proxy.port}/bench")
+        wait_for(lambda: _role(cluster, 0) == "leader", what="core 0 leading")
+        cluster.start(1)
+        assert cluster.settled() == 0
+        leaders: list[tuple[float, int]] = []  # (time, core) of every look that found a core leading
+        proxy.cut()
+        cut = time.monotonic()
+        while time.monotonic() - cut < TTL + 3:
+            for i in range(2):
+                if _role(cluster, i) == "leader":
+                    leaders.append((time.monotonic() - cut, i))
+            time.sleep(0.02)
+        old = [t for t, i in leaders if i == 0]
+        new = [t for t, i in leaders if i == 1]
+        assert new, "the core that still reaches etcd never led"
+        assert not old or max(old) < min(new), f"both led: core 0 until {max(old):.2f} s, core 1 from {min(new):.2f} s"
+        assert max(old, default=0.0) <= TTL, "the cut-off leader held on past its lease"
+        proxy.heal()  # core 0 reaches etcd again: it follows the new leader
+        wait_for(lambda: _role(cluster, 0) == "standby", timeout=TTL + 10, what="core 0 following")
+    finally:
+        proxy.close()
 
 
 def test_promote_makes_a_standby_the_active_core(tmp_path: Path) -> None:

@@ -63,12 +63,13 @@ class Cluster:
         self.nodes: list[Daemon | None] = [None, None]
         self.starts = [0, 0]
 
-    def start(self, i: int) -> Daemon:
+    def start(self, i: int, election_url: str | None = None) -> Daemon:
+        """Start core i (``election_url``: its way to etcd, default the etcd's own address)."""
         self.starts[i] += 1
         directory = self.base / f"core{i}-{self.starts[i]}"
         directory.mkdir()
         flags = ["--host", HOSTS[i], "--port", str(self.port), "--metrics-port", str(self.metrics[i]),
-                 "--data-dir", str(self.base / f"data{i}"), "--election", self.etcd.url("bench"),
+                 "--data-dir", str(self.base / f"data{i}"), "--election", election_url or self.etcd.url("bench"),
                  "--election-ttl", str(self.ttl), "--fsync", "always", "--timeout", "600", *self.flags]
         node = self.nodes[i] = Daemon(directory, *flags)
         return node
