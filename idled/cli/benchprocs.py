@@ -18,6 +18,7 @@ __all__ = ["UsageError", "add_arguments", "check_unused", "only", "print_lines",
 DEFAULT_HOOK_EVENTS = 20_000
 DEFAULT_HOOK_RATE = 5_000.0
 DEFAULT_PAGES = 10
+DEFAULT_ELECTION_TTL = 5
 
 
 class UsageError(Exception):
@@ -85,6 +86,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "RUNS times (default 3); users closed, and how long until it is back and a new login is recorded online",
     )
 
+    fail = parser.add_argument_group("failover (instead of the detectors)")
+    fail.add_argument(
+        "--failover", type=int, nargs="?", const=20, metavar="RUNS",
+        help="a real etcd and two `idled serve --election` cores at 3000 events/s: SIGKILL the leader RUNS times "
+        "(default 20); kill -> first accepted login, the follower's lag, durable events lost",
+    )
+    fail.add_argument("--failover-flags", default="", metavar="FLAGS",
+                      help="with --failover: more serve flags for both cores, e.g. '--sync-standby'")
+    fail.add_argument("--election-ttl", type=int, default=DEFAULT_ELECTION_TTL, metavar="S",
+                      help="with --failover: the lease ttl (default: %(default)s)")
+
 
 def check_unused(args: argparse.Namespace) -> None:
     """The detector table's mode: none of these modes' own flags may be given."""
@@ -92,6 +104,8 @@ def check_unused(args: argparse.Namespace) -> None:
         raise UsageError("--hook-events and --hook-rate are for --hook")
     if args.pages != DEFAULT_PAGES:
         raise UsageError("--pages is for --status-page")
+    if args.failover_flags or args.election_ttl != DEFAULT_ELECTION_TTL:
+        raise UsageError("--failover-flags and --election-ttl are for --failover")
 
 
 def run(args: argparse.Namespace, defaults: Mapping[str, Any]) -> int | None:
@@ -108,7 +122,20 @@ def run(args: argparse.Namespace, defaults: Mapping[str, Any]) -> int | None:
         return _core_kill(args, defaults)
     if args.standby:
         return _standby(args, defaults)
+    if args.failover is not None:
+        return _failover(args, defaults)
     return None
+
+
+def _failover(args: argparse.Namespace, defaults: Mapping[str, Any]) -> int:
+    """`idled bench --failover [RUNS] [--failover-flags F] [--election-ttl S]`: SIGKILL the elected leader."""
+    only(args, defaults, ("failover", "failover_flags", "election_ttl"), "--failover")
+    if not 1 <= args.failover <= 200 or not 2 <= args.election_ttl <= 60:
+        raise UsageError("--failover takes RUNS in [1, 200] and --election-ttl in [2, 60]")
+    from idled.tools.bench import failover  # etcd and two cores: only for this mode
+
+    return print_lines(failover.report_lines(args.failover, 3000.0, args.election_ttl, args.failover_flags.split()),
+                       RuntimeError)
 
 
 def _hook(args: argparse.Namespace, defaults: Mapping[str, Any]) -> int:

@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "watch": ("idled.cli.watch", "print presence events from a running daemon as they happen"),
     "hook": ("idled.cli.hook", "post presence events to a webhook URL: signed batches, in order, at least once"),
     "query": ("idled.cli.query", "ask a running daemon whether uids are online"),
+    "promote": ("idled.cli.promote", "make a hot standby (--standby-of) the active core, by hand"),
     "status": ("idled.cli.status", "what a running daemon holds: sessions, connections, next seq, uptime"),
     "token": ("idled.cli.token", "mint an HMAC login token for a uid, gateway or observer"),
     "events": ("idled.cli.events", "print event-log records (readable on a terminal, JSON lines when piped)"),

@@ -44,23 +44,41 @@ def run(args: argparse.Namespace) -> int:
     log.info("open-file limit %d (hard %d)", soft, hard)
     from idled.ops.metrics import Metrics
     from idled.server.app import Server  # not in the root: it runs no presence machinery
+    from idled.server.node import Node
     from idled.server.standbyserver import StandbyServer
 
-    server: Server | StandbyServer
+    def make_role(config: Config, election: Any) -> Server | StandbyServer:
+        if config.standby_of is not None:
+            return StandbyServer(config, metrics=Metrics(_registry(), tick=config.tick))
+        return Server(
+            config, metrics=Metrics(_registry(), tick=config.tick), reload_config=lambda: config_module.load(args),
+            gc_policy=GcPolicy(thaw_every=config.gc_thaw_every), workers=_workers(args.core_of_workers),
+            election=election,
+        )
+
+    server: Server | StandbyServer | Node
     try:
-        if cfg.standby_of is not None:  # the role is chosen here, once (docs/ha.md)
-            server = StandbyServer(cfg, metrics=Metrics(_registry(), tick=cfg.tick))
+        if cfg.election is not None or cfg.standby_of is not None:  # a role that may change (docs/ha.md)
+            server = Node(cfg, _election(cfg), make_role)
+            tokens.load_secret(cfg.secret_file) if cfg.secret_file else None  # fail now, not at the first role
         else:
-            server = Server(
-                cfg, metrics=Metrics(_registry(), tick=cfg.tick), reload_config=lambda: config_module.load(args),
-                gc_policy=GcPolicy(thaw_every=cfg.gc_thaw_every), workers=_workers(args.core_of_workers),
-            )
+            server = make_role(cfg, None)
     except (ConfigError, tokens.SecretError, ValueError, OSError) as exc:
         return _fatal(f"configuration: {exc}", EXIT_USAGE)
-    status = _run_until_stopped(server.serve)
+    status = _run_until_stopped(server.run if isinstance(server, Node) else server.serve)
     if status == EXIT_OK:
         log.info("stopped; largest event-loop stall %.1f ms", 1000 * server.largest_stall)
     return status
+
+
+def _election(cfg: Config) -> Any:
+    """The election of a core whose role may change: etcd (``--election``), or a promotion by hand."""
+    from idled.server.election import EtcdElection, ManualElection, Timings, parse_election_url
+
+    if cfg.election is None:
+        assert cfg.standby_of is not None
+        return ManualElection(cfg.standby_of)
+    return EtcdElection(parse_election_url(cfg.election), cfg.advertised_address(), timings=Timings.of(cfg.election_ttl))
 
 
 def _workers(spec: str | None) -> Any:

@@ -73,9 +73,14 @@ class RawReader:
             if self._path is None and not self._next_segment():
                 break
             assert self._path is not None
+            offset = self._offset
             stop, taken = self._read(below, max_records - len(out), max_bytes - size, out)
             size += taken
-            if stop or not self._next_segment():
+            if stop:
+                break
+            if self._offset > offset:
+                continue  # a whole chunk read (perhaps all below ``next``): the segment may hold more
+            if not self._next_segment():
                 break
         if out:
             self.next = out[-1][0] + 1

@@ -93,6 +93,7 @@ async def run_writer(
     on_durable: Callable[[int], None] | None = None,
     on_batch: Callable[[int, int], None] | None = None,
     on_fsync: Callable[[float], None] | None = None,
+    before_write: Callable[[], None] | None = None,
     max_batch: int = 4096,
     inline_records: int = 64,
     retention_every: float = 3600.0,
@@ -101,7 +102,9 @@ async def run_writer(
     """Drain `receive` into `log` until the channel is closed (see module docstring). `log` must be recovered.
 
     on_durable(seq): highest seq durable under the policy. on_batch(records, bytes): after each write.
-    on_fsync(seconds): after each fdatasync, its duration. Raises FsyncFailed (fatal) and any append error.
+    on_fsync(seconds): after each fdatasync, its duration. before_write(): before each batch is written; what
+    it raises ends the writer with nothing of that batch written (an elected core's fence: ``idled.server.node``).
+    Raises FsyncFailed (fatal) and any append error.
     """
     if fsync not in FSYNC_POLICIES:
         raise ValueError(f"fsync must be one of {FSYNC_POLICIES}, not {fsync!r}")
@@ -131,6 +134,8 @@ async def run_writer(
             if not batch:  # interval elapsed with unsynced data and nothing new arrived
                 await sync_now()
                 continue
+            if before_write is not None:
+                before_write()
             now = trio.current_time()
             do_sync = always or (not never and now >= last_sync + interval)
             do_retention = now >= next_retention

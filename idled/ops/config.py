@@ -129,6 +129,12 @@ class Config:
     api_request_timeout: float = 10.0
     # Run as a hot standby of the active core at HOST:PORT (idled.server.standby, docs/ha.md); None: active.
     standby_of: str | None = None
+    # Leader election in etcd (idled.server.node, docs/ha.md): etcd://HOST:PORT[,...]/prefix; None: no election.
+    election: str | None = None
+    # HOST:PORT other cores and clients are told to reach this core at (default: host:port when both are usable).
+    advertise: str | None = None
+    # Seconds of the leader's etcd lease: a dead leader is replaced within about this.
+    election_ttl: int = 5
 
     def validate(self) -> Config:
         def need(ok: bool, message: str) -> None:
@@ -181,10 +187,25 @@ class Config:
         need(0 < self.api_rate <= 10_000_000 and 1 <= self.api_burst <= 100_000_000,
              "api_rate must be in (0, 10000000] requests/s and api_burst 1..100000000")
         need(0 < self.api_request_timeout <= 3600, "api_request_timeout must be in (0, 3600]")
+        if self.election is not None:
+            need(self.standby_of is None, "election and standby_of exclude each other: with an election the "
+                 "leader is found in etcd")
+            need(not self.workers, "an elected core (election) runs without workers: run idled edge --core A,B "
+                 "in front of the cores")
+            need(2 <= self.election_ttl <= 600, "election_ttl must be 2..600 seconds")
+            split_address(self.advertised_address(), "advertise")
         if self.standby_of is not None:
             split_address(self.standby_of, "standby_of")
             need(not self.workers and not self.api_port, "a standby (standby_of) runs without workers and api_port")
         return self
+
+    def advertised_address(self) -> str:
+        """What other cores and clients are told to reach this core at: ``advertise``, else host:port."""
+        if self.advertise is not None:
+            return self.advertise
+        if self.port == 0 or self.host in ("", "0.0.0.0", "::"):
+            raise ConfigError("advertise is needed (HOST:PORT) when host is a wildcard or port is 0")
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
     @property
     def detector_kind(self) -> str:
@@ -251,6 +272,10 @@ HELP: dict[str, str] = {
                            "connection may wait)",
     "standby_of": "HOST:PORT of an active core to follow as its hot standby, copying its event log; see docs/ha.md "
                   "(default unset: this core is the active one)",
+    "election": "etcd://HOST:PORT[,HOST:PORT...]/prefix: campaign for leadership in etcd; the leader serves, the "
+                "others follow it as hot standbys (docs/ha.md; default unset: no election)",
+    "advertise": "HOST:PORT other cores and clients are told to reach this core at (default: host:port)",
+    "election_ttl": "seconds of the leader's etcd lease: a dead leader is replaced within about this (2..600)",
 }
 
 # Fields whose text form is not just their type (flag, TOML string, environment variable).

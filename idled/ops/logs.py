@@ -45,6 +45,8 @@ def setup_logging(level: str, env: dict[str, str] | None = None) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    # httpx (the etcd election, idled hook) logs every request at info: a line per lease renewal.
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, root.level))
 
 
 class _JournalFormatter(logging.Formatter):

@@ -65,6 +65,8 @@ from idled.server.api import Api, ApiMetrics, Backend
 from idled.server.bus import EventBus
 from idled.server.clock import Clock
 from idled.server.conn import Connection, Doorway, auth_secret, refuse_out_of_descriptors
+from idled.server.election import Election
+from idled.server.fence import Fence
 from idled.server.gateways import Gateways
 from idled.server.lagwatch import LagWatch
 from idled.server.lifecycle import (
@@ -109,6 +111,7 @@ class Server:
         reload_config: Callable[[], Config] | None = None,
         gc_policy: GcPolicy | None = None,
         workers: Callable[[set[Connection]], Workers] | None = None,
+        election: Election | None = None,
     ) -> None:
         self.config = config
         self.gc_policy = gc_policy  # None: the interpreter's default (tests run many servers in one process)
@@ -123,7 +126,11 @@ class Server:
             retention_seconds=config.retention_seconds,
             last_seen_horizon=config.last_seen_horizon,
         )
-        self.seqs = SeqBlocks(SeqReservation(self.log.directory))
+        # Under --election (idled.server.node): seq blocks are reserved in etcd too, and the fence stops the
+        # server before its first write once the lease is lost.
+        self.election = election
+        self.fence = Fence(election) if election is not None else None
+        self.seqs = SeqBlocks(SeqReservation(self.log.directory), election)
         self._event_counters: dict[tuple[str, str], Any] = {}
         self.bus = EventBus(on_event=self._count_event)
         self.vitals = Vitals(self._sample, lateness=histogram_source(self.metrics.offline_lateness)
@@ -255,6 +262,8 @@ class Server:
         cfg, presence, sessions = self.config, self.presence, self._sessions
         assert presence is not None and sessions is not None
         await nursery.start(self._run_writer)
+        if self.fence is not None:
+            nursery.start_soon(self.fence.watch)
         # Sessions a crashed run left online end now, before anyone can log in again (in bounded chunks).
         if recovery.online:
             ended = await sessions.end_recovered(recovery.online.values())
@@ -400,6 +409,7 @@ class Server:
                 on_batch=_count_batch(metrics),
                 on_fsync=metrics.eventlog_fsync_duration.observe,
                 on_durable=self.bus.durable_to,
+                before_write=self.fence.check if self.fence is not None else None,
                 task_status=task_status,
             )
         except BaseException:
@@ -441,7 +451,7 @@ class Server:
         assert self.presence is not None
         return {**self.snapshot(), "next_seq": self.presence.next_seq, "ports": list(self.ports),
                 "stopping": self.stopping, "data_dir": str(self.log.directory),
-                **status_part(self.config, self.workers, self.vitals)}
+                **status_part(self.config, self.workers, self.vitals, self.fence)}
 
     def _sample(self, wall: float) -> Sample:
         presence = self.presence

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from idled.ops.config import Config
+from idled.server.fence import Fence
 from idled.server.workers import Workers
 from idled.server.vitals import Vitals
 
@@ -50,8 +51,9 @@ def workers_part(workers: Workers) -> list[dict[str, Any]]:
     ]
 
 
-def status_part(cfg: Config, workers: Workers | None, vitals: Vitals) -> dict[str, Any]:
-    """What ``Server.status()`` adds to the snapshot: config, workers (with ``--workers``), rate, lateness."""
+def status_part(cfg: Config, workers: Workers | None, vitals: Vitals, fence: Fence | None = None) -> dict[str, Any]:
+    """What ``Server.status()`` adds to the snapshot: config, workers (with ``--workers``), rate, lateness,
+    the role (``leader`` under ``--election`` with the lease's seconds left, else ``active``)."""
     lateness = vitals.lateness()
     part: dict[str, Any] = {
         "config": config_summary(cfg),
@@ -60,4 +62,10 @@ def status_part(cfg: Config, workers: Workers | None, vitals: Vitals) -> dict[st
     }
     if workers is not None:
         part["workers"] = workers_part(workers)
+    if fence is not None and cfg.election is not None:
+        part["role"] = "leader"
+        part["election"] = {"target": cfg.election, "advertise": cfg.advertised_address(),
+                            "lease_left": fence.deadline_in()}
+    else:
+        part["role"] = "active"
     return part

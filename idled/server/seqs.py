@@ -14,6 +14,12 @@ server's side of it, on the event loop, every file operation in a worker thread:
   before the monitor runs, such as the restart records at start, reserves as it goes).
 * ``finish(last_seq)``: a clean stop, once the log is synced, lowers the mark to the last seq: no gap next run.
 
+*Under an election* (``idled.server.node``) the mark is also kept in etcd (``Election.publish_seq``), fenced by
+the leader key, and every block is recorded there before a seq of it is issued: a new leader -- on another
+machine, with a copy of the log that may lack the last records -- starts past it (``start`` reads it), so no
+seq is ever issued twice, whatever its copy holds. A write etcd refuses (we are no longer the leader) raises
+`NotLeader`: the server steps down rather than issue seqs nobody reserved.
+
 *One write at a time, the last one last.* An extension (a monitor hook, any time) and ``finish`` (shutdown,
 shielded) both write the mark from worker threads. They take one lock, and ``finish`` closes the blocks:
 an extension that was under way is written before the final mark (``finish`` waits for the lock), and one
@@ -29,6 +35,7 @@ import trio
 
 from idled.core.presence import PresenceTable
 from idled.log.seqs import SEQ_BLOCK, SEQ_HEADROOM, SeqReservation
+from idled.server.election import Election, ElectionError, EtcdUnavailable
 
 __all__ = ["SeqBlocks"]
 
@@ -38,8 +45,9 @@ HEADROOM_POLL = 0.005  # seconds between two looks at the mark while a producer 
 
 
 class SeqBlocks:
-    def __init__(self, reservation: SeqReservation) -> None:
+    def __init__(self, reservation: SeqReservation, election: Election | None = None) -> None:
         self.reservation = reservation
+        self.election = election  # None: the local mark is the only one
         self.reserved = 0  # every seq issued is <= this, durably
         self.first = 1  # the first seq of this run
         self.finished = False  # finish() has begun: the mark only comes down from here on
@@ -49,11 +57,13 @@ class SeqBlocks:
     async def start(self, next_seq: int) -> int:
         """The first seq of this run (``next_seq``: the log's, after recovery); reserves the first block."""
         reserved = await trio.to_thread.run_sync(self.reservation.load)
+        if self.election is not None:
+            reserved = max(reserved, await self.election.last_seq())
         first = max(next_seq, reserved + 1)
         if first > next_seq:
             log.info("seqs %d..%d may have been seen but not logged before the last stop: skipped", next_seq, first - 1)
         async with self._writing:
-            await trio.to_thread.run_sync(self.reservation.record, first + SEQ_BLOCK)
+            await self._record(first + SEQ_BLOCK)
         self.reserved = first + SEQ_BLOCK
         self.first = first
         return first
@@ -70,8 +80,12 @@ class SeqBlocks:
                 if self.finished:
                     return  # the final mark is written (or about to be): raising it now would leave a gap
                 upto = presence.next_seq + SEQ_BLOCK
-                await trio.to_thread.run_sync(self.reservation.record, upto)
+                await self._record(upto)
                 self.reserved = upto
+        except EtcdUnavailable as exc:
+            # The block is not ours yet: producers wait in headroom() and the next look tries again; the lease
+            # fence ends the term if etcd stays away.
+            log.warning("seq block up to %d not recorded in etcd: %s", presence.next_seq + SEQ_BLOCK, exc)
         finally:
             self._extending = False
 
@@ -89,4 +103,13 @@ class SeqBlocks:
         Waits for an extension under way; none is written after it."""
         self.finished = True
         async with self._writing:
-            await trio.to_thread.run_sync(self.reservation.record, last_seq)
+            try:
+                await self._record(last_seq, lower=True)
+            except ElectionError as exc:  # etcd keeps the higher mark: the next leader skips to it (a gap)
+                log.info("seq mark not lowered in etcd: %s", exc)
+
+    async def _record(self, upto: int, *, lower: bool = False) -> None:
+        """The mark is ``upto``: on disk, then (under an election) in etcd -- both before any seq below it is issued."""
+        await trio.to_thread.run_sync(self.reservation.record, upto)
+        if self.election is not None:
+            await self.election.publish_seq(upto, lower=lower)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from idled.log.eventlog import EventLog
+from idled.log.eventlog import READ_CHUNK_BYTES, EventLog
 from idled.log.records import encode_record_v1
 from idled.log.shipping import RawReader, ShippedRecordsBad, append_raw, move_aside
 from idled.protocol import FrameDecoder, ProtocolError, Replicate, encode
@@ -49,6 +49,19 @@ def test_reader_resumes_stops_below_and_skips_damage(tmp_path: Path) -> None:
     assert [seq for seq, _ in first] == [3, 4, 5]
     rest = [seq for seq, _ in reader.take(100, 100, 1 << 20)]
     assert rest == [7, 8, 9, 10] and reader.damaged == 1
+
+
+def test_a_reader_starting_deep_in_a_segment_finds_the_records_after_a_gap(tmp_path: Path) -> None:
+    # More than one read chunk of records below ``from``, then a gap (a new leader's first seq), in one
+    # segment: an empty first chunk once made the feed take "nothing here" for a gap and skip to the head.
+    with EventLog(tmp_path) as log:
+        log.recover()
+        below = [event(seq) for seq in range(1, 2 * READ_CHUNK_BYTES // 150)]
+        log.append(below)
+        log.append([event(seq) for seq in range(1_000_002, 1_000_012)])
+    assert len(list(tmp_path.glob("*.seg"))) == 1
+    reader = RawReader(str(tmp_path), len(below) + 1)
+    assert [seq for seq, _ in reader.take(1_000_012, 100, 1 << 20)] == list(range(1_000_002, 1_000_012))
 
 
 def test_v1_records_are_shipped_as_they_are(tmp_path: Path) -> None:

@@ -50,8 +50,8 @@ def wait_for(predicate: Any, timeout: float = 15.0, what: str = "condition") -> 
 class Gateway:
     """A gateway connection making events: ``churn(n)`` attaches n uids and detaches half of them."""
 
-    def __init__(self, port: int, name: str = "g") -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port))
+    def __init__(self, port: int, name: str = "g", host: str = "127.0.0.1") -> None:
+        self.sock = socket.create_connection((host, port))
         self.sock.sendall(encode(Login("gateway", name)))
         self.next = 0
 

@@ -8,9 +8,10 @@ from idled.server.election.errors import (
 )
 from idled.server.election.etcd import EtcdElection
 from idled.server.election.lease import Timings
+from idled.server.election.manual import ManualElection
 from idled.server.election.target import EtcdTarget, parse_election_url
 
 __all__ = [
     "Election", "NoElection", "Status", "StatusBoard", "ElectionConfigError", "ElectionError", "EtcdError",
-    "EtcdUnavailable", "NotLeader", "EtcdElection", "Timings", "EtcdTarget", "parse_election_url",
+    "EtcdUnavailable", "NotLeader", "EtcdElection", "ManualElection", "Timings", "EtcdTarget", "parse_election_url",
 ]

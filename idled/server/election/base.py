@@ -91,9 +91,11 @@ class Election(Protocol):
     def leader(self) -> str | None:
         """The current leader's advertised address (ours when leading), None when unknown."""
 
-    async def publish_seq(self, seq: int) -> None:
+    async def publish_seq(self, seq: int, *, lower: bool = False) -> None:
         """Record ``seq`` as the last written, if we still lead: `NotLeader` otherwise (``not_leader``: the
-        local lease check; ``fenced``: etcd refused), `EtcdUnavailable` when etcd did not answer in time."""
+        local lease check; ``fenced``: etcd refused), `EtcdUnavailable` when etcd did not answer in time.
+        A seq below the last published is refused (ValueError) unless ``lower``: a clean stop, every seq up
+        to ``seq`` durable, hands the next leader the seqs it had reserved beyond."""
 
     async def last_seq(self) -> int:
         """The last seq a leader published (0: none yet)."""
@@ -126,11 +128,11 @@ class NoElection:
     def leader(self) -> str | None:
         return None if self._resigned else self._address
 
-    async def publish_seq(self, seq: int) -> None:
+    async def publish_seq(self, seq: int, *, lower: bool = False) -> None:
         await trio.lowlevel.checkpoint()
         if self._resigned:
             raise NotLeader(NOT_LEADER, "resigned")
-        if seq < self._seq:
+        if seq < self._seq and not lower:
             raise ValueError(f"seq {seq} is below the last published {self._seq}")
         self._seq = seq
 

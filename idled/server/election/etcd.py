@@ -103,10 +103,10 @@ class EtcdElection:
         """The current lease deadline while leading (clock time), else None: for logs and tests."""
         return self._lease_deadline if self._leading else None
 
-    async def publish_seq(self, seq: int) -> None:
+    async def publish_seq(self, seq: int, *, lower: bool = False) -> None:
         if not self.is_leader(self._clock()):
             raise NotLeader(NOT_LEADER, "not the leader (or the lease deadline has passed)")
-        if seq < self._published:
+        if seq < self._published and not lower:
             raise ValueError(f"seq {seq} is below the last published {self._published}")
         key = self.target.leader_key
         won, _, _ = await self._etcd.txn([compare_create(key, self._term), compare_lease(key, self._lease)],

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.server.election.etcdserver import ETCD, EtcdServer
+from idled.tools.etcd import ETCD, EtcdServer
 
 _prefixes = itertools.count(1)
 

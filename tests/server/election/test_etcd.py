@@ -15,7 +15,7 @@ import trio
 
 from idled.server.election import EtcdElection, NotLeader, Timings
 from idled.server.election.gateway import EtcdGateway
-from tests.server.election.etcdserver import EtcdServer
+from idled.tools.etcd import EtcdServer
 
 pytestmark = pytest.mark.slow
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from tests.server.election.etcdserver import EtcdServer
+from idled.tools.etcd import EtcdServer
 
 pytestmark = pytest.mark.slow
 

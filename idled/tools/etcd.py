@@ -1,6 +1,7 @@
-"""A real etcd for the election tests: one member on 127.0.0.1, free client and peer ports, a temporary
-data directory, killed at the end. Debian's ``etcd-server`` package provides the binary (``.ci/system-deps``
-installs it); without it the tests that need it are skipped, saying so."""
+"""A real etcd for the election tests and ``idled bench --failover``: one member on 127.0.0.1, free client and
+peer ports, a data directory of the caller's, killed at the end. Debian's ``etcd-server`` package provides
+the binary (``.ci/system-deps`` installs it); without it the tests that need it are skipped, saying so, and
+the benchmark refuses to start."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import urllib.request
 from pathlib import Path
 
 from idled.server.election import EtcdTarget, parse_election_url
-from tests.peers import free_port
+from idled.tools.loadtest.target import free_port
 
 ETCD = shutil.which("etcd")
 START_TIMEOUT = 15.0
@@ -44,7 +45,7 @@ class EtcdServer:
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise AssertionError(f"etcd exited with {self.process.returncode}: {self.log_tail()}")
+                raise RuntimeError(f"etcd exited with {self.process.returncode}: {self.log_tail()}")
             try:
                 with urllib.request.urlopen(f"{self.endpoint}/health", timeout=1) as response:
                     if json.load(response).get("health") == "true":
@@ -53,7 +54,7 @@ class EtcdServer:
                 pass
             time.sleep(0.05)
         self.kill()
-        raise AssertionError(f"etcd not healthy within {START_TIMEOUT} s: {self.log_tail()}")
+        raise RuntimeError(f"etcd not healthy within {START_TIMEOUT} s: {self.log_tail()}")
 
     def url(self, prefix: str) -> str:
         return f"etcd://127.0.0.1:{self.client_port}/{prefix}"
