@@ -273,8 +273,8 @@ HELP: dict[str, str] = {
     "standby_of": "HOST:PORT of an active core to follow as its hot standby, copying its event log; see docs/ha.md "
                   "(default unset: this core is the active one)",
     "election": "etcd://HOST:PORT[,HOST:PORT...]/prefix: campaign for leadership in etcd; the leader serves, the "
-                "others follow it as hot standbys (docs/ha.md; default unset: no election)",
-    "advertise": "HOST:PORT other cores and clients are told to reach this core at (default: host:port)",
+                "others follow it as hot standbys; see docs/ha.md (default unset: no election)",
+    "advertise": "HOST:PORT other cores and clients are told to reach this core at (default unset: --host:--port)",
     "election_ttl": "seconds of the leader's etcd lease: a dead leader is replaced within about this (2..600)",
 }
 

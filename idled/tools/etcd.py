@@ -12,7 +12,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-from idled.server.election import EtcdTarget, parse_election_url
 from idled.tools.loadtest.target import free_port
 
 ETCD = shutil.which("etcd")
@@ -58,9 +57,6 @@ class EtcdServer:
 
     def url(self, prefix: str) -> str:
         return f"etcd://127.0.0.1:{self.client_port}/{prefix}"
-
-    def target(self, prefix: str) -> EtcdTarget:
-        return parse_election_url(self.url(prefix))
 
     def log_tail(self) -> str:
         return self.log_path.read_text(errors="replace")[-2000:]

@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 import pytest
 import trio
 
-from idled.server.election import EtcdElection, NotLeader, Timings
+from idled.server.election import EtcdElection, NotLeader, Timings, parse_election_url
 from idled.server.election.gateway import EtcdGateway
 from idled.tools.etcd import EtcdServer
 
@@ -38,7 +38,7 @@ async def until_leader(election: EtcdElection, timeout: float = TTL + 1.0) -> No
 
 
 async def test_one_leader_seq_survives_a_resignation(etcd: EtcdServer, prefix: str) -> None:
-    target = etcd.target(prefix)
+    target = parse_election_url(etcd.url(prefix))
     async with running(EtcdElection(target, "a:1", timings=Timings.of(TTL))) as a:
         await until_leader(a)
         async with running(EtcdElection(target, "b:1", timings=Timings.of(TTL))) as b:
@@ -70,7 +70,7 @@ async def test_one_leader_seq_survives_a_resignation(etcd: EtcdServer, prefix: s
 async def test_a_deposed_leaders_seq_write_is_fenced_by_etcd(etcd: EtcdServer, prefix: str) -> None:
     # A long renew interval: the leader does not notice by itself before it writes.
     timings = Timings.of(6)
-    async with running(EtcdElection(etcd.target(prefix), "a:1", timings=timings)) as a:
+    async with running(EtcdElection(parse_election_url(etcd.url(prefix)), "a:1", timings=timings)) as a:
         await until_leader(a, 3)
         await a.publish_seq(1)
         async with EtcdGateway([etcd.endpoint], timeout=1) as operator:
@@ -89,7 +89,7 @@ async def test_a_frozen_clock_jump_ends_leadership_before_any_write(etcd: EtcdSe
     def clock() -> float:
         return time.monotonic() + offset
 
-    async with running(EtcdElection(etcd.target(prefix), "a:1", timings=Timings.of(TTL), clock=clock)) as a:
+    async with running(EtcdElection(parse_election_url(etcd.url(prefix)), "a:1", timings=Timings.of(TTL), clock=clock)) as a:
         await until_leader(a)
         assert a.is_leader(clock())
         offset = TTL  # the next look at the clock is past the deadline
@@ -107,7 +107,7 @@ async def test_etcd_dies_the_leader_steps_down_at_its_deadline_not_before(
 ) -> None:
     etcd = own_etcd()
     timings = Timings.of(TTL)
-    async with running(EtcdElection(etcd.target(prefix), "a:1", timings=timings)) as a:
+    async with running(EtcdElection(parse_election_url(etcd.url(prefix)), "a:1", timings=timings)) as a:
         await until_leader(a)
         await trio.sleep(timings.renew_interval * 1.5)  # a renewal or two
         etcd.kill()
