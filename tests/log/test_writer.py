@@ -215,3 +215,32 @@ async def test_bad_arguments_are_rejected(tmp_path: Path) -> None:
         with pytest.raises(ValueError):
             await run_writer(log, receive, **kwargs)
     log.close()
+
+
+async def test_before_write_raising_ends_the_writer_with_nothing_of_that_batch_written(tmp_path: Path) -> None:
+    # An elected core's fence (idled.server.fence): once leadership is gone, not one more batch is written.
+    log = open_log(tmp_path)
+    leading = True
+
+    class Fenced(Exception):
+        pass
+
+    def fence() -> None:
+        if not leading:
+            raise Fenced
+
+    send, receive = trio.open_memory_channel[dict[str, Any]](100)
+    with pytest.raises(BaseExceptionGroup) as caught:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(lambda task_status: run_writer(
+                log, receive, fsync="always", before_write=fence, task_status=task_status))
+            for seq in range(1, 11):
+                await send.send(ev(seq))
+            while log.last_seq < 10:
+                await trio.sleep(0.01)
+            leading = False
+            send.send_nowait(ev(11))
+            await trio.sleep(5)  # cancelled when the writer ends
+    assert caught.group_contains(Fenced)
+    log.close()
+    assert [r["seq"] for r in iter_records(tmp_path)] == list(range(1, 11))
