@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 
 from idled.protocol import Login
+from idled.protocol.codec import PING_FRAME, PONG_FRAME
+from idled.tools.bench.daemon import Daemon
 from idled.tools.bench.failover import Cluster, _DurableObserver, _Gateway, _history, _login, _probe
 from idled.tools.etcd import ETCD
 from tests.server.standby_support import Gateway, active, records, standby, status, wait_for
@@ -80,6 +82,40 @@ def test_sigkill_of_the_leader_under_load_hands_over_and_loses_no_durable_event(
     cluster.settled()
     wait_for(lambda: records(cluster.base / f"data{leader}") == records(cluster.base / f"data{1 - leader}"),
              what="identical logs")
+
+
+def test_users_through_an_edge_stay_connected_through_a_failover(cluster: Cluster) -> None:
+    leader = _started(cluster)
+    cores = ",".join(f"{host}:{port}" for host, port in map(cluster.address, range(2)))
+    edge = Daemon(cluster.base, timeout=30, command=[
+        sys.executable, "-m", "idled.cli.main", "edge", "--core", cores, "--port", "0", "--log-level", "info"])
+    try:
+        users = [_login(("127.0.0.1", edge.port), Login("uid", f"u{i}", keepalive=30.0)) for i in range(20)]
+        assert all(user is not None for user in users)
+        wait_for(lambda: len(records(cluster.base / f"data{1 - leader}")) >= 20, what="the onlines replicated")
+        started = time.monotonic()
+        cluster.kill(leader)
+        assert _probe(cluster.address(1 - leader), started, limit=TTL + 10) is not None
+        wait_for(lambda: "edge: core is now" in edge.stderr(), timeout=20, what="the edge to switch cores")
+        for user in users:  # still connected: a pong, no error frame
+            assert user is not None
+            user.settimeout(5)
+            user.sendall(PING_FRAME)
+            assert user.recv(64) == PONG_FRAME
+        # The new leader's record: each user's session ended `restart` (nobody watched it during the gap),
+        # then online again as the edge re-attached it.
+        def reattached() -> bool:
+            kinds: dict[str, list[str]] = {}
+            for event in _history(cluster.address(1 - leader), 1):
+                kinds.setdefault(str(event.uid), []).append("restart" if event.reason == "restart" else event.kind)
+            return all(kinds.get(f"u{i}", [])[-2:] == ["restart", "online"] for i in range(20))
+
+        wait_for(reattached, timeout=20, what="every user re-attached on the new leader")
+        for user in users:
+            assert user is not None
+            user.close()
+    finally:
+        edge.stop()
 
 
 def test_a_frozen_leader_writes_nothing_when_it_wakes(cluster: Cluster) -> None:

@@ -36,10 +36,12 @@ __all__ = ["Daemon", "free_port", "stop"]
 class Daemon:
     """`idled serve` in a subprocess, listening once constructed; ``port`` from its IDLED_LISTENING line."""
 
-    def __init__(self, directory: Path, *flags: str, timeout: float = 30.0) -> None:
-        self.stderr_path = directory / "serve.stderr"
-        command = [sys.executable, "-m", "idled.cli.main", "serve", "--port", "0", "--data-dir",
-                   str(directory / "data"), *flags]
+    def __init__(self, directory: Path, *flags: str, timeout: float = 30.0, command: list[str] | None = None) -> None:
+        """``command``: another idled command line that prints IDLED_LISTENING (``idled edge``), instead of serve."""
+        self.stderr_path = directory / ("serve.stderr" if command is None else "command.stderr")
+        if command is None:
+            command = [sys.executable, "-m", "idled.cli.main", "serve", "--port", "0", "--data-dir",
+                       str(directory / "data"), *flags]
         with open(self.stderr_path, "wb") as stderr:
             self.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr)
         self.cpu = psutil.Process(self.proc.pid)
