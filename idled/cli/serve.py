@@ -47,18 +47,23 @@ def run(args: argparse.Namespace) -> int:
     from idled.server.node import Node
     from idled.server.standbyserver import StandbyServer
 
+    node = cfg.election is not None or cfg.standby_of is not None  # a role that may change (docs/ha.md)
+    # Under a node, the roles do not talk to systemd: the node says READY/STATUS/STOPPING and pings the
+    # watchdog, once for the process (a role change must not look like a stop to the manager).
+    role_env = {k: v for k, v in os.environ.items() if k not in systemd.NOTIFY_VARS} if node else None
+
     def make_role(config: Config, election: Any) -> Server | StandbyServer:
         if config.standby_of is not None:
-            return StandbyServer(config, metrics=Metrics(_registry(), tick=config.tick))
+            return StandbyServer(config, metrics=Metrics(_registry(), tick=config.tick), env=role_env)
         return Server(
             config, metrics=Metrics(_registry(), tick=config.tick), reload_config=lambda: config_module.load(args),
             gc_policy=GcPolicy(thaw_every=config.gc_thaw_every), workers=_workers(args.core_of_workers),
-            election=election,
+            election=election, env=role_env,
         )
 
     server: Server | StandbyServer | Node
     try:
-        if cfg.election is not None or cfg.standby_of is not None:  # a role that may change (docs/ha.md)
+        if node:
             server = Node(cfg, _election(cfg), make_role)
             tokens.load_secret(cfg.secret_file) if cfg.secret_file else None  # fail now, not at the first role
         else:

@@ -45,6 +45,7 @@ __all__ = [
     "STOPPING",
     "RELOADING",
     "WATCHDOG",
+    "NOTIFY_VARS",
     "LISTEN_FDS_START",
     "SystemdError",
     "Notifier",
@@ -64,6 +65,7 @@ READY = "READY=1"
 STOPPING = "STOPPING=1"
 RELOADING = "RELOADING=1"
 WATCHDOG = "WATCHDOG=1"
+NOTIFY_VARS = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")  # what tells a process to talk to the manager
 
 # sd_listen_fds(3): passed sockets start right after stdin/stdout/stderr.
 LISTEN_FDS_START = 3

@@ -36,6 +36,7 @@ from typing import Any
 
 import trio
 
+from idled.ops import systemd
 from idled.ops.config import Config
 from idled.server.app import Server
 from idled.server.election import Election, ManualElection
@@ -86,9 +87,14 @@ class Node:
             with trio.open_signal_receiver(*SIGNALS, signal.SIGUSR1) as signals:
                 nursery.start_soon(self._on_signals, signals)
                 await nursery.start(self.election.run)
+                # READY=1 now (a core waiting for a leader, or for etcd, is up: the roles say it again) and the
+                # watchdog from the node's own loop, whatever role runs or none (a standby has no monitor).
+                systemd.notify(systemd.READY)
+                nursery.start_soon(_watchdog, systemd.watchdog_interval())
                 try:
                     await self._roles()
                 finally:
+                    systemd.notify(systemd.STOPPING)
                     with trio.move_on_after(RESIGN_TIMEOUT) as scope:
                         scope.shield = True
                         await self.election.resign()
@@ -108,6 +114,7 @@ class Node:
 
     async def _lead(self, status: Status) -> None:
         log.warning("leading (%s): serving as the active core", status.reason)
+        systemd.notify(systemd.status(f"leader ({status.reason})"))
         server = self.make_role(dataclasses.replace(self.config, standby_of=None), self.election)
         try:
             await self._run_role(server, status, watch=False)
@@ -122,6 +129,7 @@ class Node:
     async def _follow(self, status: Status) -> None:
         assert status.address is not None
         log.warning("following the leader at %s (%s)", status.address, status.reason)
+        systemd.notify(systemd.status(f"standby of {status.address}"))
         config = dataclasses.replace(self.config, standby_of=status.address, election=None, api_port=0)
         await self._run_role(self.make_role(config, None), status, watch=True)
         self._stopped_by_role()
@@ -180,3 +188,12 @@ class Node:
             log.warning("SIGUSR1: promoted by hand; stopping the standby link and taking over")
         else:
             log.info("SIGUSR1: already promoted")
+
+
+async def _watchdog(interval: float | None) -> None:
+    """WATCHDOG=1 every ``interval`` seconds (as systemd asks: half its WatchdogSec) from this event loop."""
+    if interval is None:
+        return
+    while True:
+        systemd.notify(systemd.WATCHDOG)
+        await trio.sleep(interval)

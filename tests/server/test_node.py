@@ -282,3 +282,42 @@ def test_promote_refuses_a_directory_nobody_runs_on(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 1
     assert done.stderr.strip() == f"idled promote: no running idled holds {tmp_path / 'd'} (its lock is free or names no process)"
+
+
+def test_a_node_talks_to_systemd_once_for_the_process_across_a_role_change(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    first = active(tmp_path / "a", "--fsync", "always")
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(tmp_path / "notify"))
+    notify.settimeout(0.2)
+    monkeypatch.setenv("NOTIFY_SOCKET", str(tmp_path / "notify"))
+    monkeypatch.setenv("WATCHDOG_USEC", "400000")  # a ping every 0.2 s
+    follower, metrics = standby(tmp_path / "s", first)
+    monkeypatch.delenv("NOTIFY_SOCKET")
+    monkeypatch.delenv("WATCHDOG_USEC")
+    messages: list[str] = []
+
+    def drain(seconds: float) -> None:
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            try:
+                messages.extend(notify.recv(4096).decode().splitlines())
+            except TimeoutError:
+                pass
+
+    try:
+        first.stop()
+        os.kill(follower.proc.pid, signal.SIGUSR1)  # what idled promote sends
+        wait_for(lambda: status(metrics)["role"] == "active", what="the promotion")
+        drain(1.0)
+        assert "STOPPING=1" not in messages, "a role change looked like a stop to the manager"
+        follower.stop()
+        drain(0.5)
+    finally:
+        follower.stop()
+        first.stop()
+        notify.close()
+    assert messages.count("READY=1") == 1
+    assert messages.count("WATCHDOG=1") >= 3
+    assert any(m.startswith("STATUS=standby of") for m in messages) and "STATUS=leader (promoted by hand)" in messages
+    assert messages.index("STOPPING=1") > messages.index("STATUS=leader (promoted by hand)")
