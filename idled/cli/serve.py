@@ -48,9 +48,9 @@ def run(args: argparse.Namespace) -> int:
     from idled.server.standbyserver import StandbyServer
 
     node = cfg.election is not None or cfg.standby_of is not None  # a role that may change (docs/ha.md)
-    # Under a node, the roles do not talk to systemd: the node says READY/STATUS/STOPPING and pings the
-    # watchdog, once for the process (a role change must not look like a stop to the manager).
-    role_env = {k: v for k, v in os.environ.items() if k not in systemd.NOTIFY_VARS} if node else None
+    # Under a node, the roles do not talk to systemd: the node says READY/STATUS/STOPPING, pings the watchdog
+    # and holds the listening sockets, once for the process (a role change must not look like a stop).
+    role_env = {k: v for k, v in os.environ.items() if k not in systemd.MANAGER_VARS} if node else None
 
     def make_role(config: Config, election: Any) -> Server | StandbyServer:
         if config.standby_of is not None:

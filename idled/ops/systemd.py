@@ -45,7 +45,7 @@ __all__ = [
     "STOPPING",
     "RELOADING",
     "WATCHDOG",
-    "NOTIFY_VARS",
+    "MANAGER_VARS",
     "LISTEN_FDS_START",
     "SystemdError",
     "Notifier",
@@ -65,12 +65,14 @@ READY = "READY=1"
 STOPPING = "STOPPING=1"
 RELOADING = "RELOADING=1"
 WATCHDOG = "WATCHDOG=1"
-NOTIFY_VARS = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")  # what tells a process to talk to the manager
 
 # sd_listen_fds(3): passed sockets start right after stdin/stdout/stderr.
 LISTEN_FDS_START = 3
 
 _LISTEN_VARS = ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES")
+# What tells a process to talk to the manager or hands it sockets (a process that runs parts of itself
+# fresh -- idled.server.node -- gives them an environment without these).
+MANAGER_VARS = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", *_LISTEN_VARS)
 
 
 class SystemdError(Exception):

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 import signal
 import time
 from collections.abc import AsyncIterator, Callable
@@ -39,9 +40,11 @@ import trio
 from idled.ops import systemd
 from idled.ops.config import Config
 from idled.server.app import Server
+from idled.server.conn import auth_secret
 from idled.server.election import Election, ManualElection
 from idled.server.election.base import Status
 from idled.server.fence import stepped_down
+from idled.server.listen import open_listeners, precheck_host
 from idled.server.signals import SIGNALS
 from idled.server.standbyserver import StandbyServer
 
@@ -67,8 +70,16 @@ class Node:
         self.address = config.advertised_address() if config.election else None
         self.role: Server | StandbyServer | None = None
         self.largest_stall = 0.0
+        self.env = os.environ  # systemd's LISTEN_FDS are taken from here (and unset)
+        self._sockets: list[trio.socket.SocketType] = []
         self._stop = trio.Event()
         self._switching = False  # the loop itself is stopping the role (a role change, not a signal)
+
+    async def _open_listeners(self) -> list[trio.SocketListener]:
+        """systemd's sockets, else ours, bound once for the process (the roles get copies)."""
+        cfg = self.config
+        precheck_host(cfg.host, cfg.port, self.env, secret=auth_secret(cfg), insecure=cfg.insecure)
+        return await open_listeners(cfg.host, cfg.port, self.env)
 
     def stop(self) -> None:
         self._stop.set()
@@ -86,6 +97,7 @@ class Node:
             # Held for the node's whole life: signals between two roles land here (a role holds its own).
             with trio.open_signal_receiver(*SIGNALS, signal.SIGUSR1) as signals:
                 nursery.start_soon(self._on_signals, signals)
+                self._sockets = [listener.socket for listener in await self._open_listeners()]
                 await nursery.start(self.election.run)
                 # READY=1 now (a core waiting for a leader, or for etcd, is up: the roles say it again) and the
                 # watchdog from the node's own loop, whatever role runs or none (a standby has no monitor).
@@ -95,6 +107,8 @@ class Node:
                     await self._roles()
                 finally:
                     systemd.notify(systemd.STOPPING)
+                    for sock in self._sockets:
+                        sock.close()
                     with trio.move_on_after(RESIGN_TIMEOUT) as scope:
                         scope.shield = True
                         await self.election.resign()
@@ -141,14 +155,15 @@ class Node:
             async with trio.open_nursery() as nursery:
 
                 async def serve(task_status: trio.TaskStatus[list[int]]) -> None:
-                    await role.serve(task_status=task_status)
+                    # Each role accepts on copies of the node's sockets and closes them when it ends: the
+                    # sockets stay bound, connections wait in their backlog while the roles change.
+                    listeners = [trio.SocketListener(sock.dup()) for sock in self._sockets]
+                    await role.serve(listeners, task_status=task_status)
                     nursery.cancel_scope.cancel()  # the watcher too
 
                 if watch:
                     nursery.start_soon(self._stop_on_change, role, status)
-                ports = await nursery.start(serve)
-                if self.config.port == 0 and ports:  # later roles listen where this one did
-                    self.config = dataclasses.replace(self.config, port=ports[0])
+                await nursery.start(serve)
         finally:
             self.role = None
             self.largest_stall = max(self.largest_stall, role.largest_stall)

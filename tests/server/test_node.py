@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from idled.protocol import Login
+from idled.protocol import Login, encode
 from idled.protocol.codec import PING_FRAME, PONG_FRAME
 from idled.tools.bench.daemon import Daemon
 from idled.tools.bench.failover import Cluster, _DurableObserver, _Gateway, _history, _login, _probe
 from idled.tools.etcd import ETCD
+from tests.peers import free_port
 from tests.server.standby_support import Gateway, active, records, standby, status, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(ETCD is None, reason="etcd not on PATH (.ci/system-deps)")]
@@ -321,3 +322,42 @@ def test_a_node_talks_to_systemd_once_for_the_process_across_a_role_change(
     assert messages.count("WATCHDOG=1") >= 3
     assert any(m.startswith("STATUS=standby of") for m in messages) and "STATUS=leader (promoted by hand)" in messages
     assert messages.index("STOPPING=1") > messages.index("STATUS=leader (promoted by hand)")
+
+
+# systemd's part: the listening socket at fd 3 and LISTEN_* for the exec'd daemon's pid.
+ACTIVATE = r"""
+import os, sys
+os.dup2(int(sys.argv[1]), 3)
+os.environ["LISTEN_PID"] = str(os.getpid())
+os.environ["LISTEN_FDS"] = "1"
+os.execv(sys.executable, [sys.executable, "-m", "idled.cli.main", *sys.argv[2:]])
+"""
+
+
+def test_a_socket_activated_node_keeps_its_socket_across_a_promotion(tmp_path: Path) -> None:
+    first = active(tmp_path / "a", "--fsync", "always")
+    listener = socket.create_server(("127.0.0.1", 0))
+    port, metrics = listener.getsockname()[1], free_port()
+    (tmp_path / "s").mkdir()
+    with open(tmp_path / "s.err", "wb") as err:
+        node = subprocess.Popen(
+            [sys.executable, "-c", ACTIVATE, str(listener.fileno()), "serve", "--data-dir", str(tmp_path / "s"),
+             "--standby-of", f"127.0.0.1:{first.port}", "--metrics-port", str(metrics)],
+            pass_fds=[listener.fileno()], stderr=err)
+    listener.close()  # only the daemon holds it now
+    try:
+        wait_for(lambda: status(metrics)["role"] == "standby", what="the standby")
+        refused = socket.create_connection(("127.0.0.1", port))  # the passed socket: a standby refuses users
+        refused.sendall(encode(Login("uid", "early")))
+        assert b"not_leader" in refused.recv(4096)
+        refused.close()
+        first.stop()
+        node.send_signal(signal.SIGUSR1)
+        wait_for(lambda: status(metrics)["role"] == "active", what="the promotion")
+        sock = _login(("127.0.0.1", port), Login("uid", "after"))  # the same socket, never re-bound
+        assert sock is not None
+        sock.close()
+    finally:
+        node.terminate()
+        assert node.wait(timeout=20) == 0
+        first.stop()
