@@ -199,7 +199,6 @@ _ATTACH_KEYS: Final = frozenset({"op", "uids", "keepalive"})
 _UIDS_KEYS: Final = frozenset({"op", "uids"})
 _SUBSCRIBE_KEYS: Final = frozenset({"op", "from", "durable", "uids"})
 _QUERY_KEYS: Final = frozenset({"op", "uids", "last_seen"})
-_REPLICATE_KEYS: Final = frozenset({"op", "from"})
 
 
 def _identity(obj: dict[str, Any], op: str) -> tuple[Role, Uid]:
@@ -346,8 +345,10 @@ _CLIENT_PARSERS: Final[dict[str, Callable[[dict[str, Any]], ClientMessage]]] = {
 
 
 def _parse_replicate(obj: dict[str, Any]) -> Replicate:
-    _only(obj, _REPLICATE_KEYS, "replicate")
-    return Replicate(_seq(obj.get("from"), "from"))
+    # The standby's frames live with the rest of the replication link's (which imports this module).
+    from idled.protocol.replication import parse_replicate
+
+    return parse_replicate(obj)
 
 
 def _op_of(obj: Any) -> str:
