@@ -36,6 +36,7 @@ from idled.protocol.messages import (
     Uid, Welcome,
 )
 from idled.protocol.messages import Replicate, Unwatch, Watch
+from idled.protocol.replicate import parse_replicate
 
 __all__ = ["parse_client_message", "parse_server_message", "check_uid", "check_device", "check_key"]
 
@@ -345,10 +346,7 @@ _CLIENT_PARSERS: Final[dict[str, Callable[[dict[str, Any]], ClientMessage]]] = {
 
 
 def _parse_replicate(obj: dict[str, Any]) -> Replicate:
-    # The standby's frames live with the rest of the replication link's (which imports this module).
-    from idled.protocol.replication import parse_replicate
-
-    return parse_replicate(obj)
+    return parse_replicate(obj)  # with its optional check: idled.protocol.replicate
 
 
 def _op_of(obj: Any) -> str:

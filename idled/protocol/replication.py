@@ -49,8 +49,9 @@ from typing import Any, Final, TypeAlias
 
 import msgpack
 
-from idled.protocol.messages import MAX_SEQ, ClientMessage, ErrorCode, ProtocolError, Replicate, ServerMessage
-from idled.protocol.parse import _short, parse_client_message, parse_server_message
+from idled.protocol.messages import MAX_SEQ, ClientMessage, ErrorCode, ProtocolError, ServerMessage
+from idled.protocol.parse import parse_client_message, parse_server_message
+from idled.protocol.replicate import ReplicateChecked, parse_replicate  # re-exported: the link's frames in one place
 
 __all__ = [
     "HEARTBEAT", "LINK_TIMEOUT", "MAX_BATCH_BYTES", "MAX_BATCH_RECORDS", "MAX_FRAME", "PART_BYTES",
@@ -67,7 +68,6 @@ PART_BYTES: Final = 256 * 1024  # snapshot bytes in one `snapshot_part` frame
 MAX_FRAME: Final = MAX_BATCH_BYTES + 2 * 65_536 + 64 * 1024  # a standby's frame limit: a batch and slack
 MAX_SNAPSHOT_BYTES: Final = 4 << 30  # a larger snapshot is refused (a 1M-session snapshot is ~28 MB)
 MAX_STANDBY_FRAME: Final = 256  # the active's frame limit for what a standby sends after replicate (an ack: ~20 B)
-MAX_CRC: Final = 0xFFFF_FFFF
 
 _packb = msgpack.packb
 
@@ -92,15 +92,6 @@ class Resync:
 @dataclass(frozen=True, slots=True)
 class SnapshotPart:
     data: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class ReplicateChecked(Replicate):
-    """``replicate`` with ``last``: (seq, crc) of the standby's last record; seq is always ``from_seq - 1``.
-    A subclass so that the observer role hands it on as any ``replicate`` (a field of `messages.Replicate`
-    once that module takes it)."""
-
-    last: tuple[int, int] = (0, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,28 +182,6 @@ def _parse_part(obj: dict[str, Any]) -> SnapshotPart:
 _PARSERS: Final[dict[str, Callable[[dict[str, Any]], ReplicationMessage]]] = {
     "records": _parse_records, "resync": _parse_resync, "snapshot_part": _parse_part,
 }
-
-
-_REPLICATE_KEYS: Final = frozenset({"op", "from", "last"})
-
-
-def parse_replicate(obj: dict[str, Any]) -> Replicate:
-    """A standby's ``replicate`` (called by the client parser): `ReplicateChecked` when it carries ``last``."""
-    for key in obj:
-        if key not in _REPLICATE_KEYS:
-            raise _bad(f"unknown field {_short(key)} in replicate")
-    from_seq = _seq(obj.get("from"), "from")
-    last = obj.get("last")
-    if last is None:
-        return Replicate(from_seq)
-    if type(last) is not tuple or len(last) != 2:
-        raise _bad("last must be [seq, crc]")
-    seq, crc = _seq(last[0], "last's seq"), last[1]
-    if seq != from_seq - 1 or seq < 1:
-        raise _bad("last must name the record just below from (from >= 2)")
-    if type(crc) is not int or not 0 <= crc <= MAX_CRC:
-        raise _bad("last's crc must be an int in 0..2**32-1")
-    return ReplicateChecked(from_seq, (seq, crc))
 
 
 def parse_standby_message(obj: Any) -> StandbyMessage:
