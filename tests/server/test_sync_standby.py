@@ -1,0 +1,115 @@
+"""Synchronous replication (``--sync-standby``) and the divergence check: real daemons on loopback (docs/ha.md)."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.server.standby_support import (
+    Gateway, Watcher, active, metric, records, standby, status, sync_active, wait_for,
+)
+
+pytestmark = pytest.mark.slow
+
+HOLD = 0.5  # seconds we watch a durable observer *not* advance (nothing to wait for: its absence is the point)
+
+
+def on_disk(data_dir: Path) -> int:
+    return max(records(data_dir), default=0)
+
+
+def test_durable_observers_wait_for_the_sync_standby(tmp_path: Path) -> None:
+    act, act_metrics = sync_active(tmp_path / "a")
+    sb, sb_metrics = standby(tmp_path / "s", act, "--fsync", "always")
+    fast = durable = None
+    try:
+        wait_for(lambda: "sync standby attached" in act.stderr(), what="the standby to become synchronous")
+        assert metric(act_metrics, "idled_sync_standby") == 1
+        assert status(act_metrics)["replication"]["sync_attached"]
+        fast, durable = Watcher(act.port, durable=False), Watcher(act.port, durable=True)
+        gateway = Gateway(act.port)
+        gateway.churn(10)
+        wait_for(lambda: durable.last == fast.last == 15, what="both observers")
+        assert status(sb_metrics)["standby"]["synced"] >= 15
+
+        # A stopped standby acknowledges nothing: durable observers stop where it stopped, live ones go on.
+        sb.proc.send_signal(signal.SIGSTOP)
+        held = on_disk(tmp_path / "s/data")  # --fsync always there: what it holds is what it has synced
+        gateway.churn(10, prefix="v")
+        wait_for(lambda: fast.last == 30 and on_disk(tmp_path / "a/data") == 30, what="the active's events")
+        time.sleep(HOLD)
+        assert durable.last <= held < 30, (durable.last, held)
+        sb.proc.send_signal(signal.SIGCONT)
+        wait_for(lambda: durable.last == 30, what="durable observers to catch up once it acknowledges")
+        assert on_disk(tmp_path / "s/data") >= 30
+
+        # Stopped for longer than SYNC_TIMEOUT: no longer synchronous, durable observers go on without it.
+        sb.proc.send_signal(signal.SIGSTOP)
+        gateway.churn(10, prefix="w")
+        wait_for(lambda: "acknowledged nothing for" in act.stderr(), timeout=15, what="the sync standby's timeout")
+        wait_for(lambda: durable.last == 45, what="durable observers after the fallback")
+        assert metric(act_metrics, "idled_sync_standby") == 0
+        sb.proc.send_signal(signal.SIGCONT)
+        wait_for(lambda: act.stderr().count("sync standby attached") == 2, what="the standby to be synchronous again")
+
+        # Killed: its link ends, the active falls back at once and says so.
+        sb.proc.send_signal(signal.SIGKILL)
+        sb.proc.wait()
+        wait_for(lambda: "its link ended" in act.stderr(), what="the lost link")
+        assert metric(act_metrics, "idled_sync_standby") == 0
+        assert not status(act_metrics)["replication"]["sync_attached"]
+        gateway.churn(10, prefix="x")
+        wait_for(lambda: durable.last == 60, what="durable observers with no standby")
+        assert act.stderr().count("sync standby lost") == 2
+        gateway.close()
+    finally:
+        for watcher in (fast, durable):
+            if watcher is not None:
+                watcher.close()
+        sb.stop()
+        act.stop()
+
+
+def test_diverged_standby_resyncs_and_keeps_its_old_log_aside(tmp_path: Path) -> None:
+    """An old leader back as a standby: its last records were its own (never acknowledged), the new active
+    wrote others under the same seqs."""
+    with active(tmp_path / "a", "--fsync", "always") as act:
+        gateway = Gateway(act.port)
+        gateway.churn(10)
+        sb, metrics = standby(tmp_path / "s", act, "--fsync", "always")
+        with sb:
+            wait_for(lambda: status(metrics)["standby"]["last_seq"] >= 15, what="the first catch-up")
+        # The copy runs as an active of its own for a while: seqs 16.. hold its records.
+        shutil.copytree(tmp_path / "s", tmp_path / "d")
+        with active(tmp_path / "d", "--fsync", "always") as rogue:
+            other = Gateway(rogue.port)
+            other.churn(6, prefix="rogue")
+            wait_for(lambda: on_disk(tmp_path / "d/data") >= 24, what="the copy's own records")
+            other.close()
+        theirs_before = records(tmp_path / "d/data")
+        # The real active writes different records under the same seqs (and more).
+        gateway.churn(20, prefix="real")
+        wait_for(lambda: on_disk(tmp_path / "a/data") >= 45, what="the active's records")
+        assert records(tmp_path / "a/data")[16] != theirs_before[16]
+
+        sb, metrics = standby(tmp_path / "d", act, "--fsync", "always")
+        with sb:
+            final = on_disk(tmp_path / "a/data")
+            wait_for(lambda: status(metrics)["standby"]["last_seq"] >= final, what="the re-synced copy")
+            diverged = max(theirs_before)
+            assert f"standby: diverged from the active: our last record, seq {diverged}" in sb.stderr()
+            assert f"diverged: its last record, seq {diverged}, differs from this core's" in act.stderr()
+            assert status(metrics)["standby"]["resyncs"] == 1
+            # Compared while the gateway is open: its close would add the active's offlines.
+            assert records(tmp_path / "d/data") == records(tmp_path / "a/data")
+            segments = sorted(p.name for p in (tmp_path / "a/data").glob("*.seg"))
+            assert segments == sorted(p.name for p in (tmp_path / "d/data").glob("*.seg"))
+            for name in segments:
+                assert (tmp_path / "a/data" / name).read_bytes() == (tmp_path / "d/data" / name).read_bytes()
+        gateway.close()
+    asides = list((tmp_path / "d/data").glob("aside-*"))
+    assert len(asides) == 1 and records(asides[0]) == theirs_before  # nothing of the old log is lost
