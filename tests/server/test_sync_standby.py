@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import shutil
 import signal
+import socket
 import time
 from pathlib import Path
 
+import msgpack
 import pytest
+
+from idled.protocol import Login, encode
+from idled.protocol.replication import encode_replicate
 
 from tests.server.standby_support import (
     Gateway, Watcher, active, metric, records, standby, status, sync_active, wait_for,
@@ -16,6 +21,11 @@ from tests.server.standby_support import (
 pytestmark = pytest.mark.slow
 
 HOLD = 0.5  # seconds we watch a durable observer *not* advance (nothing to wait for: its absence is the point)
+
+
+def frame_of(obj: object) -> bytes:
+    body = msgpack.packb(obj, use_bin_type=True)
+    return len(body).to_bytes(4, "big") + body
 
 
 def on_disk(data_dir: Path) -> int:
@@ -113,3 +123,36 @@ def test_diverged_standby_resyncs_and_keeps_its_old_log_aside(tmp_path: Path) ->
         gateway.close()
     asides = list((tmp_path / "d/data").glob("aside-*"))
     assert len(asides) == 1 and records(asides[0]) == theirs_before  # nothing of the old log is lost
+
+
+def read_until_closed(sock: socket.socket) -> bytes:
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
+@pytest.mark.parametrize("bad", [
+    frame_of({"op": "ack", "seq": "x"}),  # malformed
+    frame_of({"op": "ack", "seq": 10**6}),  # beyond what was sent
+    frame_of({"op": "ack", "seq": 1, "pad": "x" * 300}),  # too large for the standby's frames
+])
+def test_bad_frame_from_a_standby_ends_its_link_only(tmp_path: Path, bad: bytes) -> None:
+    act, act_metrics = sync_active(tmp_path / "a")
+    sb, sb_metrics = standby(tmp_path / "s", act, "--fsync", "always")
+    try:
+        wait_for(lambda: "sync standby attached" in act.stderr(), what="the real standby")
+        rogue = socket.create_connection(("127.0.0.1", act.port), timeout=10)
+        rogue.sendall(encode(Login("observer", "rogue")) + encode_replicate(1, None))
+        rogue.sendall(bad)
+        reply = read_until_closed(rogue)
+        assert b"bad_message" in reply or b"too_large" in reply
+        rogue.close()
+        gateway = Gateway(act.port)
+        gateway.churn(4)
+        wait_for(lambda: status(sb_metrics)["standby"]["last_seq"] == 6, what="the real standby to go on")
+        assert status(act_metrics)["replication"]["sync_attached"]
+        gateway.close()
+    finally:
+        sb.stop()
+        act.stop()
