@@ -86,13 +86,18 @@ def _open_binary(path: str) -> BinaryIO:
 class _Link:
     """One attached standby, as the sync bookkeeping sees it."""
 
-    __slots__ = ("name", "acked", "sent", "sync_from", "sync", "failure")
+    __slots__ = ("name", "acked", "sent", "last_record", "sync_from", "needed", "sync", "failure")
 
     def __init__(self, name: str, sync_from: int) -> None:
         self.name = name
         self.acked = -1  # the last seq it said it has synced (-1: no ack yet: an older standby never sends one)
-        self.sent = 0  # the last seq sent to it (acks beyond are refused)
-        self.sync_from = sync_from  # synchronous once it has acknowledged this seq
+        self.sent = 0  # the feed's position: every seq up to here was sent or never existed (acks beyond: refused)
+        # Synchronous once the feed has passed `sync_from` (the log's durable seq when it attached, or fell
+        # silent) and it has acknowledged `needed`, the last record sent up to there. Not `sync_from` itself:
+        # that seq may not exist (the gap a crash leaves before a new run's first seq).
+        self.sync_from = sync_from
+        self.needed = 0
+        self.last_record = 0  # the last record sent
         self.sync = False
         self.failure: ProtocolError | None = None  # a bad frame from the standby: the link ends with it
 
@@ -213,7 +218,11 @@ class Replicas:
                                                            time.time())], REPLICA_STALL)
                         self.sent += len(batch)
                         last_sent = trio.current_time()
+                        link.last_record = batch[-1][0]
+                        if not link.sync and batch[0][0] <= link.sync_from:
+                            link.needed = max(seq for seq, _ in batch if seq <= link.sync_from)
                     link.sent = reader.next - 1
+                    self._maybe_sync(link)
                     subscription.cursor = reader.next
                     continue
                 with trio.move_on_at(last_sent + HEARTBEAT) as scope:
@@ -241,7 +250,7 @@ class Replicas:
                     message = await receive_message(stream, acks)
                 if scope.cancelled_caught:
                     if link.sync:  # still connected, but silent: stopped, or its disk hangs
-                        link.sync, link.sync_from = False, self.bus.log_durable_seq
+                        link.sync, link.sync_from, link.needed = False, self.bus.log_durable_seq, link.last_record
                         self._update(f"{link.name} acknowledged nothing for {SYNC_TIMEOUT:g} s")
                     continue
                 if type(message) is Ack:
@@ -262,11 +271,15 @@ class Replicas:
         if seq <= link.acked:
             return
         link.acked = seq
-        if not link.sync and seq >= link.sync_from:
+        if link.sync:
+            self._update(None)
+        else:
+            self._maybe_sync(link)
+
+    def _maybe_sync(self, link: _Link) -> None:
+        if not link.sync and link.acked >= link.needed and link.sent >= link.sync_from:
             link.sync = True  # it holds everything there was when it attached (or fell silent): caught up
             self._update(f"{link.name} caught up")
-        elif link.sync:
-            self._update(None)
 
     def _update(self, why: str | None) -> None:
         """Hand the bus the synchronous standbys' best ack; log a change of whether there is one."""
