@@ -5,9 +5,9 @@ Theory of operation
 `StandbyLink.run` keeps one connection to the active core (``standby_of``): it logs in as an observer
 (with a token it mints itself when auth is on: a standby shares the active's secret) and sends ``replicate
 from=<our last seq + 1>``, so every (re)connection resumes exactly after the last record we hold: no gap,
-no duplicate; it names its last record in ``last`` (seq and CRC), so the active can tell that we hold
-records it never had (see *Divergence*). The active sends ``records`` frames of durable records, byte for byte as its segments hold
-them (``idled.server.replication``, ``idled.protocol.replication``); each batch is
+no duplicate; it names our last record in ``last`` (seq and CRC), so the active can tell whether we hold
+records it never had (see *Divergence*). The active sends ``records`` frames of durable records, byte for
+byte as its segments hold them (``idled.server.replication``, ``idled.protocol.replication``); each batch is
 
 1. appended to our log as it is (``idled.log.shipping.append_raw``: same bytes, same seqs; the log keeps
    its open sessions, last-seen map, snapshots and retention as the active's does), in a worker thread;
