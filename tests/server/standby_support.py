@@ -68,6 +68,7 @@ class Watcher(threading.Thread):
         self.sock = socket.create_connection(("127.0.0.1", port))
         self.sock.sendall(encode(Login("observer", "durable" if durable else "fast")) + encode(Subscribe(1, durable)))
         self.last = 0
+        self.seen: list[tuple[int, str, Any]] = []  # (seq, kind, uid) of every event, in order
         self.start()
 
     def run(self) -> None:
@@ -77,6 +78,7 @@ class Watcher(threading.Thread):
                 decoder.receive_data(data)
                 while (message := decoder.next_event()) is not NEED_DATA:
                     if type(message) is Event:
+                        self.seen.append((message.seq, message.kind, message.uid))
                         self.last = message.seq
         except OSError:
             pass
