@@ -78,11 +78,8 @@ class RawReader:
             size += taken
             if stop:
                 break
-            # A chunk read through (records below `next` skipped, say: a standby resuming deep in a large
-            # segment) is not the end: read on in this segment before calling the batch empty -- an empty
-            # batch tells the sender "a gap", and it would skip seqs this segment still holds.
             if self._offset > offset:
-                continue
+                continue  # a whole chunk read (perhaps all below ``next``): the segment may hold more
             if not self._next_segment():
                 break
         if out:
