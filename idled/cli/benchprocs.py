@@ -69,8 +69,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--standby", action="store_true",
-        help="an active idled serve at 3000 events/s for 3 x --seconds (default 10): its CPU per event without, "
-        "with and again without a standby attached, and the standby's lag (takes only --seconds)",
+        help="an active idled serve at 3000 events/s for 5 x --seconds (default 10): its CPU per event and a durable "
+        "observer's latency without, with (async) and again without a standby, then with --sync-standby without and "
+        "with a sync standby; the standby's lag (takes only --seconds)",
     )
     page = parser.add_argument_group("status page (instead of the detectors)")
     page.add_argument(
@@ -149,7 +150,8 @@ def _hook(args: argparse.Namespace, defaults: Mapping[str, Any]) -> int:
 
 
 def _standby(args: argparse.Namespace, defaults: Mapping[str, Any]) -> int:
-    """`idled bench --standby [--seconds S]`: what a standby costs the active, and its lag at 3000 events/s."""
+    """`idled bench --standby [--seconds S]`: what a standby costs the active, its lag, and what a sync standby
+    adds to a durable observer's latency, at 3000 events/s."""
     only(args, defaults, ("standby", "seconds"), "--standby")
     seconds = 10.0 if args.seconds is None else args.seconds
     if not 1 <= seconds <= 3600:

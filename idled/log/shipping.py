@@ -36,7 +36,7 @@ from idled.log.segments import READ_CHUNK_BYTES, fsync_directory, list_segments,
 from idled.log.snapshot import read_snapshot_state, snapshot_name
 
 __all__ = ["ASIDE_PREFIX", "INCOMING_SNAPSHOT", "Gone", "ShippedRecordsBad", "RawReader", "append_raw", "decode_raw",
-           "record_seqs",
+           "read_record", "record_seqs",
            "move_aside", "SnapshotSink"]
 
 ASIDE_PREFIX: Final = "aside-"
@@ -134,6 +134,12 @@ class RawReader:
                 break  # incomplete: a write in progress (or a torn tail)
         self._offset += pos
         return len(out) >= max_records or taken >= max_bytes, taken
+
+
+def read_record(directory: str, seq: int) -> bytes | None:
+    """The bytes of the record ``seq`` as the segments hold it; None if no good record has that seq (blocking)."""
+    batch = RawReader(directory, seq).take(seq + 1, 1, READ_CHUNK_BYTES)
+    return batch[0][1] if batch and batch[0][0] == seq else None
 
 
 def decode_raw(raws: Sequence[bytes]) -> list[dict[str, Any]]:

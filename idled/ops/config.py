@@ -84,6 +84,8 @@ class Config:
     data_dir: str | None = None  # None: $STATE_DIRECTORY under systemd, else ./idled-data
     fsync: str = "interval"
     fsync_interval: float = 1.0
+    # Durable observers wait for a standby's acknowledgement too, while one is attached (docs/ha.md).
+    sync_standby: bool = False
     segment_bytes: int = 64 << 20
     retention_bytes: int = 1 << 30
     retention_seconds: float = 7 * 86400.0
@@ -237,6 +239,9 @@ HELP: dict[str, str] = {
     "data_dir": "event-log directory (default $STATE_DIRECTORY under systemd, else ./idled-data)",
     "fsync": "event-log durability: always, interval or never",
     "fsync_interval": "seconds between fsyncs with --fsync interval",
+    "sync_standby": "synchronous replication: while a standby is attached and caught up, durable observers get an "
+                    "event only once that standby has synced it too; with none, this core's own fsync alone "
+                    "(docs/ha.md; default off)",
     "segment_bytes": "event-log segment size before rotation",
     "retention_bytes": "event-log total size kept",
     "retention_seconds": "event-log age kept",

@@ -36,6 +36,7 @@ from idled.protocol.messages import (
     Uid, Welcome,
 )
 from idled.protocol.messages import Replicate, Unwatch, Watch
+from idled.protocol.replicate import parse_replicate
 
 __all__ = ["parse_client_message", "parse_server_message", "check_uid", "check_device", "check_key"]
 
@@ -200,7 +201,6 @@ _ATTACH_KEYS: Final = frozenset({"op", "uids", "keepalive"})
 _UIDS_KEYS: Final = frozenset({"op", "uids"})
 _SUBSCRIBE_KEYS: Final = frozenset({"op", "from", "durable", "uids"})
 _QUERY_KEYS: Final = frozenset({"op", "uids", "last_seen"})
-_REPLICATE_KEYS: Final = frozenset({"op", "from"})
 
 
 def _identity(obj: dict[str, Any], op: str) -> tuple[Role, Uid]:
@@ -347,8 +347,7 @@ _CLIENT_PARSERS: Final[dict[str, Callable[[dict[str, Any]], ClientMessage]]] = {
 
 
 def _parse_replicate(obj: dict[str, Any]) -> Replicate:
-    _only(obj, _REPLICATE_KEYS, "replicate")
-    return Replicate(_seq(obj.get("from"), "from"))
+    return parse_replicate(obj)  # with its optional check: idled.protocol.replicate
 
 
 def _op_of(obj: Any) -> str:

@@ -23,6 +23,17 @@ published event), or ``durable_seq + 1`` for a *durable* subscription: only even
 durable under the fsync policy (``durable_to``, the writer's ``on_durable``), like a Kafka consumer reading
 up to the high watermark.
 
+Synchronous standbys (``--sync-standby``)
+-----------------------------------------
+The bus keeps two watermarks. ``log_durable_seq`` is what the writer reported (``durable_to``): the log
+replication feed (``idled.server.replication``, a *feed* subscription: ``subscribe(..., feed=True)``) reads
+up to it. ``durable_seq`` is what durable subscribers are told, and what anything else calling an event
+durable means: the same, unless a synchronous standby is attached (``sync_to(acked)``), in which case it is
+``min(log_durable_seq, acked)`` -- an event is durable once it is on this disk *and* on the standby's. The
+feed cannot wait for the standby's acknowledgement of what the feed has yet to send it (a deadlock), hence
+two. ``sync_to(None)`` (no sync standby) lets ``durable_seq`` catch up with the log at once. It never moves
+back: a standby attaching with an older ack holds the watermark where it is until its acks pass it.
+
 Replay (``subscribe from=N``) is the same thing: the cursor starts at ``N`` instead of ``next_seq``, and the
 sender reads from disk, then the window, then keeps up live. Nothing is lost at a seam and nothing is sent
 twice, because there is no seam: one cursor walks one sequence.
@@ -109,11 +120,12 @@ class Subscription:
     full-stream one) and its queue: ``queue`` of ``(seq, frame)``, ``queue_bytes``, and the seqs it covers,
     ``live_from`` (None: not filling; the sender replays) and ``stop_at`` (the seq that overflowed it)."""
 
-    __slots__ = ("cursor", "durable", "_wakeup", "watching", "queue", "queue_bytes", "live_from", "stop_at")
+    __slots__ = ("cursor", "durable", "feed", "_wakeup", "watching", "queue", "queue_bytes", "live_from", "stop_at")
 
     def __init__(self) -> None:
         self.cursor: int | None = None
         self.durable = False
+        self.feed = False  # the replication feed: up to the log's durable seq (see the module docstring)
         self._wakeup = trio.Event()
         self.watching: set[Uid] | None = None
         self.queue: collections.deque[tuple[int, bytes]] = collections.deque()
@@ -163,9 +175,12 @@ class EventBus:
         self._ring: list[bytes] = [b""] * self._size
         self._next = 0  # seq of the next event (set by start())
         self._count = 0  # frames in the window: seqs [_next - _count, _next)
-        self.durable_seq = 0  # highest seq the writer reported durable
+        self.durable_seq = 0  # highest seq durable subscribers may be sent (see "Synchronous standbys")
+        self.log_durable_seq = 0  # highest seq the writer reported durable
+        self.sync_acked: int | None = None  # a synchronous standby's acknowledged seq; None: none attached
         self._live: set[Subscription] = set()
         self._durable: set[Subscription] = set()
+        self._feeds: set[Subscription] = set()
         self._on_event = on_event
         self._closed = False
         # Watchlists (see the module docstring): the subscriptions, the index, and the uid ring.
@@ -179,6 +194,7 @@ class EventBus:
         durable as it will ever be (a crash between runs may leave a gap of seqs that never existed)."""
         if not self._count:
             self._next = first_seq
+        self.log_durable_seq = max(self.log_durable_seq, first_seq - 1)
         self.durable_seq = max(self.durable_seq, first_seq - 1)
 
     # -- producing ----------------------------------------------------------------------------------
@@ -219,6 +235,20 @@ class EventBus:
 
     def durable_to(self, seq: int) -> None:
         """The writer's ``on_durable``: every seq up to ``seq`` is durable under the fsync policy."""
+        if seq > self.log_durable_seq:
+            self.log_durable_seq = seq
+            for subscription in self._feeds:
+                subscription.wake()
+            self._advance()
+
+    def sync_to(self, acked: int | None) -> None:
+        """The synchronous standby's acknowledged seq, or None: none is attached (see the module docstring)."""
+        self.sync_acked = acked
+        self._advance()
+
+    def _advance(self) -> None:
+        acked = self.sync_acked
+        seq = self.log_durable_seq if acked is None else min(self.log_durable_seq, acked)
         if seq > self.durable_seq:
             self.durable_seq = seq
             for subscription in self._durable:
@@ -249,12 +279,17 @@ class EventBus:
         """The seq the next event will get."""
         return self._next
 
-    def subscribe(self, subscription: Subscription, from_seq: int | None, *, durable: bool = False) -> None:
+    def subscribe(self, subscription: Subscription, from_seq: int | None, *, durable: bool = False,
+                  feed: bool = False) -> None:
         """Start ``subscription`` at ``from_seq`` (None: the next event). A subscription whose ``watching`` is
-        set (by ``watch``, before this call) is a watchlist one: its queue fills from the next event on."""
+        set (by ``watch``, before this call) is a watchlist one: its queue fills from the next event on.
+        ``feed``: the replication feed, woken as the log's durability advances (not the sync standby's)."""
         subscription.cursor = self._next if from_seq is None else from_seq
-        subscription.durable = durable
-        if subscription.watching is not None:
+        subscription.durable = durable or feed
+        subscription.feed = feed
+        if feed:
+            self._feeds.add(subscription)
+        elif subscription.watching is not None:
             subscription.live_from = self._next
             if durable:
                 self._durable.add(subscription)  # woken as durability advances, not per event
@@ -265,6 +300,7 @@ class EventBus:
     def unsubscribe(self, subscription: Subscription) -> None:
         self._live.discard(subscription)
         self._durable.discard(subscription)
+        self._feeds.discard(subscription)
         if subscription.watching is not None:
             self.unwatch(subscription, list(subscription.watching))
             self._watchers.discard(subscription)
@@ -277,7 +313,8 @@ class EventBus:
 
     def is_subscribed(self, subscription: Subscription) -> bool:
         return subscription.cursor is not None and (
-            subscription in self._live or subscription in self._durable or subscription in self._watchers)
+            subscription in self._live or subscription in self._durable or subscription in self._watchers
+            or subscription in self._feeds)
 
     # -- watchlists ---------------------------------------------------------------------------------
 
@@ -341,7 +378,9 @@ class EventBus:
 
     def limit(self, subscription: Subscription) -> int:
         """One past the last seq ``subscription`` may be sent now."""
-        return min(self._next, self.durable_seq + 1) if subscription.durable else self._next
+        if subscription.durable:
+            return min(self._next, (self.log_durable_seq if subscription.feed else self.durable_seq) + 1)
+        return self._next
 
     def oldest_recent(self) -> int | None:
         """The oldest seq in the window (None: empty)."""
@@ -366,11 +405,16 @@ class EventBus:
 
     def undelivered(self) -> int:
         """Events observers may be sent now and have not been sent yet (for watchlist subscriptions, an upper
-        bound: the seqs they have yet to replay count, matching or not)."""
+        bound: the seqs they have yet to replay count, matching or not). Durable subscribers count up to the
+        log's durable seq: what a sync standby has yet to acknowledge is on its way to them too (a clean stop
+        waits for it)."""
         total = 0
-        for subscription in (*self._live, *self._durable):
+        for subscription in (*self._live, *self._durable, *self._feeds):
             if subscription.cursor is not None and subscription.watching is None:
-                total += max(0, self.limit(subscription) - subscription.cursor)
+                total += max(0, self._pending_limit(subscription) - subscription.cursor)
         for subscription in self._watchers:
-            total += subscription.pending(self.limit(subscription))
+            total += subscription.pending(self._pending_limit(subscription))
         return total
+
+    def _pending_limit(self, subscription: Subscription) -> int:
+        return min(self._next, self.log_durable_seq + 1) if subscription.durable else self._next

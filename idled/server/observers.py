@@ -257,7 +257,8 @@ class Observers:
             queries = Queries(presence, bus, log, first_seq=first_seq, clock=clock)
         self.queries = queries  # a standby's answers from its replicated log (idled.server.standby)
         # A standby's ``replicate`` (idled.server.replication), on an active core: it takes the connection over.
-        self.replicas: Callable[[trio.abc.Stream, FrameDecoder, Replicate, FrameWriter], Awaitable[None]] | None = None
+        # Called with the observer's login name last (the standby's, for log lines).
+        self.replicas: Callable[[trio.abc.Stream, FrameDecoder, Replicate, FrameWriter, str], Awaitable[None]] | None = None
         self.bus = bus
         self.log = log
         self.first_seq = first_seq
@@ -327,10 +328,10 @@ class Observers:
                 peer.reply(bus.next_seq, frame)
             elif message is PING:
                 peer.reply(bus.next_seq, PONG_FRAME)
-            elif type(message) is Replicate:
+            elif isinstance(message, Replicate):  # or its subclass with the check (protocol.replication)
                 if self.replicas is None or bus.is_subscribed(subscription) or peer.replies:
                     raise ProtocolError(ErrorCode.NOT_ALLOWED, "replicate: a standby's first request, to an active core")
-                await self.replicas(stream, decoder, message, peer.writer)
+                await self.replicas(stream, decoder, message, peer.writer, peer.name)
                 return
             else:
                 raise ProtocolError(ErrorCode.NOT_ALLOWED, f"{type(message).__name__.lower()} is not for observers")

@@ -5,14 +5,18 @@ Theory of operation
 `StandbyLink.run` keeps one connection to the active core (``standby_of``): it logs in as an observer
 (with a token it mints itself when auth is on: a standby shares the active's secret) and sends ``replicate
 from=<our last seq + 1>``, so every (re)connection resumes exactly after the last record we hold: no gap,
-no duplicate. The active sends ``records`` frames of durable records, byte for byte as its segments hold
-them (``idled.server.replication``, ``idled.protocol.replication``); each batch is
+no duplicate; it names our last record in ``last`` (seq and CRC), so the active can tell whether we hold
+records it never had (see *Divergence*). The active sends ``records`` frames of durable records, byte for
+byte as its segments hold them (``idled.server.replication``, ``idled.protocol.replication``); each batch is
 
 1. appended to our log as it is (``idled.log.shipping.append_raw``: same bytes, same seqs; the log keeps
    its open sessions, last-seen map, snapshots and retention as the active's does), in a worker thread;
 2. synced by *our* ``--fsync`` policy: ``always`` every batch, ``interval`` once ``fsync_interval`` has
    passed (heartbeats come every second, so nothing stays unsynced much longer), ``never`` not at all;
-3. handed to our observers (``EventBus.relay``; durable subscribers once we have synced it).
+3. handed to our observers (``EventBus.relay``; durable subscribers once we have synced it);
+4. acknowledged: ``{"op":"ack","seq":N}``, N the last seq we have synced (``synced``), after every ``records``
+   frame, heartbeats included. The active holds its durable observers to our acks when it runs with
+   ``sync_standby`` (``idled.server.replication``); an ack also tells it we are alive.
 
 Only then is the next frame read, so a slow disk here stops us reading, the active's send blocks, and no
 buffer grows on either side: one frame (``MAX_FRAME``) is in flight.
@@ -27,6 +31,11 @@ so in one warning line (which seqs we have, which the active keeps), move our lo
 temporary file, and start a new log with the records from the active's oldest seq. Once the records
 below the snapshot's seq are written, the snapshot is installed and the log reopened from it: its open
 sessions are then the active's.
+
+**Divergence.** An old leader that comes back as a standby may hold records its successor never got
+(written, never acknowledged). Its ``last`` does not match the new active's record at that seq, and the
+active answers ``resync`` with ``diverged``: we move the whole log aside as above (one warning line naming
+the seq) and copy the active's -- as ``pg_rewind`` would, but simpler: nothing of ours is kept in place.
 
 **Failures.** A lost link, a silent one (``LINK_TIMEOUT``), the active restarting: reconnect with
 exponential backoff (``BACKOFF_MIN`` .. ``BACKOFF_MAX``), one log line per change of state. A write that
@@ -51,10 +60,11 @@ import trio
 
 from idled.log.errors import EventLogError, FsyncFailed, LogStateError
 from idled.log.eventlog import EventLog
-from idled.log.shipping import SnapshotSink, append_raw, move_aside, record_seqs
-from idled.protocol import Error, ErrorCode, FrameDecoder, Login, ProtocolError, Replicate, Welcome, encode, tokens
+from idled.log.shipping import SnapshotSink, append_raw, move_aside, read_record, record_seqs
+from idled.protocol import Error, ErrorCode, FrameDecoder, Login, ProtocolError, Welcome, encode, tokens
 from idled.protocol.replication import (
-    LINK_TIMEOUT, MAX_FRAME, Records, Resync, SnapshotPart, parse_replication_message,
+    LINK_TIMEOUT, MAX_FRAME, Records, Resync, SnapshotPart, encode_ack, encode_replicate, parse_replication_message,
+    record_crc,
 )
 from idled.protocol.stream import receive_message
 from idled.server.bus import EventBus
@@ -92,6 +102,7 @@ class StandbyLink:
         self.state = "connecting"
         self.connected = False
         self.head = log.last_seq  # the active's durable seq, as last heard
+        self.synced = log.durable_seq  # the last seq synced under our fsync policy: what we acknowledge
         self.synced_at = time.time()  # wall time we last held everything the active had told us of
         self.error: str | None = None
         self.records = 0  # records written since start
@@ -117,7 +128,7 @@ class StandbyLink:
         return {"active": f"{self.host}:{self.port}", "state": self.state, "connected": self.connected,
                 "last_seq": self.log.last_seq, "active_durable_seq": self.head, "lag_records": self.lag_records,
                 "lag_seconds": round(self.lag_seconds(), 3), "records": self.records, "resyncs": self.resyncs,
-                "reconnects": self.reconnects, "error": self.error}
+                "reconnects": self.reconnects, "synced": self.synced, "error": self.error}
 
     # -- the loop -------------------------------------------------------------------------------------
 
@@ -169,7 +180,9 @@ class StandbyLink:
             token = None
             if self.secret is not None:
                 token = tokens.mint(self.secret, "observer", self.name, time.time() + TOKEN_TTL)
-            await stream.send_all(encode(Login("observer", self.name, token)) + encode(Replicate(self.log.last_seq + 1)))
+            last = await self._last_record()
+            await stream.send_all(encode(Login("observer", self.name, token))
+                                  + encode_replicate(self.log.last_seq + 1, last))
             decoder = FrameDecoder(MAX_FRAME, parse=parse_replication_message)
             while True:
                 with trio.move_on_after(LINK_TIMEOUT) as scope:
@@ -179,6 +192,11 @@ class StandbyLink:
                 if message is None:
                     raise _Reconnect("the active closed the connection")
                 await self._handle(message)
+                if type(message) is Records:
+                    with trio.move_on_after(LINK_TIMEOUT) as scope:
+                        await stream.send_all(encode_ack(self.synced))
+                    if scope.cancelled_caught:
+                        raise _Reconnect(f"the active took no acknowledgement for {LINK_TIMEOUT:g} s")
         except ProtocolError as exc:
             raise _Reconnect(f"{exc.code}: {exc.reason}") from None
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
@@ -186,6 +204,14 @@ class StandbyLink:
         finally:
             with trio.CancelScope(shield=True):
                 await stream.aclose()
+
+    async def _last_record(self) -> tuple[int, int] | None:
+        """(seq, crc) of our last record, for ``replicate``'s ``last``; None with no record to name."""
+        seq = self.log.last_seq
+        if seq < 1:
+            return None
+        raw = await trio.to_thread.run_sync(read_record, str(self.log.directory), seq)
+        return None if raw is None else (seq, record_crc(raw))
 
     async def _handle(self, message: Any) -> None:
         if type(message) is Records:
@@ -254,11 +280,13 @@ class StandbyLink:
         for record in records:
             bus.relay(record)
         if self.fsync == "always" or self.fsync == "never":
-            bus.durable_to(self.log.last_seq)
+            self.synced = self.log.last_seq
+            bus.durable_to(self.synced)
             self._last_sync = trio.current_time() if self.fsync == "always" else self._last_sync
         elif self.log.durable_seq >= records[-1]["seq"]:
             self._last_sync = trio.current_time()
-            bus.durable_to(self.log.durable_seq)
+            self.synced = self.log.durable_seq
+            bus.durable_to(self.synced)
         else:
             self._dirty = True
 
@@ -269,7 +297,8 @@ class StandbyLink:
                     await trio.to_thread.run_sync(self.log.sync)
             except LogStateError:
                 return  # closed half-way through a re-sync: the next log is synced on its own
-            self.bus.durable_to(self.log.durable_seq)
+            self.synced = self.log.durable_seq
+            self.bus.durable_to(self.synced)
         self._dirty = False
         self._last_sync = trio.current_time()
 
@@ -282,10 +311,16 @@ class StandbyLink:
         directory = str(self.log.directory)
         self.log.close()
         aside, moved = await trio.to_thread.run_sync(move_aside, directory)
-        log.warning(
-            "standby: behind the active's retention: this log held seqs up to %d, the active keeps seqs from %d on "
-            "(snapshot %s); moved the old log (%d files) aside to %s; starting over from seq %d",
-            have, message.oldest, message.snapshot, moved, aside, message.oldest)
+        if message.diverged is not None:
+            log.warning(
+                "standby: diverged from the active: our last record, seq %d, is not the active's (this log held "
+                "seqs up to %d, some the active never had); moved the old log (%d files) aside to %s; starting over "
+                "from seq %d (snapshot %s)", message.diverged, have, moved, aside, message.oldest, message.snapshot)
+        else:
+            log.warning(
+                "standby: behind the active's retention: this log held seqs up to %d, the active keeps seqs from %d "
+                "on (snapshot %s); moved the old log (%d files) aside to %s; starting over from seq %d",
+                have, message.oldest, message.snapshot, moved, aside, message.oldest)
         self.state, self.resyncs = "resyncing", self.resyncs + 1
         await self._open_new_log()
         if message.snapshot is not None:
@@ -313,4 +348,5 @@ class StandbyLink:
         new = self.make_log()
         await trio.to_thread.run_sync(new.recover)
         self.log = new
+        self.synced = new.durable_seq
         self.reopen(new, new.last_seq + 1)

@@ -8,7 +8,7 @@ import pytest
 
 from idled.log.eventlog import READ_CHUNK_BYTES, EventLog
 from idled.log.records import encode_record_v1
-from idled.log.shipping import RawReader, ShippedRecordsBad, append_raw, move_aside
+from idled.log.shipping import RawReader, ShippedRecordsBad, append_raw, move_aside, read_record
 from idled.protocol import FrameDecoder, ProtocolError, Replicate, encode
 from idled.protocol.replication import Records, encode_records, parse_replication_message
 
@@ -101,3 +101,16 @@ def test_replication_frames_round_trip() -> None:
     bad.receive_data(encode(Replicate(7))[:-1] + b"\xff")
     with pytest.raises(ProtocolError):
         bad.next_event()
+
+
+def test_reader_resuming_deep_in_a_large_segment_finds_its_records(tmp_path: Path) -> None:
+    # More than one read chunk (1 MiB) of records below `from`: the first take used to come back empty, which
+    # the active's feed reads as a gap -- it then skipped every seq up to its durable end.
+    with EventLog(tmp_path) as log:
+        log.recover()
+        log.append([event(seq) for seq in range(1, 15_001)])
+    assert next(tmp_path.glob("*.seg")).stat().st_size > 1 << 20
+    reader = RawReader(str(tmp_path), 14_000)
+    assert [seq for seq, _ in reader.take(20_000, 3, 1 << 20)] == [14_000, 14_001, 14_002]
+    assert read_record(str(tmp_path), 14_999) is not None and read_record(str(tmp_path), 15_000) is not None
+    assert read_record(str(tmp_path), 15_001) is None

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from idled.log.shipping import RawReader
-from idled.protocol import Attach, Detach, FrameDecoder, Login, Subscribe, encode
+from idled.protocol import NEED_DATA, Attach, Detach, Event, FrameDecoder, Login, Subscribe, encode
 from idled.protocol import parse_server_message
 from idled.tools.bench.daemon import Daemon, free_port
 
@@ -18,6 +23,68 @@ from idled.tools.bench.daemon import Daemon, free_port
 def active(directory: Path, *flags: str) -> Daemon:
     directory.mkdir(parents=True, exist_ok=True)
     return Daemon(directory, "--metrics-port", "0", "--log-level", "info", *flags)
+
+
+class Launched(Daemon):
+    """A `Daemon` run through ``tests.server.sync_launch`` (app.py's sync_standby wiring, until app.py has it)."""
+
+    def __init__(self, directory: Path, *flags: str, timeout: float = 30.0) -> None:
+        self.stderr_path = directory / "serve.stderr"
+        command = [sys.executable, "-m", "tests.server.sync_launch", "serve", "--port", "0", "--data-dir",
+                   str(directory / "data"), *flags]
+        with open(self.stderr_path, "wb") as stderr:
+            self.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
+                                         cwd=Path(__file__).resolve().parents[2])
+        self.cpu = psutil.Process(self.proc.pid)
+        try:
+            self.port = self._listening(timeout)
+        except BaseException:
+            self.stop(grace=0)
+            raise
+
+
+def sync_active(directory: Path, *flags: str) -> tuple[Daemon, int]:
+    """An active core with ``--sync-standby --fsync always`` and its metrics port."""
+    directory.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    daemon = Launched(directory, "--sync-standby", "--fsync", "always", "--metrics-port", str(port),
+                      "--log-level", "info", *flags)
+    return daemon, port
+
+
+def metric(metrics_port: int, name: str) -> float | None:
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    return None
+
+
+class Watcher(threading.Thread):
+    """An observer reading in the background: ``last`` is the highest seq it has received so far."""
+
+    def __init__(self, port: int, durable: bool) -> None:
+        super().__init__(daemon=True)
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.sock.sendall(encode(Login("observer", "durable" if durable else "fast")) + encode(Subscribe(1, durable)))
+        self.last = 0
+        self.seen: list[tuple[int, str, Any]] = []  # (seq, kind, uid) of every event, in order
+        self.start()
+
+    def run(self) -> None:
+        decoder = FrameDecoder(1 << 20, parse=parse_server_message)
+        try:
+            while data := self.sock.recv(65536):
+                decoder.receive_data(data)
+                while (message := decoder.next_event()) is not NEED_DATA:
+                    if type(message) is Event:
+                        self.seen.append((message.seq, message.kind, message.uid))
+                        self.last = message.seq
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.sock.close()
 
 
 def standby(directory: Path, of: Daemon, *flags: str) -> tuple[Daemon, int]:
