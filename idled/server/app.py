@@ -160,6 +160,7 @@ class Server:
         # serves them on the internal socket.
         self.workers = workers(self._peers) if workers is not None else None
         self.api: Api | None = None  # the HTTP API (idled.server.api), with api_port
+        self.replicas: Replicas | None = None  # standbys (idled.server.replication), built by _recover
 
     @property
     def stopping(self) -> bool:
@@ -239,7 +240,8 @@ class Server:
             presence, self.bus, self.log, first_seq=self.seqs.first, peers=self._peers, clock=self.clock.now,
             max_watch=cfg.max_watch,
         )
-        observers.replicas = Replicas(self.bus, self.log).run  # standbys (idled.server.replication)
+        self.replicas = Replicas(self.bus, self.log, sync=cfg.sync_standby, registry=self.metrics.registry)
+        observers.replicas = self.replicas.run
         self._damage = (recovery.skipped_bytes + recovery.truncated_bytes, recovery.corrupt_records)
         users = CoreUsers(sessions)
         # Logged-in plain TCP users are served by one task (idled.server.plane), not one each.
@@ -451,6 +453,7 @@ class Server:
         assert self.presence is not None
         return {**self.snapshot(), "next_seq": self.presence.next_seq, "ports": list(self.ports),
                 "stopping": self.stopping, "data_dir": str(self.log.directory),
+                "replication": self.replicas.status() if self.replicas is not None else None,
                 **status_part(self.config, self.workers, self.vitals, self.fence)}
 
     def _sample(self, wall: float) -> Sample:

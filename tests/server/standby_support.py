@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
-import psutil
 
 from idled.log.shipping import RawReader
 from idled.protocol import NEED_DATA, Attach, Detach, Event, FrameDecoder, Login, Subscribe, encode
@@ -25,29 +22,11 @@ def active(directory: Path, *flags: str) -> Daemon:
     return Daemon(directory, "--metrics-port", "0", "--log-level", "info", *flags)
 
 
-class Launched(Daemon):
-    """A `Daemon` run through ``tests.server.sync_launch`` (app.py's sync_standby wiring, until app.py has it)."""
-
-    def __init__(self, directory: Path, *flags: str, timeout: float = 30.0) -> None:
-        self.stderr_path = directory / "serve.stderr"
-        command = [sys.executable, "-m", "tests.server.sync_launch", "serve", "--port", "0", "--data-dir",
-                   str(directory / "data"), *flags]
-        with open(self.stderr_path, "wb") as stderr:
-            self.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
-                                         cwd=Path(__file__).resolve().parents[2])
-        self.cpu = psutil.Process(self.proc.pid)
-        try:
-            self.port = self._listening(timeout)
-        except BaseException:
-            self.stop(grace=0)
-            raise
-
-
 def sync_active(directory: Path, *flags: str) -> tuple[Daemon, int]:
     """An active core with ``--sync-standby --fsync always`` and its metrics port."""
     directory.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    daemon = Launched(directory, "--sync-standby", "--fsync", "always", "--metrics-port", str(port),
+    daemon = Daemon(directory, "--sync-standby", "--fsync", "always", "--metrics-port", str(port),
                       "--log-level", "info", *flags)
     return daemon, port
 
