@@ -30,7 +30,7 @@ TTL = 2
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    cluster = Cluster(tmp_path, TTL, ["--tick", "0.1"])
+    cluster = Cluster(tmp_path, TTL, ["--tick", "0.1", "--sync-standby"])
     try:
         yield cluster
     finally:
