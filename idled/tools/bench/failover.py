@@ -88,6 +88,7 @@ class Cluster:
     def settled(self) -> int:
         """Wait until one core leads and the other follows it with nothing to catch up; the leader's index."""
         deadline = time.monotonic() + SETTLE_TIMEOUT
+        streak = 0  # looks in a row that found the follower streaming with nothing to catch up
         while time.monotonic() < deadline:
             docs = [self.status(i) for i in range(2)]
             roles = [doc.get("role") if doc else None for doc in docs]
@@ -95,9 +96,11 @@ class Cluster:
                 follower = docs[roles.index("standby")]
                 assert follower is not None
                 part = follower.get("standby") or {}
-                if part.get("connected") and part.get("lag_records") == 0:
+                caught_up = part.get("state") == "streaming" and part.get("lag_records") == 0
+                streak = streak + 1 if caught_up else 0
+                if streak >= 3:  # not a passing moment of a re-sync
                     return roles.index("leader")
-            time.sleep(0.05)
+            time.sleep(0.1)
         raise RuntimeError(f"the cores did not settle within {SETTLE_TIMEOUT:g} s")
 
     def kill(self, i: int) -> None:
