@@ -13,7 +13,7 @@ from typing import Any, Final
 
 from idled.protocol.messages import MAX_SEQ, ErrorCode, ProtocolError, Replicate
 
-__all__ = ["MAX_CRC", "ReplicateChecked", "parse_replicate"]
+__all__ = ["MAX_CRC", "ReplicateChecked", "bad_message", "checked_seq", "parse_replicate"]
 
 MAX_CRC: Final = 0xFFFF_FFFF
 
@@ -27,14 +27,14 @@ class ReplicateChecked(Replicate):
     last: tuple[int, int]
 
 
-def _bad(reason: str) -> ProtocolError:
+def bad_message(reason: str) -> ProtocolError:
     return ProtocolError(ErrorCode.BAD_MESSAGE, reason)
 
 
-def _seq(value: Any, what: str) -> int:
+def checked_seq(value: Any, what: str) -> int:
     if type(value) is int and 0 <= value <= MAX_SEQ:
         return value
-    raise _bad(f"{what} must be an int in 0..2**63-1")
+    raise bad_message(f"{what} must be an int in 0..2**63-1")
 
 
 _REPLICATE_KEYS: Final = frozenset({"op", "from", "last"})
@@ -44,16 +44,16 @@ def parse_replicate(obj: dict[str, Any]) -> Replicate:
     """A standby's ``replicate`` (called by the client parser): `ReplicateChecked` when it carries ``last``."""
     for key in obj:
         if key not in _REPLICATE_KEYS:
-            raise _bad(f"unknown field {key!r:.40} in replicate")
-    from_seq = _seq(obj.get("from"), "from")
+            raise bad_message(f"unknown field {key!r:.40} in replicate")
+    from_seq = checked_seq(obj.get("from"), "from")
     last = obj.get("last")
     if last is None:
         return Replicate(from_seq)
     if type(last) is not tuple or len(last) != 2:
-        raise _bad("last must be [seq, crc]")
-    seq, crc = _seq(last[0], "last's seq"), last[1]
+        raise bad_message("last must be [seq, crc]")
+    seq, crc = checked_seq(last[0], "last's seq"), last[1]
     if seq != from_seq - 1 or seq < 1:
-        raise _bad("last must name the record just below from (from >= 2)")
+        raise bad_message("last must name the record just below from (from >= 2)")
     if type(crc) is not int or not 0 <= crc <= MAX_CRC:
-        raise _bad("last's crc must be an int in 0..2**32-1")
+        raise bad_message("last's crc must be an int in 0..2**32-1")
     return ReplicateChecked(from_seq, (seq, crc))

@@ -49,9 +49,9 @@ from typing import Any, Final, TypeAlias
 
 import msgpack
 
-from idled.protocol.messages import MAX_SEQ, ClientMessage, ErrorCode, ProtocolError, ServerMessage
+from idled.protocol.messages import ClientMessage, ServerMessage
 from idled.protocol.parse import parse_client_message, parse_server_message
-from idled.protocol.replicate import ReplicateChecked, parse_replicate  # re-exported: the link's frames in one place
+from idled.protocol.replicate import ReplicateChecked, bad_message, checked_seq, parse_replicate  # re-exported: the link's frames in one place
 
 __all__ = [
     "HEARTBEAT", "LINK_TIMEOUT", "MAX_BATCH_BYTES", "MAX_BATCH_RECORDS", "MAX_FRAME", "PART_BYTES",
@@ -140,42 +140,33 @@ def encode_snapshot_part(data: bytes) -> bytes:
     return _frame({"op": "snapshot_part", "data": data})
 
 
-def _bad(reason: str) -> ProtocolError:
-    return ProtocolError(ErrorCode.BAD_MESSAGE, reason)
-
-
-def _seq(value: Any, what: str) -> int:
-    if type(value) is int and 0 <= value <= MAX_SEQ:
-        return value
-    raise _bad(f"{what} must be an int in 0..2**63-1")
-
 
 def _parse_records(obj: dict[str, Any]) -> Records:
     records = obj.get("records")
     if type(records) is not tuple or not all(type(record) is bytes for record in records):
-        raise _bad("records must be an array of bin")
+        raise bad_message("records must be an array of bin")
     if len(records) > MAX_BATCH_RECORDS:
-        raise _bad(f"more than {MAX_BATCH_RECORDS} records in one frame")
+        raise bad_message(f"more than {MAX_BATCH_RECORDS} records in one frame")
     ts = obj.get("ts")
     if type(ts) is not float or not math.isfinite(ts):
-        raise _bad("ts must be a finite float")
-    return Records(records, _seq(obj.get("head"), "head"), ts)
+        raise bad_message("ts must be a finite float")
+    return Records(records, checked_seq(obj.get("head"), "head"), ts)
 
 
 def _parse_resync(obj: dict[str, Any]) -> Resync:
     snapshot = obj.get("snapshot")
-    size = _seq(obj.get("size"), "size")
+    size = checked_seq(obj.get("size"), "size")
     if size > MAX_SNAPSHOT_BYTES:
-        raise _bad(f"snapshot of {size} bytes: more than {MAX_SNAPSHOT_BYTES}")
+        raise bad_message(f"snapshot of {size} bytes: more than {MAX_SNAPSHOT_BYTES}")
     diverged = obj.get("diverged")
-    return Resync(_seq(obj.get("oldest"), "oldest"), None if snapshot is None else _seq(snapshot, "snapshot"), size,
-                  None if diverged is None else _seq(diverged, "diverged"))
+    return Resync(checked_seq(obj.get("oldest"), "oldest"), None if snapshot is None else checked_seq(snapshot, "snapshot"), size,
+                  None if diverged is None else checked_seq(diverged, "diverged"))
 
 
 def _parse_part(obj: dict[str, Any]) -> SnapshotPart:
     data = obj.get("data")
     if type(data) is not bytes or not data:
-        raise _bad("data must be non-empty bin")
+        raise bad_message("data must be non-empty bin")
     return SnapshotPart(data)
 
 
@@ -188,8 +179,8 @@ def parse_standby_message(obj: Any) -> StandbyMessage:
     """A decoded frame from a standby after its ``replicate``: an `Ack`, or a client message."""
     if type(obj) is dict and obj.get("op") == "ack":
         if len(obj) != 2:
-            raise _bad("ack takes only seq")
-        return Ack(_seq(obj.get("seq"), "seq"))
+            raise bad_message("ack takes only seq")
+        return Ack(checked_seq(obj.get("seq"), "seq"))
     return parse_client_message(obj)
 
 

@@ -30,7 +30,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -219,21 +219,9 @@ class _DurableObserver(threading.Thread):
                 continue
             sock.settimeout(0.2)
             sock.sendall(encode(Subscribe(from_seq=self.last + 1, durable=True)))
-            decoder = FrameDecoder(MAX_FRAME, parse=parse_server_message)
             try:
-                while not self.stop.is_set():
-                    try:
-                        data = sock.recv(1 << 16)
-                    except TimeoutError:
-                        continue
-                    if not data:
-                        break
-                    decoder.receive_data(data)
-                    while (message := decoder.next_event()) is not NEED_DATA:
-                        if type(message) is Event:
-                            self._note(message)
-                        elif type(message) is Error:
-                            raise OSError(message.reason)
+                for event in _events(sock, lambda: not self.stop.is_set()):
+                    self._note(event)
             except OSError:
                 pass
             finally:
@@ -258,24 +246,32 @@ def _history(address: tuple[str, int], upto: int) -> list[Event]:
     events: list[Event] = []
     sock.settimeout(1.0)
     sock.sendall(encode(Subscribe(from_seq=1, durable=True)))
-    decoder = FrameDecoder(MAX_FRAME, parse=parse_server_message)
     try:
-        while True:
-            try:
-                data = sock.recv(1 << 16)
-            except TimeoutError:
-                if events and events[-1].seq >= upto:
-                    break
-                continue
-            if not data:
-                break
-            decoder.receive_data(data)
-            while (message := decoder.next_event()) is not NEED_DATA:
-                if type(message) is Event:
-                    events.append(message)
+        events.extend(_events(sock, lambda: not events or events[-1].seq < upto))
     finally:
         sock.close()
     return events
+
+
+def _events(sock: socket.socket, waiting: Callable[[], bool]) -> Iterator[Event]:
+    """The events ``sock`` brings, until its end -- or until a read times out while ``waiting()`` is false.
+    An error frame raises OSError."""
+    decoder = FrameDecoder(MAX_FRAME, parse=parse_server_message)
+    while True:
+        try:
+            data = sock.recv(1 << 16)
+        except TimeoutError:
+            if waiting():
+                continue
+            return
+        if not data:
+            return
+        decoder.receive_data(data)
+        while (message := decoder.next_event()) is not NEED_DATA:
+            if type(message) is Event:
+                yield message
+            elif type(message) is Error:
+                raise OSError(message.reason)
 
 
 def _probe(address: tuple[str, int], started: float, limit: float) -> float | None:

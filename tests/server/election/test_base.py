@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import trio
 
-from idled.server.election import Election, NoElection, NotLeader, Status, StatusBoard
+from idled.server.election import Election, ManualElection, NoElection, NotLeader, Status, StatusBoard
 
 
 async def test_status_board_gives_the_newest_and_skips_no_change() -> None:
@@ -40,3 +40,21 @@ async def test_no_election_is_the_only_core_until_it_resigns() -> None:
     with pytest.raises(NotLeader) as caught:
         await election.publish_seq(6)
     assert caught.value.code == "not_leader"
+
+
+async def test_a_manual_election_follows_until_promoted_then_leads_for_good() -> None:
+    election: Election = ManualElection("10.0.0.1:7878")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(election.run)
+        assert not election.is_leader(0.0) and election.leader() == "10.0.0.1:7878"
+        with pytest.raises(NotLeader):
+            await election.publish_seq(5)
+        assert isinstance(election, ManualElection) and election.promote() and not election.promote()
+        status = await election.status.next(0)
+        assert (status.leader, status.reason) == (True, "promoted by hand")
+        assert election.is_leader(0.0)
+        await election.publish_seq(5)
+        await election.publish_seq(3, lower=True)  # a clean stop lowers the mark
+        assert await election.last_seq() == 3
+        await election.resign()
+    assert not election.is_leader(0.0)
