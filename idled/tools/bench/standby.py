@@ -121,7 +121,10 @@ def _standby(directory: Path, active: Daemon) -> tuple[Daemon, int]:
     standby = Daemon(directory, "--standby-of", f"127.0.0.1:{active.port}", "--metrics-port", str(metrics),
                      "--fsync", "always")
     try:
-        while _status(metrics)["lag_records"] > 0 or not _status(metrics)["connected"]:
+        # Caught up: connected, told the active's durable seq by a frame (before the first one, head is only
+        # our own last seq: "lag 0" then means nothing), and holding it.
+        while not ((doc := _status(metrics))["connected"] and doc["active_durable_seq"] > 0
+                   and doc["lag_records"] == 0):
             time.sleep(0.05)
     except BaseException:
         standby.stop()
