@@ -131,8 +131,9 @@ def fast_window(view: memoryview, daemon: int, previous: int) -> Window | None:
     """The rows and counters of a clean window, or None (see the module doc); `previous` is the seq of the
     record before the window (every good record counts, malformed ones too, as in `records.iter_rows`).
 
-    The hot loop: `records.iter_rows`'s common record inline (an online, or an offline that is not idle and
-    has no grace, with a float ts, a str reason and no or a str device), `_row` for the rest."""
+    The hot loop: the common records inline -- an online, an offline without grace, an idle one with a
+    float deadline, a str detector and an int uid; each with a float ts, a str reason and no or a str device
+    -- and `_row` for the rest."""
     size = len(view)
     unpack = _HEADER.unpack_from
     crc32 = zlib.crc32
@@ -186,13 +187,20 @@ def fast_window(view: memoryview, daemon: int, previous: int) -> Window | None:
                 if type(uid) is str:
                     append((daemon, seq, True, "s:" + uid, ts, reason, None, None, device, None))
                     continue
-            elif kind == "offline" and reason != "idle" and f.grace is None:
-                if type(uid) is int:
-                    append((daemon, seq, False, f"i:{uid}", ts, reason, None, None, device, None))
-                    continue
-                if type(uid) is str:
-                    append((daemon, seq, False, "s:" + uid, ts, reason, None, None, device, None))
-                    continue
+            elif kind == "offline" and f.grace is None:
+                if reason != "idle":
+                    if type(uid) is int:
+                        append((daemon, seq, False, f"i:{uid}", ts, reason, None, None, device, None))
+                        continue
+                    if type(uid) is str:
+                        append((daemon, seq, False, "s:" + uid, ts, reason, None, None, device, None))
+                        continue
+                else:  # an idle offline: a lateness sample (a float deadline, a str detector)
+                    deadline = f.deadline
+                    detector = f.detector
+                    if type(deadline) is float and isfinite(deadline) and type(detector) is str and type(uid) is int:
+                        append((daemon, seq, False, f"i:{uid}", ts, reason, deadline, detector, device, None))
+                        continue
         row = _row(f, daemon)
         if row is None:
             malformed += 1

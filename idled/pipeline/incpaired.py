@@ -286,11 +286,14 @@ def _fold_daemons(data: dict[str, Any], pass1: Pass1, streams: Sequence[tuple[in
             entry["data_end"] = stream.data_end if entry["data_end"] is None else max(entry["data_end"], stream.data_end)
 
 
-def local_batch(master: str | None, work: Sequence[Work], limit: int) -> bool:
-    """Whether a batch is small enough to pair in a process pool without starting Spark: a local master and
-    at most `limit` new bytes (an hourly run's ~60 MB at 10M events a day; Spark's start alone is ~5 s)."""
-    if master is None or not master.startswith("local") or limit <= 0:
+def local_batch(master: str | None, work: Sequence[Work], limit: int | None) -> bool:
+    """Whether a batch is paired in a process pool without starting Spark: a local master and at most `limit`
+    new bytes (None: any size; 0: never). Spark's start alone is ~4-7 s, and on this path it would only
+    schedule the same Python tasks."""
+    if master is None or not master.startswith("local") or limit == 0:
         return False
+    if limit is None:
+        return True
     return sum(max(0, os.path.getsize(path) - offset) for _, path, offset, _ in work) <= limit
 
 

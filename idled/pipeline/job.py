@@ -45,6 +45,7 @@ from idled.pipeline.decode import EVENT_SCHEMA, daemon_names, file_totals, read_
 from idled.pipeline.freshness import log_read_of, watermark_of
 from idled.pipeline.output import SmallTables, read_small_tables, summarize, write_summary, write_tables
 from idled.pipeline.rules import FlapParams, check_grace
+from idled.pipeline.pool import local_cores
 from idled.pipeline.spark import master_of, materialize, spark_conf, start_spark
 
 if TYPE_CHECKING:
@@ -80,9 +81,10 @@ class JobConfig:
     # --grace SECONDS: flappers and session_lengths count sessions joined over a grace (`rules`, rule 6); not
     # available with --incremental
     grace: float = 0.0
-    # --local-batch-bytes N: an incremental batch of at most N new bytes with a local master is paired in a
-    # process pool, without starting Spark (`incpaired.local_batch`); 0: always Spark
-    local_batch_bytes: int = 256 << 20
+    # --local-batch-bytes N: with a local master, the paired path runs in a process pool without starting
+    # Spark (`pool`) when its input -- a full run's segment files, an incremental run's new bytes -- is at
+    # most N bytes (`incpaired.local_batch`); None: any size; 0: always Spark
+    local_batch_bytes: int | None = None
 
     def __post_init__(self) -> None:
         check_grace(self.grace)
@@ -100,8 +102,28 @@ def run_job(config: JobConfig, spark: SparkSession | None = None) -> JobResult:
     t0 = time.perf_counter()
     if config.state is not None:
         return _run_incremental(config, spark, t0)
+    processes = local_cores(config.master)
+    pooled = spark is None and processes is not None and _without_spark(config)
+    if pooled:
+        result = _run(config, None, t0, processes or 1)  # no JVM, unless the record path must run
+        if result is not None:
+            return result
     with _session(config, spark) as session:
-        return _run(config, session, t0)
+        result = _run(config, session, t0, records=pooled)  # the pool found the paired premise broken
+        assert result is not None  # with Spark, a run always finishes
+        return result
+
+
+def _without_spark(config: JobConfig) -> bool:
+    """A full run's paired path in a local pool (`pool`): local directories of at most `local_batch_bytes`
+    segment bytes (None: any size; 0: always Spark)."""
+    if config.local_batch_bytes == 0 or any("://" in directory for directory in config.events):
+        return False
+    if config.local_batch_bytes is None:
+        return True
+    total = sum(entry.stat().st_size for directory in config.events for entry in os.scandir(directory)
+                if entry.name.endswith(".seg") and entry.is_file())
+    return total <= config.local_batch_bytes
 
 
 @contextlib.contextmanager
@@ -134,19 +156,26 @@ def _decode(spark: SparkSession, config: JobConfig) -> tuple[DataFrame, dict[str
     return events, dict(accumulator.value)
 
 
-def _run(config: JobConfig, spark: SparkSession, t0: float) -> JobResult:
+def _run(config: JobConfig, spark: SparkSession | None, t0: float, processes: int = 1,
+         records: bool = False) -> JobResult | None:
+    """A full run. Without `spark`, the paired path in a pool of `processes` local processes -- or None if
+    its premise fails (the caller starts Spark for the record path); `records`: straight to the record path."""
     from idled.pipeline.paired import decode_paired, finish_paired
 
     t_started = time.perf_counter()
     names = daemon_names(config.events)
-    decoded = decode_paired(spark, config.events, config.flap.short_s, config.min_partitions, config.shuffle_partitions,
-                            config.out, config.grace)
-    files, per_file = decoded.files, decoded.per_file
+    decoded = None
+    if not records:
+        decoded = decode_paired(spark, config.events, config.flap.short_s, config.min_partitions,
+                                config.shuffle_partitions, config.out, config.grace, processes)
+        files, per_file = decoded.files, decoded.per_file
     laps = Laps(echo=config.progress)
     path = "paired"
-    if files["daemons_with_overlapping_files"] > 0 or not decoded.in_seq_order:
+    if decoded is None or files["daemons_with_overlapping_files"] > 0 or not decoded.in_seq_order:
         # In-file pairing assumed disjoint, ordered files: decode again and pair record by record (the
         # sessions written by the first pass are overwritten).
+        if spark is None:
+            return None
         path = "records"
         events, per_file = _decode(spark, config)
         files = file_totals(per_file)
@@ -154,9 +183,11 @@ def _run(config: JobConfig, spark: SparkSession, t0: float) -> JobResult:
     event_count = files["records"] - files["malformed"]
     if config.progress:
         print(f"idled pipeline: decoded {event_count:,} events in {t_decoded - t_started:.1f} s", file=sys.stderr, flush=True)
-    if path == "paired":
-        tables, small, written = finish_paired(spark, decoded, names, config.flap, config.out, laps, config.grace)
+    if decoded is not None and path == "paired":  # (else spark is set: the record path)
+        tables, small, written = finish_paired(spark, decoded, names, config.flap, config.out, laps, config.grace,
+                                               processes)
     else:
+        assert spark is not None
         tables = build_tables(spark, events, names, config.flap, event_count=event_count, dedupe=True, laps=laps,
                               grace=config.grace)
         written = write_tables(tables.frames, config.out, laps)
@@ -170,7 +201,7 @@ def _run(config: JobConfig, spark: SparkSession, t0: float) -> JobResult:
         "aggregate_steps": laps.laps,
     }
     summary = summarize(
-        names=names, out=config.out, master=master_of(spark), flap=config.flap, files=files,
+        names=names, out=config.out, master=_master(config, spark, processes), flap=config.flap, files=files,
         event_count=event_count, tables=tables, small=small, written=written, timings=timings,
     )
     summary["pairing"] = path
@@ -234,7 +265,7 @@ def _incremental_in(config: JobConfig, spark: SparkSession | None, t0: float, st
     laps.mark("summary")
     timings: dict[str, Any] = {"spark_start": round(t_started - t0, 3), "incremental": round(t_done - t_started, 3),
                                "incremental_steps": laps.laps}
-    master = master_of(spark) if spark is not None else f"{config.master} (no Spark: a pool of {os.cpu_count()} processes)"
+    master = _master(config, spark, local_cores(config.master) or 1)
     summary = summarize(
         names=names, out=config.out, master=master, flap=config.flap, files=file_totals_of(data),
         event_count=counts["events"], tables=tables, small=small, written=written, timings=timings,
@@ -259,6 +290,10 @@ def _update(spark: SparkSession | None, state: State, config: JobConfig, names: 
             return run_incremental(session, state, config.out, names, config.flap, work, laps), "records"
     commit_paired(state, planned, config.out, names, laps)
     return planned.state, "paired"
+
+
+def _master(config: JobConfig, spark: SparkSession | None, processes: int) -> str:
+    return master_of(spark) if spark is not None else f"{config.master} (no Spark: a pool of {processes} processes)"
 
 
 def _finish(config: JobConfig, summary: dict[str, Any], timings: dict[str, Any], small: SmallTables, t0: float,

@@ -49,6 +49,7 @@ from idled.pipeline.arrowwrite import clear, write_rows, write_sessions
 from idled.pipeline.decode import daemon_names, default_partitions, file_totals
 from idled.pipeline.filepass import FileResult, Session, UserSessions, pair_file
 from idled.pipeline.output import SmallTables
+from idled.pipeline.pool import run_tasks
 from idled.pipeline.records import FileStats, iter_rows
 from idled.pipeline.reference import concurrency_rows, dau_rows, session_length_rows
 from idled.pipeline.rules import FlapParams
@@ -229,32 +230,41 @@ class Decoded:
     per_file: dict[str, tuple]  # path -> (daemon, *FileStats.as_tuple())
 
 
-def decode_paired(spark: SparkSession, dirs: Sequence[str], short_s: float, min_partitions: int | None, parts: int,
-                  out: str, grace: float = 0.0) -> Decoded:
+def decode_paired(spark: SparkSession | None, dirs: Sequence[str], short_s: float, min_partitions: int | None, parts: int,
+                  out: str, grace: float = 0.0, processes: int = 1) -> Decoded:
     """The first pass: decode and pair every file, its closed sessions written into ``out/sessions`` on the
     way (`arrowwrite`); `parts` is the number of partitions of the second pass; `grace` > 0: user sessions
-    joined over it (`filepass.UserSessions`) for flappers and session_lengths."""
-    sc = spark.sparkContext
+    joined over it (`filepass.UserSessions`) for flappers and session_lengths. Without `spark`, the tasks run
+    in a pool of `processes` local processes (`pool`; local directories only)."""
     table = _sessions_table(out)
     clear(table)
     names = daemon_names(dirs)
-    runs = runs_of_files(names, min_partitions or 2 * sc.defaultParallelism)
-    if runs is not None:
-        rdd = sc.parallelize(runs, max(1, len(runs))).mapPartitions(
-            functools.partial(_pair_runs, names, short_s, grace, parts, table))
+    cores = spark.sparkContext.defaultParallelism if spark is not None else processes
+    runs = runs_of_files(names, min_partitions or 2 * cores)
+    results: list[RunResult]
+    if spark is None:
+        if runs is None:
+            raise ValueError("directories given as URIs are read through Spark")
+        results = run_tasks(functools.partial(_pair_runs, names, short_s, grace, parts, table), runs, processes,
+                            preload=["idled.pipeline.paired"])
+    elif runs is not None:
+        sc = spark.sparkContext
+        results = sc.parallelize(runs, max(1, len(runs))).mapPartitions(
+            functools.partial(_pair_runs, names, short_s, grace, parts, table)).collect()
     else:
+        sc = spark.sparkContext
         partitions = min_partitions or default_partitions(dirs, sc.defaultParallelism)
-        rdd = sc.union([
+        results = sc.union([
             sc.binaryFiles(directory.rstrip("/") + "/*.seg", minPartitions=partitions).mapPartitions(
                 functools.partial(_pair_read_files, daemon, names, short_s, grace, parts, table))
             for daemon, directory in enumerate(names)
-        ])
+        ]).collect()
     per_file: dict[str, tuple] = {}
     joins: list[tuple[str, str]] = []
     tally = Tally()
     data_end: dict[int, float] = {}
     blobs: list[list[bytes]] = [[] for _ in range(parts)]
-    for run_files, run_joins, run_tally, end, daemon, run_blobs in rdd.collect():
+    for run_files, run_joins, run_tally, end, daemon, run_blobs in results:
         per_file.update(run_files)
         joins.extend(run_joins)
         tally.merge(run_tally)
@@ -307,17 +317,22 @@ def small_table_rows(result: PartitionResult) -> dict[str, list[dict[str, Any]]]
     }
 
 
-def finish_paired(spark: SparkSession, decoded: Decoded, names: Sequence[str], params: FlapParams,
-                  out: str, laps: Laps, grace: float = 0.0) -> tuple[Tables, SmallTables, dict[str, str]]:
+def finish_paired(spark: SparkSession | None, decoded: Decoded, names: Sequence[str], params: FlapParams,
+                  out: str, laps: Laps, grace: float = 0.0, processes: int = 1) -> tuple[Tables, SmallTables, dict[str, str]]:
     """The second pass (its sessions added to ``out/sessions``), then the five small tables written under
-    `out`; returns the tables' counts, what the summary needs of them, and table name -> path."""
-    sc = spark.sparkContext
+    `out`; returns the tables' counts, what the summary needs of them, and table name -> path. Without
+    `spark`, the second pass runs in a pool of `processes` local processes."""
     parts = len(decoded.blobs)
     table = _sessions_table(out)
-    rdd = sc.parallelize(list(enumerate(decoded.blobs)), parts).mapPartitions(
-        functools.partial(_user_pass, decoded.data_end, params, grace, names, table))
+    task = functools.partial(_user_pass, decoded.data_end, params, grace, names, table)
+    items = list(enumerate(decoded.blobs))
+    results: list[PartitionResult]
+    if spark is None:
+        results = run_tasks(task, items, processes, preload=["idled.pipeline.paired"])
+    else:
+        results = spark.sparkContext.parallelize(items, parts).mapPartitions(task).collect()
     result = PartitionResult(tally=decoded.tally)
-    for part_result in rdd.collect():
+    for part_result in results:
         result.merge(part_result)
     laps.mark("user_pass")
     rows = small_table_rows(result)
