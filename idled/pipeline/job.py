@@ -108,7 +108,7 @@ def run_job(config: JobConfig, spark: SparkSession | None = None) -> JobResult:
         result = _run(config, None, t0, processes or 1)  # no JVM, unless the record path must run
         if result is not None:
             return result
-    with _session(config, spark) as session:
+    with _session(config, spark, light_jvm=not pooled) as session:
         result = _run(config, session, t0, records=pooled)  # the pool found the paired premise broken
         assert result is not None  # with Spark, a run always finishes
         return result
@@ -127,16 +127,17 @@ def _without_spark(config: JobConfig) -> bool:
 
 
 @contextlib.contextmanager
-def _session(config: JobConfig, spark: SparkSession | None) -> Iterator[SparkSession]:
+def _session(config: JobConfig, spark: SparkSession | None, light_jvm: bool = False) -> Iterator[SparkSession]:
     """`spark`, or a session started for `config`; stopped at the end only if started here (a caller's
-    session, e.g. a test's, lives on)."""
+    session, e.g. a test's, lives on). `light_jvm`: a session for the paired path, whose JVMs only schedule
+    Python tasks (`spark.LIGHT_JVM_OPTIONS`); the record path may then run in it too, slower."""
     from pyspark.sql import SparkSession as _SparkSession
 
     own_spark = spark is None and _SparkSession.getActiveSession() is None
     if spark is None:
         spark = start_spark(
             config.master, driver_memory=config.driver_memory, shuffle_partitions=config.shuffle_partitions,
-            extra_conf=config.extra_conf, progress=config.progress,
+            extra_conf=config.extra_conf, progress=config.progress, light_jvm=light_jvm,
         )
     try:
         yield spark
@@ -239,7 +240,7 @@ def _run_incremental_locked(config: JobConfig, spark: SparkSession | None, t0: f
 
     if spark is None and work and local_batch(config.master, work, config.local_batch_bytes):
         return _incremental_in(config, None, t0, state, work)  # a small batch: no JVM to start
-    with _session(config, spark) as session:
+    with _session(config, spark, light_jvm=True) as session:
         return _incremental_in(config, session, t0, state, work)
 
 
