@@ -38,7 +38,7 @@ import itertools
 import json
 import os
 import shutil
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
@@ -298,8 +298,10 @@ def local_batch(master: str | None, work: Sequence[Work], limit: int | None) -> 
 
 
 def plan_paired(spark: SparkSession | None, state: State, out: str, names: Sequence[str], flap: FlapParams,
-                work: Sequence[Work], laps: Laps) -> PairedBatch | None:
-    """Steps 1-4 up to the commit; None if the premise fails (the record path must run instead)."""
+                work: Sequence[Work], laps: Laps,
+                release: Callable[[SparkSession | None], None] | None = None) -> PairedBatch | None:
+    """Steps 1-4 up to the commit; None if the premise fails (the record path must run instead). `release`
+    is called with `spark` once the premise holds: nothing after step 1 needs Spark."""
     from idled.pipeline.incremental import _count_files
 
     staging = os.path.join(state.path, "staging")
@@ -310,6 +312,8 @@ def plan_paired(spark: SparkSession | None, state: State, out: str, names: Seque
     if _count_files(data, pass1.per_file) or not pass1.in_seq_order:
         shutil.rmtree(staging, ignore_errors=True)
         return None
+    if release is not None:
+        release(spark)
     open_dir = os.path.join(state.gen_dir(), "open")
     carried_table = _read_dir(open_dir) if os.path.isdir(open_dir) else None
     carried = carried_streams(carried_table, flap.short_s) if carried_table is not None else []
