@@ -49,6 +49,7 @@ from idled.pipeline.arrowwrite import session_columns, write_by_date
 from idled.pipeline.filepass import FileResult, Session, pair_file
 from idled.pipeline.incrtables import Batch, change_of, table_rows, user_ended
 from idled.pipeline.paired import _gc_paused, joins_in_seq_order
+from idled.pipeline.pool import run_tasks
 from idled.pipeline.records import FileStats, Row, iter_rows
 from idled.pipeline.rules import FlapParams
 from idled.pipeline.statedir import State
@@ -149,19 +150,9 @@ class Pass1:
 
 
 def _in_processes(runs: list[list[Work]], names: Sequence[str], short_s: float, table: str) -> list[TaskResult]:
-    """The tasks in a pool of this machine's processes instead of Spark's (`local_batch`)."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    context = multiprocessing.get_context("forkserver")  # not fork: a driver may hold Spark's gateway threads
-    context.set_forkserver_preload(["idled.pipeline.incpaired"])
-    with ProcessPoolExecutor(max_workers=min(len(runs), os.cpu_count() or 1), mp_context=context) as pool:
-        return list(pool.map(functools.partial(_pair_tails_no_gc, names, short_s, table), runs))
-
-
-def _pair_tails_no_gc(names: Sequence[str], short_s: float, table: str, run: list[Work]) -> TaskResult:
-    with _gc_paused():
-        return _pair_tails(names, short_s, table, run)
+    """The tasks in a pool of this machine's processes instead of Spark's (`local_batch`, `pool`)."""
+    return run_tasks(functools.partial(_pair_work, names, short_s, table), runs, os.cpu_count() or 1,
+                     preload=["idled.pipeline.incpaired"])
 
 
 def decode_tails(spark: SparkSession | None, work: Sequence[Work], names: Sequence[str], short_s: float, table: str) -> Pass1:

@@ -46,7 +46,7 @@ from idled.pipeline.decode import EVENT_SCHEMA, daemon_names, file_totals, read_
 from idled.pipeline.freshness import log_read_of, watermark_of
 from idled.pipeline.output import SmallTables, read_small_tables, summarize, write_summary, write_tables
 from idled.pipeline.rules import FlapParams, check_grace
-from idled.pipeline.pool import local_cores
+from idled.pipeline.pool import TaskPool, local_cores
 from idled.pipeline.spark import master_of, materialize, spark_conf, start_spark
 
 if TYPE_CHECKING:
@@ -106,7 +106,8 @@ def run_job(config: JobConfig, spark: SparkSession | None = None) -> JobResult:
     processes = local_cores(config.master)
     pooled = spark is None and processes is not None and _without_spark(config)
     if pooled:
-        result = _run(config, None, t0, processes or 1)  # no JVM, unless the record path must run
+        with TaskPool(processes or 1, preload=["idled.pipeline.paired"]) as pool:
+            result = _run(config, None, t0, pool)  # no JVM, unless the record path must run
         if result is not None:
             return result
     with _session(config, spark, light_jvm=not pooled) as session:
@@ -180,10 +181,10 @@ def _decode(spark: SparkSession, config: JobConfig) -> tuple[DataFrame, dict[str
     return events, dict(accumulator.value)
 
 
-def _run(config: JobConfig, spark: SparkSession | None, t0: float, processes: int = 1,
+def _run(config: JobConfig, spark: SparkSession | None, t0: float, pool: TaskPool | None = None,
          records: bool = False) -> JobResult | None:
-    """A full run. Without `spark`, the paired path in a pool of `processes` local processes -- or None if
-    its premise fails (the caller starts Spark for the record path); `records`: straight to the record path."""
+    """A full run. Without `spark`, the paired path in `pool` (local processes) -- or None if its premise
+    fails (the caller starts Spark for the record path); `records`: straight to the record path."""
     from idled.pipeline.paired import decode_paired, finish_paired
 
     t_started = time.perf_counter()
@@ -191,7 +192,7 @@ def _run(config: JobConfig, spark: SparkSession | None, t0: float, processes: in
     decoded = None
     if not records:
         decoded = decode_paired(spark, config.events, config.flap.short_s, config.min_partitions,
-                                config.shuffle_partitions, config.out, config.grace, processes)
+                                config.shuffle_partitions, config.out, config.grace, pool)
         files, per_file = decoded.files, decoded.per_file
     laps = Laps(echo=config.progress)
     path = "paired"
@@ -209,7 +210,7 @@ def _run(config: JobConfig, spark: SparkSession | None, t0: float, processes: in
         print(f"idled pipeline: decoded {event_count:,} events in {t_decoded - t_started:.1f} s", file=sys.stderr, flush=True)
     if decoded is not None and path == "paired":  # (else spark is set: the record path)
         tables, small, written = finish_paired(spark, decoded, names, config.flap, config.out, laps, config.grace,
-                                               processes)
+                                               pool)
     else:
         assert spark is not None
         tables = build_tables(spark, events, names, config.flap, event_count=event_count, dedupe=True, laps=laps,
@@ -225,7 +226,7 @@ def _run(config: JobConfig, spark: SparkSession | None, t0: float, processes: in
         "aggregate_steps": laps.laps,
     }
     summary = summarize(
-        names=names, out=config.out, master=_master(config, spark, processes), flap=config.flap, files=files,
+        names=names, out=config.out, master=_master(config, spark, pool.processes if pool is not None else 1), flap=config.flap, files=files,
         event_count=event_count, tables=tables, small=small, written=written, timings=timings,
     )
     summary["pairing"] = path

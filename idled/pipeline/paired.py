@@ -49,7 +49,7 @@ from idled.pipeline.arrowwrite import clear, write_rows, write_sessions
 from idled.pipeline.decode import daemon_names, default_partitions, file_totals
 from idled.pipeline.filepass import FileResult, Session, UserSessions, pair_file
 from idled.pipeline.output import SmallTables
-from idled.pipeline.pool import run_tasks
+from idled.pipeline.pool import TaskPool
 from idled.pipeline.records import FileStats, iter_rows
 from idled.pipeline.reference import concurrency_rows, dau_rows, session_length_rows
 from idled.pipeline.rules import FlapParams
@@ -231,34 +231,40 @@ class Decoded:
 
 
 def decode_paired(spark: SparkSession | None, dirs: Sequence[str], short_s: float, min_partitions: int | None, parts: int,
-                  out: str, grace: float = 0.0, processes: int = 1) -> Decoded:
+                  out: str, grace: float = 0.0, pool: TaskPool | None = None) -> Decoded:
     """The first pass: decode and pair every file, its closed sessions written into ``out/sessions`` on the
     way (`arrowwrite`); `parts` is the number of partitions of the second pass; `grace` > 0: user sessions
     joined over it (`filepass.UserSessions`) for flappers and session_lengths. Without `spark`, the tasks run
-    in a pool of `processes` local processes (`pool`; local directories only)."""
+    in `pool`, local processes (`pool`; local directories only)."""
     table = _sessions_table(out)
     clear(table)
     names = daemon_names(dirs)
-    cores = spark.sparkContext.defaultParallelism if spark is not None else processes
-    runs = runs_of_files(names, min_partitions or 2 * cores)
     results: list[RunResult]
     if spark is None:
+        if pool is None:
+            raise ValueError("decode_paired needs a SparkSession or a TaskPool")
+        runs = runs_of_files(names, min_partitions or 2 * pool.processes)
         if runs is None:
             raise ValueError("directories given as URIs are read through Spark")
-        results = run_tasks(functools.partial(_pair_runs, names, short_s, grace, parts, table), runs, processes,
-                            preload=["idled.pipeline.paired"])
-    elif runs is not None:
-        sc = spark.sparkContext
+        results = pool.run(functools.partial(_pair_runs, names, short_s, grace, parts, table), runs)
+        return _decoded(results, parts)
+    sc = spark.sparkContext
+    runs = runs_of_files(names, min_partitions or 2 * sc.defaultParallelism)
+    if runs is not None:
         results = sc.parallelize(runs, max(1, len(runs))).mapPartitions(
             functools.partial(_pair_runs, names, short_s, grace, parts, table)).collect()
     else:
-        sc = spark.sparkContext
         partitions = min_partitions or default_partitions(dirs, sc.defaultParallelism)
         results = sc.union([
             sc.binaryFiles(directory.rstrip("/") + "/*.seg", minPartitions=partitions).mapPartitions(
                 functools.partial(_pair_read_files, daemon, names, short_s, grace, parts, table))
             for daemon, directory in enumerate(names)
         ]).collect()
+    return _decoded(results, parts)
+
+
+def _decoded(results: Iterable[RunResult], parts: int) -> Decoded:
+    """The driver's merge of the first pass's task results."""
     per_file: dict[str, tuple] = {}
     joins: list[tuple[str, str]] = []
     tally = Tally()
@@ -318,19 +324,22 @@ def small_table_rows(result: PartitionResult) -> dict[str, list[dict[str, Any]]]
 
 
 def finish_paired(spark: SparkSession | None, decoded: Decoded, names: Sequence[str], params: FlapParams,
-                  out: str, laps: Laps, grace: float = 0.0, processes: int = 1) -> tuple[Tables, SmallTables, dict[str, str]]:
+                  out: str, laps: Laps, grace: float = 0.0,
+                  pool: TaskPool | None = None) -> tuple[Tables, SmallTables, dict[str, str]]:
     """The second pass (its sessions added to ``out/sessions``), then the five small tables written under
     `out`; returns the tables' counts, what the summary needs of them, and table name -> path. Without
-    `spark`, the second pass runs in a pool of `processes` local processes."""
+    `spark`, the second pass runs in `pool`."""
     parts = len(decoded.blobs)
     table = _sessions_table(out)
     task = functools.partial(_user_pass, decoded.data_end, params, grace, names, table)
     items = list(enumerate(decoded.blobs))
     results: list[PartitionResult]
-    if spark is None:
-        results = run_tasks(task, items, processes, preload=["idled.pipeline.paired"])
-    else:
+    if spark is not None:
         results = spark.sparkContext.parallelize(items, parts).mapPartitions(task).collect()
+    elif pool is not None:
+        results = pool.run(task, items)
+    else:
+        raise ValueError("finish_paired needs a SparkSession or a TaskPool")
     result = PartitionResult(tally=decoded.tally)
     for part_result in results:
         result.merge(part_result)
