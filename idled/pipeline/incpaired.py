@@ -38,7 +38,7 @@ import itertools
 import json
 import os
 import shutil
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
@@ -49,6 +49,7 @@ from idled.pipeline.arrowwrite import session_columns, write_by_date
 from idled.pipeline.filepass import FileResult, Session, pair_file
 from idled.pipeline.incrtables import Batch, change_of, table_rows, user_ended
 from idled.pipeline.paired import _gc_paused, joins_in_seq_order
+from idled.pipeline.pool import run_tasks
 from idled.pipeline.records import FileStats, Row, iter_rows
 from idled.pipeline.rules import FlapParams
 from idled.pipeline.statedir import State
@@ -149,19 +150,9 @@ class Pass1:
 
 
 def _in_processes(runs: list[list[Work]], names: Sequence[str], short_s: float, table: str) -> list[TaskResult]:
-    """The tasks in a pool of this machine's processes instead of Spark's (`local_batch`)."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    context = multiprocessing.get_context("forkserver")  # not fork: a driver may hold Spark's gateway threads
-    context.set_forkserver_preload(["idled.pipeline.incpaired"])
-    with ProcessPoolExecutor(max_workers=min(len(runs), os.cpu_count() or 1), mp_context=context) as pool:
-        return list(pool.map(functools.partial(_pair_tails_no_gc, names, short_s, table), runs))
-
-
-def _pair_tails_no_gc(names: Sequence[str], short_s: float, table: str, run: list[Work]) -> TaskResult:
-    with _gc_paused():
-        return _pair_tails(names, short_s, table, run)
+    """The tasks in a pool of this machine's processes instead of Spark's (`local_batch`, `pool`)."""
+    return run_tasks(functools.partial(_pair_work, names, short_s, table), runs, os.cpu_count() or 1,
+                     preload=["idled.pipeline.incpaired"])
 
 
 def decode_tails(spark: SparkSession | None, work: Sequence[Work], names: Sequence[str], short_s: float, table: str) -> Pass1:
@@ -286,17 +277,22 @@ def _fold_daemons(data: dict[str, Any], pass1: Pass1, streams: Sequence[tuple[in
             entry["data_end"] = stream.data_end if entry["data_end"] is None else max(entry["data_end"], stream.data_end)
 
 
-def local_batch(master: str | None, work: Sequence[Work], limit: int) -> bool:
-    """Whether a batch is small enough to pair in a process pool without starting Spark: a local master and
-    at most `limit` new bytes (an hourly run's ~60 MB at 10M events a day; Spark's start alone is ~5 s)."""
-    if master is None or not master.startswith("local") or limit <= 0:
+def local_batch(master: str | None, work: Sequence[Work], limit: int | None) -> bool:
+    """Whether a batch is paired in a process pool without starting Spark: a local master and at most `limit`
+    new bytes (None: any size; 0: never). Spark's start alone is ~4-7 s, and on this path it would only
+    schedule the same Python tasks."""
+    if master is None or not master.startswith("local") or limit == 0:
         return False
+    if limit is None:
+        return True
     return sum(max(0, os.path.getsize(path) - offset) for _, path, offset, _ in work) <= limit
 
 
 def plan_paired(spark: SparkSession | None, state: State, out: str, names: Sequence[str], flap: FlapParams,
-                work: Sequence[Work], laps: Laps) -> PairedBatch | None:
-    """Steps 1-4 up to the commit; None if the premise fails (the record path must run instead)."""
+                work: Sequence[Work], laps: Laps,
+                release: Callable[[SparkSession | None], None] | None = None) -> PairedBatch | None:
+    """Steps 1-4 up to the commit; None if the premise fails (the record path must run instead). `release`
+    is called with `spark` once the premise holds: nothing after step 1 needs Spark."""
     from idled.pipeline.incremental import _count_files
 
     staging = os.path.join(state.path, "staging")
@@ -307,6 +303,8 @@ def plan_paired(spark: SparkSession | None, state: State, out: str, names: Seque
     if _count_files(data, pass1.per_file) or not pass1.in_seq_order:
         shutil.rmtree(staging, ignore_errors=True)
         return None
+    if release is not None:
+        release(spark)
     open_dir = os.path.join(state.gen_dir(), "open")
     carried_table = _read_dir(open_dir) if os.path.isdir(open_dir) else None
     carried = carried_streams(carried_table, flap.short_s) if carried_table is not None else []

@@ -35,6 +35,7 @@ import contextlib
 import json
 import os
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ from idled.pipeline.decode import EVENT_SCHEMA, daemon_names, file_totals, read_
 from idled.pipeline.freshness import log_read_of, watermark_of
 from idled.pipeline.output import SmallTables, read_small_tables, summarize, write_summary, write_tables
 from idled.pipeline.rules import FlapParams, check_grace
+from idled.pipeline.pool import TaskPool, local_cores
 from idled.pipeline.spark import master_of, materialize, spark_conf, start_spark
 
 if TYPE_CHECKING:
@@ -80,9 +82,10 @@ class JobConfig:
     # --grace SECONDS: flappers and session_lengths count sessions joined over a grace (`rules`, rule 6); not
     # available with --incremental
     grace: float = 0.0
-    # --local-batch-bytes N: an incremental batch of at most N new bytes with a local master is paired in a
-    # process pool, without starting Spark (`incpaired.local_batch`); 0: always Spark
-    local_batch_bytes: int = 256 << 20
+    # --local-batch-bytes N: with a local master, the paired path runs in a process pool without starting
+    # Spark (`pool`) when its input -- a full run's segment files, an incremental run's new bytes -- is at
+    # most N bytes (`incpaired.local_batch`); None: any size; 0: always Spark
+    local_batch_bytes: int | None = None
 
     def __post_init__(self) -> None:
         check_grace(self.grace)
@@ -100,27 +103,71 @@ def run_job(config: JobConfig, spark: SparkSession | None = None) -> JobResult:
     t0 = time.perf_counter()
     if config.state is not None:
         return _run_incremental(config, spark, t0)
-    with _session(config, spark) as session:
-        return _run(config, session, t0)
+    processes = local_cores(config.master)
+    pooled = spark is None and processes is not None and _without_spark(config)
+    if pooled:
+        with TaskPool(processes or 1, preload=["idled.pipeline.paired"]) as pool:
+            result = _run(config, None, t0, pool)  # no JVM, unless the record path must run
+        if result is not None:
+            return result
+    with _session(config, spark, light_jvm=not pooled) as session:
+        result = _run(config, session, t0, records=pooled)  # the pool found the paired premise broken
+        assert result is not None  # with Spark, a run always finishes
+        return result
+
+
+def _without_spark(config: JobConfig) -> bool:
+    """A full run's paired path in a local pool (`pool`): local directories of at most `local_batch_bytes`
+    segment bytes (None: any size; 0: always Spark)."""
+    if config.local_batch_bytes == 0 or any("://" in directory for directory in config.events):
+        return False
+    if config.local_batch_bytes is None:
+        return True
+    total = sum(entry.stat().st_size for directory in config.events for entry in os.scandir(directory)
+                if entry.name.endswith(".seg") and entry.is_file())
+    return total <= config.local_batch_bytes
 
 
 @contextlib.contextmanager
-def _session(config: JobConfig, spark: SparkSession | None) -> Iterator[SparkSession]:
+def _session(config: JobConfig, spark: SparkSession | None, light_jvm: bool = False) -> Iterator[SparkSession]:
     """`spark`, or a session started for `config`; stopped at the end only if started here (a caller's
-    session, e.g. a test's, lives on)."""
+    session, e.g. a test's, lives on). `light_jvm`: a session for the paired path, whose JVMs only schedule
+    Python tasks (`spark.LIGHT_JVM_OPTIONS`); the record path may then run in it too, slower."""
     from pyspark.sql import SparkSession as _SparkSession
 
     own_spark = spark is None and _SparkSession.getActiveSession() is None
     if spark is None:
         spark = start_spark(
             config.master, driver_memory=config.driver_memory, shuffle_partitions=config.shuffle_partitions,
-            extra_conf=config.extra_conf, progress=config.progress,
+            extra_conf=config.extra_conf, progress=config.progress, light_jvm=light_jvm,
         )
+    if own_spark:
+        _OWNED.add(id(spark))
     try:
         yield spark
     finally:
         if own_spark:
-            spark.stop()
+            _OWNED.discard(id(spark))
+            stopping = _STOPPING.pop(id(spark), None)
+            if stopping is not None:
+                stopping.join()
+            else:
+                spark.stop()
+
+
+# Sessions started by this run (`_session`), and those already stopping in the background (`_release`).
+_OWNED: set[int] = set()
+_STOPPING: dict[int, threading.Thread] = {}
+
+
+def _release(spark: SparkSession | None) -> None:
+    """Stop a session this run started, in the background, once no Spark work is left: an incremental run's
+    driver work after the Spark tasks (second pass, tables, commit: ~3 s at 10M events a day) then overlaps
+    Spark's shutdown (~1 s, executors included) instead of waiting for it at the end."""
+    if spark is not None and id(spark) in _OWNED and id(spark) not in _STOPPING:
+        stopping = threading.Thread(target=spark.stop, name="idled-spark-stop", daemon=True)
+        stopping.start()
+        _STOPPING[id(spark)] = stopping
 
 
 def _decode(spark: SparkSession, config: JobConfig) -> tuple[DataFrame, dict[str, tuple]]:
@@ -134,19 +181,26 @@ def _decode(spark: SparkSession, config: JobConfig) -> tuple[DataFrame, dict[str
     return events, dict(accumulator.value)
 
 
-def _run(config: JobConfig, spark: SparkSession, t0: float) -> JobResult:
+def _run(config: JobConfig, spark: SparkSession | None, t0: float, pool: TaskPool | None = None,
+         records: bool = False) -> JobResult | None:
+    """A full run. Without `spark`, the paired path in `pool` (local processes) -- or None if its premise
+    fails (the caller starts Spark for the record path); `records`: straight to the record path."""
     from idled.pipeline.paired import decode_paired, finish_paired
 
     t_started = time.perf_counter()
     names = daemon_names(config.events)
-    decoded = decode_paired(spark, config.events, config.flap.short_s, config.min_partitions, config.shuffle_partitions,
-                            config.out, config.grace)
-    files, per_file = decoded.files, decoded.per_file
+    decoded = None
+    if not records:
+        decoded = decode_paired(spark, config.events, config.flap.short_s, config.min_partitions,
+                                config.shuffle_partitions, config.out, config.grace, pool)
+        files, per_file = decoded.files, decoded.per_file
     laps = Laps(echo=config.progress)
     path = "paired"
-    if files["daemons_with_overlapping_files"] > 0 or not decoded.in_seq_order:
+    if decoded is None or files["daemons_with_overlapping_files"] > 0 or not decoded.in_seq_order:
         # In-file pairing assumed disjoint, ordered files: decode again and pair record by record (the
         # sessions written by the first pass are overwritten).
+        if spark is None:
+            return None
         path = "records"
         events, per_file = _decode(spark, config)
         files = file_totals(per_file)
@@ -154,9 +208,11 @@ def _run(config: JobConfig, spark: SparkSession, t0: float) -> JobResult:
     event_count = files["records"] - files["malformed"]
     if config.progress:
         print(f"idled pipeline: decoded {event_count:,} events in {t_decoded - t_started:.1f} s", file=sys.stderr, flush=True)
-    if path == "paired":
-        tables, small, written = finish_paired(spark, decoded, names, config.flap, config.out, laps, config.grace)
+    if decoded is not None and path == "paired":  # (else spark is set: the record path)
+        tables, small, written = finish_paired(spark, decoded, names, config.flap, config.out, laps, config.grace,
+                                               pool)
     else:
+        assert spark is not None
         tables = build_tables(spark, events, names, config.flap, event_count=event_count, dedupe=True, laps=laps,
                               grace=config.grace)
         written = write_tables(tables.frames, config.out, laps)
@@ -170,7 +226,7 @@ def _run(config: JobConfig, spark: SparkSession, t0: float) -> JobResult:
         "aggregate_steps": laps.laps,
     }
     summary = summarize(
-        names=names, out=config.out, master=master_of(spark), flap=config.flap, files=files,
+        names=names, out=config.out, master=_master(config, spark, pool.processes if pool is not None else 1), flap=config.flap, files=files,
         event_count=event_count, tables=tables, small=small, written=written, timings=timings,
     )
     summary["pairing"] = path
@@ -208,7 +264,7 @@ def _run_incremental_locked(config: JobConfig, spark: SparkSession | None, t0: f
 
     if spark is None and work and local_batch(config.master, work, config.local_batch_bytes):
         return _incremental_in(config, None, t0, state, work)  # a small batch: no JVM to start
-    with _session(config, spark) as session:
+    with _session(config, spark, light_jvm=True) as session:
         return _incremental_in(config, session, t0, state, work)
 
 
@@ -221,6 +277,7 @@ def _incremental_in(config: JobConfig, spark: SparkSession | None, t0: float, st
     names = daemon_names(config.events)
     t_started = time.perf_counter()
     laps = Laps(echo=config.progress)
+    master = _master(config, spark, local_cores(config.master) or 1)  # (the session may stop during _update)
     data, path = _update(spark, state, config, names, work, laps) if work else (state.data, None)
     t_done = time.perf_counter()
     counts = data["counts"]
@@ -234,7 +291,6 @@ def _incremental_in(config: JobConfig, spark: SparkSession | None, t0: float, st
     laps.mark("summary")
     timings: dict[str, Any] = {"spark_start": round(t_started - t0, 3), "incremental": round(t_done - t_started, 3),
                                "incremental_steps": laps.laps}
-    master = master_of(spark) if spark is not None else f"{config.master} (no Spark: a pool of {os.cpu_count()} processes)"
     summary = summarize(
         names=names, out=config.out, master=master, flap=config.flap, files=file_totals_of(data),
         event_count=counts["events"], tables=tables, small=small, written=written, timings=timings,
@@ -253,12 +309,16 @@ def _update(spark: SparkSession | None, state: State, config: JobConfig, names: 
     from idled.pipeline.incpaired import commit_paired, plan_paired
     from idled.pipeline.incremental import run_incremental
 
-    planned = plan_paired(spark, state, config.out, names, config.flap, work, laps)
+    planned = plan_paired(spark, state, config.out, names, config.flap, work, laps, release=_release)
     if planned is None:
         with _session(config, spark) as session:
             return run_incremental(session, state, config.out, names, config.flap, work, laps), "records"
     commit_paired(state, planned, config.out, names, laps)
     return planned.state, "paired"
+
+
+def _master(config: JobConfig, spark: SparkSession | None, processes: int) -> str:
+    return master_of(spark) if spark is not None else f"{config.master} (no Spark: a pool of {processes} processes)"
 
 
 def _finish(config: JobConfig, summary: dict[str, Any], timings: dict[str, Any], small: SmallTables, t0: float,

@@ -49,6 +49,7 @@ from idled.pipeline.arrowwrite import clear, write_rows, write_sessions
 from idled.pipeline.decode import daemon_names, default_partitions, file_totals
 from idled.pipeline.filepass import FileResult, Session, UserSessions, pair_file
 from idled.pipeline.output import SmallTables
+from idled.pipeline.pool import TaskPool
 from idled.pipeline.records import FileStats, iter_rows
 from idled.pipeline.reference import concurrency_rows, dau_rows, session_length_rows
 from idled.pipeline.rules import FlapParams
@@ -229,32 +230,47 @@ class Decoded:
     per_file: dict[str, tuple]  # path -> (daemon, *FileStats.as_tuple())
 
 
-def decode_paired(spark: SparkSession, dirs: Sequence[str], short_s: float, min_partitions: int | None, parts: int,
-                  out: str, grace: float = 0.0) -> Decoded:
+def decode_paired(spark: SparkSession | None, dirs: Sequence[str], short_s: float, min_partitions: int | None, parts: int,
+                  out: str, grace: float = 0.0, pool: TaskPool | None = None) -> Decoded:
     """The first pass: decode and pair every file, its closed sessions written into ``out/sessions`` on the
     way (`arrowwrite`); `parts` is the number of partitions of the second pass; `grace` > 0: user sessions
-    joined over it (`filepass.UserSessions`) for flappers and session_lengths."""
-    sc = spark.sparkContext
+    joined over it (`filepass.UserSessions`) for flappers and session_lengths. Without `spark`, the tasks run
+    in `pool`, local processes (`pool`; local directories only)."""
     table = _sessions_table(out)
     clear(table)
     names = daemon_names(dirs)
+    results: list[RunResult]
+    if spark is None:
+        if pool is None:
+            raise ValueError("decode_paired needs a SparkSession or a TaskPool")
+        runs = runs_of_files(names, min_partitions or 2 * pool.processes)
+        if runs is None:
+            raise ValueError("directories given as URIs are read through Spark")
+        results = pool.run(functools.partial(_pair_runs, names, short_s, grace, parts, table), runs)
+        return _decoded(results, parts)
+    sc = spark.sparkContext
     runs = runs_of_files(names, min_partitions or 2 * sc.defaultParallelism)
     if runs is not None:
-        rdd = sc.parallelize(runs, max(1, len(runs))).mapPartitions(
-            functools.partial(_pair_runs, names, short_s, grace, parts, table))
+        results = sc.parallelize(runs, max(1, len(runs))).mapPartitions(
+            functools.partial(_pair_runs, names, short_s, grace, parts, table)).collect()
     else:
         partitions = min_partitions or default_partitions(dirs, sc.defaultParallelism)
-        rdd = sc.union([
+        results = sc.union([
             sc.binaryFiles(directory.rstrip("/") + "/*.seg", minPartitions=partitions).mapPartitions(
                 functools.partial(_pair_read_files, daemon, names, short_s, grace, parts, table))
             for daemon, directory in enumerate(names)
-        ])
+        ]).collect()
+    return _decoded(results, parts)
+
+
+def _decoded(results: Iterable[RunResult], parts: int) -> Decoded:
+    """The driver's merge of the first pass's task results."""
     per_file: dict[str, tuple] = {}
     joins: list[tuple[str, str]] = []
     tally = Tally()
     data_end: dict[int, float] = {}
     blobs: list[list[bytes]] = [[] for _ in range(parts)]
-    for run_files, run_joins, run_tally, end, daemon, run_blobs in rdd.collect():
+    for run_files, run_joins, run_tally, end, daemon, run_blobs in results:
         per_file.update(run_files)
         joins.extend(run_joins)
         tally.merge(run_tally)
@@ -307,17 +323,25 @@ def small_table_rows(result: PartitionResult) -> dict[str, list[dict[str, Any]]]
     }
 
 
-def finish_paired(spark: SparkSession, decoded: Decoded, names: Sequence[str], params: FlapParams,
-                  out: str, laps: Laps, grace: float = 0.0) -> tuple[Tables, SmallTables, dict[str, str]]:
+def finish_paired(spark: SparkSession | None, decoded: Decoded, names: Sequence[str], params: FlapParams,
+                  out: str, laps: Laps, grace: float = 0.0,
+                  pool: TaskPool | None = None) -> tuple[Tables, SmallTables, dict[str, str]]:
     """The second pass (its sessions added to ``out/sessions``), then the five small tables written under
-    `out`; returns the tables' counts, what the summary needs of them, and table name -> path."""
-    sc = spark.sparkContext
+    `out`; returns the tables' counts, what the summary needs of them, and table name -> path. Without
+    `spark`, the second pass runs in `pool`."""
     parts = len(decoded.blobs)
     table = _sessions_table(out)
-    rdd = sc.parallelize(list(enumerate(decoded.blobs)), parts).mapPartitions(
-        functools.partial(_user_pass, decoded.data_end, params, grace, names, table))
+    task = functools.partial(_user_pass, decoded.data_end, params, grace, names, table)
+    items = list(enumerate(decoded.blobs))
+    results: list[PartitionResult]
+    if spark is not None:
+        results = spark.sparkContext.parallelize(items, parts).mapPartitions(task).collect()
+    elif pool is not None:
+        results = pool.run(task, items)
+    else:
+        raise ValueError("finish_paired needs a SparkSession or a TaskPool")
     result = PartitionResult(tally=decoded.tally)
-    for part_result in rdd.collect():
+    for part_result in results:
         result.merge(part_result)
     laps.mark("user_pass")
     rows = small_table_rows(result)

@@ -58,7 +58,8 @@ def load_dirs(dirs: Sequence[str]) -> tuple[list[Row], dict[str, FileStats]]:
             with open(path, "rb") as file:
                 data = file.read()
             file_stats = FileStats()
-            rows.extend(iter_rows(data, daemon, file_stats))
+            # The daemon's decoder alone (not `fastdecode`): the job's tables are compared with these.
+            rows.extend(iter_rows(data, daemon, file_stats, fast=False))
             stats[path] = file_stats
     return rows, stats
 

@@ -72,9 +72,11 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, default_master: str | 
                         help="process only the log written since the last run with the same --state, rewriting only "
                              "the date partitions that changed (needs --state; --events must be readable at the same "
                              "path by the driver and the executors)")
-    parser.add_argument("--local-batch-bytes", type=int, default=256 << 20, metavar="N",
-                        help="--incremental with a local master: a batch of at most N new bytes is decoded and paired "
-                             "in a pool of local processes without starting Spark (default 268435456; 0: always Spark)")
+    parser.add_argument("--local-batch-bytes", type=int, default=None, metavar="N",
+                        help="with a local master, an input of at most N bytes (a full run's segment files, an "
+                             "--incremental run's new bytes) is decoded and paired in a pool of local processes "
+                             "without starting Spark (default: any size; 0: always Spark; Spark still starts if the "
+                             "record path must run)")
     parser.add_argument("--state", metavar="DIR", default=None,
                         help="state directory of --incremental runs (files processed, open sessions, lateness values)")
 

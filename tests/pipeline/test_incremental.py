@@ -126,7 +126,7 @@ def grown(tmp_path_factory: pytest.TempPathFactory, spark: Any) -> dict[str, Any
                 log.retention(keep=2)
         if hours == 2.5:  # the record path, as when new files overlap in seq; the paired path goes on from its state
             with pytest.MonkeyPatch.context() as patch:
-                patch.setattr("idled.pipeline.incpaired.plan_paired", lambda *args: None)
+                patch.setattr("idled.pipeline.incpaired.plan_paired", lambda *args, **kwargs: None)
                 run()
         else:
             run(None if hours == 3 else spark)  # at 3, no session: a small batch is paired in a process pool

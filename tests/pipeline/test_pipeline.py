@@ -355,6 +355,25 @@ def test_spark_table_equals_reference(spark: Any, job_result: dict[str, Any], va
     assert_tables_equal(rows, variant["reference"][0].tables[table], table)
 
 
+@pytest.mark.parametrize("name", ["edge-cases", "all"])
+def test_a_local_run_without_spark_gives_the_same_tables(spark: Any, dataset: dict[str, Any], tmp_path: Path,
+                                                          name: str) -> None:
+    """No session given and a local master: the paired path runs in a process pool (`pool`), no JVM; when its
+    premise fails (the crafted daemon's copied segment) Spark starts for the record path."""
+    from idled.pipeline.job import JobConfig, run_job
+
+    dirs = variant_dirs(dataset, name)
+    config = JobConfig(events=tuple(dirs), out=str(tmp_path / "out"), master="local[2]", min_partitions=5, chart=False)
+    summary = run_job(config).summary
+    assert summary["pairing"] == VARIANTS[name]
+    assert ("no Spark: a pool of 2 processes" in summary["master"]) == (VARIANTS[name] == "paired")
+    reference = run_reference(dirs)[0]
+    for table in KEYS:
+        rows = [row.asDict() for row in spark.read.parquet(str(tmp_path / "out" / table)).collect()]
+        assert_tables_equal(rows, reference.tables[table], table)
+    assert summary["counts"]["sessions"] == reference.counts["sessions"]
+
+
 def test_spark_counts_equal_reference(job_result: dict[str, Any], variant: dict[str, Any], dataset: dict[str, Any]) -> None:
     counts = job_result["summary"]["counts"]
     result, files = variant["reference"]
