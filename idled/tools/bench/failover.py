@@ -103,7 +103,16 @@ class Cluster:
                 if streak >= 3:  # not a passing moment of a re-sync
                     return roles.index("leader")
             time.sleep(0.1)
-        raise RuntimeError(f"the cores did not settle within {SETTLE_TIMEOUT:g} s")
+        raise RuntimeError(f"the cores did not settle within {SETTLE_TIMEOUT:g} s: {self._diagnosis()}")
+
+    def _diagnosis(self) -> str:
+        """Each core's role and replication state, and the last lines of its log: what a failed settle needs."""
+        parts = []
+        for i, node in enumerate(self.nodes):
+            doc = self.status(i) or {}
+            tail = " | ".join(node.stderr().splitlines()[-6:]) if node is not None else "(down)"
+            parts.append(f"core {i}: role {doc.get('role')}, standby {doc.get('standby')}; log: {tail}")
+        return "; ".join(parts)
 
     def kill(self, i: int) -> None:
         node = self.nodes[i]
