@@ -255,6 +255,8 @@ class StandbyLink:
             await self._install()  # nothing below its seq is left to come
         if self.log.last_seq >= self.head:
             self.synced_at = time.time()
+            if self.state == "resyncing" and self._snapshot is None:  # a re-sync without a snapshot is done
+                self.state = "streaming"
         self._received = self._received or bool(message.records)
 
     async def _write(self, raws: tuple[bytes, ...]) -> None:

@@ -120,6 +120,8 @@ def test_diverged_standby_resyncs_and_keeps_its_old_log_aside(tmp_path: Path) ->
             assert f"standby: diverged from the active: our last record, seq {diverged}" in sb.stderr()
             assert f"diverged: its last record, seq {diverged}, differs from this core's" in act.stderr()
             assert status(metrics)["standby"]["resyncs"] == 1
+            # Caught up again after a re-sync with no snapshot: streaming, not "resyncing" for ever.
+            wait_for(lambda: status(metrics)["standby"]["state"] == "streaming", what="streaming after the re-sync")
             # Compared while the gateway is open: its close would add the active's offlines.
             assert records(tmp_path / "d/data") == records(tmp_path / "a/data")
             segments = sorted(p.name for p in (tmp_path / "a/data").glob("*.seg"))
