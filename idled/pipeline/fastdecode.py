@@ -41,7 +41,7 @@ import msgspec
 
 from idled.log.records import HEADER_BYTES, MAX_RECORD_BYTES, SYNC
 
-__all__ = ["fast_window"]
+__all__ = ["fast_window", "finite_or_none"]
 
 _HEADER: Final = struct.Struct(">HHII")  # sync as an int, check, body length, CRC32 of the body
 _SYNC_WORD: Final = int.from_bytes(SYNC, "big")
@@ -65,7 +65,8 @@ class _Fields(msgspec.Struct, gc=False):
 _DECODE: Final = msgspec.msgpack.Decoder(_Fields).decode
 
 
-def _finite(value: Any) -> float | None:
+def finite_or_none(value: Any) -> float | None:
+    """A record's time field as a float, None if it is not a finite number (shared with ``records``)."""
     kind = type(value)
     if kind is float:
         return value if math.isfinite(value) else None
@@ -90,7 +91,7 @@ def _row(f: _Fields, daemon: int) -> tuple[Any, ...] | None:
         key = "s:" + uid
     else:
         return None
-    ts = _finite(f.ts)
+    ts = finite_or_none(f.ts)
     if ts is None:
         return None
     reason = f.reason
@@ -99,11 +100,11 @@ def _row(f: _Fields, daemon: int) -> tuple[Any, ...] | None:
     deadline = detector = grace = None
     if not online:
         if reason == "idle":
-            deadline = _finite(f.deadline)
+            deadline = finite_or_none(f.deadline)
             detector = f.detector
             if type(detector) is not str:
                 detector = "unknown"
-        grace = _finite(f.grace)
+        grace = finite_or_none(f.grace)
     device = f.device
     if type(device) is not str:
         device = None

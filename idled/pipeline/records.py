@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
 
 from idled.log.eventlog import MAX_RECORD_BYTES, decode_buffer
-from idled.pipeline.fastdecode import fast_window
+from idled.pipeline.fastdecode import fast_window, finite_or_none
 
 __all__ = [
     "CHUNK_BYTES", "Row", "FileStats", "uid_key", "split_uid_key", "to_row", "iter_rows", "seq_ranges_overlap",
@@ -102,15 +102,6 @@ def split_uid_key(key: str) -> tuple[str, str]:
     return key[2:], (UID_INT if key[0] == "i" else UID_STR)
 
 
-def _finite(value: Any) -> float | None:
-    kind = type(value)
-    if kind is float:
-        return value if math.isfinite(value) else None
-    if kind is int:
-        return float(value)
-    return None
-
-
 def to_row(record: dict[str, Any], daemon: int) -> Row | None:
     """The row for one decoded record, or None if it is malformed."""
     kind = record.get("kind")
@@ -123,7 +114,7 @@ def to_row(record: dict[str, Any], daemon: int) -> Row | None:
     key = uid_key(record.get("uid"))
     if key is None:
         return None
-    ts = _finite(record.get("ts"))
+    ts = finite_or_none(record.get("ts"))
     if ts is None:
         return None
     reason = record.get("reason")
@@ -132,43 +123,50 @@ def to_row(record: dict[str, Any], daemon: int) -> Row | None:
     deadline = detector = grace = None
     if not online:
         if reason == "idle":
-            deadline = _finite(record.get("deadline"))
+            deadline = finite_or_none(record.get("deadline"))
             detector = record.get("detector")
             if type(detector) is not str:
                 detector = "unknown"
-        grace = _finite(record.get("grace"))
+        grace = finite_or_none(record.get("grace"))
     device = record.get("device")
     if type(device) is not str:
         device = None
     return (daemon, record["seq"], online, key, ts, reason, deadline, detector, device, grace)
 
 
+@dataclass(slots=True)
+class _Walk:
+    """What `iter_rows` carries from one window to the next."""
+
+    previous: int = -1 << 63  # the last seq seen
+    low: int | None = None  # the first seq seen
+    unordered: int = 0
+    malformed: int = 0
+
+
 def iter_rows(data: bytes | bytearray | memoryview, daemon: int, stats: FileStats, fast: bool = True) -> Iterator[Row]:
     """Rows of one segment file's bytes, filling `stats` as it goes (complete once exhausted).
 
     Each window is decoded by `fastdecode.fast_window` when it is clean (~1 us a record), else -- and always
-    with ``fast=False``, as the reference does -- by the daemon's `decode_buffer` (~2 us) and this loop
-    (~1 us more), where `to_row` is inlined for the common, well-formed record and called only for the rest.
-    Both give the same rows and counters.
+    with ``fast=False``, as the reference does -- by the daemon's `decode_buffer` (~2 us) and `_decoded_rows`
+    (~1 us more). Both give the same rows and counters.
     """
     view = memoryview(data)
     size = len(view)
     stats.bytes = size
     offset = 0
-    previous = -1 << 63
-    low: int | None = None
-    unordered = malformed = 0
+    walk = _Walk()
     while offset < size:
         end = offset + CHUNK_BYTES
         window = view[offset:end]
-        clean = fast_window(window, daemon, previous) if fast else None
+        clean = fast_window(window, daemon, walk.previous) if fast else None
         if clean is not None:
-            rows, good, bad, torn, first, previous, out_of_order = clean
+            rows, good, bad, torn, first, walk.previous, out_of_order = clean
             stats.records += good
-            malformed += bad
-            unordered += out_of_order
-            if low is None:
-                low = first
+            walk.malformed += bad
+            walk.unordered += out_of_order
+            if walk.low is None:
+                walk.low = first
             yield from rows
             consumed = min(end, size) - offset - torn
             offset += consumed
@@ -181,6 +179,26 @@ def iter_rows(data: bytes | bytearray | memoryview, daemon: int, stats: FileStat
         stats.corrupt += result.corrupt
         records = result.records
         stats.records += len(records)
+        yield from _decoded_rows(records, daemon, walk)
+        consumed = min(end, size) - offset - result.torn_bytes
+        offset += consumed
+        if records:
+            stats.broken = False
+        if result.damage and result.damage[-1][0] >= result.good_bytes:
+            stats.broken = True
+        if end >= size or consumed == 0:
+            break  # the last window: what it left is a torn tail
+    stats.torn_bytes = size - offset
+    stats.malformed = walk.malformed
+    stats.unordered = walk.unordered
+    if walk.low is not None:
+        stats.min_seq, stats.max_seq = walk.low, walk.previous  # the range, when unordered == 0
+
+
+def _decoded_rows(records: list[dict[str, Any]], daemon: int, walk: _Walk) -> Iterator[Row]:
+    """Rows of decoded records, `to_row` inlined for the common, well-formed record and called for the rest."""
+    previous, low, unordered, malformed = walk.previous, walk.low, walk.unordered, walk.malformed
+    try:
         for record in records:
             seq = record["seq"]
             if seq <= previous:
@@ -214,16 +232,5 @@ def iter_rows(data: bytes | bytearray | memoryview, daemon: int, stats: FileStat
                 malformed += 1
             else:
                 yield row
-        consumed = min(end, size) - offset - result.torn_bytes
-        offset += consumed
-        if records:
-            stats.broken = False
-        if result.damage and result.damage[-1][0] >= result.good_bytes:
-            stats.broken = True
-        if end >= size or consumed == 0:
-            break  # the last window: what it left is a torn tail
-    stats.torn_bytes = size - offset
-    stats.malformed = malformed
-    stats.unordered = unordered
-    if low is not None:
-        stats.min_seq, stats.max_seq = low, previous  # the range, when unordered == 0
+    finally:  # the caller drains it before it reads ``walk`` again
+        walk.previous, walk.low, walk.unordered, walk.malformed = previous, low, unordered, malformed
