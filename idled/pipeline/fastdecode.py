@@ -41,7 +41,7 @@ import msgspec
 
 from idled.log.records import HEADER_BYTES, MAX_RECORD_BYTES, SYNC
 
-__all__ = ["fast_window", "finite_or_none"]
+__all__ = ["fast_window", "finite_or_none", "make_row"]
 
 _HEADER: Final = struct.Struct(">HHII")  # sync as an int, check, body length, CRC32 of the body
 _SYNC_WORD: Final = int.from_bytes(SYNC, "big")
@@ -76,39 +76,40 @@ def finite_or_none(value: Any) -> float | None:
 
 
 def _row(f: _Fields, daemon: int) -> tuple[Any, ...] | None:
-    """`records.to_row` over the struct (the record's uncommon shapes: the hot loop inlines the common one)."""
-    kind = f.kind
+    """`make_row` over the struct (the record's uncommon shapes: the hot loop inlines the common one)."""
+    return make_row(daemon, f.seq, f.kind, f.uid, f.ts, f.reason, f.deadline, f.detector, f.device, f.grace)
+
+
+def make_row(daemon: int, seq: int, kind: Any, uid: Any, ts: Any, reason: Any, deadline: Any, detector: Any,
+             device: Any, grace: Any) -> tuple[Any, ...] | None:
+    """The row of one record's fields, None if it is malformed (``records.to_row`` over a decoded dict too)."""
     if kind == "online":
         online = True
     elif kind == "offline":
         online = False
     else:
         return None
-    uid = f.uid
     if type(uid) is int:
         key = f"i:{uid}"
     elif type(uid) is str:
         key = "s:" + uid
     else:
         return None
-    ts = finite_or_none(f.ts)
+    ts = finite_or_none(ts)
     if ts is None:
         return None
-    reason = f.reason
     if type(reason) is not str:
         reason = None
-    deadline = detector = grace = None
-    if not online:
-        if reason == "idle":
-            deadline = finite_or_none(f.deadline)
-            detector = f.detector
-            if type(detector) is not str:
-                detector = "unknown"
-        grace = finite_or_none(f.grace)
-    device = f.device
+    if online or reason != "idle":
+        deadline = detector = None
+    else:
+        deadline = finite_or_none(deadline)
+        if type(detector) is not str:
+            detector = "unknown"
+    grace = None if online else finite_or_none(grace)
     if type(device) is not str:
         device = None
-    return (daemon, f.seq, online, key, ts, reason, deadline, detector, device, grace)
+    return (daemon, seq, online, key, ts, reason, deadline, detector, device, grace)
 
 
 def _torn_at(view: memoryview, offset: int, size: int) -> bool:

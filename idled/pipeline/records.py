@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
 
 from idled.log.eventlog import MAX_RECORD_BYTES, decode_buffer
-from idled.pipeline.fastdecode import fast_window, finite_or_none
+from idled.pipeline.fastdecode import fast_window, make_row
 
 __all__ = [
     "CHUNK_BYTES", "Row", "FileStats", "uid_key", "split_uid_key", "to_row", "iter_rows", "seq_ranges_overlap",
@@ -104,34 +104,9 @@ def split_uid_key(key: str) -> tuple[str, str]:
 
 def to_row(record: dict[str, Any], daemon: int) -> Row | None:
     """The row for one decoded record, or None if it is malformed."""
-    kind = record.get("kind")
-    if kind == "online":
-        online = True
-    elif kind == "offline":
-        online = False
-    else:
-        return None
-    key = uid_key(record.get("uid"))
-    if key is None:
-        return None
-    ts = finite_or_none(record.get("ts"))
-    if ts is None:
-        return None
-    reason = record.get("reason")
-    if type(reason) is not str:
-        reason = None
-    deadline = detector = grace = None
-    if not online:
-        if reason == "idle":
-            deadline = finite_or_none(record.get("deadline"))
-            detector = record.get("detector")
-            if type(detector) is not str:
-                detector = "unknown"
-        grace = finite_or_none(record.get("grace"))
-    device = record.get("device")
-    if type(device) is not str:
-        device = None
-    return (daemon, record["seq"], online, key, ts, reason, deadline, detector, device, grace)
+    get = record.get
+    return make_row(daemon, record["seq"], get("kind"), get("uid"), get("ts"), get("reason"), get("deadline"),
+                    get("detector"), get("device"), get("grace"))
 
 
 @dataclass(slots=True)

@@ -18,7 +18,8 @@ import pytest
 from idled.protocol import Login, encode
 from idled.protocol.codec import PING_FRAME, PONG_FRAME
 from idled.tools.bench.daemon import Daemon
-from idled.tools.bench.failover import Cluster, _DurableObserver, _Gateway, _history, _login, _probe
+from idled.tools.bench.failover import Cluster, DurableObserver, history, probe
+from idled.tools.bench.gatewayload import GatewayLoad, login
 from idled.tools.etcd import ETCD
 from tests.peers import free_port
 from tests.server.standby_support import Gateway, active, records, standby, status, wait_for
@@ -50,7 +51,7 @@ def _role(cluster: Cluster, i: int) -> str | None:
 
 def test_sigkill_of_the_leader_under_load_hands_over_and_loses_no_durable_event(cluster: Cluster) -> None:
     leader = _started(cluster)
-    gateway, observer = _Gateway(cluster, 500.0), _DurableObserver(cluster)
+    gateway, observer = GatewayLoad(cluster.connect_gateway, 500.0), DurableObserver(cluster)
     observer.target = leader
     gateway.start()
     observer.start()
@@ -58,7 +59,7 @@ def test_sigkill_of_the_leader_under_load_hands_over_and_loses_no_durable_event(
         wait_for(lambda: observer.last > 200, what="durable events on the leader")
         started = time.monotonic()
         cluster.kill(leader)
-        took = _probe(cluster.address(1 - leader), started, limit=TTL + 10)
+        took = probe(cluster.address(1 - leader), started, limit=TTL + 10)
         observer.target = 1 - leader
         assert took is not None and took < TTL + 2, f"the standby took {took} s to accept a login"
         seen_before = observer.last
@@ -71,14 +72,14 @@ def test_sigkill_of_the_leader_under_load_hands_over_and_loses_no_durable_event(
     time.sleep(0.5)
     observer.stop.set()
     observer.join()
-    history = _history(cluster.address(1 - leader), observer.last)
-    final = {event.seq: (event.kind, event.uid, event.ts, event.reason) for event in history}
-    seqs = [event.seq for event in history]
+    events = history(cluster.address(1 - leader), observer.last)
+    final = {event.seq: (event.kind, event.uid, event.ts, event.reason) for event in events}
+    seqs = [event.seq for event in events]
     assert seqs == sorted(set(seqs)), "seqs must be strictly increasing"
     lost = [seq for seq, content in observer.seen.items() if final.get(seq) != content]
     assert not lost, f"{len(lost)} durable events lost, first {lost[:5]}"
     # The new leader began past the old leader's reserved block and ended what it found open as `restart`.
-    assert any(event.reason == "restart" for event in history)
+    assert any(event.reason == "restart" for event in events)
     # Both data directories hold the same records now (the old leader followed and caught up).
     cluster.settled()
     wait_for(lambda: records(cluster.base / f"data{leader}") == records(cluster.base / f"data{1 - leader}"),
@@ -91,12 +92,12 @@ def test_users_through_an_edge_stay_connected_through_a_failover(cluster: Cluste
     edge = Daemon(cluster.base, timeout=30, command=[
         sys.executable, "-m", "idled.cli.main", "edge", "--core", cores, "--port", "0", "--log-level", "info"])
     try:
-        users = [_login(("127.0.0.1", edge.port), Login("uid", f"u{i}", keepalive=30.0)) for i in range(20)]
+        users = [login(("127.0.0.1", edge.port), Login("uid", f"u{i}", keepalive=30.0)) for i in range(20)]
         assert all(user is not None for user in users)
         wait_for(lambda: len(records(cluster.base / f"data{1 - leader}")) >= 20, what="the onlines replicated")
         started = time.monotonic()
         cluster.kill(leader)
-        assert _probe(cluster.address(1 - leader), started, limit=TTL + 10) is not None
+        assert probe(cluster.address(1 - leader), started, limit=TTL + 10) is not None
         wait_for(lambda: "edge: core is now" in edge.stderr(), timeout=20, what="the edge to switch cores")
         for user in users:  # still connected: a pong, no error frame
             assert user is not None
@@ -107,7 +108,7 @@ def test_users_through_an_edge_stay_connected_through_a_failover(cluster: Cluste
         # then online again as the edge re-attached it.
         def reattached() -> bool:
             kinds: dict[str, list[str]] = {}
-            for event in _history(cluster.address(1 - leader), 1):
+            for event in history(cluster.address(1 - leader), 1):
                 kinds.setdefault(str(event.uid), []).append("restart" if event.reason == "restart" else event.kind)
             return all(kinds.get(f"u{i}", [])[-2:] == ["restart", "online"] for i in range(20))
 
@@ -131,7 +132,7 @@ def test_a_frozen_leader_writes_nothing_when_it_wakes(cluster: Cluster) -> None:
     try:
         frozen_log = records(data)
         gateway.churn(40)  # queued in the frozen leader's socket: work it finds when it wakes
-        assert _probe(cluster.address(1 - leader), time.monotonic(), limit=TTL + 10) is not None
+        assert probe(cluster.address(1 - leader), time.monotonic(), limit=TTL + 10) is not None
     finally:
         os.kill(node.proc.pid, signal.SIGCONT)
     # Woken past its lease: it must not write one more record of its own; it follows the new leader.
@@ -147,7 +148,7 @@ def test_a_frozen_leader_writes_nothing_when_it_wakes(cluster: Cluster) -> None:
 def test_with_etcd_gone_the_leader_steps_down_by_its_deadline_and_nobody_leads(cluster: Cluster) -> None:
     leader = _started(cluster)
     address = cluster.address(leader)
-    sock = _login(address, Login("uid", "before"))
+    sock = login(address, Login("uid", "before"))
     assert sock is not None
     sock.close()
     killed = time.monotonic()
@@ -156,7 +157,7 @@ def test_with_etcd_gone_the_leader_steps_down_by_its_deadline_and_nobody_leads(c
     assert time.monotonic() - killed <= TTL + 1
     time.sleep(0.5)
     for i in range(2):  # no split brain: neither core takes a session without etcd
-        assert _login(cluster.address(i), Login("uid", f"after-{i}"), timeout=0.5) is None
+        assert login(cluster.address(i), Login("uid", f"after-{i}"), timeout=0.5) is None
         assert _role(cluster, i) != "leader"
 
 
@@ -266,7 +267,7 @@ def test_promote_makes_a_standby_the_active_core(tmp_path: Path) -> None:
         assert done.returncode == 0, done.stderr
         assert "promoted" in done.stdout
         assert status(metrics)["role"] == "active"
-        sock = _login(("127.0.0.1", follower.port), Login("uid", "after-promotion"))
+        sock = login(("127.0.0.1", follower.port), Login("uid", "after-promotion"))
         assert sock is not None
         sock.close()
         # The promoted core ended what it found open (restart) and continued the seqs after its last record.
@@ -354,7 +355,7 @@ def test_a_socket_activated_node_keeps_its_socket_across_a_promotion(tmp_path: P
         first.stop()
         node.send_signal(signal.SIGUSR1)
         wait_for(lambda: status(metrics)["role"] == "active", what="the promotion")
-        sock = _login(("127.0.0.1", port), Login("uid", "after"))  # the same socket, never re-bound
+        sock = login(("127.0.0.1", port), Login("uid", "after"))  # the same socket, never re-bound
         assert sock is not None
         sock.close()
     finally:

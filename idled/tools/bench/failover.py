@@ -30,25 +30,22 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from idled.protocol import (
-    NEED_DATA, Attach, Detach, Error, Event, FrameDecoder, Login, Subscribe, Welcome, encode, parse_server_message,
-)
+from idled.protocol import Event, Login, Subscribe, encode
 from idled.tools.bench.daemon import Daemon, free_port
+from idled.tools.bench.gatewayload import GatewayLoad, login, read_events
 from idled.tools.etcd import ETCD, EtcdServer
 
-__all__ = ["Cluster", "report_lines"]
+__all__ = ["Cluster", "DurableObserver", "history", "probe", "report_lines"]
 
 HOSTS = ("127.0.0.2", "127.0.0.3")
 LOAD = 3.0  # seconds of load before each kill
 PROBE_EVERY = 0.02
-STEP = 0.01  # seconds between two gateway frames
 SETTLE_TIMEOUT = 60.0
 CAUGHT_UP = 300  # records a streaming follower may lag and count as caught up
-MAX_FRAME = 1 << 22
 
 
 class Cluster:
@@ -77,6 +74,13 @@ class Cluster:
 
     def address(self, i: int) -> tuple[str, int]:
         return HOSTS[i], self.port
+
+    def connect_gateway(self) -> socket.socket | None:
+        """A gateway connection to whichever core takes it (the leader), None if neither does."""
+        for i in range(2):
+            if (sock := login(self.address(i), Login("gateway", "bench-failover"))) is not None:
+                return sock
+        return None
 
     def status(self, i: int) -> dict[str, Any] | None:
         try:
@@ -141,76 +145,7 @@ def _port_free_on(hosts: Sequence[str]) -> int:
     raise RuntimeError("no port free on every core address")
 
 
-def _login(address: tuple[str, int], login: Login, timeout: float = 1.0) -> socket.socket | None:
-    """A connection logged in as ``login``, or None (refused, ``not_leader``, nobody listening)."""
-    try:
-        sock = socket.create_connection(address, timeout=timeout)
-    except OSError:
-        return None
-    try:
-        sock.sendall(encode(login))
-        decoder = FrameDecoder(MAX_FRAME, parse=parse_server_message)
-        while (data := sock.recv(65536)):
-            decoder.receive_data(data)
-            message = decoder.next_event()
-            if message is NEED_DATA:
-                continue
-            if type(message) is Welcome:
-                sock.settimeout(None)
-                return sock
-            break
-    except OSError:
-        pass
-    sock.close()
-    return None
-
-
-class _Gateway(threading.Thread):
-    """Events at ``rate``/s through one gateway connection to whichever core takes it."""
-
-    def __init__(self, cluster: Cluster, rate: float) -> None:
-        super().__init__(daemon=True)
-        self.cluster, self.rate = cluster, rate
-        self.sent = 0
-        self.reconnects = 0
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        per_step = max(2, round(self.rate * STEP / 2))
-        uid, step, started = 0, 0, time.monotonic()
-        previous: tuple[str, ...] = ()
-        sock: socket.socket | None = None
-        while not self.stop.is_set():
-            if sock is None:
-                sock = self._connect()
-                previous = ()
-                if sock is None:
-                    time.sleep(0.05)
-                    continue
-            attach = tuple(f"g{uid + i}" for i in range(per_step))
-            uid += per_step
-            try:
-                sock.sendall(encode(Attach(attach, 600.0)) + (encode(Detach(previous)) if previous else b""))
-            except OSError:
-                sock.close()
-                sock = None
-                continue
-            self.sent += len(attach) + len(previous)
-            previous = attach
-            step += 1
-            time.sleep(max(0.0, started + step * STEP - time.monotonic()))
-        if sock is not None:
-            sock.close()
-
-    def _connect(self) -> socket.socket | None:
-        for i in range(2):
-            if (sock := _login(self.cluster.address(i), Login("gateway", "bench-failover"))) is not None:
-                self.reconnects += 1
-                return sock
-        return None
-
-
-class _DurableObserver(threading.Thread):
+class DurableObserver(threading.Thread):
     """A durable subscription that follows ``target`` (the leader's index, set by the main thread)."""
 
     def __init__(self, cluster: Cluster) -> None:
@@ -224,14 +159,14 @@ class _DurableObserver(threading.Thread):
 
     def run(self) -> None:
         while not self.stop.is_set():
-            sock = _login(self.cluster.address(self.target), Login("observer", "bench-durable"))
+            sock = login(self.cluster.address(self.target), Login("observer", "bench-durable"))
             if sock is None:
                 time.sleep(0.05)
                 continue
             sock.settimeout(0.2)
             sock.sendall(encode(Subscribe(from_seq=self.last + 1, durable=True)))
             try:
-                for event in _events(sock, lambda: not self.stop.is_set()):
+                for event in read_events(sock, lambda: not self.stop.is_set()):
                     self._note(event)
             except OSError:
                 pass
@@ -249,48 +184,27 @@ def _content(event: Event) -> tuple[Any, ...]:
     return (event.kind, event.uid, event.ts, event.reason)
 
 
-def _history(address: tuple[str, int], upto: int) -> list[Event]:
+def history(address: tuple[str, int], upto: int) -> list[Event]:
     """Every event from seq 1 on (durable), until one at or past ``upto`` and a quiet second."""
-    sock = _login(address, Login("observer", "bench-history"))
+    sock = login(address, Login("observer", "bench-history"))
     if sock is None:
         raise RuntimeError(f"cannot read the history from {address}")
     events: list[Event] = []
     sock.settimeout(1.0)
     sock.sendall(encode(Subscribe(from_seq=1, durable=True)))
     try:
-        events.extend(_events(sock, lambda: not events or events[-1].seq < upto))
+        events.extend(read_events(sock, lambda: not events or events[-1].seq < upto))
     finally:
         sock.close()
     return events
 
 
-def _events(sock: socket.socket, waiting: Callable[[], bool]) -> Iterator[Event]:
-    """The events ``sock`` brings, until its end -- or until a read times out while ``waiting()`` is false.
-    An error frame raises OSError."""
-    decoder = FrameDecoder(MAX_FRAME, parse=parse_server_message)
-    while True:
-        try:
-            data = sock.recv(1 << 16)
-        except TimeoutError:
-            if waiting():
-                continue
-            return
-        if not data:
-            return
-        decoder.receive_data(data)
-        while (message := decoder.next_event()) is not NEED_DATA:
-            if type(message) is Event:
-                yield message
-            elif type(message) is Error:
-                raise OSError(message.reason)
-
-
-def _probe(address: tuple[str, int], started: float, limit: float) -> float | None:
+def probe(address: tuple[str, int], started: float, limit: float) -> float | None:
     """Seconds from ``started`` until ``address`` accepts a user login (None: not within ``limit``)."""
     n = 0
     while time.monotonic() - started < limit:
         n += 1
-        sock = _login(address, Login("uid", f"probe-{n}"), timeout=0.5)
+        sock = login(address, Login("uid", f"probe-{n}"), timeout=0.5)
         if sock is not None:
             elapsed = time.monotonic() - started
             sock.close()
@@ -319,7 +233,7 @@ def _runs(cluster: Cluster, runs: int, rate: float) -> Iterator[str]:
     cluster.start(0)
     cluster.start(1)
     leader = cluster.settled()
-    gateway, observer = _Gateway(cluster, rate), _DurableObserver(cluster)
+    gateway, observer = GatewayLoad(cluster.connect_gateway, rate), DurableObserver(cluster)
     observer.target = leader
     gateway.start()
     observer.start()
@@ -338,7 +252,7 @@ def _runs(cluster: Cluster, runs: int, rate: float) -> Iterator[str]:
         durable_before = observer.last
         started = time.monotonic()
         cluster.kill(leader)
-        took = _probe(cluster.address(follower), started, limit=cluster.ttl + 30)
+        took = probe(cluster.address(follower), started, limit=cluster.ttl + 30)
         observer.target = follower
         if took is None:
             yield f"  run {run:>2}: the other core did not take over within {cluster.ttl + 30} s"
@@ -354,14 +268,14 @@ def _runs(cluster: Cluster, runs: int, rate: float) -> Iterator[str]:
     time.sleep(1.0)
     observer.stop.set()
     observer.join()
-    history = _history(cluster.address(leader), observer.last)
-    yield from _verdict(times, lags, observer, history, gateway, cluster.ttl)
+    events = history(cluster.address(leader), observer.last)
+    yield from _verdict(times, lags, observer, events, gateway, cluster.ttl)
 
 
-def _verdict(times: list[float], lags: list[tuple[int, float]], observer: _DurableObserver, history: list[Event],
-             gateway: _Gateway, ttl: int) -> Iterator[str]:
-    final = {event.seq: _content(event) for event in history}
-    seqs = [event.seq for event in history]
+def _verdict(times: list[float], lags: list[tuple[int, float]], observer: DurableObserver, events: list[Event],
+             gateway: GatewayLoad, ttl: int) -> Iterator[str]:
+    final = {event.seq: _content(event) for event in events}
+    seqs = [event.seq for event in events]
     increasing = all(a < b for a, b in zip(seqs, seqs[1:]))
     lost = sum(1 for seq, content in observer.seen.items() if final.get(seq) != content)
     yield (f"  failover time (kill -> first accepted login), {len(times)} runs: p50 {1e3 * _percentile(times, 0.5):.0f} ms, "
@@ -372,5 +286,5 @@ def _verdict(times: list[float], lags: list[tuple[int, float]], observer: _Durab
                f"({len(lags)} samples)")
     yield (f"  durable events seen by the observer: {len(observer.seen)}; lost or changed in the final history: {lost}; "
            f"out of order: {observer.out_of_order}")
-    yield (f"  final history: {len(history)} events, seqs strictly increasing: {'yes' if increasing else 'NO'}; "
-           f"gateway sent {gateway.sent} events over {gateway.reconnects} connections")
+    yield (f"  final history: {len(events)} events, seqs strictly increasing: {'yes' if increasing else 'NO'}; "
+           f"gateway sent {gateway.sent} events over {gateway.connections} connections")

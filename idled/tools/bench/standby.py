@@ -5,7 +5,7 @@ Theory of operation
 -------------------
 An active ``idled serve`` (``--fsync always``, so that what it may ship is every record at once and the lag
 measured is the shipping's own) gets ``rate`` events/s through one gateway connection (plain sockets, a
-thread: attach a step's uids, detach the previous step's, every ``_STEP`` seconds). The run has five phases
+thread: attach a step's uids, detach the previous step's, every ``gatewayload.STEP`` seconds). The run has five phases
 of ``seconds`` each. On a first active: no standby, one standby attached (started, and caught up, before the
 phase begins: *async*), no standby again (it is stopped). On a second active, started with
 ``--sync-standby``: no standby (the fallback: its own fsync alone), then one standby attached and
@@ -29,42 +29,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from idled.protocol import NEED_DATA, Attach, Detach, Event, FrameDecoder, Login, Subscribe, encode, parse_server_message
+from idled.protocol import Login, Subscribe, encode
 from idled.tools.bench.daemon import Daemon, free_port
+from idled.tools.bench.gatewayload import GatewayLoad, login, read_events
 
 __all__ = ["report_lines"]
-
-_STEP = 0.01  # seconds between gateway frames
-
-
-class _Generator(threading.Thread):
-    """Events at ``rate``/s through one gateway connection until ``stop`` is set; ``sent`` counts them."""
-
-    def __init__(self, port: int, rate: float) -> None:
-        super().__init__(daemon=True)
-        self.port, self.rate = port, rate
-        self.sent = 0
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        sock = socket.create_connection(("127.0.0.1", self.port))
-        sock.sendall(encode(Login("gateway", "bench-standby")))
-        per_step = max(2, round(self.rate * _STEP / 2))
-        previous: tuple[str, ...] = ()
-        uid = 0
-        started = time.monotonic()
-        step = 0
-        while not self.stop.is_set():
-            attach = tuple(f"s{uid + i}" for i in range(per_step))
-            uid += per_step
-            frames = encode(Attach(attach, 600.0)) + (encode(Detach(previous)) if previous else b"")
-            sock.sendall(frames)
-            self.sent += len(attach) + len(previous)
-            previous = attach
-            step += 1
-            time.sleep(max(0.0, started + step * _STEP - time.monotonic()))
-        sock.close()
-
 
 class _Observer(threading.Thread):
     """An observer: the delay of every event (arrival wall clock less its ``ts``); ``durable`` subscribes so."""
@@ -77,14 +46,9 @@ class _Observer(threading.Thread):
         self.sock.sendall(encode(Login("observer", "bench")) + encode(Subscribe(None, durable)))
 
     def run(self) -> None:
-        decoder = FrameDecoder(1 << 20, parse=parse_server_message)
         try:
-            while data := self.sock.recv(1 << 16):
-                now = time.time()
-                decoder.receive_data(data)
-                while (message := decoder.next_event()) is not NEED_DATA:
-                    if type(message) is Event:
-                        self.delays.append(now - message.ts)
+            for event in read_events(self.sock, lambda: True):
+                self.delays.append(time.time() - event.ts)
         except OSError:
             pass
 
@@ -103,7 +67,7 @@ def _percentile(values: list[float], p: float) -> float:
 class _Phase:
     """One phase's figures: the active's CPU seconds, the events sent, the durable observer's delays."""
 
-    def __init__(self, active: Daemon, generator: _Generator, durable: _Observer, seconds: float) -> None:
+    def __init__(self, active: Daemon, generator: GatewayLoad, durable: _Observer, seconds: float) -> None:
         cpu, sent, seen = active.cpu_seconds(), generator.sent, len(durable.delays)
         time.sleep(seconds)
         self.cpu, self.events = active.cpu_seconds() - cpu, generator.sent - sent
@@ -137,8 +101,8 @@ def _active(directory: Path, *flags: str) -> Daemon:
     return Daemon(directory, "--fsync", "always", "--metrics-port", "0", "--timeout", "600", *flags)
 
 
-def _start(active: Daemon, rate: float) -> tuple[_Generator, _Observer]:
-    generator = _Generator(active.port, rate)
+def _start(active: Daemon, rate: float) -> tuple[GatewayLoad, _Observer]:
+    generator = GatewayLoad(lambda: login(("127.0.0.1", active.port), Login("gateway", "bench-standby")), rate, "s")
     generator.start()
     durable = _Observer(active.port, durable=True)
     durable.start()
