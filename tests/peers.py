@@ -23,6 +23,7 @@ import sys
 import urllib.request
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any, Self
 
@@ -267,6 +268,17 @@ async def running(tmp_path: Path, *, listen: bool = False, metrics: bool = True,
             with trio.move_on_after(STOP_TIMEOUT):
                 await server.stopped.wait()
             nursery.cancel_scope.cancel()
+
+
+async def start_metrics(nursery: trio.Nursery, registry: CollectorRegistry, *, gate: Any = None, **options: Any) -> int:
+    """``serve_metrics`` on a loopback port opened through the door (``idled.door``), with the metrics endpoint's
+    gate (or ``gate``); the port."""
+    from idled.door.door import Door, Endpoint, metrics_gate
+    from idled.ops.http import serve_metrics
+
+    door = Door([Endpoint("metrics", "127.0.0.1", 0)], secret=False, insecure=False, env={})
+    listeners = await door.open("metrics")
+    return int(await nursery.start(partial(serve_metrics, **options), registry, listeners, gate or metrics_gate()))
 
 
 def free_port() -> int:

@@ -27,6 +27,7 @@ import trio
 from idled.cli.clientflags import TOKEN_TTL, UsageError, add_client_arguments, describe, tls_context
 from idled.cli.watch import watch_uids
 from idled.client import ClientError
+from idled.door.door import Door, Endpoint
 from idled.hook.batch import Filter
 from idled.hook.config import (
     DEFAULT_BATCH_BYTES, DEFAULT_BATCH_MAX, DEFAULT_BATCH_WAIT, DEFAULT_STOP_GRACE, DEFAULT_TIMEOUT, HookConfig,
@@ -74,7 +75,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _add_delivery_arguments(parser)
     parser.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
                         help="serve Prometheus /metrics on this port (default: off)")
-    parser.add_argument("--metrics-host", default="127.0.0.1", help="address for --metrics-port (default 127.0.0.1)")
+    parser.add_argument("--metrics-host", default="127.0.0.1",
+                        help="address for --metrics-port (default 127.0.0.1); a non-loopback one needs --secret-file "
+                             "or --insecure, as every idled listener does")
+    parser.add_argument("--insecure", action="store_true",
+                        help="allow --metrics-host beyond loopback without --secret-file")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
                         help="log verbosity on stderr (default info)")
     add_client_arguments(parser)
@@ -166,7 +171,17 @@ def build_config(args: argparse.Namespace) -> HookConfig:
     )
 
 
-async def _main(config: HookConfig, metrics_host: str, metrics_port: int | None) -> None:
+def _door(args: argparse.Namespace) -> Door | None:
+    """The door of the hook's one listener, the metrics endpoint (None: no --metrics-port); its rule checked."""
+    if args.metrics_port is None:
+        return None
+    door = Door([Endpoint("metrics", args.metrics_host, args.metrics_port)], secret=bool(args.secret_file),
+                insecure=args.insecure, env={})
+    door.check()
+    return door
+
+
+async def _main(config: HookConfig, door: Door | None) -> None:
     shutdown = Shutdown(config.stop_grace)
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
@@ -180,7 +195,7 @@ async def _main(config: HookConfig, metrics_host: str, metrics_port: int | None)
                     shutdown.stop()
 
             async def hook() -> None:
-                await run_hook(config, shutdown, metrics_host=metrics_host, metrics_port=metrics_port)
+                await run_hook(config, shutdown, door=door)
                 nursery.cancel_scope.cancel()
 
             nursery.start_soon(until_signal)
@@ -190,14 +205,17 @@ async def _main(config: HookConfig, metrics_host: str, metrics_port: int | None)
 def run(args: argparse.Namespace) -> int:
     try:
         config = build_config(args)
+        door = _door(args)
     except UsageError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except Fatal as exc:
+        return _line(str(exc), exc.status)
     setup_logging(args.log_level)
     for noisy in ("httpx", "httpcore"):  # a line per request (INFO) and per socket operation (DEBUG)
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
-        trio.run(_main, config, args.metrics_host, args.metrics_port)
+        trio.run(_main, config, door)
     except Exception as exc:  # each expected failure becomes one line and a status (_fatal); others re-raise
         return _fatal(exc, config)
     log.info("stopped")

@@ -31,6 +31,7 @@ from idled.hook.metrics import HookMetrics
 from idled.hook.post import Poster
 from idled.hook.source import read_events
 from idled.hook.state import StateDir
+from idled.door.door import Door, metrics_gate
 from idled.ops.http import serve_metrics
 from idled.protocol import Event
 
@@ -50,10 +51,9 @@ def start_position(checkpoint: int | None, from_seq: int | None) -> tuple[int | 
 
 
 async def run_hook(config: HookConfig, shutdown: Shutdown, *, registry: CollectorRegistry | None = None,
-                   metrics_host: str = "127.0.0.1", metrics_port: int | None = None,
-                   task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+                   door: Door | None = None, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     """Run until ``shutdown.stop()`` (returns) or a failure (raises: `StateError`, `HookGone`, `ClientError`,
-    `idled.ops.fatal.Fatal` for the metrics port)."""
+    `idled.ops.fatal.Fatal` for the metrics port). ``door``: the metrics endpoint's (``idled.door``), if any."""
     state = await trio.to_thread.run_sync(StateDir, config.state_dir)
     try:
         checkpoint = await trio.to_thread.run_sync(state.read_checkpoint)
@@ -70,8 +70,8 @@ async def run_hook(config: HookConfig, shutdown: Shutdown, *, registry: Collecto
         async with Poster(config.url, timeout=config.timeout, ca_file=config.ca_file) as poster:
             deliverer = Deliverer(config, state, poster, metrics, shutdown, committed=checkpoint)
             async with trio.open_nursery() as nursery:
-                if metrics_port is not None:
-                    await nursery.start(serve_metrics, registry, metrics_host, metrics_port)
+                if door is not None:
+                    await nursery.start(serve_metrics, registry, await door.open("metrics"), metrics_gate())
                 nursery.start_soon(read_events, config, after, send)
                 task_status.started()
                 await deliverer.run(receive)

@@ -79,6 +79,9 @@ class Config:
     max_gateway_frame: int = 1 << 20
     login_timeout: float = 5.0
     max_connections: int = 100_000
+    # Connections from one source (an IPv6 /64) not logged in yet, on the client port and the HTTP API
+    # (idled.door.gate): one address cannot take the room everyone else needs to log in.
+    max_pending_per_address: int = 100
     secret_file: str | None = None
     insecure: bool = False
     data_dir: str | None = None  # None: $STATE_DIRECTORY under systemd, else ./idled-data
@@ -160,6 +163,7 @@ class Config:
         need(16 <= self.max_frame <= self.max_gateway_frame <= 64 << 20, "need 16 <= max_frame <= max_gateway_frame <= 64 MiB")
         need(0 < self.login_timeout <= 3600, "login_timeout must be in (0, 3600]")
         need(1 <= self.max_connections <= 10_000_000, "max_connections must be 1..10000000")
+        need(1 <= self.max_pending_per_address <= 10_000_000, "max_pending_per_address must be 1..10000000")
         need(self.fsync_interval > 0, "fsync_interval must be positive")
         need(self.segment_bytes >= 4096, "segment_bytes must be at least 4096")
         need(self.retention_bytes >= self.segment_bytes, "retention_bytes must be at least segment_bytes")
@@ -222,7 +226,8 @@ class Config:
 
 
 HELP: dict[str, str] = {
-    "host": "address to listen on; any non-loopback listener (systemd's too) needs --secret-file or --insecure",
+    "host": "address to listen on; any non-loopback listener (systemd's too, the API's and the metrics endpoint's) "
+            "needs --secret-file or --insecure",
     "port": "TCP port for clients; 0 picks a free one (logged)",
     "timeout": "seconds of silence before a user is offline, for clients that send no keepalive",
     "tick": "detector resolution in seconds: offline fires at most one tick after the deadline",
@@ -234,8 +239,11 @@ HELP: dict[str, str] = {
     "max_gateway_frame": "largest frame in bytes a logged-in gateway may send",
     "login_timeout": "seconds a new connection has to log in",
     "max_connections": "connections beyond this are refused with a busy error; capped to what the open-file limit allows",
+    "max_pending_per_address": "connections from one address (an IPv6 /64) that have not logged in yet, on the client "
+                               "port and the HTTP API (not yet authenticated); beyond it a new one is refused",
     "secret_file": "HMAC secret for login tokens (default unset: auth is off, loopback only)",
-    "insecure": "allow listening on a non-loopback address without auth (default off)",
+    "insecure": "allow listening on a non-loopback address without auth: anyone who can connect may log in as "
+                "anyone and read the status (default off)",
     "data_dir": "event-log directory (default $STATE_DIRECTORY under systemd, else ./idled-data)",
     "fsync": "event-log durability: always, interval or never",
     "fsync_interval": "seconds between fsyncs with --fsync interval",
@@ -245,7 +253,8 @@ HELP: dict[str, str] = {
     "segment_bytes": "event-log segment size before rotation",
     "retention_bytes": "event-log total size kept",
     "retention_seconds": "event-log age kept",
-    "metrics_host": "address of the Prometheus endpoint",
+    "metrics_host": "address of the metrics endpoint (/metrics, probes, status); a non-loopback one needs "
+                    "--secret-file or --insecure",
     "metrics_port": "port of the Prometheus endpoint; 0 disables it",
     "log_level": "debug, info, warning or error",
     "stall_ticks": "a pause of the event loop this many ticks long moves every deadline by the pause",

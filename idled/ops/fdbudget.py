@@ -41,10 +41,11 @@ def open_file_limit() -> int:
     return soft if soft != resource.RLIM_INFINITY else 1 << 20
 
 
-def connection_budget(nofile: int, *, listeners: int) -> int:
-    """Connections that fit under an open-file limit of ``nofile`` beside ``listeners`` listening sockets and
-    the reserve; at least 1, so a tiny limit still serves (and refuses) someone."""
-    return max(1, nofile - RESERVE - listeners)
+def connection_budget(nofile: int, *, listeners: int, http: int = 0) -> int:
+    """Connections that fit under an open-file limit of ``nofile`` beside ``listeners`` listening sockets, the
+    ``http`` connections the HTTP endpoints (API, metrics) may hold at once, and the reserve; at least 1, so a
+    tiny limit still serves (and refuses) someone."""
+    return max(1, nofile - RESERVE - listeners - http)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,11 +55,13 @@ class Budget:
     nofile: int
     listeners: int
     connections: int
+    http: int = 0
 
     @classmethod
-    def of(cls, nofile: int, *, listeners: int) -> Budget:
-        return cls(nofile, listeners, connection_budget(nofile, listeners=listeners))
+    def of(cls, nofile: int, *, listeners: int, http: int = 0) -> Budget:
+        return cls(nofile, listeners, connection_budget(nofile, listeners=listeners, http=http), http)
 
     def __str__(self) -> str:
-        return (f"open-file limit {self.nofile} - reserve {RESERVE} - {self.listeners} listener(s) "
+        http = f" - {self.http} HTTP connection(s)" if self.http else ""
+        return (f"open-file limit {self.nofile} - reserve {RESERVE} - {self.listeners} listener(s){http} "
                 f"= {self.connections} connections")

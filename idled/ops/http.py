@@ -4,9 +4,11 @@ Theory of operation
 -------------------
 The endpoint (:func:`serve_metrics`) is a deliberately tiny HTTP/1.1 responder: one request per
 connection, ``GET``/``HEAD /metrics`` -> 200 with the text exposition format, other paths 404,
-other methods 405; the request head is capped (``max_request_bytes``) and the whole exchange has a
-deadline (``timeout``); at most ``max_clients`` are served at once and extra connections are
-closed at once rather than queued. Each client is handled in the server's nursery and any error
+other methods 405; the request head is capped (``max_request_bytes``) and must arrive within ``head_timeout``
+(2 s: a prober or scraper sends it at once), the whole exchange has a deadline (``timeout``). Its listeners
+come from the door (``idled.door``), and every connection passes the door's gate first: a few connections per
+address, and when the endpoint is full the oldest that has not been answered makes room, so a flood of idle
+connections cannot keep a liveness probe out. Each client is handled in the server's nursery and any error
 in a handler is logged, never propagated: a bad client cannot take the daemon down.
 
 Given a :class:`Health`, the same endpoint answers the probes and the status document:
@@ -30,19 +32,22 @@ carries ``X-Content-Type-Options: nosniff``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Final, Protocol
 
 import trio
 from prometheus_client import CollectorRegistry, generate_latest
 
-from idled.ops.fatal import EXIT_LISTEN, fatal_on_oserror
 from idled.ops.health import Health, health_response
 from idled.ops.metrics import CONTENT_TYPE
 from idled.ops.statuspage import JSON_HEADERS, LIVE_PATH, PAGE_HEADERS, Asset, load_assets
 
-__all__ = ["serve_metrics"]
+__all__ = ["HEAD_TIMEOUT", "Admitted", "Gate", "serve_metrics"]
 
 log = logging.getLogger("idled.ops.metrics")
+
+HEAD_TIMEOUT: Final = 2.0  # seconds a client has to send its whole request head (probes and scrapes: at once)
 
 _REASONS = {
     200: "OK",
@@ -129,35 +134,49 @@ def _route(head: bytes, paths: Collection[str]) -> tuple[int, str, str, str]:
     return 200, method, path, query
 
 
+class Admitted(Protocol):
+    """A connection through the door's gate (``idled.door.gate.Entry``, typed here by what this module uses)."""
+
+    stream: trio.abc.Stream
+    deadline: float
+    refused: object | None
+
+
+class Gate(Protocol):
+    """The door's gate for this endpoint (``idled.door.door.metrics_gate``): a few connections per address,
+    and the oldest idle one evicted when full."""
+
+    def enter(self, stream: trio.abc.Stream, timeout: float) -> AbstractAsyncContextManager[Admitted]: ...
+
+
 async def serve_metrics(
     registry: CollectorRegistry,
-    host: str = "127.0.0.1",
-    port: int = 9878,
+    listeners: Sequence[trio.SocketListener],
+    gate: Gate,
     *,
     max_request_bytes: int = 8192,
+    head_timeout: float = HEAD_TIMEOUT,
     timeout: float = 10.0,
-    max_clients: int = 16,
     health: Health | None = None,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``GET /metrics`` for ``registry`` and the status page (``/``) on ``host:port`` until cancelled
-    (and, given ``health``, ``/healthz``, ``/readyz``, ``/status`` and ``/status/live``).
+    """Serve ``GET /metrics`` for ``registry`` and the status page (``/``) on ``listeners`` (opened by the door)
+    until cancelled (and, given ``health``, ``/healthz``, ``/readyz``, ``/status`` and ``/status/live``).
 
-    Use with ``port = await nursery.start(serve_metrics, registry, host, port)``: the bound port
-    is reported once listening (useful with port 0). ``host`` should be an IP literal; the default
-    is loopback -- exposing metrics beyond the host is a decision for the config file.
-    """
-    with fatal_on_oserror("cannot listen for metrics", f"{host}:{port}", EXIT_LISTEN):
-        listeners = await trio.open_tcp_listeners(port, host=host)
-    clients = trio.CapacityLimiter(max_clients)
+    Use with ``port = await nursery.start(serve_metrics, registry, listeners, gate)``: the first listener's port
+    is reported once serving. Each connection passes ``gate`` first; its request head must arrive within
+    ``head_timeout`` (a prober sends it at once: a silent connection is dropped soon, not held), the whole
+    exchange within ``timeout``."""
     renderer = trio.CapacityLimiter(1)  # concurrent scrapes queue for one worker thread, not forty
     plain = "text/plain; charset=utf-8"
     assets: dict[str, Asset] = load_assets(full=health is not None)
     paths = {"/metrics", *assets, *(_HEALTH_PATHS if health is not None else ())}
 
-    async def respond(stream: trio.SocketStream) -> None:
+    async def respond(stream: trio.abc.Stream, head_deadline: float) -> None:
         try:
-            head = await _read_head(stream, max_request_bytes)
+            head = None
+            with trio.move_on_at(head_deadline):
+                head = await _read_head(stream, max_request_bytes)
             if head is None:
                 return
             status, method, path, query = _route(head, paths)
@@ -188,22 +207,19 @@ async def serve_metrics(
 
     async def handle(stream: trio.SocketStream) -> None:
         try:
-            clients.acquire_nowait()
-        except trio.WouldBlock:
-            await trio.aclose_forcefully(stream)  # refuse rather than hold an fd in a queue
-            return
-        try:
-            with trio.move_on_after(timeout):
-                await respond(stream)
-                await _linger(stream)
+            async with gate.enter(stream, head_timeout) as entry:
+                if entry.refused is not None:
+                    return  # a few per address, and room made for the newest: closed below
+                with trio.move_on_after(timeout):
+                    await respond(entry.stream, entry.deadline)
+                    await _linger(stream)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the client went away
         except Exception:
             log.exception("metrics client handler failed")
         finally:
-            clients.release()
             await trio.aclose_forcefully(stream)
 
     async with trio.open_nursery() as nursery:
-        task_status.started(listeners[0].socket.getsockname()[1])
-        await trio.serve_listeners(handle, listeners, handler_nursery=nursery)
+        task_status.started(listeners[0].socket.getsockname()[1] if listeners else 0)
+        await trio.serve_listeners(handle, list(listeners), handler_nursery=nursery)

@@ -69,6 +69,7 @@ class ErrorCode(enum.StrEnum):
     SERVER_SHUTDOWN = "server_shutdown"  # the server is stopping
     GONE = "gone"  # the requested thing no longer exists (server-defined, e.g. events pruned before `from`)
     NOT_LEADER = "not_leader"  # this core does not lead: log in to the leader (the frame's `leader`, when known)
+    TLS_REQUIRED = "tls_required"  # this port speaks TLS and the client began in plain text: connect with TLS
 
 
 class ProtocolError(Exception):

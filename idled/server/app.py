@@ -72,7 +72,11 @@ from idled.server.lagwatch import LagWatch
 from idled.server.lifecycle import (
     DOOR_RELOADABLE, connection_counts, connection_limit, reload, reload_door, roles, user_plane,
 )
-from idled.server.listen import Shortage, accept_all, bound_address, display, open_listeners, precheck_host, require_auth
+from idled.door.accept import Shortage, accept_all
+from idled.door.addresses import bound_address, display
+from idled.door.door import (
+    Door, Listening, api_gate, client_gate, close_all, daemon_endpoints, http_connections, metrics_gate,
+)
 from idled.server.monitor import Monitor
 from idled.server.observers import Observers
 from idled.server.overview import status_part
@@ -141,7 +145,7 @@ class Server:
         # Built by serve() after recovery, which fixes the first seq:
         self.presence: PresenceTable | None = None
         self._sessions: Sessions | None = None
-        self._door: Doorway | None = None
+        self._doorway: Doorway | None = None
         self._gateways: Gateways | None = None
         self._observers: Observers | None = None
         self._lagwatch: LagWatch | None = None
@@ -155,6 +159,9 @@ class Server:
         self.ports: list[int] = []
         self.addresses: list[tuple[str, int | None]] = []  # what each listener is bound to (getsockname)
         self.budget: Budget | None = None  # set by serve() once the listeners are known
+        # Every listener through the door (idled.door): the rule, the gates; what serve() opened, by endpoint.
+        self.door = Door(daemon_endpoints(config), secret=self.secret is not None, insecure=config.insecure, env=self.env)
+        self.listening: Listening = {}
         self.shortage = Shortage(lambda: str(self.budget))
         # --workers N (``workers``: adopts what the root passed): the edges take the public port, the core
         # serves them on the internal socket.
@@ -176,27 +183,32 @@ class Server:
 
     async def serve(
         self,
-        listeners: Sequence[trio.SocketListener] | None = None,
+        listeners: Sequence[trio.SocketListener] | Listening | None = None,
         *,
         task_status: trio.TaskStatus[list[int]] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         """Recover the log, listen, and run until cancelled or ``stop()``; then shut down cleanly.
 
-        ``listeners``: None opens the configured ones (or adopts systemd's); ``[]`` accepts nothing (every
-        connection then comes through ``handle``)."""
+        ``listeners``: None opens the configured ones through the door (or adopts systemd's); a sequence is the
+        client port's (``[]``: accept nothing, every connection then comes through ``handle``); a mapping by
+        endpoint name (``idled.door.door``) is what an elected node holds for its roles. What is not given and
+        is configured (metrics, API) is opened through the door."""
         try:
-            if listeners is None:
-                listeners = self.workers.public if self.workers is not None else await self._open_listeners()
+            # The door first (idled.door): the rule on every listener, then each one bound (or adopted), before
+            # the log is touched or a seq reserved -- a refused or failed start leaves the data directory alone.
+            self.door.check()
+            given = self.workers.public if listeners is None and self.workers is not None else listeners
+            self.listening = opened = await self.door.open_all(given)
             try:
+                listeners = opened["client"]
                 self.addresses = [bound_address(listener) for listener in listeners]
-                require_auth(self.addresses, secret=self.secret, insecure=self.config.insecure)
                 self.ports = [port for _, port in self.addresses if port is not None]
-                self.budget = Budget.of(open_file_limit(), listeners=len(listeners))
+                self.budget = Budget.of(open_file_limit(), listeners=sum(len(group) for group in opened.values()),
+                                        http=http_connections(self.config, opened))
                 with fatal_on_log_error(str(self.log.directory)):
                     recovery = await self._recover()
             except BaseException:
-                for listener in listeners:
-                    listener.socket.close()  # not served: the accept loops would have closed them
+                close_all(opened)  # not served: the accept loops would have closed them
                 raise
             if self.workers is not None:
                 for listener in listeners:
@@ -246,12 +258,13 @@ class Server:
         users = CoreUsers(sessions)
         # Logged-in plain TCP users are served by one task (idled.server.plane), not one each.
         self._plane = user_plane(users, self.connections, self._reject)
-        self._door = Doorway(
+        self._doorway = Doorway(
             cfg, sessions=users, roles=roles(users, gateway=self._gateways.run, observer=observers.run),
             secret=self.secret, metrics=self.metrics, connections=self.connections,
-            trusts=self.workers.trusts if self.workers is not None else None, public=self.workers is None,
+            gate=client_gate(cfg, public=self.workers is None),
+            trusts=self.workers.trusts if self.workers is not None else None,
         )
-        self._door.limit = self._connection_limit(cfg.max_connections)
+        self._doorway.limit = self._connection_limit(cfg.max_connections)
         return recovery
 
     def _connection_limit(self, max_connections: int) -> int:
@@ -273,15 +286,17 @@ class Server:
         self.metrics.register_snapshot(self.snapshot)
         if self.workers is not None and self.metrics.registry is not None:
             self.metrics.registry.register(WorkerCollector(self.workers.view, self.workers.core_restarts))
-        if cfg.metrics_port and self.metrics.registry is not None:  # NullMetrics: nothing to export
+        metrics_listeners = self.listening.pop("metrics", [])
+        if metrics_listeners and self.metrics.registry is not None:  # NullMetrics: nothing to export
             health = Health(self.log.directory, status=self.status, listening=lambda: bool(self.ports) and not self.stopping,
                             vitals=self.vitals.live)
-            port = await nursery.start(
-                functools.partial(serve_metrics, health=health), self.metrics.registry, cfg.metrics_host, cfg.metrics_port
-            )
-            log.info("metrics on http://%s:%d/metrics", cfg.metrics_host, port)
-        if cfg.api_port:
-            await nursery.start(self._start_api().serve)
+            await nursery.start(functools.partial(serve_metrics, health=health), self.metrics.registry,
+                                metrics_listeners, metrics_gate())
+        else:
+            close_all({"metrics": metrics_listeners})
+        api_listeners = self.listening.pop("api", [])
+        if api_listeners:
+            await nursery.start(self._start_api().serve, api_listeners)
         assert self._gateways is not None and self._plane is not None
         self._gateways.spawn = nursery.start_soon  # grace periods of gateways that lost their connection
         nursery.start_soon(self._plane.run)
@@ -309,18 +324,19 @@ class Server:
         assert self._sessions is not None and self._observers is not None
         backend = Backend(self._sessions, self._observers.queries, self.log, self.vitals, self.status,
                           self.workers.view if self.workers is not None else None, time.time())
-        self.api = Api(self.config, backend, secret=self.secret, metrics=ApiMetrics(self.metrics.registry))
+        self.api = Api(self.config, backend, secret=self.secret, metrics=ApiMetrics(self.metrics.registry),
+                       gate=api_gate(self.config))
         return self.api
 
     def _reject(self, code: str) -> None:
-        assert self._door is not None
-        self._door.reject(code)
+        assert self._doorway is not None
+        self._doorway.reject(code)
 
     async def handle(self, stream: trio.abc.Stream) -> None:
         """Serve one connection, as the accept loop does for each it accepts (once ``serve()`` has started)."""
-        if self._door is None:
+        if self._doorway is None:
             raise RuntimeError("the server is not serving yet: await nursery.start(server.serve, ...) first")
-        await self._door.handle(stream)
+        await self._doorway.handle(stream)
 
     async def _accept(
         self, listeners: Sequence[trio.SocketListener], handlers: trio.Nursery, task_status: trio.TaskStatus[None]
@@ -331,11 +347,6 @@ class Server:
         with self._accept_scope:
             await accept_all(listeners, self.handle, handlers, refuse_out_of_descriptors, self.shortage,
                              task_status=task_status)
-
-    async def _open_listeners(self) -> list[trio.SocketListener]:
-        cfg = self.config
-        precheck_host(cfg.host, cfg.port, self.env, secret=self.secret, insecure=cfg.insecure)
-        return await open_listeners(cfg.host, cfg.port, self.env)
 
     def _hangup(self) -> None:
         self._reload()  # under --workers the root forwards SIGHUP to the edges itself
@@ -352,8 +363,8 @@ class Server:
         """Hand a reloaded configuration to every piece that reads a RELOADABLE setting."""
         previous, self.config = self.config, config
         self.clock.stall_limit = config.stall_ticks * config.tick
-        if self._door is not None:
-            reload_door(self._door, previous, config, self._connection_limit)
+        if self._doorway is not None:
+            reload_door(self._doorway, previous, config, self._connection_limit)
         if self._gateways is not None:
             self._gateways.max_frame = config.max_gateway_frame
 

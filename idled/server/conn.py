@@ -30,11 +30,12 @@ from typing import Final, Protocol
 import trio
 
 from idled.ops.config import Config
-from idled.ops.logs import PeerLog, peer_address
+from idled.ops.logs import PeerLog
 from idled.ops.metrics import Metrics, NullMetrics
 from idled.core.presence import Uid
 from idled.protocol import Error, ErrorCode, FrameDecoder, Login, ProtocolError, encode, receive_message, tokens
-from idled.server.tls import Front, HandshakeFailed
+from idled.door.door import reload_gate
+from idled.door.gate import Gate, Refused
 
 __all__ = [
     "HANDED_OVER", "ROLE_LABELS", "SEND_ERROR_TIMEOUT", "Admission", "Connection", "Doorway", "Role", "auth_secret",
@@ -46,6 +47,12 @@ peer_log = PeerLog(logging.getLogger("idled.server.peers"))  # debug lines, rate
 
 CERTIFIED_TOKEN_TTL = 60.0  # seconds: the token a certificate login carries on (to the core, from an edge)
 SEND_ERROR_TIMEOUT = 1.0  # a peer that doesn't read can't hold a closing connection longer than this
+# The login frame's limit, whatever max_frame allows after it: role, name (<= 256 B), token (<= 1024 chars),
+# device (<= 64 B) fit in well under 2 KiB, so an unauthenticated peer holds at most this much of a frame.
+MAX_LOGIN_FRAME: Final = 4096
+# The gate's refusals (idled.door.gate), as the protocol's error codes.
+_REFUSAL_CODES: Final = {"per_address": ErrorCode.BUSY, "busy": ErrorCode.BUSY, "proxy": ErrorCode.BAD_FRAME,
+                         "timeout": ErrorCode.LOGIN_TIMEOUT, "tls_required": ErrorCode.TLS_REQUIRED}
 ROLE_LABELS: Mapping[str, str] = {"uid": "user", "gateway": "gateway", "observer": "observer"}  # login role -> label
 
 # A role returns HANDED_OVER when it gave the open connection to someone who will close it and give its count
@@ -136,12 +143,10 @@ class Doorway:
         secret: bytes | None,
         metrics: Metrics | NullMetrics,
         connections: dict[str, int],
+        gate: Gate,
         trusts: Callable[[trio.abc.Stream, Login], bool] | None = None,
-        public: bool = True,
     ) -> None:
-        # PROXY/TLS as configured, on public listeners only (not the core's internal socket behind --workers).
-        front = Front(config) if public else None
-        self.front = front if front is not None and front.active else None
+        self.gate = gate  # the door's (idled.door.door.client_gate): per-address share, PROXY, TLS
         self.config = config
         self.trusts = trusts  # a login it accepts needs no token (idled.server.internal: edge workers' links)
         self.sessions = sessions
@@ -155,8 +160,9 @@ class Doorway:
         """SIGHUP: serve new connections with ``config``, and re-read the TLS certificate files (which may have
         been replaced even when no setting changed; on failure the previous certificate stays, logged)."""
         self.config = config
-        if self.front is not None:
-            self.front.reload()
+        reload_gate(self.gate, config)
+        if self.gate.front is not None:
+            self.gate.front.reload()
 
     async def handle(self, stream: trio.abc.Stream, counted: bool = False) -> None:
         """Serve one connection until it ends; never raises (but for cancellation). ``counted``: the accept
@@ -166,7 +172,6 @@ class Doorway:
             self.connections[role] += 1
         handed_over = False
         raw = stream  # closed in the end, whatever was wrapped around it
-        address = peer_address(stream)
         try:
             if self.sessions.stopping:
                 await close_with(stream, ErrorCode.SERVER_SHUTDOWN, "shutting down")
@@ -174,35 +179,30 @@ class Doorway:
             if sum(self.connections.values()) > self.limit:
                 await close_with(stream, ErrorCode.BUSY, "too many connections")
                 return
-            decoder = FrameDecoder(self.config.max_frame)
-            # The PROXY header and the TLS handshake count against the login deadline.
-            deadline = trio.current_time() + self.config.login_timeout
-            try:
-                if self.front is not None:
-                    opened = None
-                    with trio.move_on_at(deadline):
-                        opened = await self.front.open(stream)
-                    if opened is None:
-                        # Mid-handshake there is no channel for a frame; without TLS there is.
-                        await self._timed_out(stream, address, frame=self.front.context is None)
-                        return
-                    stream, address = opened.stream, opened.address
-                login = await self._login(stream, decoder, deadline, address)
-                if login is None:
+            # The door's gate: the source's share of logins in progress, then PROXY and TLS, within the login
+            # deadline (idled.door.gate).
+            async with self.gate.enter(stream, self.config.login_timeout) as entry:
+                stream, address = entry.stream, entry.address
+                if entry.refused is not None:
+                    await self._refused(entry.refused, address)
                     return
-                self.sessions.refuse_if_stopping()
-                self.connections[role] -= 1
-                role = ROLE_LABELS[login.role]
-                self.connections[role] += 1
-                peer_log.debug("login", "login %s %r from %s", role, login.name, address)
-                handed_over = await self.roles[login.role](stream, decoder, login) == HANDED_OVER
-            except ProtocolError as exc:
-                self.reject(exc.code)
-                peer_log.debug("reject", "reject %s from %s: %s", exc.code, address, exc.reason)
-                await close_with(stream, exc.code, exc.reason, exc.leader)  # leader: a not_leader's hint
-        except HandshakeFailed as exc:
-            self.reject("tls_handshake")
-            peer_log.debug("reject", "reject tls_handshake from %s: %s", address, exc.reason)
+                decoder = FrameDecoder(min(self.config.max_frame, MAX_LOGIN_FRAME))
+                try:
+                    login = await self._login(stream, decoder, entry.deadline, address)
+                    if login is None:
+                        return
+                    entry.authenticated()
+                    self.sessions.refuse_if_stopping()
+                    self.connections[role] -= 1
+                    role = ROLE_LABELS[login.role]
+                    self.connections[role] += 1
+                    peer_log.debug("login", "login %s %r from %s", role, login.name, address)
+                    decoder.max_frame = self.config.max_frame
+                    handed_over = await self.roles[login.role](stream, decoder, login) == HANDED_OVER
+                except ProtocolError as exc:
+                    self.reject(exc.code)
+                    peer_log.debug("reject", "reject %s from %s: %s", exc.code, address, exc.reason)
+                    await close_with(stream, exc.code, exc.reason, exc.leader)  # leader: a not_leader's hint
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the peer went away: its session (if any) was ended where it was read
         except Exception:
@@ -216,6 +216,17 @@ class Doorway:
                         scope.shield = True
                         await stream.aclose()
                 await raw.aclose()
+
+    async def _refused(self, refused: Refused, address: str) -> None:
+        """The gate turned the connection away: count it, and say why where a frame can be sent."""
+        code = _REFUSAL_CODES.get(refused.reason, ErrorCode.BUSY)
+        self.reject(refused.reason if refused.reason in ("tls_handshake", "per_address") else code)
+        peer_log.debug("reject", "reject %s from %s: %s", refused.reason, address, refused.message)
+        if refused.stream is not None:
+            message = refused.message
+            if refused.reason == "timeout":
+                message = f"no login within {self.config.login_timeout:g} s"
+            await close_with(refused.stream, code, message)
 
     def reject(self, code: str) -> None:
         self.metrics.frames_rejected.labels(reason=str(code)).inc()
@@ -231,7 +242,8 @@ class Doorway:
             if not isinstance(message, Login):
                 raise ProtocolError(ErrorCode.NOT_LOGGED_IN, f"log in first (got {type(message).__name__.lower()})")
             logins = self.metrics.logins
-            certified = not message.token and self.front is not None and self.front.certified(stream, message)
+            front = self.gate.front
+            certified = not message.token and front is not None and front.certified(stream, message)
             if self.secret is not None and certified:
                 # A client certificate named it. The login goes on with a short-lived token of its own, so
                 # an edge relaying it to the core (``--workers``) hands the core a login the core accepts.
@@ -245,12 +257,8 @@ class Doorway:
                     raise ProtocolError(ErrorCode.AUTH_FAILED, str(exc)) from None
             logins.labels(role=ROLE_LABELS[message.role], result="ok").inc()
             return message
-        await self._timed_out(stream, address, frame=True)
-        return None
-
-    async def _timed_out(self, stream: trio.abc.Stream, address: str, *, frame: bool) -> None:
         timeout = self.config.login_timeout
         self.reject(ErrorCode.LOGIN_TIMEOUT)
         peer_log.debug("reject", "reject %s from %s: no login within %g s", ErrorCode.LOGIN_TIMEOUT, address, timeout)
-        if frame:
-            await close_with(stream, ErrorCode.LOGIN_TIMEOUT, f"no login within {timeout:g} s")
+        await close_with(stream, ErrorCode.LOGIN_TIMEOUT, f"no login within {timeout:g} s")
+        return None

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import trio
 
+from idled.door.door import open_unix_listener
 from idled.ops.config import ConfigError
 
 __all__ = ["SOCKET_NAME", "BACKLOG", "core_socket_path", "open_internal_listener", "remove_socket", "peer_pid"]
@@ -48,7 +49,7 @@ def core_socket_path(env: Mapping[str, str], data_dir: str | os.PathLike[str]) -
 
 
 async def open_internal_listener(path: Path) -> trio.SocketListener:
-    """Bind and listen on ``path`` (mode 0600), replacing a stale socket file."""
+    """Bind and listen on ``path`` (mode 0600, through the door), replacing a stale socket file."""
     if len(os.fsencode(path)) > _SUN_PATH_MAX:
         raise ConfigError(f"internal socket path too long for a unix socket ({len(str(path))} bytes): {path}")
     try:
@@ -58,18 +59,7 @@ async def open_internal_listener(path: Path) -> trio.SocketListener:
             path.unlink()  # noqa: ASYNC240
     except FileNotFoundError:
         pass
-    sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old = os.umask(0o177)
-    try:
-        await sock.bind(os.fspath(path))
-    except BaseException:
-        sock.close()
-        raise
-    finally:
-        os.umask(old)
-    os.chmod(path, 0o600)
-    sock.listen(BACKLOG)
-    return trio.SocketListener(sock)
+    return await open_unix_listener(path, BACKLOG)
 
 
 def remove_socket(path: Path) -> None:

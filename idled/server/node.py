@@ -37,6 +37,7 @@ from typing import Any
 
 import trio
 
+from idled.door.door import Door, Listening, close_all, daemon_endpoints
 from idled.ops import systemd
 from idled.ops.config import Config
 from idled.server.app import Server
@@ -44,7 +45,6 @@ from idled.server.conn import auth_secret
 from idled.server.election import Election, ManualElection
 from idled.server.election.base import Status
 from idled.server.fence import stepped_down
-from idled.server.listen import open_listeners, precheck_host
 from idled.server.signals import SIGNALS
 from idled.server.standbyserver import StandbyServer
 
@@ -71,15 +71,26 @@ class Node:
         self.role: Server | StandbyServer | None = None
         self.largest_stall = 0.0
         self.env = os.environ  # systemd's LISTEN_FDS are taken from here (and unset)
-        self._sockets: list[trio.socket.SocketType] = []
+        self._sockets: dict[str, list[trio.socket.SocketType]] = {}  # by endpoint name (idled.door)
         self._stop = trio.Event()
         self._switching = False  # the loop itself is stopping the role (a role change, not a signal)
 
-    async def _open_listeners(self) -> list[trio.SocketListener]:
-        """systemd's sockets, else ours, bound once for the process (the roles get copies)."""
-        cfg = self.config
-        precheck_host(cfg.host, cfg.port, self.env, secret=auth_secret(cfg), insecure=cfg.insecure)
-        return await open_listeners(cfg.host, cfg.port, self.env)
+    async def _open_listeners(self) -> Listening:
+        """The client port (systemd's sockets, else ours) and the metrics endpoint, opened through the door once
+        for the process (the roles get copies); the rule is judged on every endpoint first, the API's too (the
+        leader opens that one itself, through its own door)."""
+        door = Door(daemon_endpoints(self.config), secret=auth_secret(self.config) is not None,
+                    insecure=self.config.insecure, env=self.env)
+        door.check()
+        held = [name for name in ("client", "metrics") if name in door.endpoints]
+        opened: Listening = {}
+        try:
+            for name in held:
+                opened[name] = await door.open(name)
+        except BaseException:
+            close_all(opened)
+            raise
+        return opened
 
     def stop(self) -> None:
         self._stop.set()
@@ -97,7 +108,8 @@ class Node:
             # Held for the node's whole life: signals between two roles land here (a role holds its own).
             with trio.open_signal_receiver(*SIGNALS, signal.SIGUSR1) as signals:
                 nursery.start_soon(self._on_signals, signals)
-                self._sockets = [listener.socket for listener in await self._open_listeners()]
+                self._sockets = {name: [listener.socket for listener in group]
+                                 for name, group in (await self._open_listeners()).items()}
                 await nursery.start(self.election.run)
                 # READY=1 now (a core waiting for a leader, or for etcd, is up: the roles say it again) and the
                 # watchdog from the node's own loop, whatever role runs or none (a standby has no monitor).
@@ -107,8 +119,9 @@ class Node:
                     await self._roles()
                 finally:
                     systemd.notify(systemd.STOPPING)
-                    for sock in self._sockets:
-                        sock.close()
+                    for group in self._sockets.values():
+                        for sock in group:
+                            sock.close()
                     with trio.move_on_after(RESIGN_TIMEOUT) as scope:
                         scope.shield = True
                         await self.election.resign()
@@ -157,7 +170,8 @@ class Node:
                 async def serve(task_status: trio.TaskStatus[list[int]]) -> None:
                     # Each role accepts on copies of the node's sockets and closes them when it ends: the
                     # sockets stay bound, connections wait in their backlog while the roles change.
-                    listeners = [trio.SocketListener(sock.dup()) for sock in self._sockets]
+                    listeners = {name: [trio.SocketListener(sock.dup()) for sock in group]
+                                 for name, group in self._sockets.items()}
                     await role.serve(listeners, task_status=task_status)
                     nursery.cancel_scope.cancel()  # the watcher too
 

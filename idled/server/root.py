@@ -7,8 +7,8 @@ With workers the daemon is N + 2 processes: this root, the core (``idled serve``
 everything that must survive a crash of the core, and nothing of presence (it imports no presence, log or
 protocol machinery), so it is small enough not to crash itself:
 
-* **Sockets.** It opens the public listening socket(s) -- or adopts systemd's -- and checks the auth rule
-  on what they are bound to (``idled.server.listen``), and it binds the core's internal unix socket
+* **Sockets.** It opens the public listening socket(s) through the door -- or adopts systemd's -- which judges
+  the auth rule on every endpoint and on what the sockets are bound to (``idled.door``), and it binds the core's internal unix socket
   (``idled.server.internal``) itself. Every edge inherits the public sockets (``--listen-fd``); every core it
   starts inherits the internal one and accepts on it, plus the public ones (for their addresses only: the core
   never accepts there). The internal socket outlives the core: while a core is being restarted, the edges'
@@ -54,6 +54,8 @@ from pathlib import Path
 
 import trio
 
+from idled.door.addresses import bound_address, display
+from idled.door.door import Door, daemon_endpoints
 from idled.ops import systemd
 from idled.ops.config import Config, ConfigError
 from idled.ops.fatal import EXIT_FAILURE, EXIT_LOG, EXIT_USAGE, Fatal
@@ -63,7 +65,6 @@ from idled.server.children import (
     describe_exit, edge_command,
 )
 from idled.server.edge.occupancy import Occupancy
-from idled.server.listen import bound_address, display, open_listeners, precheck_host, require_auth
 from idled.server.roster import Roster
 from idled.server.signals import SIGNALS, until_stopped
 
@@ -161,12 +162,15 @@ class Root:
         nursery.start_soon(self._status)
 
     async def _open_public(self) -> None:
+        """The public client port, through the door; the rule judged on every endpoint first, the core's metrics
+        endpoint and API too (the core opens those itself, through its own door), so that a refused
+        configuration stops here, before a child starts."""
         cfg = self.config
-        precheck_host(cfg.host, cfg.port, self.env, secret=self.secret, insecure=cfg.insecure)
-        listeners = await open_listeners(cfg.host, cfg.port, self.env)
+        door = Door(daemon_endpoints(cfg), secret=self.secret is not None, insecure=cfg.insecure, env=self.env)
+        door.check()
+        listeners = await door.open("client")
         self.public = [listener.socket for listener in listeners]
         self.addresses = [bound_address(listener) for listener in listeners]
-        require_auth(self.addresses, secret=self.secret, insecure=cfg.insecure)
 
     async def _open_internal(self) -> None:
         """Bind the core's internal socket, unless a live daemon already serves it (then: refuse to start)."""

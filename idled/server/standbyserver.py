@@ -25,6 +25,7 @@ same directory, which recovers it as after any restart.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -38,6 +39,9 @@ import trio
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from idled.door.accept import Shortage, accept_all
+from idled.door.addresses import bound_address, display
+from idled.door.door import Door, Listening, client_gate, close_all, daemon_endpoints, metrics_gate
 from idled.log.eventlog import EventLog
 from idled.ops import systemd
 from idled.ops.config import Config, split_address
@@ -49,7 +53,6 @@ from idled.protocol import ErrorCode, FrameDecoder, Login, ProtocolError, Query,
 from idled.server.bus import EventBus
 from idled.server.conn import Connection, Doorway, auth_secret, refuse_out_of_descriptors
 from idled.server.lifecycle import connection_counts
-from idled.server.listen import Shortage, accept_all, bound_address, display, open_listeners, precheck_host, require_auth
 from idled.server.observers import Observers
 from idled.server.queries import Queries
 from idled.server.signals import SIGNALS, until_stopped
@@ -118,6 +121,9 @@ class StandbyServer:
         self.metrics = NullMetrics() if metrics is None else metrics
         self.secret = auth_secret(config)
         self.active = split_address(config.standby_of, "standby_of")
+        # Every listener through the door (idled.door): a standby serves no HTTP API.
+        self.door = Door(daemon_endpoints(dataclasses.replace(config, api_port=0)), secret=self.secret is not None,
+                         insecure=config.insecure, env=self.env)
         self.log = self._make_log()
         self.bus = EventBus()
         self.connections = connection_counts()
@@ -143,22 +149,26 @@ class StandbyServer:
     def stop(self) -> None:
         self._stop_event.set()
 
-    async def serve(self, listeners: Sequence[trio.SocketListener] | None = None, *,
+    async def serve(self, listeners: Sequence[trio.SocketListener] | Listening | None = None, *,
                     task_status: trio.TaskStatus[list[int]] = trio.TASK_STATUS_IGNORED) -> None:
-        cfg = self.config
+        """Follow the active and serve observers until SIGTERM/SIGINT or ``stop()``. ``listeners``: as for
+        ``Server.serve`` (None: opened through the door; a sequence: the client port's; a mapping by endpoint)."""
         try:
-            if listeners is None:
-                precheck_host(cfg.host, cfg.port, self.env, secret=self.secret, insecure=cfg.insecure)
-                listeners = await open_listeners(cfg.host, cfg.port, self.env)
-            addresses = [bound_address(listener) for listener in listeners]
-            require_auth(addresses, secret=self.secret, insecure=cfg.insecure)
-            self.ports = [port for _, port in addresses if port is not None]
-            with fatal_on_log_error(str(self.log.directory)):
-                await trio.to_thread.run_sync(self.log.recover)
-            door = self._build()
+            # The door first, as the active core's: the rule, then every listener, before the log is read.
+            self.door.check()
+            opened = await self.door.open_all(listeners)
+            try:
+                addresses = [bound_address(listener) for listener in opened["client"]]
+                self.ports = [port for _, port in addresses if port is not None]
+                with fatal_on_log_error(str(self.log.directory)):
+                    await trio.to_thread.run_sync(self.log.recover)
+                doorway = self._build()
+            except BaseException:
+                close_all(opened)
+                raise
             async with trio.open_nursery() as nursery:
                 with trio.open_signal_receiver(*SIGNALS) as signals:
-                    await self._start(nursery, door, listeners, addresses)
+                    await self._start(nursery, doorway, opened, addresses)
                     task_status.started(self.ports)
                     await until_stopped(self._stop_event, lambda: log.info("SIGHUP: a standby reloads nothing"), signals)
                 await self._shutdown(nursery)
@@ -180,7 +190,7 @@ class StandbyServer:
         )
         roles = {"uid": self._not_leader, "gateway": self._not_leader, "observer": self.observers.run}
         return Doorway(self.config, sessions=self.admission, roles=roles, secret=self.secret, metrics=self.metrics,
-                       connections=self.connections)
+                       connections=self.connections, gate=client_gate(self.config))
 
     def _reopen(self, new: EventLog, first_seq: int) -> None:
         """The link's log changed (re-sync, snapshot) or a new run of seqs began (a gap): point readers at it."""
@@ -199,19 +209,21 @@ class StandbyServer:
         raise ProtocolError(ErrorCode.NOT_LEADER, f"this core is a standby of the active core at {host}:{port}; log in there",
                             leader=leader)
 
-    async def _start(self, nursery: trio.Nursery, door: Doorway, listeners: Sequence[trio.SocketListener],
+    async def _start(self, nursery: trio.Nursery, doorway: Doorway, opened: Listening,
                      addresses: list[tuple[str, int | None]]) -> None:
-        cfg, link = self.config, self.link
+        link = self.link
         assert link is not None
-        if cfg.metrics_port and isinstance(self.metrics, Metrics):
+        metrics_listeners = opened.get("metrics", [])
+        if metrics_listeners and isinstance(self.metrics, Metrics):
             self.metrics.registry.register(StandbyCollector(link))
             health = Health(self.log.directory, status=self.status, listening=lambda: not self.admission.stopping)
-            port = await nursery.start(functools.partial(serve_metrics, health=health), self.metrics.registry,
-                                       cfg.metrics_host, cfg.metrics_port)
-            log.info("metrics on http://%s:%d/metrics", cfg.metrics_host, port)
+            await nursery.start(functools.partial(serve_metrics, health=health), self.metrics.registry,
+                                metrics_listeners, metrics_gate())
+        else:
+            close_all({"metrics": metrics_listeners})
         await nursery.start(link.run)
         shortage = Shortage(lambda: "standby")
-        await nursery.start(self._accept, listeners, nursery, door, shortage)
+        await nursery.start(self._accept, opened["client"], nursery, doorway, shortage)
         for host, port in addresses:
             log.info("standby of %s:%d listening on %s", *self.active, display(host, port))
             if port is not None:

@@ -181,6 +181,7 @@ except OSError:
 import msgpack, psutil, trio
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
+from idled.door.door import Door, Endpoint, metrics_gate
 from idled.ops.http import serve_metrics
 from idled.ops.metrics import Metrics
 from idled.ops import systemd
@@ -193,7 +194,8 @@ async def main():
     registry = CollectorRegistry()
     Metrics(registry, tick=1.0).register_snapshot(lambda: {"sessions_online": 1})
     async with trio.open_nursery() as nursery:
-        port = await nursery.start(serve_metrics, registry, "127.0.0.1", 0)
+        door = Door([Endpoint("metrics", "127.0.0.1", 0)], secret=False, insecure=False, env={})
+        port = await nursery.start(serve_metrics, registry, await door.open("metrics"), metrics_gate())
         stream = await trio.open_tcp_stream("127.0.0.1", port)
         await stream.send_all(b"GET /metrics HTTP/1.1\r\n\r\n")
         data = b""

@@ -1,5 +1,5 @@
 """The accept loop out of descriptors, for real: a subprocess squeezes its own RLIMIT_NOFILE to a few free
-descriptors and runs `idled.server.listen.accept_loop` on a real listening socket; this test connects more
+descriptors and runs `idled.door.accept.accept_loop` on a real listening socket; this test connects more
 clients than fit. The descriptor budget normally keeps a daemon from getting here (tests/faults/
 test_descriptors.py); this is what happens when something else ate the reserve anyway.
 """
@@ -15,7 +15,7 @@ import time
 import msgpack
 import pytest
 
-from idled.server.listen import is_local
+from idled.door.addresses import is_local
 
 pytestmark = pytest.mark.slow
 
@@ -27,7 +27,7 @@ FREE = 4  # descriptors left free after the squeeze: the spare, and three connec
 SQUEEZED = r"""
 import logging, os, resource, sys, trio
 from idled.server.conn import refuse
-from idled.server.listen import Shortage, accept_loop
+from idled.door.accept import Shortage, accept_loop
 
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
 FREE = int(sys.argv[1])

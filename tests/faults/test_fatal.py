@@ -45,14 +45,14 @@ def test_client_port_in_use(tmp_path: Path, busy_port: int) -> None:
     result = serve("--port", str(busy_port), "--metrics-port", "0", "--data-dir", str(tmp_path))
     assert result.returncode == EXIT_LISTEN
     line = one_line(result.stderr)
-    assert f"cannot listen (127.0.0.1:{busy_port})" in line and "in use" in line
+    assert f"cannot listen (client port 127.0.0.1:{busy_port})" in line and "in use" in line
 
 
 def test_metrics_port_in_use(tmp_path: Path, busy_port: int) -> None:
     result = serve("--port", "0", "--metrics-port", str(busy_port), "--data-dir", str(tmp_path))
     assert result.returncode == EXIT_LISTEN
     line = one_line(result.stderr)
-    assert f"cannot listen for metrics (127.0.0.1:{busy_port})" in line and "in use" in line
+    assert f"cannot listen (metrics endpoint 127.0.0.1:{busy_port})" in line and "in use" in line
 
 
 def test_data_dir_that_is_a_file(tmp_path: Path) -> None:

@@ -44,7 +44,7 @@ def test_socket_activation_on_a_wildcard_without_a_secret_is_refused(tmp_path: P
     assert result.returncode == EXIT_USAGE
     port = wildcard.getsockname()[1]
     line = one_line(result.stderr)
-    assert f"refusing to listen with auth off (0.0.0.0:{port})" in line and "--insecure" in line, line
+    assert f"refusing to listen with auth off (client port 0.0.0.0:{port})" in line and "--insecure" in line, line
     assert "IDLED_LISTENING" not in result.stderr and "127.0.0.1" not in result.stderr
     assert not (tmp_path / "data").exists()  # refused before the event log was touched
 
@@ -53,7 +53,7 @@ def test_host_wildcard_without_a_secret_is_refused_before_listening(tmp_path: Pa
     result = subprocess.run([*serve_command(tmp_path / "data", "--host", "0.0.0.0", "--metrics-port", "0")],
                             capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
     assert result.returncode == EXIT_USAGE
-    assert "refusing to listen with auth off (0.0.0.0:0)" in one_line(result.stderr)
+    assert "refusing to listen with auth off (client port 0.0.0.0:0)" in one_line(result.stderr)
 
 
 async def test_socket_activation_on_a_wildcard_with_insecure_serves_and_says_where(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterable, Mapping
-from functools import partial
 from typing import Any
 
 import pytest
@@ -17,7 +16,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from idled import __version__
-from idled.ops.http import serve_metrics
+from idled.door.gate import Gate, Limits
+from idled.ops.http import HEAD_TIMEOUT
+from tests.peers import start_metrics
 from idled.ops.metrics import CONTENT_TYPE, SNAPSHOT_KEYS, Metrics, lateness_buckets
 
 
@@ -279,7 +280,7 @@ async def test_scrape_real_endpoint(registry: CollectorRegistry, metrics: Metric
     metrics.offline_lateness.observe(0.4)
 
     async with trio.open_nursery() as nursery:
-        port = await nursery.start(serve_metrics, registry, "127.0.0.1", 0)
+        port = await start_metrics(nursery, registry)
         assert port > 0
         status, headers, body = await _get(port, "/metrics")
         assert status == 200
@@ -311,7 +312,7 @@ async def test_scrape_real_endpoint(registry: CollectorRegistry, metrics: Metric
 
 async def test_other_paths_methods_and_garbage(registry: CollectorRegistry, metrics: Metrics) -> None:
     async with trio.open_nursery() as nursery:
-        port = await nursery.start(serve_metrics, registry, "127.0.0.1", 0)
+        port = await start_metrics(nursery, registry)
         assert (await _get(port, "/nothing-here"))[0] == 404  # (/ is the status page: tests/ops/test_status_page.py)
         assert (await _get(port, "/metrics/extra"))[0] == 404
         assert (await _get(port, "/metrics", method="POST"))[0] == 405
@@ -332,27 +333,29 @@ async def test_silent_client_is_dropped_at_the_deadline(
 ) -> None:
     Metrics(registry, tick=1.0, process_collectors=False)
     async with trio.open_nursery() as nursery:
-        port = await nursery.start(serve_metrics, registry, "127.0.0.1", 0)
+        port = await start_metrics(nursery, registry)
         start = trio.current_time()
         stream = await trio.open_tcp_stream("127.0.0.1", port)
         async with stream:
             assert await stream.receive_some(100) == b""  # the server gave up on us
-        assert trio.current_time() - start >= 10.0  # virtual time: the default timeout elapsed
+        assert trio.current_time() - start == HEAD_TIMEOUT  # virtual time: the head's deadline, not more
         assert (await _get(port, "/elsewhere"))[0] == 404  # and it still serves others
         nursery.cancel_scope.cancel()
 
 
-async def test_clients_beyond_the_limit_are_refused_not_queued(registry: CollectorRegistry, metrics: Metrics) -> None:
+async def test_a_full_endpoint_evicts_its_oldest_idle_client_for_the_newest(
+        registry: CollectorRegistry, metrics: Metrics) -> None:
+    """At the limit, the oldest connection that has not sent its request makes room (idled.door.gate): a flood
+    of idle connections cannot keep a prober out, and a connection over its address's share is closed."""
+    gate = Gate(Limits(per_address=3, max_pending=2, evict=True))
     async with trio.open_nursery() as nursery:
-        port = await nursery.start(partial(serve_metrics, max_clients=2), registry, "127.0.0.1", 0)
+        port = await start_metrics(nursery, registry, gate=gate)
         idle = [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(2)]
         await trio.testing.wait_all_tasks_blocked(cushion=0.05)  # both handlers hold a slot
         with trio.fail_after(30):
-            extra = await trio.open_tcp_stream("127.0.0.1", port)
-            async with extra:
-                assert await extra.receive_some(100) == b""  # closed at once
+            assert (await _get(port, "/metrics"))[0] == 200  # the newest gets in...
+            assert await idle[0].receive_some(100) == b""  # ...the oldest idle one made room
         for stream in idle:
             await stream.aclose()
-        await trio.testing.wait_all_tasks_blocked(cushion=0.05)  # their slots are released
-        assert (await _get(port, "/metrics"))[0] == 200
         nursery.cancel_scope.cancel()
+    assert gate.refused["evicted"] == 1

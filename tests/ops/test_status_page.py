@@ -23,13 +23,12 @@ import pytest
 import trio
 from prometheus_client import CollectorRegistry
 
-from idled.ops.http import serve_metrics
 from idled.ops.statuspage import CSP, live_query
 from idled.protocol import Login, encode
 from idled.tools.bench.daemon import Daemon
 from idled.tools.browser import BrowserUnavailable, start_chromium
 from tests import peers
-from tests.peers import running
+from tests.peers import running, start_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 Response = tuple[int, dict[str, str], bytes]
@@ -122,7 +121,7 @@ async def test_status_live_sends_only_what_changed(tmp_path: Path) -> None:
 async def test_without_health_the_page_is_a_note_pointing_to_the_core() -> None:
     """An edge's metrics endpoint (no Health): / says the page is the core's; the JSON routes do not exist."""
     async with trio.open_nursery() as nursery:
-        port = await nursery.start(serve_metrics, CollectorRegistry(), "127.0.0.1", 0)
+        port = await start_metrics(nursery, CollectorRegistry())
         status, headers, body = await aget(port, "/")
         assert status == 200 and b"core's" in body and headers["content-security-policy"] == CSP
         assert (await aget(port, "/static/status.css"))[0] == 200

@@ -88,10 +88,10 @@ async def bench(args: argparse.Namespace, tmp: Path) -> None:
         link.up = True
 
     async with running(tmp, fsync="never", metrics=False) as h:
-        door = h.server._door
+        door = h.server._doorway
         assert door is not None
         core_role = door.roles["uid"]
-        edge_role = edge.door.roles["uid"]
+        edge_role = edge.doorway.roles["uid"]
         best = {"core": float("inf"), "edge": float("inf")}
         for i in range(args.rounds):
             best["core"] = min(best["core"], await time_role(core_role, f"c{i}", args.pings, args.per_read))

@@ -16,6 +16,7 @@ import pytest
 import trio
 from prometheus_client import CollectorRegistry
 
+from idled.door.door import client_gate
 from idled.ops.config import Config, ConfigError
 from idled.ops.fdbudget import RESERVE, Budget
 from idled.ops.metrics import Metrics, NullMetrics
@@ -155,17 +156,18 @@ def test_tls_certificates_are_reloaded_by_reload_not_by_assigning_config(tmp_pat
     live_key.write_bytes(key.read_bytes())
     config = Config(tls_cert=str(live_cert), tls_key=str(live_key))
     door = Doorway(config, sessions=_Open(), roles={}, secret=None, metrics=NullMetrics(),
-                   connections=lifecycle.connection_counts())
-    assert door.front is not None
-    first = door.front.context
+                   connections=lifecycle.connection_counts(), gate=client_gate(config))
+    front = door.gate.front
+    assert front is not None
+    first = front.context
     cert2, key2 = certs.server("second")
     live_cert.write_bytes(cert2.read_bytes())
     live_key.write_bytes(key2.read_bytes())
     door.config = dataclasses.replace(config, login_timeout=2.0)  # a plain assignment: no file is read
-    assert door.front.context is first
+    assert front.context is first
     new = dataclasses.replace(config, login_timeout=3.0)
     lifecycle.reload_door(door, config, new, limit=lambda n: n // 2)
-    assert door.config is new and door.front.context is not first
+    assert door.config is new and front.context is not first
     assert door.limit == config.max_connections  # max_connections did not change: the limit stays
     lifecycle.reload_door(door, new, dataclasses.replace(new, max_connections=10), limit=lambda n: n // 2)
     assert door.limit == 5
@@ -189,7 +191,7 @@ async def test_sighup_reloads_a_running_core(tmp_path: Path) -> None:
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
             await nursery.start(server.serve, [])
-            door = server._door
+            door = server._doorway
             assert door is not None and door.limit == config.max_connections
             os.kill(os.getpid(), signal.SIGHUP)
             while source.calls == 0:
@@ -204,7 +206,7 @@ def test_an_edge_reloads_its_doorway_as_the_core_does(tmp_path: Path) -> None:
     config = Config(max_connections=100)
     source = _Source(dataclasses.replace(config, max_connections=50, max_frame=8192, timeout=60.0))
     edge = edge_app.Edge(config, core="127.0.0.1:9", name="edge-test", reload_config=source)
-    assert edge.door.limit == 100 and edge_app.RELOADABLE == lifecycle.DOOR_RELOADABLE
+    assert edge.doorway.limit == 100 and edge_app.RELOADABLE == lifecycle.DOOR_RELOADABLE
     edge._reload()
-    assert edge.door.limit == 50 and edge.door.config is edge.config
+    assert edge.doorway.limit == 50 and edge.doorway.config is edge.config
     assert (edge.config.max_frame, edge.config.timeout) == (8192, config.timeout)  # timeout needs a restart

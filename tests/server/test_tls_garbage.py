@@ -2,7 +2,7 @@
 
 Why it matters: the GC policy (``idled.ops.gcpolicy``) freezes what survives a full collection, so garbage in
 a cycle waits for the next thaw (an hour to a day). trio's ``SSLStream`` is born in a cycle (its run-once
-handshake guard holds a bound method of the stream); the front (``idled.server.tls.untie``) breaks it, or
+handshake guard holds a bound method of the stream); the front (``idled.door.tls.untie``) breaks it, or
 every cancelled handshake would leave ~23 objects (socket included) and every closed session ~46.
 
 Real sockets against an in-process server. The collector is off while connections come and go, so that
@@ -22,7 +22,7 @@ import pytest
 import trio
 
 from idled.protocol import BYE, ErrorCode, Login, Welcome
-from idled.server.tls import untie
+from idled.door.tls import untie
 from tests.peers import Client, Harness, running
 from tests.tlscerts import Certs
 

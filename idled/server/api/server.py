@@ -2,9 +2,10 @@
 
 Theory of operation
 -------------------
-``Api.serve`` binds ``api_host:api_port`` (refused with auth off on an address that is not local, as the
-client port is: ``listen.require_auth``), reports the port through ``task_status`` and accepts in its own
-nursery, one task per connection (``http.HttpConnection``). Connections beyond ``api_max_clients`` are
+``Api.serve`` serves the listeners the door opened on ``api_host:api_port`` (``idled.door``: refused with
+auth off on an address that is not local, as every listener is), reports the port through ``task_status`` and
+accepts in its own nursery, one task per connection (``http.HttpConnection``), each through the door's gate
+first (a share per address of the connections that have not made an authenticated request). Connections beyond ``api_max_clients`` are
 answered ``503 unavailable`` and closed (a short deadline each; beyond twice the limit they are closed
 unanswered, so a flood never holds more than that many tasks). ``close()`` (the server stops): stop
 accepting, cancel every connection waiting between requests; a request in progress is answered, with
@@ -16,18 +17,19 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Sequence
 from typing import Final
 
 import trio
 
+from idled.door.addresses import bound_address, display
+from idled.door.gate import Entry, Gate
 from idled.ops.config import Config
-from idled.ops.fatal import EXIT_LISTEN, fatal_on_oserror
 from idled.server.api.backend import Backend
 from idled.server.api.errors import ApiError
 from idled.server.api.http import HttpConnection
 from idled.server.api.metrics import ApiMetrics
 from idled.server.api.routes import OTHER_ROUTE, Answer, Router
-from idled.server.listen import bound_address, display, require_auth
 
 __all__ = ["REFUSE_TIMEOUT", "Api"]
 
@@ -37,8 +39,10 @@ REFUSE_TIMEOUT: Final = 1.0  # seconds a connection beyond api_max_clients gets 
 
 
 class Api:
-    def __init__(self, config: Config, backend: Backend, *, secret: bytes | None, metrics: ApiMetrics) -> None:
+    def __init__(self, config: Config, backend: Backend, *, secret: bytes | None, metrics: ApiMetrics,
+                 gate: Gate) -> None:
         self.config = config
+        self.gate = gate  # the door's (idled.door.door.api_gate): connections not yet authenticated, per address
         self.secret = secret
         self.metrics = metrics
         self.router = Router(backend, config, secret, api_connections=lambda: self.open)
@@ -49,25 +53,17 @@ class Api:
         self._accepting = trio.CancelScope()
         self._connections: set[HttpConnection] = set()
 
-    async def serve(self, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
-        cfg = self.config
-        where = display(cfg.api_host, cfg.api_port)
-        with fatal_on_oserror("cannot listen (HTTP API)", where, EXIT_LISTEN):
-            listeners = await trio.open_tcp_listeners(cfg.api_port, host=cfg.api_host)
-        try:
-            addresses = [bound_address(listener) for listener in listeners]
-            require_auth(addresses, secret=self.secret, insecure=cfg.insecure)
-        except BaseException:
-            for listener in listeners:
-                listener.socket.close()
-            raise
+    async def serve(self, listeners: Sequence[trio.SocketListener],
+                    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve on ``listeners`` (opened by the door, ``idled.door.door``) until ``close()`` or cancelled."""
+        addresses = [bound_address(listener) for listener in listeners]
         self.port = addresses[0][1] or 0
         # Accept loops under their own scope, connections in the outer nursery: close() stops the accepting (the
         # listeners close) and leaves the connections to end as close() told them.
         async with trio.open_nursery() as handlers:
             with self._accepting:
                 async with trio.open_nursery() as accepting:
-                    await accepting.start(functools.partial(trio.serve_listeners, self._handle, listeners,
+                    await accepting.start(functools.partial(trio.serve_listeners, self._handle, list(listeners),
                                                             handler_nursery=handlers))
                     log.info("HTTP API on http://%s", display(addresses[0][0], self.port))
                     task_status.started(self.port)
@@ -81,6 +77,13 @@ class Api:
                 connection.idle.cancel()
 
     async def _handle(self, stream: trio.SocketStream) -> None:
+        async with self.gate.enter(stream, self.config.api_request_timeout) as entry:
+            if entry.refused is not None:
+                await trio.aclose_forcefully(stream)  # one address's share is full: not even read
+                return
+            await self._serve(stream, entry)
+
+    async def _serve(self, stream: trio.SocketStream, entry: Entry) -> None:
         client = _client(stream)
         if self.open >= self.config.api_max_clients:
             await self._refuse(stream, client)

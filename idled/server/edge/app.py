@@ -12,7 +12,7 @@ the ``--workers`` supervisor passes the public socket to every edge and the kern
 *Accepting when full.* The limit is ``max_connections`` capped to the descriptor budget
 (``idled.ops.fdbudget``; a relay counts twice). Under ``--workers`` the edges share their counts
 (``idled.server.edge.occupancy``): ``max_connections`` is then the whole daemon's, and each edge is also
-capped to its own budget. The accept loop is the core's (``idled.server.listen``: the spare descriptor,
+capped to its own budget. The accept loop is the core's (``idled.door.accept``: the spare descriptor,
 ``busy`` when descriptors run out anyway), with this edge as its ``Room``: when full the edge stops
 accepting, so on a socket shared by several edges the kernel hands new connections to one with room; a
 connection still waiting is left to them while one has room (up to ``OVERFLOW_PATIENCE``), then -- or at once
@@ -32,6 +32,7 @@ doorway's limits (``max_connections``, ``login_timeout``, ``max_frame``) and TLS
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import socket
@@ -40,6 +41,8 @@ from collections.abc import Callable, Sequence
 
 import trio
 
+from idled.door.accept import Shortage, accept_all
+from idled.door.door import Door, client_gate, close_all, daemon_endpoints, metrics_gate
 from idled.ops.config import Config
 from idled.ops.fdbudget import Budget, open_file_limit
 from idled.ops.gcpolicy import GcPolicy
@@ -48,7 +51,6 @@ from idled.ops.metrics import Metrics, NullMetrics
 from idled.protocol import ErrorCode
 from idled.server.clock import Clock
 from idled.server.conn import Doorway, auth_secret, refuse, refuse_out_of_descriptors
-from idled.server.listen import Shortage, accept_all
 from idled.server.edge.link import CoreLink
 from idled.server.edge.occupancy import Occupancy
 from idled.server.edge.users import EdgeUsers
@@ -95,14 +97,16 @@ class Edge:
         self.link = self.users.link
         self.connections = connection_counts()
         relay = self.users.relay
-        self.plane = user_plane(self.users, self.connections, lambda code: self.door.reject(code))
-        self.door = Doorway(
+        self.plane = user_plane(self.users, self.connections, lambda code: self.doorway.reject(code))
+        self.door = Door(daemon_endpoints(dataclasses.replace(config, api_port=0)), secret=self.secret is not None,
+                         insecure=config.insecure, env={})
+        self.doorway = Doorway(
             config, sessions=self.users, roles=roles(self.users, gateway=relay, observer=relay),
-            secret=self.secret, metrics=self.metrics, connections=self.connections,
+            secret=self.secret, metrics=self.metrics, connections=self.connections, gate=client_gate(config),
         )
         self.gc_policy = gc_policy  # None: the interpreter's default (tests run many edges in one process)
         self.budget: Budget | None = None  # set by _limit
-        self.door.limit = self._limit(config.max_connections)
+        self.doorway.limit = self._limit(config.max_connections)
         self.shortage = Shortage(lambda: str(self.budget))
         self.overflow_refused = 0  # connections refused busy because every edge seemed full
         self.ports: list[int] = []
@@ -113,7 +117,8 @@ class Edge:
         self.users.on_ended(uids, reason)
 
     async def serve(self, *, task_status: trio.TaskStatus[list[int]] = trio.TASK_STATUS_IGNORED) -> None:
-        cfg = self.config
+        # The door first (idled.door): the rule on every endpoint, before the link or anything else starts.
+        self.door.check()
         async with trio.open_nursery() as nursery:
             self.clock.start()
             hooks: list[Callable[[], object]] = [self.gc_policy.maybe_thaw] if self.gc_policy is not None else []
@@ -122,8 +127,12 @@ class Edge:
             nursery.start_soon(self.monitor.run, self._status_line, hooks)
             nursery.start_soon(self.link.run)
             nursery.start_soon(self.plane.run)
-            if cfg.metrics_port and self.metrics.registry is not None:
-                await nursery.start(serve_metrics, self.metrics.registry, cfg.metrics_host, cfg.metrics_port)
+            if "metrics" in self.door.endpoints:
+                metrics_listeners = await self.door.open("metrics")
+                if self.metrics.registry is not None:
+                    await nursery.start(serve_metrics, self.metrics.registry, metrics_listeners, metrics_gate())
+                else:
+                    close_all({"metrics": metrics_listeners})
             log.info("waiting for the core at %s", self.link.addresses)
             await self.link.ready.wait()
             if self.gc_policy is not None:
@@ -131,7 +140,13 @@ class Edge:
                 # and stream stop this loop for hundreds of ms during a login ramp, and every keepalive read
                 # meanwhile reaches the core that much later. (Its thaw is the monitor's hook.)
                 self.gc_policy.start()
-            listeners = self._listeners() if self.listen_fds else await trio.open_tcp_listeners(cfg.port, host=cfg.host)
+            # The client port once the core has answered (a client is refused at once until then, not left
+            # waiting in a backlog): inherited sockets (--workers) are judged, others bound.
+            if self.listen_fds:
+                listeners = self._listeners()
+                self.door.judge(self.door.endpoints["client"], listeners)
+            else:
+                listeners = await self.door.open("client")
             # Signals are received from before IDLED_LISTENING on (until then the default handlers end it).
             with trio.open_signal_receiver(*SIGNALS) as signals:
                 for listener in listeners:
@@ -162,7 +177,7 @@ class Edge:
         # --workers: max_connections is the daemon's (checked in full()), this edge's own limit its budget.
         return connection_limit(max_connections, self.budget, log, shared=self.occupancy is not None)
 
-    # -- the accept loop's Room (idled.server.listen): pause when full, so a shared socket's connections go to
+    # -- the accept loop's Room (idled.door.accept): pause when full, so a shared socket's connections go to
     # an edge with room
 
     def _held(self) -> int:
@@ -177,15 +192,15 @@ class Edge:
         """At this edge's limit, or (``--workers``) the daemon holds ``max_connections`` over all its edges."""
         held = self._held()
         if self.occupancy is None:
-            return held >= self.door.limit
+            return held >= self.doorway.limit
         self.occupancy.publish(held)
-        return held >= self.door.limit or self.occupancy.total() >= self.config.max_connections
+        return held >= self.doorway.limit or self.occupancy.total() >= self.config.max_connections
 
     def elsewhere(self) -> bool:
         """Another edge of this daemon has room (see ``idled.server.edge.occupancy``)."""
         occupancy = self.occupancy
         return (occupancy is not None and occupancy.total() < self.config.max_connections
-                and occupancy.elsewhere(self.door.limit))
+                and occupancy.elsewhere(self.doorway.limit))
 
     def enter(self) -> None:
         self.connections["pending"] += 1  # the doorway is told so (handle(counted=True))
@@ -195,7 +210,7 @@ class Edge:
         await refuse(stream)
 
     async def _accept(self, listeners: list[trio.SocketListener], handlers: trio.Nursery) -> None:
-        handle = functools.partial(self.door.handle, counted=True)
+        handle = functools.partial(self.doorway.handle, counted=True)
         with self._accept_scope:
             await accept_all(listeners, handle, handlers, refuse_out_of_descriptors, self.shortage, self)
 
@@ -222,4 +237,4 @@ class Edge:
 
     def _apply(self, config: Config) -> None:
         previous, self.config = self.config, config
-        reload_door(self.door, previous, config, self._limit)
+        reload_door(self.doorway, previous, config, self._limit)

@@ -1,4 +1,4 @@
-"""The accept loop with a ``Room`` (idled.server.listen), as the edges use it: real loopback sockets, real time.
+"""The accept loop with a ``Room`` (idled.door.accept), as the edges use it: real loopback sockets, real time.
 
 At its limit a loop with a room stops accepting, so on a socket shared by several loops (edges under
 ``--workers``) a new connection goes to one with room; only when every room is full is a connection refused
@@ -10,7 +10,7 @@ from __future__ import annotations
 import trio
 
 from idled.server.conn import refuse, refuse_out_of_descriptors
-from idled.server.listen import OVERFLOW_PATIENCE, OVERFLOW_WAIT, Shortage, accept_loop
+from idled.door.accept import OVERFLOW_PATIENCE, OVERFLOW_WAIT, Shortage, accept_loop
 from tests.peers import Client
 
 

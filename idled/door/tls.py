@@ -47,14 +47,13 @@ import ipaddress
 import logging
 import ssl
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, Final
 
 import trio
 
+from idled.door.addresses import host_of
 from idled.ops.config import Config
 from idled.ops.fatal import EXIT_USAGE, Fatal
-from idled.ops.logs import peer_address
 from idled.protocol import Login, NEED_DATA
 from idled.protocol.proxy import ProxyError, ProxyHeader, ProxyParser
 
@@ -63,7 +62,7 @@ __all__ = [
     "parse_allow", "server_context", "untie",
 ]
 
-log = logging.getLogger("idled.server.tls")
+log = logging.getLogger("idled.door.tls")
 
 ALPN: Final = "idled/1"
 CERT_ROLES: Final = ("gateway", "observer")  # roles a client certificate may stand in for a token for
@@ -200,13 +199,6 @@ class Replay(trio.abc.Stream):
         await self.stream.aclose()
 
 
-@dataclass(frozen=True, slots=True)
-class Opened:
-    stream: trio.abc.Stream
-    address: str  # host:port of the client as logs show it (the PROXY source when there is one)
-    tls: bool
-
-
 class Front:
     """PROXY then TLS for one listener's connections, per the configuration (see the module docstring)."""
 
@@ -235,22 +227,25 @@ class Front:
         log.info("SIGHUP: TLS certificate reloaded from %s (new handshakes use it)", self.cert)
         return True
 
-    async def open(self, stream: trio.abc.Stream) -> Opened:
-        """The stream to speak idled on, and the client's address; ProxyError / HandshakeFailed if refused."""
-        address = peer_address(stream)
-        if self.proxy:
-            try:
-                header = await self._proxy_header(stream, address)
-            except ProxyError:
-                await _drain(stream)
-                raise
-            if isinstance(header, tuple):
-                header, stream = header
-            if header.source is not None:
-                host, port = header.source
-                address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        if self.context is None:
-            return Opened(stream, address, False)
+    async def read_proxy(self, stream: trio.abc.Stream, address: str) -> tuple[trio.abc.Stream, str]:
+        """Read the PROXY header from an allowed balancer: the stream to go on with (bytes read past the header
+        given back in front) and the client's address (the balancer's own for LOCAL/UNKNOWN headers, its health
+        checks). ``ProxyError`` if refused (what the peer already sent is drained first)."""
+        try:
+            header = await self._proxy_header(stream, address)
+        except ProxyError:
+            await _drain(stream)
+            raise
+        if isinstance(header, tuple):
+            header, stream = header
+        if header.source is not None:
+            host, port = header.source
+            address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        return stream, address
+
+    async def handshake(self, stream: trio.abc.Stream) -> trio.SSLStream[trio.abc.Stream]:
+        """The server side of a TLS handshake over ``stream`` (``HandshakeFailed`` if it fails)."""
+        assert self.context is not None
         tls = trio.SSLStream(stream, self.context, server_side=True)
         try:
             await tls.do_handshake()
@@ -259,12 +254,12 @@ class Front:
             raise HandshakeFailed(getattr(cause, "reason", None) or type(cause or exc).__name__) from None
         finally:
             untie(tls)
-        return Opened(tls, address, True)
+        return tls
 
     async def _proxy_header(
         self, stream: trio.abc.Stream, address: str
     ) -> ProxyHeader | tuple[ProxyHeader, trio.abc.Stream]:
-        host = address.rsplit(":", 1)[0].strip("[]")
+        host = host_of(address)
         if not allowed(host, self.allow):
             raise ProxyError(f"{address} is not an allowed balancer (proxy_allow)")
         parser = ProxyParser()

@@ -1,17 +1,7 @@
-"""Listening sockets: where they come from, the one rule they all obey, and the accept loop.
+"""The accept loop every listener of the door runs: descriptors running out, and a full process that pauses.
 
 Theory of operation
 -------------------
-**Where from.** ``open_listeners`` adopts the sockets systemd passed (``LISTEN_FDS``), or binds
-``--host``/``--port``. A failed bind ends the daemon with one line naming the address (``Fatal``, exit 4).
-
-**One rule.** Auth off (no secret) is refused on any listening socket that is not local, however it was
-obtained: a socket systemd bound to 0.0.0.0 serves the world exactly like ``--host 0.0.0.0``. So the rule is
-checked on the address each socket is really bound to (``getsockname()``), after binding or adopting; an IP
-literal given as ``--host`` is also checked before binding, so a refused start never listens at all. Local
-means a loopback address (127.0.0.0/8, ::1, ::ffff:127.x) or a unix socket. ``--insecure`` accepts the risk.
-The addresses logged and printed (``IDLED_LISTENING host=... port=...``) are the bound ones, too.
-
 **The accept loop.** trio's ``serve_listeners`` meets EMFILE/ENFILE/ENOMEM/ENOBUFS by logging a traceback
 and retrying every 0.1 s, while the connection waits in the kernel's backlog until its own timeout. Here the
 descriptor budget (``idled.ops.fdbudget``) normally keeps accept from ever running out: connections past it
@@ -36,24 +26,20 @@ limit must see it, and its handler's task has not started yet.
 from __future__ import annotations
 
 import errno
-import ipaddress
 import logging
 import os
 import select
-from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Final, Protocol
 
 import trio
 
-from idled.ops import systemd
-from idled.ops.fatal import EXIT_LISTEN, EXIT_USAGE, Fatal, fatal_on_oserror
-
 __all__ = [
-    "CAPACITY_ERRNOS", "OVERFLOW_PATIENCE", "OVERFLOW_WAIT", "REPORT_EVERY", "SHORTAGE_PAUSE", "Room", "Shortage", "accept_all",
-    "accept_loop", "bound_address", "display", "is_local", "open_listeners", "precheck_host", "require_auth",
+    "CAPACITY_ERRNOS", "OVERFLOW_PATIENCE", "OVERFLOW_WAIT", "REPORT_EVERY", "SHORTAGE_PAUSE", "Handler", "Room",
+    "Shortage", "accept_all", "accept_loop",
 ]
 
-log = logging.getLogger("idled.server.listen")
+log = logging.getLogger("idled.door.accept")
 
 CAPACITY_ERRNOS: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 SHORTAGE_PAUSE: Final = 0.1  # seconds before accepting again when a connection could not even be refused
@@ -63,74 +49,6 @@ OVERFLOW_WAIT: Final = 0.05  # seconds a full Room leaves a waiting connection t
 OVERFLOW_PATIENCE: Final = 2.0  # ... at most, while another has room (a busy edge accepts late, not never)
 
 Handler = Callable[[trio.SocketStream], Awaitable[None]]
-
-
-# -- where listeners come from, and the rule -------------------------------------------------------------------
-
-
-async def open_listeners(host: str, port: int, env: MutableMapping[str, str]) -> list[trio.SocketListener]:
-    """systemd's sockets if it passed any, else new ones bound to ``host:port`` (Fatal naming it on failure)."""
-    inherited = systemd.listen_fds(env)
-    if inherited:
-        log.info("socket activation: adopting %d listening socket(s)", len(inherited))
-        return [trio.SocketListener(trio.socket.from_stdlib_socket(sock)) for sock in inherited]
-    with fatal_on_oserror("cannot listen", display(host, port), EXIT_LISTEN):
-        return await trio.open_tcp_listeners(port, host=host)
-
-
-def bound_address(listener: trio.SocketListener) -> tuple[str, int | None]:
-    """(host, port) the socket is really bound to; a unix socket gives (its path, None)."""
-    name = listener.socket.getsockname()
-    if isinstance(name, tuple):
-        return str(name[0]), int(name[1])
-    return (name.decode(errors="replace") if isinstance(name, bytes) else str(name)), None
-
-
-def display(host: str, port: int | None) -> str:
-    """``host:port`` as an operator would type it (``[::1]:7878``); a unix socket's path as it is."""
-    if port is None:
-        return host or "(unnamed unix socket)"
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def is_local(host: str, port: int | None = 0) -> bool:
-    """True for loopback addresses, ``localhost`` and unix sockets (``port`` None): nobody off this machine
-    can connect. Anything else -- a wildcard, a public or private address, a name -- is not."""
-    if port is None or host == "localhost":
-        return True
-    try:
-        address = ipaddress.ip_address(host.split("%", 1)[0])  # an IPv6 scope (fe80::1%eth0) is not an address
-    except ValueError:
-        return False
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped  # ::ffff:127.0.0.1 is loopback, whatever the Python version says
-    return address.is_loopback
-
-
-def require_auth(addresses: Sequence[tuple[str, int | None]], *, secret: bytes | None, insecure: bool) -> None:
-    """Refuse (``Fatal``, exit 2) to serve with auth off on any address that is not local, unless ``insecure``:
-    anyone who can connect could log in as anyone."""
-    if secret is not None or insecure:
-        return
-    for host, port in addresses:
-        if not is_local(host, port):
-            raise Fatal("refusing to listen with auth off", display(host, port),
-                        "give --secret-file, or --insecure to accept logins from anyone", EXIT_USAGE)
-
-
-def precheck_host(host: str, port: int, env: Mapping[str, str], *, secret: bytes | None, insecure: bool) -> None:
-    """The rule applied to ``--host`` before binding, when it is an IP literal and systemd passed no socket:
-    a refused start then never listens, even for a moment. (Names are checked once bound.)"""
-    if env.get("LISTEN_FDS"):
-        return  # the sockets systemd passed are what will be served, not --host
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return
-    require_auth([(host, port)], secret=secret, insecure=insecure)
-
-
-# -- the accept loop --------------------------------------------------------------------------------------------
 
 
 class Shortage:

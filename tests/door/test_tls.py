@@ -15,8 +15,8 @@ import trio
 
 import time
 
-from idled.protocol import BYE, ErrorCode, Login, PING, Pong, Subscribe, Welcome, tokens
-from idled.server.tls import certificate_names
+from idled.protocol import BYE, Error, ErrorCode, Login, PING, Pong, Subscribe, Welcome, tokens
+from idled.door.tls import certificate_names
 from tests.peers import Client, running
 from tests.tlscerts import Certs
 
@@ -78,14 +78,19 @@ async def test_user_session_over_tls(tmp_path: Path, certs: Certs, server_cert: 
         assert h.metric("idled_logins_total", role="user", result="ok") == 3
 
 
-async def test_plaintext_client_is_closed_promptly(tmp_path: Path, server_cert: tuple[Path, Path]) -> None:
+async def test_plaintext_client_is_told_to_use_tls_promptly(tmp_path: Path, server_cert: tuple[Path, Path]) -> None:
+    """A client that begins in plain text on a TLS port gets one plain-text error frame saying so (its first
+    byte is not a TLS handshake record: idled.door.gate) -- a standby or edge misconfigured without TLS learns
+    why at once, instead of a handshake failing silently."""
     async with running(tmp_path, listen=True, login_timeout=30.0, **tls_settings(server_cert)) as h:
         client = await Client.connect(h.port, recv_timeout=5.0, reset_is_eof=True)
         started = trio.current_time()
         await client.send(Login("uid", "alice"))
-        assert await client.recv() is None  # closed, no frame: there is no TLS channel to send one on
+        error = await client.recv()
+        assert isinstance(error, Error) and error.code == ErrorCode.TLS_REQUIRED
+        assert await client.recv() is None
         assert trio.current_time() - started < 1.0  # not at the login timeout (30 s)
-        assert h.metric("idled_frames_rejected_total", reason="tls_handshake") == 1
+        assert h.metric("idled_frames_rejected_total", reason="tls_required") == 1
 
 
 async def test_handshake_counts_against_the_login_timeout(tmp_path: Path, server_cert: tuple[Path, Path]) -> None:
