@@ -14,7 +14,7 @@ import trio
 from idled.ops import config as config_module
 from idled.ops import systemd
 from idled.ops.config import Config, ConfigError
-from idled.ops.fatal import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from idled.ops.fatal import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, describe
 from idled.ops.gcpolicy import GcPolicy
 from idled.ops.logs import setup_logging
 from idled.ops.metrics import Metrics
@@ -88,6 +88,10 @@ def run(args: argparse.Namespace) -> int:
         trio.run(edge.serve)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+    except Exception as exc:  # a Fatal (the door's rule, a bind that fails): one line and its status
+        line, status = describe(exc)
+        log.debug("fatal error", exc_info=exc)
+        return _fatal(line, status)
     log.info("stopped")
     return EXIT_OK
 

@@ -1,0 +1,83 @@
+"""One address cannot lock everyone else out of the client port (idled.door.gate: a share per source address of
+the connections that have not logged in yet).
+
+The attacker (tests/door/flooder.py, a process of its own) holds 1,000 connections from 127.0.0.1 that never
+log in, re-opened the moment the server closes them, against a daemon limited to 1,200 connections. Before the
+door's share they held 1,000 of the 1,200 slots for the whole login deadline, and legitimate logins from other
+addresses were refused ``busy``. Now 1,000 legitimate logins from 127.0.0.2-5 must get in: at least 99 %, with
+a login p99 (connect to welcome) of 100 ms at most. The figures are printed (``-s``) for the record.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+
+from idled.protocol import Login, Welcome
+from tests.door.flooder import connect_from
+from tests.peers import Client, Daemon, serve_command
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+FLOOD = 1000
+LEGIT = 1000
+SOURCES = ("127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5")
+
+
+def quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def test_one_address_flooding_the_login_step_does_not_lock_others_out(tmp_path: Path) -> None:
+    command = serve_command(tmp_path / "data", "--max-connections", "1200",
+                            "--metrics-port", "0", "--login-timeout", "5")
+    async with Daemon(command, tmp_path / "serve.stderr") as daemon:
+        flooder = subprocess.Popen([sys.executable, "-m", "tests.door.flooder", str(daemon.port), str(FLOOD),
+                                    "127.0.0.1", "60"], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                                   env={**os.environ, "PYTHONPATH": str(ROOT)})
+        try:
+            await trio.sleep(3.0)  # the flood is up: every one of its connections opened at least once
+            assert flooder.poll() is None
+            latencies: list[float] = []
+            failures: list[str] = []
+            held: list[Client] = []
+            todo = iter(range(LEGIT))
+
+            async def worker(source: str) -> None:
+                for i in todo:
+                    started = trio.current_time()
+                    try:
+                        client = Client(await connect_from(source, daemon.port), recv_timeout=5.0)
+                        await client.send(Login("uid", f"user-{i}"))
+                        answer = await client.recv()
+                    except (OSError, trio.BrokenResourceError, trio.TooSlowError) as exc:
+                        failures.append(repr(exc))
+                        continue
+                    if isinstance(answer, Welcome):
+                        latencies.append(trio.current_time() - started)
+                        held.append(client)  # they stay logged in: the room they take is real
+                    else:
+                        failures.append(repr(answer))
+
+            async with trio.open_nursery() as nursery:
+                for k in range(20):
+                    nursery.start_soon(worker, SOURCES[k % len(SOURCES)])
+        finally:
+            flooder.terminate()
+            out, _ = flooder.communicate(timeout=30)
+        for client in held:
+            await client.stream.aclose()
+    ok = len(latencies)
+    print(f"\nflood from 127.0.0.1: {FLOOD} connections never logging in ({out.strip()}); legit logins from "
+          f"{len(SOURCES)} other addresses: {ok}/{LEGIT} ok, login p50 {1000 * quantile(latencies, 0.5):.1f} ms, "
+          f"p99 {1000 * quantile(latencies, 0.99):.1f} ms, max {1000 * max(latencies):.1f} ms; "
+          f"failures {failures[:3]}")
+    assert ok >= 0.99 * LEGIT, failures[:5]
+    assert quantile(latencies, 0.99) <= 0.100
