@@ -29,7 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "query": ("idled.cli.query", "ask a running daemon whether uids are online"),
     "promote": ("idled.cli.promote", "make a hot standby (--standby-of) the active core, by hand"),
     "status": ("idled.cli.status", "what a running daemon holds: sessions, connections, next seq, uptime"),
-    "token": ("idled.cli.token", "mint an HMAC login token for a uid, gateway or observer"),
+    "token": ("idled.cli.token", "mint an HMAC login token for a uid, gateway, observer or standby"),
     "events": ("idled.cli.events", "print event-log records (readable on a terminal, JSON lines when piped)"),
     "bench": ("idled.cli.bench", "benchmark every detector under simulated keepalive load (no network)"),
     "loadtest": ("idled.cli.loadtest", "drive a server with real connections and measure what users see"),

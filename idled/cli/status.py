@@ -66,10 +66,11 @@ def format_status(doc: dict[str, Any]) -> str:
         f"sessions online  {doc.get('sessions_online')}"
         + (f" ({plural(int(doc['users_online']), 'user')})" if doc.get("users_online") is not None else ""),
         "connections      " + ", ".join(
-            plural(int(connections.get(role, 0)), role) for role in ("user", "gateway", "observer")
+            plural(int(connections.get(role, 0)), role) for role in ("user", "gateway", "observer", "standby")
         ) + f" ({int(connections.get('pending', 0))} logging in)",
         f"gateways         {int(connections.get('gateway', 0))}",
         f"observers        {int(connections.get('observer', 0))}",
+        f"standbys         {int(connections.get('standby', 0))}",
         f"next seq         {doc.get('next_seq')}",
         f"detector keys    {doc.get('detector_keys')} ({doc.get('detector_overflow_keys')} in overflow)",
         f"client ports     {', '.join(str(p) for p in doc.get('ports') or []) or '-'}",

@@ -1,4 +1,5 @@
-"""`idled token`: mint an HMAC login token for a uid, gateway or observer, or a bearer token for the HTTP API."""
+"""`idled token`: mint an HMAC login token for a uid, gateway, observer or standby, or a bearer token for the HTTP
+API."""
 
 from __future__ import annotations
 
@@ -29,6 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     who.add_argument("--uid", metavar="UID", help="mint a user token (uid 42 and \"42\" share a token)")
     who.add_argument("--gateway", metavar="NAME", help="mint a gateway token")
     who.add_argument("--observer", metavar="NAME", help="mint an observer token")
+    who.add_argument("--standby", metavar="NAME",
+                     help="mint a standby token: a standby core's replication link, the one role that may replicate "
+                          "(a standby with --secret-file mints its own; docs/ha.md)")
     who.add_argument("--api", metavar="NAME", help="mint a bearer token for the HTTP API (docs/api.md); it cannot log in")
     parser.add_argument("--ttl", type=_positive_int, default=DEFAULT_TTL, metavar="SECONDS",
                         help=f"validity from now, in seconds (default {DEFAULT_TTL})")

@@ -33,7 +33,7 @@ handshakes after it (rotate certificates at a quiet hour, or expect one full-han
 **Client certificates** (``--tls-client-ca``): the server asks for a certificate (optional: users have none)
 and verifies any that is presented against that CA; an untrusted one fails the handshake. ``certified(stream,
 login)`` then decides whether a verified certificate stands in for a token. The rule, exactly: only the roles
-``gateway`` and ``observer`` (never ``uid``), and only when the certificate names that role and name -- a
+``gateway``, ``observer`` and ``standby`` (never ``uid``), and only when the certificate names that role and name -- a
 ``subjectAltName`` URI ``idled:<role>:<name>`` (e.g. ``idled:gateway:push-eu1``) or, for a certificate with
 no URI names at all, a subject commonName exactly ``<role>:<name>``. DNS names are not consulted: they name
 hosts, and a host name is not a gateway's identity. A login that carries a token is still checked as a token.
@@ -65,7 +65,7 @@ __all__ = [
 log = logging.getLogger("idled.door.tls")
 
 ALPN: Final = "idled/1"
-CERT_ROLES: Final = ("gateway", "observer")  # roles a client certificate may stand in for a token for
+CERT_ROLES: Final = ("gateway", "observer", "standby")  # roles a client certificate may stand in for a token for
 DRAIN_TIME: Final = 0.05  # seconds a refused PROXY peer's pending bytes are read for (see _drain)
 DRAIN_READS: Final = 16  # ... and at most this many reads of 4 KiB
 TLS12_CIPHERS: Final = "ECDHE+AESGCM:ECDHE+CHACHA20"  # TLS 1.3 suites are OpenSSL's (all AEAD, all fine)

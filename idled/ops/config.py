@@ -270,7 +270,7 @@ HELP: dict[str, str] = {
                      "(each pauses the event loop: 200-800 ms at 19k connections); in between, survivors are frozen",
     "tls_cert": "PEM certificate (chain allowed) for TLS on the client port; reloaded on SIGHUP (default unset: no TLS)",
     "tls_key": "PEM private key of --tls-cert (default unset)",
-    "tls_client_ca": "CA file for optional client certificates: a verified certificate naming a gateway or observer logs it in without a token, see docs/tls.md (default unset)",
+    "tls_client_ca": "CA file for optional client certificates: a verified certificate naming a gateway, observer or standby logs it in without a token, see docs/tls.md (default unset)",
     "proxy_protocol": "expect a PROXY v1/v2 header (HAProxy, nginx, AWS NLB) from the balancers in --proxy-allow on every connection",
     "proxy_allow": "comma-separated addresses/CIDRs allowed to send PROXY headers",
     "workers": "edge processes sharing the public port in front of the core; 0 = one process, auto = one per core",

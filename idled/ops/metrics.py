@@ -69,7 +69,7 @@ log = logging.getLogger(__name__)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 # Roles a connection can have; "pending" = accepted, login not yet completed.
-ROLES: tuple[str, ...] = ("user", "gateway", "observer", "pending")
+ROLES: tuple[str, ...] = ("user", "gateway", "observer", "standby", "pending")
 
 
 class Snapshot(TypedDict, total=False):

@@ -31,7 +31,7 @@ DEFAULT_MAX_FRAME: Final = 4096  # bytes of msgpack body (the 4-byte prefix is n
 MAX_FRAME_LIMIT: Final = 0xFFFF_FFFF  # what a 4-byte prefix can express
 MAX_UID_BYTES: Final = 256  # string uids: 1..256 bytes of UTF-8
 MAX_DEVICE_BYTES: Final = 64  # a user login's device: a str of 1..64 bytes of UTF-8
-MAX_NAME_BYTES: Final = 128  # gateway / observer names: 1..128 bytes of UTF-8
+MAX_NAME_BYTES: Final = 128  # gateway / observer / standby names: 1..128 bytes of UTF-8
 MAX_TOKEN_CHARS: Final = 1024
 # keepalive k is accepted for 1 <= k <= 86400 seconds. The server ticks every second by default: a keepalive
 # below that cannot be honoured, and a tiny one (1e-300) would mean a timeout of ~0.
@@ -48,9 +48,10 @@ Uid: TypeAlias = str | int
 # or the tuple (uid, device). On the wire (gateway frames' `uids`, `ended`) the tuple is a 2-array, which
 # msgpack decodes as a tuple: the decoded element IS the key.
 SessionKey: TypeAlias = Uid | tuple[Uid, str]
-Role: TypeAlias = Literal["uid", "gateway", "observer"]
+# "standby": a standby core's replication link, the one role that may send `replicate` (and nothing else).
+Role: TypeAlias = Literal["uid", "gateway", "observer", "standby"]
 EventKind: TypeAlias = Literal["online", "offline"]
-ROLES: Final[tuple[Role, ...]] = ("uid", "gateway", "observer")
+ROLES: Final[tuple[Role, ...]] = ("uid", "gateway", "observer", "standby")
 
 
 class ErrorCode(enum.StrEnum):
@@ -106,7 +107,8 @@ class Login:
     "device"?: str}`; keepalive and device only for role "uid"; `ended` and `marks` only for role "gateway":
     `ended` asks the server for `Ended` notices, `marks` for `Mark` requests the gateway answers with `Marked`
     (both opt-in, so gateways that do not know the messages never receive them). `device` (1..64 UTF-8
-    bytes) makes the session key `(uid, device)`: one user may then hold several sessions, one per device."""
+    bytes) makes the session key `(uid, device)`: one user may then hold several sessions, one per device.
+    Role "standby" is a standby core's replication link: its only request is `Replicate`."""
 
     role: Role
     name: Uid  # a uid (str or int) for role "uid", else a str name
@@ -188,8 +190,9 @@ class Subscribe:
 
 @dataclass(frozen=True, slots=True)
 class Replicate:
-    """Observer: `{"op":"replicate","from":SEQ}`, instead of `subscribe`: a standby core asks for the durable
-    log records from SEQ on, byte for byte (`idled.protocol.replication` has the server's replies)."""
+    """Standby: `{"op":"replicate","from":SEQ}`, the first and only request of a `standby` login: a standby core
+    asks for the durable log records from SEQ on, byte for byte (`idled.protocol.replication` has the server's
+    replies and what the standby sends after it)."""
 
     from_seq: int
 

@@ -192,8 +192,8 @@ def _only(obj: dict[Any, Any], allowed: frozenset[str], op: str) -> None:
             raise _bad(f"unknown field {_short(key)} in {op}")
 
 
-_IDENTITY_KEYS: Final = ("uid", "gateway", "observer")
-_LOGIN_KEYS: Final = frozenset({"op", "uid", "gateway", "observer", "token", "keepalive", "ended", "marks", "device"})
+_IDENTITY_KEYS: Final = ("uid", "gateway", "observer", "standby")
+_LOGIN_KEYS: Final = frozenset({"op", *_IDENTITY_KEYS, "token", "keepalive", "ended", "marks", "device"})
 _MARK_KEYS: Final = frozenset({"op", "t"})
 _DETACH_KEYS: Final = frozenset({"op", "uids", "reason"})
 _MSG_KEYS: Final = frozenset({"op", "data"})
@@ -204,10 +204,10 @@ _QUERY_KEYS: Final = frozenset({"op", "uids", "last_seen"})
 
 
 def _identity(obj: dict[str, Any], op: str) -> tuple[Role, Uid]:
-    """Exactly one of uid / gateway / observer (nil counts as absent)."""
+    """Exactly one of uid / gateway / observer / standby (nil counts as absent)."""
     present = [key for key in _IDENTITY_KEYS if obj.get(key) is not None]
     if len(present) != 1:
-        raise _bad(f"{op} needs exactly one of uid, gateway, observer (got {len(present)})")
+        raise _bad(f"{op} needs exactly one of {', '.join(_IDENTITY_KEYS)} (got {len(present)})")
     role: Role = present[0]  # type: ignore[assignment]
     value = obj[role]
     return role, (check_uid(value) if role == "uid" else _name(value, role))

@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 A token proves that whoever holds the shared secret allowed one identity to log in until a given time::
 
-    payload = "1:u:1767225600:alice"       version : role letter (u/g/o/a) : expiry (unix s) : name
+    payload = "1:u:1767225600:alice"       version : role letter (u/g/o/s/a) : expiry (unix s) : name
     token   = b64url(payload) + "." + b64url(HMAC-SHA256(secret, "idled-token-v1\\0" + b64url(payload)))
 
 (base64url without "=" padding; a uid token is ~60 characters plus the name.) The MAC covers the *encoded*
@@ -17,6 +17,10 @@ MAC (before the attacker-chosen payload is parsed), version, role, name, expiry 
 Uid tokens bind the canonical string `str(uid)`: the int uid 42 and the str uid "42" -- distinct uids on the
 wire -- share one token. Whoever may be 42 may be "42"; an app that gives the two different owners must not
 use both spellings.
+
+Role ``standby`` (letter ``s``) is a standby core's replication link: the one login that may ``replicate``.
+A standby mints its own from the secret it shares with the active; an observer token (``o``) never stands
+in for it, nor it for an observer.
 
 Role ``api`` (letter ``a``) is not a login role: it is the bearer token of the HTTP API
 (``idled.server.api``), minted and checked the same way. A login checks its role among the protocol's ``ROLES``
@@ -51,7 +55,7 @@ DEFAULT_TTL: Final = 86400
 _VERSION: Final = "1"
 _CONTEXT: Final = b"idled-token-v1\x00"  # domain separation: this MAC means "idled login token"
 API_ROLE: Final = "api"  # the HTTP API's bearer tokens: never a login role (see the module docstring)
-_ROLE_LETTER: Final = {"uid": "u", "gateway": "g", "observer": "o", API_ROLE: "a"}
+_ROLE_LETTER: Final = {"uid": "u", "gateway": "g", "observer": "o", "standby": "s", API_ROLE: "a"}
 _LETTER_ROLE: Final = {letter: role for role, letter in _ROLE_LETTER.items()}
 # 32-byte SHA-256 MAC = 43 base64url characters without padding
 _TOKEN_RE: Final = re.compile(r"[A-Za-z0-9_-]{1,1000}\.[A-Za-z0-9_-]{43}")
@@ -96,7 +100,7 @@ def canonical_name(role: str, name: str | int) -> str:
         return str(name)
     if type(name) is not str:
         raise ValueError(f"a {role} name must be a str{' or int' if role == 'uid' else ''}, got {type(name).__name__}")
-    # The longest uid: tokens also cover gateway/observer names, which the protocol bounds lower.
+    # The longest uid: tokens also cover gateway/observer/standby names, which the protocol bounds lower.
     if not name or len(name.encode()) > MAX_UID_BYTES:
         raise ValueError(f"a {role} name must be 1..{MAX_UID_BYTES} UTF-8 bytes")
     return name

@@ -155,7 +155,7 @@ class Server:
         self._stop_event = trio.Event()
         self._writer_done = trio.Event()
         self.stopped = trio.Event()  # set once serve() has returned (or failed)
-        self._peers: set[Connection] = set()  # gateways and observers, told when the server stops
+        self._peers: set[Connection] = set()  # gateways, observers and standbys, told when the server stops
         self.ports: list[int] = []
         self.addresses: list[tuple[str, int | None]] = []  # what each listener is bound to (getsockname)
         self.budget: Budget | None = None  # set by serve() once the listeners are known
@@ -252,14 +252,15 @@ class Server:
             presence, self.bus, self.log, first_seq=self.seqs.first, peers=self._peers, clock=self.clock.now,
             max_watch=cfg.max_watch,
         )
-        self.replicas = Replicas(self.bus, self.log, sync=cfg.sync_standby, registry=self.metrics.registry)
-        observers.replicas = self.replicas.run
+        self.replicas = Replicas(self.bus, self.log, sync=cfg.sync_standby, registry=self.metrics.registry,
+                                 peers=self._peers)
         self._damage = (recovery.skipped_bytes + recovery.truncated_bytes, recovery.corrupt_records)
         users = CoreUsers(sessions)
         # Logged-in plain TCP users are served by one task (idled.server.plane), not one each.
         self._plane = user_plane(users, self.connections, self._reject)
         self._doorway = Doorway(
-            cfg, sessions=users, roles=roles(users, gateway=self._gateways.run, observer=observers.run),
+            cfg, sessions=users, roles=roles(users, gateway=self._gateways.run, observer=observers.run,
+                                             standby=self.replicas.serve),
             secret=self.secret, metrics=self.metrics, connections=self.connections,
             gate=client_gate(cfg, public=self.workers is None),
             trusts=self.workers.trusts if self.workers is not None else None,
@@ -401,7 +402,7 @@ class Server:
             # by SEND_ERROR_TIMEOUT): cancelling the nursery while a gateway's or observer's task is still
             # unwinding its own cancel scope would skip its goodbye. Connections still logging in are not
             # waited for; they are cancelled below.
-            while any(self.connections[role] for role in ("user", "gateway", "observer")):
+            while any(self.connections[role] for role in ("user", "gateway", "observer", "standby")):
                 await trio.sleep(0.01)
         nursery.cancel_scope.cancel()
 
@@ -456,7 +457,7 @@ class Server:
         c = self.connections
         return (
             f"{len(self.presence or ())} online; connections: {plural(c['user'], 'user')}, "
-            f"{plural(c['gateway'], 'gateway')}, {plural(c['observer'], 'observer')}"
+            f"{plural(c['gateway'], 'gateway')}, {plural(c['observer'], 'observer')}, {plural(c['standby'], 'standby')}"
         )
 
     def status(self) -> dict[str, Any]:

@@ -7,9 +7,10 @@ streams to directly). It counts the connection as *pending*, refuses it while sh
 ``max_connections``, opens its *front* when one is configured (``idled.server.tls``: the PROXY header from
 an allowed balancer, then the TLS handshake -- both within the login deadline; a failed handshake is counted
 as ``tls_handshake`` and closed without a frame), reads the login within ``login_timeout`` (verifying its
-token when auth is on: ``auth_secret``; or, for a gateway or observer, a client certificate naming it), then
-counts it under its role and runs that role's handler -- a callable ``role(stream, decoder, login)`` from the
-``roles`` table the server fills in (``users.run_user``, ``Gateways.run``, ``Observers.run``). A
+token when auth is on: ``auth_secret``; or, for a gateway, observer or standby, a client certificate naming
+it), then counts it under its role and runs that role's handler -- a callable ``role(stream, decoder, login)``
+from the ``roles`` table the server fills in (``users.run_user``, ``Gateways.run``, ``Observers.run``,
+``Replicas.serve``). A
 ``ProtocolError`` raised anywhere below is counted (``idled_frames_rejected_total``) and answered with one
 error frame before the connection closes; any other exception is a bug, logged, and never takes the server
 down.
@@ -53,7 +54,8 @@ MAX_LOGIN_FRAME: Final = 4096
 # The gate's refusals (idled.door.gate), as the protocol's error codes.
 _REFUSAL_CODES: Final = {"per_address": ErrorCode.BUSY, "busy": ErrorCode.BUSY, "proxy": ErrorCode.BAD_FRAME,
                          "timeout": ErrorCode.LOGIN_TIMEOUT, "tls_required": ErrorCode.TLS_REQUIRED}
-ROLE_LABELS: Mapping[str, str] = {"uid": "user", "gateway": "gateway", "observer": "observer"}  # login role -> label
+# login role -> label (idled_connections{role}, idled_logins_total{role}, /status's connections)
+ROLE_LABELS: Mapping[str, str] = {"uid": "user", "gateway": "gateway", "observer": "observer", "standby": "standby"}
 
 # A role returns HANDED_OVER when it gave the open connection to someone who will close it and give its count
 # back (the user plane, idled.server.plane); the doorway then leaves both alone.

@@ -11,11 +11,11 @@ that) and removed when the root stops. A stale file from a daemon that crashed i
 only once a connect to it was refused: a live daemon's socket is never taken over.
 
 Everything arriving here is served by the ordinary ``Doorway``: the edges' own links (gateways named
-``worker-<i>``), and the gateways and observers the edges relay from the public port (their login frame
+``worker-<i>``), and the gateways, observers and standbys the edges relay from the public port (their login frame
 forwarded unchanged). Only the first kind is trusted, and the rule is precise (``Workers.trusts``): a
 *gateway* login *without a token* whose peer process (``SO_PEERCRED``) is the live worker the root started
 under that very name (its pid from ``idled.server.roster``), while no gateway of that name is connected.
-Every other login -- a relayed gateway or observer, anything carrying a token -- is verified as usual when
+Every other login -- a relayed gateway, observer or standby, anything carrying a token -- is verified as usual when
 auth is on. The socket's permissions keep other users out; the pid and name rule keeps a client of the public
 port from borrowing an edge's trust through the relay (an edge forwards a relayed login unchecked: the core
 checks tokens).

@@ -9,7 +9,7 @@ they run. The parts they agree on live here, once:
 * ``connection_counts``: the open connections by role label, plus ``pending`` (still logging in); the
   doorway, the user plane and the status lines all read and write this one dict;
 * ``roles``: the doorway's table, login role -> handler. Users run the shared user loop
-  (``idled.server.users.run_user``) on the process's ``UserSink``; gateways and observers get the
+  (``idled.server.users.run_user``) on the process's ``UserSink``; gateways, observers and standbys get the
   process's own handler (the core serves them, an edge relays them);
 * ``user_plane``: the one task serving every logged-in plain TCP user; a connection it closes gives its
   count back;
@@ -49,9 +49,9 @@ def connection_counts() -> dict[str, int]:
     return {**{label: 0 for label in ROLE_LABELS.values()}, "pending": 0}
 
 
-def roles(users: UserSink[Any], *, gateway: Role, observer: Role) -> dict[str, Role]:
+def roles(users: UserSink[Any], *, gateway: Role, observer: Role, standby: Role) -> dict[str, Role]:
     """The doorway's role table: users run the shared user loop on ``users``; the others their handler."""
-    return {"uid": functools.partial(run_user, users), "gateway": gateway, "observer": observer}
+    return {"uid": functools.partial(run_user, users), "gateway": gateway, "observer": observer, "standby": standby}
 
 
 def user_plane(users: UserSink[Any], connections: dict[str, int], reject: Callable[[str], None]) -> UserPlane:

@@ -43,6 +43,11 @@ cut with ``gone``.
 
 Queries (``query``, with ``last_seen`` or not) are answered by ``idled.server.queries`` and queued among the
 replies like any other.
+
+``replicate`` is not an observer's request: it belongs to the ``standby`` login (``idled.server.replication``),
+so that no observer token can read the log as a standby or acknowledge records for ``--sync-standby``. An
+observer that sends it -- a standby older than this core did, logging in as an observer -- is refused with
+``not_allowed`` and a reason that says to upgrade it.
 """
 
 from __future__ import annotations
@@ -51,7 +56,7 @@ import collections
 import functools
 import logging
 import os
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import trio
@@ -82,7 +87,10 @@ from idled.server.conn import SEND_ERROR_TIMEOUT, Connection, close_with
 from idled.server.queries import Queries
 from idled.server.watchlists import DEFAULT_MAX_WATCH, Change
 
-__all__ = ["OBSERVER_STALL", "OBSERVER_WRITE_BYTES", "REPLAY_BATCH", "REPLY_BYTES", "FrameWriter", "Observers", "Stalled"]
+__all__ = [
+    "OBSERVER_STALL", "OBSERVER_WRITE_BYTES", "REPLAY_BATCH", "REPLICATE_REFUSED", "REPLY_BYTES", "FrameWriter",
+    "Observers", "Stalled",
+]
 
 log = logging.getLogger("idled.server.observers")
 
@@ -91,6 +99,9 @@ REPLY_BYTES = 256 * 1024  # replies waiting beyond this: stop reading the observ
 OBSERVER_STALL = 5.0  # seconds an observer may take no byte while data waits for it; then busy
 REPLAY_BATCH = 1000  # records per disk read
 DISK_CATCH_UP_POLL = 0.01  # seconds between two looks at the log while waiting for the writer
+# What an observer's ``replicate`` is told: an older standby (it logged in as an observer) against this core.
+REPLICATE_REFUSED = ('replicate needs a standby login ({"op":"login","standby":NAME}), not an observer\'s: '
+                     "this standby is older than this core; upgrade it (docs/ha.md#upgrades)")
 
 
 class Stalled(Exception):
@@ -256,9 +267,6 @@ class Observers:
             assert presence is not None
             queries = Queries(presence, bus, log, first_seq=first_seq, clock=clock)
         self.queries = queries  # a standby's answers from its replicated log (idled.server.standby)
-        # A standby's ``replicate`` (idled.server.replication), on an active core: it takes the connection over.
-        # Called with the observer's login name last (the standby's, for log lines).
-        self.replicas: Callable[[trio.abc.Stream, FrameDecoder, Replicate, FrameWriter, str], Awaitable[None]] | None = None
         self.bus = bus
         self.log = log
         self.first_seq = first_seq
@@ -329,10 +337,7 @@ class Observers:
             elif message is PING:
                 peer.reply(bus.next_seq, PONG_FRAME)
             elif isinstance(message, Replicate):  # or its subclass with the check (protocol.replication)
-                if self.replicas is None or bus.is_subscribed(subscription) or peer.replies:
-                    raise ProtocolError(ErrorCode.NOT_ALLOWED, "replicate: a standby's first request, to an active core")
-                await self.replicas(stream, decoder, message, peer.writer, peer.name)
-                return
+                raise ProtocolError(ErrorCode.NOT_ALLOWED, REPLICATE_REFUSED)
             else:
                 raise ProtocolError(ErrorCode.NOT_ALLOWED, f"{type(message).__name__.lower()} is not for observers")
 

@@ -2,10 +2,16 @@
 
 Theory of operation
 -------------------
-A standby core (``idled.server.standby``) logs in as an observer and sends ``replicate from=N`` as its
-first request; the observer role (``idled.server.observers``) hands the connection to `Replicas.run`, which
-sends the standby the log's records from N on as the segments hold them (``idled.log.shipping.RawReader``),
-in ``records`` frames (``idled.protocol.replication``), and nothing else:
+A standby core (``idled.server.standby``) logs in with the role of its own, ``standby`` (a ``standby`` token,
+letter ``s``, or a client certificate naming ``idled:standby:<name>``), and sends ``replicate from=N`` as its
+first and only request. The doorway hands the login to `Replicas.serve`: a welcome, then that request within
+``FIRST_REQUEST_TIMEOUT`` -- anything else is ``not_allowed`` -- and `Replicas.run`, which sends the standby the
+log's records from N on as the segments hold them (``idled.log.shipping.RawReader``), in ``records`` frames
+(``idled.protocol.replication``), and nothing else. Only such links are standbys: they alone are listed in
+``/status``, counted by ``idled_standbys_attached`` and may hold the durable watermark under ``sync_standby``.
+An observer's ``replicate`` is refused (``idled.server.observers``): an observer token never reads the log as
+a standby, nor acknowledges records in one's place. The edges of ``--workers`` relay a standby login to the
+core like a gateway's or an observer's.
 
 * **Durable records only.** The feed is a durable subscription on the bus (``EventBus.subscribe(...,
   durable=True)``): it is woken when the writer reports durability (``on_durable``) and sends records
@@ -31,7 +37,8 @@ in ``records`` frames (``idled.protocol.replication``), and nothing else:
   whole log aside and copies ours. One warning line here, one there, both naming the seq.
 * **Acknowledgements, synchronous standbys.** Reading the standby is concurrent with sending to it: its
   ``ack`` frames (``seq``: the last seq it has synced) are read by ``_listen`` with their own small decoder
-  (``MAX_STANDBY_FRAME``); a bad frame ends that link with an error frame, nobody else's. With
+  (``MAX_STANDBY_FRAME``); a bad frame, or any request but ``ack``, ``ping`` and ``bye``, ends that link with
+  an error frame, nobody else's. With
   ``sync_standby``, a standby that has acknowledged every record there was when it attached (so a standby
   still copying a backlog does not stall anyone: Postgres's ``catchup`` before ``streaming``) is a
   *synchronous* one, and the bus's ``durable_seq`` -- what durable observers are sent, what the rest of the
@@ -63,20 +70,24 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from idled.log.eventlog import EventLog
 from idled.log.shipping import Gone, RawReader, read_record
 from idled.log.snapshot import list_snapshots
-from idled.protocol import BYE, PING, ErrorCode, FrameDecoder, ProtocolError, Replicate, receive_message
+from idled.protocol import (
+    BYE, PING, ErrorCode, FrameDecoder, Login, ProtocolError, Replicate, Welcome, encode, receive_message,
+)
 from idled.protocol.replication import (
     HEARTBEAT, LINK_TIMEOUT, MAX_BATCH_BYTES, MAX_BATCH_RECORDS, MAX_STANDBY_FRAME, PART_BYTES, Ack,
     ReplicateChecked, encode_records, encode_resync, encode_snapshot_part, parse_standby_message, record_crc,
 )
 from idled.server.bus import EventBus, Subscription
+from idled.server.conn import Connection, close_with
 from idled.server.observers import FrameWriter, Stalled
 
-__all__ = ["REPLICA_STALL", "SYNC_TIMEOUT", "Replicas", "ReplicationCollector"]
+__all__ = ["FIRST_REQUEST_TIMEOUT", "REPLICA_STALL", "SYNC_TIMEOUT", "Replicas", "ReplicationCollector"]
 
 log = logging.getLogger("idled.server.replication")
 
 REPLICA_STALL = 30.0  # seconds a standby may take no byte while records wait for it; then busy
 SYNC_TIMEOUT = LINK_TIMEOUT  # seconds a synchronous standby may acknowledge nothing before it stops being one
+FIRST_REQUEST_TIMEOUT = LINK_TIMEOUT  # seconds a standby login may take to send its replicate (sent with the login)
 
 
 def _open_binary(path: str) -> BinaryIO:
@@ -103,14 +114,16 @@ class _Link:
 
 
 class Replicas:
-    """Serves standbys (``run``, set as ``Observers.replicas``); ``attached`` counts those connected.
-    ``sync``: ``sync_standby`` (see the module docstring); ``registry``: where ``idled_sync_standby`` goes."""
+    """Serves standbys (``serve``: the doorway's handler for the ``standby`` role); ``attached`` counts those
+    connected. ``sync``: ``sync_standby`` (see the module docstring); ``registry``: where ``idled_sync_standby``
+    goes; ``peers``: the server's live peers, which its shutdown closes (a standby's link among them)."""
 
     def __init__(self, bus: EventBus, log: EventLog, *, sync: bool = False,
-                 registry: CollectorRegistry | None = None) -> None:
+                 registry: CollectorRegistry | None = None, peers: set[Connection] | None = None) -> None:
         self.bus = bus
         self.log = log
         self.sync = sync
+        self.peers: set[Connection] = set() if peers is None else peers
         self.attached = 0
         self.sent = 0  # records sent, over all standbys
         self.links: set[_Link] = set()
@@ -124,6 +137,30 @@ class Replicas:
                 "log_durable_seq": self.bus.log_durable_seq, "records_sent": self.sent,
                 "standbys": [{"name": link.name, "acked": link.acked, "sent": link.sent, "sync": link.sync}
                              for link in sorted(self.links, key=lambda link: link.name)]}
+
+    async def serve(self, stream: trio.abc.Stream, decoder: FrameDecoder, login: Login) -> None:
+        """The ``standby`` role: a welcome, then its one request, ``replicate`` (see the module docstring)."""
+        peer, writer = Connection(), FrameWriter(stream)
+        self.peers.add(peer)
+        try:
+            with peer.scope:
+                await stream.send_all(encode(Welcome("standby", login.name)))
+                message = None
+                with trio.move_on_after(FIRST_REQUEST_TIMEOUT):
+                    message = await receive_message(stream, decoder)
+                    if message is None:
+                        return  # it went away before asking
+                if message is None:
+                    raise ProtocolError(ErrorCode.IDLE_TIMEOUT,
+                                        f"no replicate within {FIRST_REQUEST_TIMEOUT:g} s of the standby's login")
+                if not isinstance(message, Replicate):  # (or its subclass with the check)
+                    raise ProtocolError(ErrorCode.NOT_ALLOWED, f"{type(message).__name__.lower()} is not for standbys: "
+                                        "a standby login's one request is replicate")
+                await self.run(stream, decoder, message, writer, str(login.name))
+        finally:
+            self.peers.discard(peer)
+        if peer.end is not None and await writer.finish():  # closed by the server (shutdown): say why
+            await close_with(stream, *peer.end)
 
     async def run(self, stream: trio.abc.Stream, decoder: FrameDecoder, message: Replicate, writer: FrameWriter,
                   name: str = "standby") -> None:
@@ -257,7 +294,10 @@ class Replicas:
                     self._ack(link, message.seq, reader)  # a bad one raises ProtocolError
                 elif message is not PING:
                     if message is not None and message is not BYE:
-                        log.warning("standby sent %s during replication: link closed", type(message).__name__.lower())
+                        op = type(message).__name__.lower()
+                        log.warning("standby %s sent %s during replication: link closed", link.name, op)
+                        link.failure = ProtocolError(ErrorCode.NOT_ALLOWED, f"{op} is not for standbys: after "
+                                                     "replicate a standby sends only ack, ping and bye")
                     break
         except ProtocolError as exc:  # not raised: out of the nursery it would come wrapped in an ExceptionGroup
             link.failure = exc

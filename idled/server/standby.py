@@ -2,9 +2,9 @@
 
 Theory of operation
 -------------------
-`StandbyLink.run` keeps one connection to the active core (``standby_of``): it logs in as an observer
-(with a token it mints itself when auth is on: a standby shares the active's secret) and sends ``replicate
-from=<our last seq + 1>``, so every (re)connection resumes exactly after the last record we hold: no gap,
+`StandbyLink.run` keeps one connection to the active core (``standby_of``): it logs in with the ``standby``
+role, the one allowed to replicate (with a ``standby`` token it mints itself when auth is on: a standby
+shares the active's secret), and sends ``replicate from=<our last seq + 1>``, so every (re)connection resumes exactly after the last record we hold: no gap,
 no duplicate; it names our last record in ``last`` (seq and CRC), so the active can tell whether we hold
 records it never had (see *Divergence*). The active sends ``records`` frames of durable records, byte for
 byte as its segments hold them (``idled.server.replication``, ``idled.protocol.replication``); each batch is
@@ -37,6 +37,15 @@ sessions are then the active's.
 active answers ``resync`` with ``diverged``: we move the whole log aside as above (one warning line naming
 the seq) and copy the active's -- as ``pg_rewind`` would, but simpler: nothing of ours is kept in place.
 
+**Older actives.** An active that predates the ``standby`` role refuses its login (``bad_message: unknown
+field 'standby' in login``): the link then logs in as an observer, as standbys did before, until that active
+answers an observer's ``replicate`` with the newer refusal (it was upgraded) -- then as a standby again. So
+standbys can be upgraded first, and a switchover (``--election``) then hands over to a standby that never
+stopped replicating (docs/ha.md#upgrades). Only these two answers, word for word, switch the login.
+
+**Not the active.** A standby core answers a ``standby`` login with ``not_leader`` (no cascading): logged,
+and tried again with backoff, so a core that becomes the active (promoted) is followed from then on.
+
 **Failures.** A lost link, a silent one (``LINK_TIMEOUT``), the active restarting: reconnect with
 exponential backoff (``BACKOFF_MIN`` .. ``BACKOFF_MAX``), one log line per change of state. A write that
 fails (disk full) stops replication with an error line and retries every ``WRITE_RETRY`` seconds from
@@ -61,7 +70,7 @@ import trio
 from idled.log.errors import EventLogError, FsyncFailed, LogStateError
 from idled.log.eventlog import EventLog
 from idled.log.shipping import SnapshotSink, append_raw, move_aside, read_record, record_seqs
-from idled.protocol import Error, ErrorCode, FrameDecoder, Login, ProtocolError, Welcome, encode, tokens
+from idled.protocol import Error, ErrorCode, FrameDecoder, Login, ProtocolError, Role, Welcome, encode, tokens
 from idled.protocol.replication import (
     LINK_TIMEOUT, MAX_FRAME, Records, Resync, SnapshotPart, encode_ack, encode_replicate, parse_replication_message,
     record_crc,
@@ -77,6 +86,10 @@ BACKOFF_MIN: Final = 0.1
 BACKOFF_MAX: Final = 5.0
 WRITE_RETRY: Final = 30.0  # seconds between two attempts after a failed write (a full disk)
 TOKEN_TTL: Final = 3600.0
+# The refusals that switch the login (see *Older actives*): an active older than the standby role (its parser's
+# words), and an active of this version refusing an observer's replicate (idled.server.observers).
+OLD_ACTIVE_REFUSAL: Final = "unknown field 'standby' in login"
+NEW_ACTIVE_REFUSAL: Final = "replicate needs a standby login"
 
 
 class LinkStopped(Exception):
@@ -112,6 +125,7 @@ class StandbyLink:
         self._dirty = False
         self._snapshot: SnapshotSink | None = None
         self._received = False  # the current connection brought records (the next attempt is not backed off)
+        self.legacy = False  # log in as an observer: the active predates the standby role (*Older actives*)
 
     # -- what the outside sees ------------------------------------------------------------------------
 
@@ -177,11 +191,12 @@ class StandbyLink:
         except (OSError, trio.TooSlowError) as exc:
             raise _Reconnect(f"cannot connect ({exc or 'timed out'})") from None
         try:
+            role: Role = "observer" if self.legacy else "standby"
             token = None
             if self.secret is not None:
-                token = tokens.mint(self.secret, "observer", self.name, time.time() + TOKEN_TTL)
+                token = tokens.mint(self.secret, role, self.name, time.time() + TOKEN_TTL)
             last = await self._last_record()
-            await stream.send_all(encode(Login("observer", self.name, token))
+            await stream.send_all(encode(Login(role, self.name, token))
                                   + encode_replicate(self.log.last_seq + 1, last))
             decoder = FrameDecoder(MAX_FRAME, parse=parse_replication_message)
             while True:
@@ -229,10 +244,24 @@ class StandbyLink:
 
     def _refused(self, message: Any) -> None:
         if type(message) is Error:
+            self._switch_login(message)
             if message.code == ErrorCode.NOT_ALLOWED:
                 raise LinkStopped(f"the active refused: {message.reason}")
             raise _Reconnect(f"{message.code}: {message.reason}")
         raise _Reconnect(f"unexpected {type(message).__name__.lower()} from the active")
+
+    def _switch_login(self, message: Error) -> None:
+        """Log in as an observer to an active older than the standby role, as a standby again once it is not."""
+        if not self.legacy and message.code == ErrorCode.BAD_MESSAGE and OLD_ACTIVE_REFUSAL in message.reason:
+            self.legacy = True
+            log.warning("standby: the active at %s:%d predates the standby login (%s); logging in as an observer "
+                        "until it is upgraded (docs/ha.md#upgrades)", self.host, self.port, message.reason)
+            raise _Reconnect("the active is older than this standby: logging in as an observer")
+        if self.legacy and message.code == ErrorCode.NOT_ALLOWED and NEW_ACTIVE_REFUSAL in message.reason:
+            self.legacy = False
+            log.warning("standby: the active at %s:%d now takes the standby login: logging in as a standby",
+                        self.host, self.port)
+            raise _Reconnect("the active was upgraded: logging in as a standby")
 
     async def _records(self, message: Records) -> None:
         self.head = message.head

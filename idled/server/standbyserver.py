@@ -17,7 +17,10 @@ serves from that copy:
   ``idled_standby_*`` gauges) and ``/status`` (its ``standby`` part).
 
 User and gateway logins are refused with ``not_leader``, naming the active, so that clients and edges look
-there. ``replicate`` is refused too (no cascading). The one place that says which role a core has is the
+there. So are ``standby`` logins (no cascading: a standby replicates from the active, never from another
+standby), with a reason that says so; a standby's link that meets one logs it and tries again, so a core it
+follows that becomes the active (promoted, elected) is followed from then on. An observer's ``replicate`` is
+``not_allowed`` here as on the active. The one place that says which role a core has is the
 choice in ``idled.cli.serve`` between this class and ``idled.server.app.Server``; a promotion (later work)
 stops the link (``StandbyLink`` keeps its state in one place), closes the log, and starts a ``Server`` on the
 same directory, which recovers it as after any restart.
@@ -188,7 +191,8 @@ class StandbyServer:
             secret=self.secret, name=f"standby-{socket.gethostname()}"[:128], reopen=self._reopen,
             make_log=self._make_log,
         )
-        roles = {"uid": self._not_leader, "gateway": self._not_leader, "observer": self.observers.run}
+        roles = {"uid": self._not_leader, "gateway": self._not_leader, "observer": self.observers.run,
+                 "standby": self._not_leader}
         return Doorway(self.config, sessions=self.admission, roles=roles, secret=self.secret, metrics=self.metrics,
                        connections=self.connections, gate=client_gate(self.config))
 
@@ -206,6 +210,10 @@ class StandbyServer:
         host, port = self.active
         # `leader` lets clients and edges given a list of cores go straight there (docs/protocol.md).
         leader = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        if login.role == "standby":
+            raise ProtocolError(ErrorCode.NOT_LEADER, f"this core is a standby of the active core at {host}:{port}; a "
+                                "standby replicates from the active, not from another standby (no cascading)",
+                                leader=leader)
         raise ProtocolError(ErrorCode.NOT_LEADER, f"this core is a standby of the active core at {host}:{port}; log in there",
                             leader=leader)
 

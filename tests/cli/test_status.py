@@ -26,3 +26,10 @@ def test_rate_lateness_and_workers() -> None:
     assert "offline lateness p50 50 ms, p90 100 ms, p99 100 ms (at most; 3 idle offlines)" in lines
     assert "worker-0         up, pid 42, 1 restart, 2 sessions, 2 connections" in lines
     assert "worker-1         DOWN, 4 restarts, 0 sessions, 0 connections" in lines
+
+
+def test_connections_by_every_role_standbys_included() -> None:
+    doc = {**OLD, "connections": {"user": 2, "gateway": 1, "observer": 3, "standby": 1, "pending": 4}}
+    lines = format_status(doc).splitlines()
+    assert "connections      2 users, 1 gateway, 3 observers, 1 standby (4 logging in)" in lines
+    assert "standbys         1" in lines

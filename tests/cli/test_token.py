@@ -34,12 +34,13 @@ def test_token_command_prints_a_token_that_verifies(tmp_path: Path, capsys: pyte
     with pytest.raises(AuthError, match="expired"):
         verify(secret, token, "uid", 42, now=time.time() + 601)
 
-    for flag, role in (("--gateway", "gateway"), ("--observer", "observer")):
+    for flag, role in (("--gateway", "gateway"), ("--observer", "observer"), ("--standby", "standby")):
         status, out, _ = run_command(["--secret-file", str(secret_file), flag, "edge-1"], capsys)
         assert status == 0
         verify(secret, out.strip(), role, "edge-1", now=time.time() + 86400 - 5)  # default ttl: one day
-        with pytest.raises(AuthError):
-            verify(secret, out.strip(), "uid", "edge-1", now=time.time())
+        for other in {"uid", "observer", "standby"} - {role}:  # a token of one role logs in as no other
+            with pytest.raises(AuthError, match="login, not"):
+                verify(secret, out.strip(), other, "edge-1", now=time.time())
 
 
 def test_token_command_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

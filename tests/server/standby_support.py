@@ -12,9 +12,14 @@ from typing import Any
 
 
 from idled.log.shipping import RawReader
-from idled.protocol import NEED_DATA, Attach, Detach, Event, FrameDecoder, Login, Subscribe, encode
+from idled.protocol import NEED_DATA, Attach, Detach, Event, FrameDecoder, Login, Subscribe, encode, tokens
 from idled.protocol import parse_server_message
 from idled.tools.bench.daemon import Daemon, free_port
+
+
+def token_for(secret: bytes | None, role: str, name: str) -> str | None:
+    """A token for ``role`` ``name`` (valid for an hour), or None with auth off (``secret`` None)."""
+    return None if secret is None else tokens.mint(secret, role, name, time.time() + 3600)
 
 
 def active(directory: Path, *flags: str) -> Daemon:
@@ -42,10 +47,12 @@ def metric(metrics_port: int, name: str) -> float | None:
 class Watcher(threading.Thread):
     """An observer reading in the background: ``last`` is the highest seq it has received so far."""
 
-    def __init__(self, port: int, durable: bool) -> None:
+    def __init__(self, port: int, durable: bool, secret: bytes | None = None) -> None:
         super().__init__(daemon=True)
         self.sock = socket.create_connection(("127.0.0.1", port))
-        self.sock.sendall(encode(Login("observer", "durable" if durable else "fast")) + encode(Subscribe(1, durable)))
+        name = "durable" if durable else "fast"
+        self.sock.sendall(encode(Login("observer", name, token_for(secret, "observer", name)))
+                          + encode(Subscribe(1, durable)))
         self.last = 0
         self.seen: list[tuple[int, str, Any]] = []  # (seq, kind, uid) of every event, in order
         self.start()
@@ -96,9 +103,9 @@ def wait_for(predicate: Any, timeout: float = 15.0, what: str = "condition") -> 
 class Gateway:
     """A gateway connection making events: ``churn(n)`` attaches n uids and detaches half of them."""
 
-    def __init__(self, port: int, name: str = "g", host: str = "127.0.0.1") -> None:
+    def __init__(self, port: int, name: str = "g", host: str = "127.0.0.1", secret: bytes | None = None) -> None:
         self.sock = socket.create_connection((host, port))
-        self.sock.sendall(encode(Login("gateway", name)))
+        self.sock.sendall(encode(Login("gateway", name, token_for(secret, "gateway", name))))
         self.next = 0
 
     def churn(self, users: int, prefix: str = "u") -> None:

@@ -19,7 +19,8 @@ from prometheus_client import CollectorRegistry
 from idled.door.door import client_gate
 from idled.ops.config import Config, ConfigError
 from idled.ops.fdbudget import RESERVE, Budget
-from idled.ops.metrics import Metrics, NullMetrics
+from idled.ops.metrics import ROLES as METRIC_ROLES, Metrics, NullMetrics
+from idled.protocol import ROLES
 from idled.server import app, lifecycle
 from idled.server.conn import ROLE_LABELS, Doorway
 from idled.server.edge import app as edge_app
@@ -44,7 +45,7 @@ class _Source:
 
 
 def test_counts_and_roles_cover_every_login_role() -> None:
-    assert lifecycle.connection_counts() == {"user": 0, "gateway": 0, "observer": 0, "pending": 0}
+    assert lifecycle.connection_counts() == {"user": 0, "gateway": 0, "observer": 0, "standby": 0, "pending": 0}
 
     async def gateway(*_: object) -> None:
         return None
@@ -52,12 +53,17 @@ def test_counts_and_roles_cover_every_login_role() -> None:
     async def observer(*_: object) -> None:
         return None
 
+    async def standby(*_: object) -> None:
+        return None
+
     users: Any = object()  # stands for a UserSink: the table only binds it
-    table = lifecycle.roles(users, gateway=gateway, observer=observer)
-    assert set(table) == set(ROLE_LABELS)
+    table = lifecycle.roles(users, gateway=gateway, observer=observer, standby=standby)
+    assert set(table) == set(ROLE_LABELS) == set(ROLES)
     uid: Any = table["uid"]
     assert uid.func is run_user and uid.args == (users,)
-    assert table["gateway"] is gateway and table["observer"] is observer
+    assert table["gateway"] is gateway and table["observer"] is observer and table["standby"] is standby
+    # Every label a connection can be counted under is a metrics label too (idled_connections{role}).
+    assert set(lifecycle.connection_counts()) == set(METRIC_ROLES)
 
 
 def test_connection_limit_is_capped_to_the_budget(caplog: pytest.LogCaptureFixture) -> None:

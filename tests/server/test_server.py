@@ -382,7 +382,7 @@ async def test_bad_first_frames(tmp_path: Path, autojump_clock: trio.testing.Moc
         await peer.send_raw(data)
         await peer.expect_error(code)
         assert h.metric("idled_frames_rejected_total", reason=code) == 1
-        assert h.server.connections == {"user": 0, "gateway": 0, "observer": 0, "pending": 0}
+        assert h.server.connections == {"user": 0, "gateway": 0, "observer": 0, "standby": 0, "pending": 0}
 
 
 async def test_bad_frame_after_login_ends_the_session(tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:

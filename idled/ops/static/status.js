@@ -92,7 +92,8 @@ function niceCeiling(v) {
 
 function drawHistory(now) {
   const h = state.history;
-  const total = s => (s.connections.user || 0) + (s.connections.gateway || 0) + (s.connections.observer || 0);
+  const total = s => (s.connections.user || 0) + (s.connections.gateway || 0) + (s.connections.observer || 0)
+    + (s.connections.standby || 0);
   lineChart($("chart-sessions"), [
     { cls: "connections", points: h.map(s => [s.t, total(s)]) },
     { cls: "users", points: h.map(s => [s.t, s.users]) },
@@ -223,8 +224,9 @@ function drawStatus(doc) {
     text("connections", number(doc.workers.reduce((a, w) => a + w.connections, 0)));
     text("connections-by-role", `on ${doc.workers.length} workers · core: ${number(c.gateway)} links`);
   } else {
-    text("connections", number((c.user || 0) + (c.gateway || 0) + (c.observer || 0)));
+    text("connections", number((c.user || 0) + (c.gateway || 0) + (c.observer || 0) + (c.standby || 0)));
     text("connections-by-role", `${number(c.user)} user · ${number(c.gateway)} gateway · ${number(c.observer)} observer`
+      + (c.standby ? ` · ${number(c.standby)} standby` : "")
       + (c.pending ? ` · ${number(c.pending)} logging in` : ""));
   }
   const rates = doc.vitals.rates || {};

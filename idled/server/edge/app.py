@@ -5,7 +5,7 @@ Theory of operation
 ``serve()`` runs one nursery: the core link (``CoreLink.run``, reconnecting for ever), then -- once the
 core's first welcome has told the edge its parameters -- the accept loop, whose handler is the server's own
 ``Doorway`` with the edge's roles (the server's user loop ``run_user`` on ``EdgeUsers`` for users,
-``EdgeUsers.relay`` for gateways and observers). It prints ``IDLED_LISTENING host=H port=P`` once
+``EdgeUsers.relay`` for gateways, observers and standbys). It prints ``IDLED_LISTENING host=H port=P`` once
 listening. Listeners are opened from ``--host/--port`` or adopted from inherited descriptors (``--listen-fd``,
 the ``--workers`` supervisor passes the public socket to every edge and the kernel spreads the accepts).
 
@@ -101,7 +101,7 @@ class Edge:
         self.door = Door(daemon_endpoints(dataclasses.replace(config, api_port=0)), secret=self.secret is not None,
                          insecure=config.insecure, env={})
         self.doorway = Doorway(
-            config, sessions=self.users, roles=roles(self.users, gateway=relay, observer=relay),
+            config, sessions=self.users, roles=roles(self.users, gateway=relay, observer=relay, standby=relay),
             secret=self.secret, metrics=self.metrics, connections=self.connections, gate=client_gate(config),
         )
         self.gc_policy = gc_policy  # None: the interpreter's default (tests run many edges in one process)
@@ -223,7 +223,7 @@ class Edge:
         with trio.move_on_after(GRACE) as grace:
             grace.shield = True
             closed = self.users.close_all(ErrorCode.SERVER_SHUTDOWN, "server is shutting down")
-            # Users and logins in progress only: relayed gateways and observers are the core's peers, ended
+            # Users and logins in progress only: relayed gateways, observers and standbys are the core's peers, ended
             # by the core (under --workers it closes them before it exits and the root stops the edges); a relay still open
             # after the link's bye is cut when the nursery is cancelled.
             while self.connections["user"] or self.connections["pending"]:

@@ -32,7 +32,8 @@ timeout ago cannot be about it (its attach reached the core after the old sessio
 attached again instead of closing a fresh connection. ``kicked`` is always obeyed: the core's order of
 logins decides, as it does for direct connections.
 
-*Relay.* A gateway or observer that connects to the edge's port is piped to the core: a new connection to
+*Relay.* A gateway, observer or standby (a standby core's replication link: ``--standby-of`` this daemon's
+public port under ``--workers``) that connects to the edge's port is piped to the core: a new connection to
 the core the link is attached to (or trying, of ``--core A,B``) gets the login frame and whatever followed it, then bytes flow both ways (``RELAY_BYTES`` per read,
 one read in flight per direction) until either side closes. Tokens are checked by the core.
 """
@@ -151,7 +152,7 @@ class EdgeUsers:
         return len(self.users)
 
     async def relay(self, stream: trio.abc.Stream, decoder: FrameDecoder, login: Login) -> None:
-        """Pipe a gateway or observer to the core (see the module docstring)."""
+        """Pipe a gateway, observer or standby to the core (see the module docstring)."""
         try:
             core = await open_core_stream(self.link.address)  # the core the link found (one of --core's)
         except (OSError, trio.TooSlowError) as exc:
