@@ -27,6 +27,7 @@ log = logging.getLogger("idled.server.edge")
 
 # The daemon's settings an edge uses (the rest -- detector, log, timeouts -- are the core's).
 EDGE_SETTINGS = ("host", "port", "secret_file", "insecure", "max_frame", "login_timeout", "max_connections",
+                 "max_pending_per_address",
                  "metrics_host", "metrics_port", "log_level", "gc_thaw_every",
                  "tls_cert", "tls_key", "tls_client_ca", "proxy_protocol", "proxy_allow")
 

@@ -114,7 +114,7 @@ class Config:
     # Edge processes in front of the core (`idled serve --workers N`); 0 = one process. "auto" (flag, TOML
     # or environment) is resolved to os.cpu_count() when the configuration is read.
     workers: int = 0
-    # TLS on the client port (idled.server.tls): both PEM files, or neither.
+    # TLS on the client port (idled.door.tls): both PEM files, or neither.
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_client_ca: str | None = None

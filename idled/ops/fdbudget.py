@@ -19,7 +19,7 @@ at start (and when SIGHUP reloads it).
 Measured (``ls /proc/PID/fd`` of an idle ``idled serve --metrics-port 0``): 12 descriptors -- stdio 3, the
 listener, the log's lock, trio's epoll and wake-up pair, the stdlib's /dev/null pair and signal pipe. Add the
 metrics listener and its 16 scrapes, the log's segments around a roll and its fsyncs, the accept loop's spare
-(``idled.server.listen``), one replay per observer reading old segments: ~40 at worst, so 64 leaves room.
+(``idled.door.accept``), one replay per observer reading old segments: ~40 at worst, so 64 leaves room.
 """
 
 from __future__ import annotations

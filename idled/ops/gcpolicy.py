@@ -29,7 +29,7 @@ Per process role, by measurement. What a thaw reclaims is cyclic garbage among f
 that lived long enough to be frozen, then closed (a trio task, its coroutine and stream, a traceback). What
 it costs is a walk of every live object. An edge, or a core serving users directly, holds ~34 objects per
 user connection and its users come and go: its thaws found garbage (less since closed TLS streams and
-user-plane records stopped forming cycles: ``idled.server.tls.untie``, ``tests/server/test_tls_garbage.py``).
+user-plane records stopped forming cycles: ``idled.door.tls.untie``, ``tests/server/test_tls_garbage.py``).
 A core behind edges holds a few gateway and observer connections, which rarely close, and one record per
 session, which never forms a cycle
 (tests/core checks that ending sessions leaves nothing for the collector): at 1M sessions its walk costs

@@ -148,10 +148,11 @@ def edge_command(config: Config, name: str, core: str, fds: Sequence[int], occup
         "log_level": ("--log-level", config.log_level),
         "gc_thaw_every": ("--gc-thaw-every", f"{config.gc_thaw_every:g}"),
         "secret_file": ("--secret-file", config.secret_file or ""),
-        "tls_cert": ("--tls-cert", config.tls_cert or ""),  # TLS and PROXY: idled.server.tls, at each edge
+        "tls_cert": ("--tls-cert", config.tls_cert or ""),  # TLS and PROXY: idled.door.tls, at each edge
         "tls_key": ("--tls-key", config.tls_key or ""),
         "tls_client_ca": ("--tls-client-ca", config.tls_client_ca or ""),
         "max_connections": ("--max-connections", str(config.max_connections)),  # the daemon's: see occupancy
+        "max_pending_per_address": ("--max-pending-per-address", str(config.max_pending_per_address)),
     }
     for setting, (flag, value) in flags.items():
         if getattr(config, setting) is not None and (base is None or getattr(base, setting) != getattr(config, setting)):

@@ -4,11 +4,13 @@ Theory of operation
 -------------------
 ``Doorway.handle(stream)`` is the handler the accept loop runs for each connection (and tests hand memory
 streams to directly). It counts the connection as *pending*, refuses it while shutting down or beyond
-``max_connections``, opens its *front* when one is configured (``idled.server.tls``: the PROXY header from
-an allowed balancer, then the TLS handshake -- both within the login deadline; a failed handshake is counted
-as ``tls_handshake`` and closed without a frame), reads the login within ``login_timeout`` (verifying its
+``max_connections``, passes it through the door's gate (``idled.door.gate``: the source address's share of
+logins in progress, then the PROXY header from an allowed balancer and the TLS handshake when configured --
+all within the login deadline; a refusal is counted by its reason and answered with an error frame where one
+can be sent), reads the login -- its frame capped at ``MAX_LOGIN_FRAME`` whatever ``max_frame`` allows later,
+so an unauthenticated peer holds little -- within ``login_timeout`` (verifying its
 token when auth is on: ``auth_secret``; or, for a gateway, observer or standby, a client certificate naming
-it), then counts it under its role and runs that role's handler -- a callable ``role(stream, decoder, login)``
+it), gives its source's share back, then counts it under its role and runs that role's handler -- a callable ``role(stream, decoder, login)``
 from the ``roles`` table the server fills in (``users.run_user``, ``Gateways.run``, ``Observers.run``,
 ``Replicas.serve``). A
 ``ProtocolError`` raised anywhere below is counted (``idled_frames_rejected_total``) and answered with one
@@ -108,7 +110,7 @@ async def close_with(stream: trio.abc.Stream, code: str, reason: str, leader: st
 def auth_secret(config: Config) -> bytes | None:
     """The secret logins are verified with (None: auth off). Auth off is refused on any listener that is not
     local unless the configuration says ``insecure``; that rule is checked on the bound addresses, in
-    ``idled.server.listen``."""
+    ``idled.door.accept``."""
     return tokens.load_secret(config.secret_file) if config.secret_file else None
 
 
@@ -121,7 +123,7 @@ async def refuse(stream: trio.abc.Stream, code: str = ErrorCode.BUSY, reason: st
 
 
 async def refuse_out_of_descriptors(stream: trio.abc.Stream) -> None:
-    """The accept loop's refusal when descriptors ran out (``idled.server.listen``: the spare descriptor)."""
+    """The accept loop's refusal when descriptors ran out (``idled.door.accept``: the spare descriptor)."""
     await refuse(stream, ErrorCode.BUSY, "out of file descriptors")
 
 

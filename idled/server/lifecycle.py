@@ -41,7 +41,7 @@ __all__ = [
 ]
 
 # Settings the doorway reads per connection or per reload: a SIGHUP applies them to core and edge alike.
-DOOR_RELOADABLE = ("log_level", "max_connections", "login_timeout", "max_frame")
+DOOR_RELOADABLE = ("log_level", "max_connections", "max_pending_per_address", "login_timeout", "max_frame")
 
 
 def connection_counts() -> dict[str, int]:
