@@ -32,7 +32,7 @@ TEST_LINE = (
     " && .venv/bin/mypy idled && .venv/bin/ruff check idled tests && .venv/bin/pytest -q"
 )
 MAX_README_LINES = 250
-DOC_PAGES = ("protocol", "event-log", "operations", "bench", "loadtest", "pipeline", "architecture")
+DOC_PAGES = ("protocol", "event-log", "operations", "bench", "loadtest", "pipeline", "architecture", "security")
 
 _FENCE = re.compile(r"^ {0,3}(```|~~~)")
 _INLINE_CODE = re.compile(r"(`+)(.+?)\1")
