@@ -63,7 +63,7 @@ from idled.ops.metrics import Metrics, NullMetrics
 from idled.protocol import ErrorCode
 from idled.server.api import Api, ApiMetrics, Backend
 from idled.server.bus import EventBus
-from idled.server.clock import Clock
+from idled.server.clock import Clock, floor_wall
 from idled.server.conn import Connection, Doorway, auth_secret, refuse_out_of_descriptors
 from idled.server.election import Election
 from idled.server.fence import Fence
@@ -77,6 +77,7 @@ from idled.server.monitor import Monitor
 from idled.server.observers import Observers
 from idled.server.overview import status_part
 from idled.server.plane import UserPlane
+from idled.server.queries import Queries
 from idled.server.replication import Replicas
 from idled.server.seqs import SeqBlocks
 from idled.server.sessions import Sessions
@@ -221,6 +222,7 @@ class Server:
         recovery = await trio.to_thread.run_sync(self.log.recover)  # failures: see fatal_on_log_error in serve()
         if recovery.damaged:  # damage skipped in place, a quarantined tail, a bad snapshot (see log/recovery)
             log.warning("event log: %s", recovery.summary())
+        floor_wall(self.clock.wall, recovery.last_ts, log)  # ts never below the last one logged, whatever the clock
         detector = make_detector(cfg.detector_kind, timeout=ticks_for(cfg.timeout, cfg.tick), slots=cfg.slots)
         self.presence = presence = PresenceTable(
             detector,
@@ -236,11 +238,14 @@ class Server:
             self.gc_policy.start()  # after the session maps exist: see idled.ops.gcpolicy
         self._sessions = sessions = Sessions(presence, self.bus, self.clock, self.seqs)
         self._gateways = Gateways(sessions, self._peers, max_frame=cfg.max_gateway_frame, grace=cfg.gateway_grace)
+        queries = Queries(presence, self.bus, self.log, first_seq=self.seqs.first, clock=self.clock.now,
+                          wall=self.clock.wall)
         self._observers = observers = Observers(
             presence, self.bus, self.log, first_seq=self.seqs.first, peers=self._peers, clock=self.clock.now,
-            max_watch=cfg.max_watch,
+            max_watch=cfg.max_watch, queries=queries,
         )
-        self.replicas = Replicas(self.bus, self.log, sync=cfg.sync_standby, registry=self.metrics.registry)
+        self.replicas = Replicas(self.bus, self.log, sync=cfg.sync_standby, registry=self.metrics.registry,
+                                 wall=self.clock.wall)
         observers.replicas = self.replicas.run
         self._damage = (recovery.skipped_bytes + recovery.truncated_bytes, recovery.corrupt_records)
         users = CoreUsers(sessions)
@@ -250,6 +255,7 @@ class Server:
             cfg, sessions=users, roles=roles(users, gateway=self._gateways.run, observer=observers.run),
             secret=self.secret, metrics=self.metrics, connections=self.connections,
             trusts=self.workers.trusts if self.workers is not None else None, public=self.workers is None,
+            wall=self.clock.wall,
         )
         self._door.limit = self._connection_limit(cfg.max_connections)
         return recovery
@@ -297,7 +303,7 @@ class Server:
         # Edges that fall behind say so (the threshold: beyond a GC walk's pause and a couple of ticks).
         self._lagwatch = LagWatch(presence.holds, self.clock.now, threshold=max(2.0, 2 * cfg.tick))
         hooks: list[Callable[[], object]] = [functools.partial(self.seqs.extend_ahead, presence, nursery),
-                                             self._lagwatch.check, lambda: self.vitals.sample(time.time())]
+                                             self._lagwatch.check, self._sample_vitals]
         if self.gc_policy is not None:
             hooks.append(self.gc_policy.maybe_thaw)
         if self.workers is not None:
@@ -308,7 +314,7 @@ class Server:
     def _start_api(self) -> Api:
         assert self._sessions is not None and self._observers is not None
         backend = Backend(self._sessions, self._observers.queries, self.log, self.vitals, self.status,
-                          self.workers.view if self.workers is not None else None, time.time())
+                          self.workers.view if self.workers is not None else None, time.monotonic())
         self.api = Api(self.config, backend, secret=self.secret, metrics=ApiMetrics(self.metrics.registry))
         return self.api
 
@@ -455,6 +461,11 @@ class Server:
                 "stopping": self.stopping, "data_dir": str(self.log.directory),
                 "replication": self.replicas.status() if self.replicas is not None else None,
                 **status_part(self.config, self.workers, self.vitals, self.fence)}
+
+    def _sample_vitals(self) -> None:
+        # Due on the monotonic clock (a step of the wall clock neither stops nor floods the sampling), stamped
+        # with the wall clock that never goes backwards (the status page's `since` is such a time).
+        self.vitals.sample(trio.current_time(), self.clock.wall)
 
     def _sample(self, wall: float) -> Sample:
         presence = self.presence

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Final, Protocol
 
@@ -34,6 +33,7 @@ from idled.ops.logs import PeerLog, peer_address
 from idled.ops.metrics import Metrics, NullMetrics
 from idled.core.presence import Uid
 from idled.protocol import Error, ErrorCode, FrameDecoder, Login, ProtocolError, encode, receive_message, tokens
+from idled.server.clock import WallClock
 from idled.server.tls import Front, HandshakeFailed
 
 __all__ = [
@@ -138,6 +138,7 @@ class Doorway:
         connections: dict[str, int],
         trusts: Callable[[trio.abc.Stream, Login], bool] | None = None,
         public: bool = True,
+        wall: Callable[[], float] | None = None,
     ) -> None:
         # PROXY/TLS as configured, on public listeners only (not the core's internal socket behind --workers).
         front = Front(config) if public else None
@@ -150,6 +151,9 @@ class Doorway:
         self.metrics = metrics
         self.connections = connections
         self.limit = config.max_connections
+        # Token expiry is judged on the process's wall clock that never goes backwards (idled.server.clock): a
+        # token expired before a step back of the system clock stays expired after it.
+        self.wall = WallClock() if wall is None else wall
 
     def reload(self, config: Config) -> None:
         """SIGHUP: serve new connections with ``config``, and re-read the TLS certificate files (which may have
@@ -236,10 +240,10 @@ class Doorway:
                 # A client certificate named it. The login goes on with a short-lived token of its own, so
                 # an edge relaying it to the core (``--workers``) hands the core a login the core accepts.
                 message = dataclasses.replace(message, token=tokens.mint(
-                    self.secret, message.role, message.name, time.time() + CERTIFIED_TOKEN_TTL))
+                    self.secret, message.role, message.name, self.wall() + CERTIFIED_TOKEN_TTL))
             elif self.secret is not None and not (self.trusts is not None and self.trusts(stream, message)):
                 try:
-                    tokens.verify(self.secret, message.token or "", message.role, message.name, time.time())
+                    tokens.verify(self.secret, message.token or "", message.role, message.name, self.wall())
                 except tokens.AuthError as exc:
                     logins.labels(role=ROLE_LABELS[message.role], result="auth_failed").inc()
                     raise ProtocolError(ErrorCode.AUTH_FAILED, str(exc)) from None

@@ -30,8 +30,7 @@ import logging
 import os
 import socket
 import sys
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import trio
@@ -47,6 +46,7 @@ from idled.ops.http import serve_metrics
 from idled.ops.metrics import Metrics, NullMetrics
 from idled.protocol import ErrorCode, FrameDecoder, Login, ProtocolError, Query, Status, Uid, encode
 from idled.server.bus import EventBus
+from idled.server.clock import WallClock, floor_wall
 from idled.server.conn import Connection, Doorway, auth_secret, refuse_out_of_descriptors
 from idled.server.lifecycle import connection_counts
 from idled.server.listen import Shortage, accept_all, bound_address, display, open_listeners, precheck_host, require_auth
@@ -66,11 +66,11 @@ class StandbyQueries(Queries):
     """``query`` on a standby: from the replicated log's open sessions and last-seen map (see the module
     docstring). Devices are not known here."""
 
-    def __init__(self, log: EventLog, bus: EventBus, first_seq: int) -> None:  # no presence table on a standby
-        self.log, self.bus, self.first_seq = log, bus, first_seq
+    def __init__(self, log: EventLog, bus: EventBus, first_seq: int, wall: Callable[[], float]) -> None:
+        self.log, self.bus, self.first_seq, self.wall = log, bus, first_seq, wall  # no presence table on a standby
 
     async def answer(self, query: Query) -> bytes:
-        log, wall = self.log, time.time()
+        log, wall = self.log, self.wall()
         online = {uid: log.online_since(uid) is not None for uid in query.uids}
         if not query.last_seen:
             return encode(Status(online))
@@ -122,6 +122,7 @@ class StandbyServer:
         self.bus = EventBus()
         self.connections = connection_counts()
         self.admission = _Admission()
+        self.wall = WallClock()  # never goes backwards; floored to the log's last ts (as a promoted core's is)
         self.ports: list[int] = []
         self.link: StandbyLink | None = None
         self.observers: Observers | None = None
@@ -154,7 +155,8 @@ class StandbyServer:
             require_auth(addresses, secret=self.secret, insecure=cfg.insecure)
             self.ports = [port for _, port in addresses if port is not None]
             with fatal_on_log_error(str(self.log.directory)):
-                await trio.to_thread.run_sync(self.log.recover)
+                recovery = await trio.to_thread.run_sync(self.log.recover)
+            floor_wall(self.wall, recovery.last_ts, log)
             door = self._build()
             async with trio.open_nursery() as nursery:
                 with trio.open_signal_receiver(*SIGNALS) as signals:
@@ -171,16 +173,16 @@ class StandbyServer:
         self.bus.start(first)
         self.bus.durable_to(self.log.durable_seq)
         self.observers = Observers(None, self.bus, self.log, first_seq=first, peers=self._peers,
-                                   queries=StandbyQueries(self.log, self.bus, first), max_watch=self.config.max_watch)
+                                   queries=StandbyQueries(self.log, self.bus, first, self.wall), max_watch=self.config.max_watch)
         host, port = self.active
         self.link = StandbyLink(
             self.log, self.bus, host=host, port=port, fsync=self.config.fsync, fsync_interval=self.config.fsync_interval,
             secret=self.secret, name=f"standby-{socket.gethostname()}"[:128], reopen=self._reopen,
-            make_log=self._make_log,
+            make_log=self._make_log, wall=self.wall,
         )
         roles = {"uid": self._not_leader, "gateway": self._not_leader, "observer": self.observers.run}
         return Doorway(self.config, sessions=self.admission, roles=roles, secret=self.secret, metrics=self.metrics,
-                       connections=self.connections)
+                       connections=self.connections, wall=self.wall)
 
     def _reopen(self, new: EventLog, first_seq: int) -> None:
         """The link's log changed (re-sync, snapshot) or a new run of seqs began (a gap): point readers at it."""

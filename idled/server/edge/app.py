@@ -90,7 +90,8 @@ class Edge:
         self._reload_config = reload_config
         self.clock = Clock(config.stall_ticks * config.tick)
         self.monitor = Monitor(self.clock, tick=config.tick, env={}, metrics=self.metrics)
-        link = CoreLink(core, name, secret=link_secret, on_ended=self._on_ended, clock=self.clock.now)
+        link = CoreLink(core, name, secret=link_secret, on_ended=self._on_ended, clock=self.clock.now,
+                        wall=self.clock.wall)
         self.users = EdgeUsers(link, core)
         self.link = self.users.link
         self.connections = connection_counts()
@@ -98,7 +99,7 @@ class Edge:
         self.plane = user_plane(self.users, self.connections, lambda code: self.door.reject(code))
         self.door = Doorway(
             config, sessions=self.users, roles=roles(self.users, gateway=relay, observer=relay),
-            secret=self.secret, metrics=self.metrics, connections=self.connections,
+            secret=self.secret, metrics=self.metrics, connections=self.connections, wall=self.clock.wall,
         )
         self.gc_policy = gc_policy  # None: the interpreter's default (tests run many edges in one process)
         self.budget: Budget | None = None  # set by _limit
