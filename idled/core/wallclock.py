@@ -93,7 +93,9 @@ class MonotonicWall:
         self._last = max(self._last, t)
 
     def ahead(self) -> float:
-        """Seconds our time was ahead of the system's wall clock at the last reading (0: in sync, or none yet)."""
+        """Seconds our time was ahead of the system's wall clock at the last reading (0: in sync -- within the
+        jitter -- or no reading yet)."""
         if self._offset is None or self._target is None:
             return 0.0
-        return max(0.0, self._offset - self._target)
+        gap = self._offset - self._target
+        return gap if gap > self.jitter else 0.0

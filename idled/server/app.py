@@ -303,7 +303,8 @@ class Server:
         # Edges that fall behind say so (the threshold: beyond a GC walk's pause and a couple of ticks).
         self._lagwatch = LagWatch(presence.holds, self.clock.now, threshold=max(2.0, 2 * cfg.tick))
         hooks: list[Callable[[], object]] = [functools.partial(self.seqs.extend_ahead, presence, nursery),
-                                             self._lagwatch.check, self._sample_vitals]
+                                             self._lagwatch.check,
+                                             lambda: self.vitals.sample(trio.current_time(), self.clock.wall)]
         if self.gc_policy is not None:
             hooks.append(self.gc_policy.maybe_thaw)
         if self.workers is not None:
@@ -461,11 +462,6 @@ class Server:
                 "stopping": self.stopping, "data_dir": str(self.log.directory),
                 "replication": self.replicas.status() if self.replicas is not None else None,
                 **status_part(self.config, self.workers, self.vitals, self.fence)}
-
-    def _sample_vitals(self) -> None:
-        # Due on the monotonic clock (a step of the wall clock neither stops nor floods the sampling), stamped
-        # with the wall clock that never goes backwards (the status page's `since` is such a time).
-        self.vitals.sample(trio.current_time(), self.clock.wall)
 
     def _sample(self, wall: float) -> Sample:
         presence = self.presence

@@ -18,6 +18,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import signal
 import time
 import urllib.request
 from pathlib import Path
@@ -57,7 +58,7 @@ class SteppedDaemon(peers.Daemon):
         env = {**os.environ, "LD_PRELOAD": faketime_library(), "FAKETIME_TIMESTAMP_FILE": str(clock_file),
                "FAKETIME_NO_CACHE": "1", "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
         command = peers.serve_command(self.data_dir, "--tick", "0.1", "--timeout", "1", "--secret-file",
-                                      str(secret_file), "--fsync", "never", *extra)
+                                      str(secret_file), "--fsync", "never", "--metrics-port", "0", *extra)
         super().__init__(command, tmp_path / f"idled-{time.monotonic_ns()}.stderr", env=env)
 
 
@@ -214,3 +215,45 @@ async def test_a_restart_onto_a_clock_stepped_back_starts_after_the_last_logged_
     first = min(after, key=lambda e: e["seq"])
     assert first["ts"] >= last_ts, f"the first ts of the new run is {last_ts - first['ts']:.3f} s below the last logged"
     assert_time_goes_forward(before + after)
+
+
+def role(metrics: int) -> str | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/status", timeout=5) as response:
+            return str(json.loads(response.read())["role"])
+    except OSError:
+        return None  # between two roles nothing listens
+
+
+async def test_a_standby_promoted_onto_a_clock_stepped_back_starts_after_the_replicated_ts(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "s").mkdir()
+    active_clock, standby_clock = tmp_path / "a" / "clock", tmp_path / "s" / "clock"
+    step_to(active_clock, 0)
+    step_to(standby_clock, 0)
+    metrics = peers.free_port()
+    async with SteppedDaemon(tmp_path / "a", active_clock) as first:
+        async with SteppedDaemon(tmp_path / "s", standby_clock, "--standby-of", f"127.0.0.1:{first.port}",
+                                 "--metrics-port", str(metrics)) as follower:
+            clients = [await user(first.port, name, keepalive=60.0) for name in ("ann", "bob")]
+            with trio.fail_after(10):
+                while len(logged(follower.data_dir)) < 2:  # replicated
+                    await trio.sleep(0.05)
+            first.kill()
+            replicated = logged(follower.data_dir)
+            step_to(standby_clock, -STEP)  # the standby's clock is stepped back before it takes over
+            os.kill(follower.proc.pid, signal.SIGUSR1)  # what `idled promote` sends
+            with trio.fail_after(10):
+                while role(metrics) != "active":
+                    await trio.sleep(0.05)
+            carl = await user(follower.port, "carl", keepalive=60.0)
+            await carl.send(BYE)
+            assert await carl.recv() is None
+            assert await follower.stop() == 0
+            for client in clients:
+                await client.stream.aclose()
+    last_ts = max(e["ts"] for e in replicated)
+    after = [e for e in logged(follower.data_dir) if e["seq"] > max(e["seq"] for e in replicated)]
+    assert {(e["uid"], e["reason"]) for e in after} >= {("ann", "restart"), ("bob", "restart"), ("carl", "login")}
+    assert min(e["ts"] for e in after) >= last_ts, f"the promoted core stamped {last_ts - min(e['ts'] for e in after):.3f} s below the replicated log"
+    assert_time_goes_forward(replicated + after)
