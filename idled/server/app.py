@@ -484,6 +484,7 @@ class Server:
             "eventlog_rolls_deferred": self.log.deferred_rolls,
             "sessions_held": len(self.presence.holds),
             "gateway_watermark_lag": self._lagwatch.lags() if self._lagwatch is not None else {},
+            "wall_clock_ahead": self.clock.wall.ahead(),
         }
 
 

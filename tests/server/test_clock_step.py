@@ -173,6 +173,7 @@ async def test_a_step_back_while_serving_moves_no_time_back(tmp_path: Path, work
             await trio.sleep(1.2)
             newer = [sample["t"] for sample in live(mport, last_sample)]
             assert [t for t in newer if t > last_sample], f"the status page took no sample since the step: {newer}"
+            assert STEP - 10 < peers.scrape(mport, "idled_wall_clock_ahead_seconds") <= STEP  # and says why
             stop_pinging.set()
         events = [record(e) for e in await watch.drain()]
         for client in (*pingers, straddling, quiet, later):
