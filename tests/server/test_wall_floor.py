@@ -1,9 +1,11 @@
 """A run starts its wall clock at or after the event log's last ``ts`` (idled.server.clock.floor_wall): the
 clock was stepped back while the daemon was down, or the log came from a standby whose clock was ahead.
-(Under libfaketime, with a real subprocess: tests/server/test_clock_step.py.)"""
+(Under libfaketime, with a real subprocess: tests/server/test_clock_step.py.) And nothing else in the server
+reads the system's wall clock."""
 
 from __future__ import annotations
 
+import ast
 import time
 from pathlib import Path
 
@@ -43,3 +45,17 @@ async def test_a_log_behind_the_clock_changes_nothing(tmp_path: Path) -> None:
     bob = [r for r in h.records() if r["uid"] == "bob"]
     assert before <= bob[0]["ts"] <= time.time()
     assert h.server.clock.wall.ahead() == 0.0
+
+
+def test_the_server_reads_the_system_wall_clock_in_one_place() -> None:
+    # Every wall-clock time the daemon stamps or judges by comes from Clock.wall (idled.server.clock): a
+    # time.time() elsewhere in server/ would go back with the system clock.
+    server = Path(__file__).resolve().parents[2] / "idled" / "server"
+    readers = []
+    for path in sorted(server.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Attribute) and node.attr in ("time", "time_ns") and \
+                    isinstance(node.value, ast.Name) and node.value.id == "time":
+                readers.append(f"{path.relative_to(server)}:{node.lineno}")
+    assert [reader for reader in readers if not reader.startswith("clock.py:")] == []
+    assert len(readers) == 1, readers  # WallClock.__call__
