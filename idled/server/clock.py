@@ -146,6 +146,6 @@ def floor_wall(wall: WallClock, last_ts: float, logger: logging.Logger) -> None:
     ahead = wall.floor(last_ts)
     if ahead > 0.0:
         slew = wall.model.slew
-        logger.warning("the event log's last ts is %.3f s ahead of the system clock (stepped back while idled was "
-                       "down?): event times go on from it, %.1f%% slower until they meet the system clock, in %.0f s",
-                       ahead, 100 * slew, ahead / slew)
+        logger.warning("the event log's last ts is %.3f s ahead of the system clock (stepped back, or the log was "
+                       "written on a machine whose clock is ahead): event times go on from it, %.1f%% slower until "
+                       "they meet the system clock, in %.0f s", ahead, 100 * slew, ahead / slew)
