@@ -8,8 +8,9 @@ on, or the gateway that attached it), a last-activity time and a timeout. The ta
 (``idled.core.detector.Detector``) keyed by session key and turns its tick arithmetic into seconds:
 
 * time comes in as ``now``: seconds on the server's pause-adjusted monotonic clock (never read here);
-  event records need wall-clock times, so calls that emit events also take ``wall`` (``time.time()`` read
-  once by the caller) and convert: ``wall - (now - t)``;
+  event records need wall-clock times, so calls that emit events also take ``wall`` (read once by the
+  caller from the server's wall clock, which never goes backwards: ``idled.core.wallclock``) and convert:
+  ``wall - (now - t)``;
 * the detector counts whole ticks from an activity tick; activity at ``now`` is recorded at the tick
   ``ceil((now + timeout) / tick) - ticks(timeout)``, so that activity tick + timeout ticks is exactly the
   first tick at or after the real deadline ``now + timeout`` -- also when the timeout is not a whole

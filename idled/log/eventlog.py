@@ -256,6 +256,7 @@ class EventLog:
             snapshot_seq=scan.snapshot.seq,
             damaged_snapshots=tuple(scan.snapshot.damaged),
             last_seen=len(self._last_seen),
+            last_ts=scan.max_ts,
         )
 
     # ------------------------------------------------------------------------------------------ writing

@@ -3,7 +3,8 @@
 Theory of operation
 -------------------
 `scan_log` reads every segment in order (`SegmentScan`, bounded memory) and the newest snapshot that
-verifies. It returns the largest seq, every segment's damage, and the open sessions: the snapshot's (state
+verifies. It returns the largest seq, the largest ``ts`` (where the next run's wall clock starts at the
+earliest, whatever the system's says: `idled.core.wallclock`), every segment's damage, and the open sessions: the snapshot's (state
 after every seq < N), then every record with seq >= N replayed on top -- a uid whose last record is online
 is open, and a uid whose last record is offline gets that record's ``last_seen`` in the last-seen map (the
 snapshot's map, then the replayed records: `idled.log.lastseen`). Each open session is kept compact -- its summary (last seen, timeout) and, when replayed, the seq
@@ -25,6 +26,7 @@ Damage is never silent and never destroys a good record:
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -105,6 +107,7 @@ class LogScan:
     """What `scan_log` found (nothing changed yet)."""
 
     max_seq: int = 0
+    max_ts: float = 0.0  # the largest finite ``ts`` of any good record (0: none)
     records: int = 0
     segments: list[tuple[int, str]] = field(default_factory=list)
     reports: list[SegmentReport] = field(default_factory=list)
@@ -122,6 +125,7 @@ def scan_log(directory: str) -> LogScan:
     from_seq = scan.snapshot.seq
     sessions, replayed, seen = scan.sessions, scan.replayed, scan.last_seen
     max_seq = records = 0
+    max_ts = 0.0
     scan.segments = list_segments(directory)
     for _first, path in scan.segments:
         segment = SegmentScan(path)
@@ -131,6 +135,9 @@ def scan_log(directory: str) -> LogScan:
             seq = record["seq"]
             if seq > max_seq:
                 max_seq = seq
+            ts = record.get("ts")
+            if (type(ts) is float or type(ts) is int) and max_ts < ts < math.inf:  # (NaN compares false)
+                max_ts = float(ts)
             if seq < from_seq:
                 continue  # already in the snapshot
             kind, uid = record.get("kind"), record.get("uid")
@@ -155,7 +162,7 @@ def scan_log(directory: str) -> LogScan:
                 segment.tail_bytes, segment.tail_records(),
             )
         )
-    scan.max_seq, scan.records = max_seq, records
+    scan.max_seq, scan.max_ts, scan.records = max_seq, max_ts, records
     return scan
 
 
@@ -205,7 +212,8 @@ class Recovery:
     place (kept on disk). damaged_segments: the report of every segment with damage. online: uid -> last
     online record of every open session (see RecoveredSessions). records / segments: good records and segment
     files scanned. snapshot_seq / damaged_snapshots: the snapshot recovery started from (0: none).
-    last_seen: how many users the last-seen map holds after recovery (within the horizon).
+    last_seen: how many users the last-seen map holds after recovery (within the horizon). last_ts: the
+    largest ``ts`` of any good record (0: none): the next run stamps nothing below it.
     """
 
     next_seq: int
@@ -220,6 +228,7 @@ class Recovery:
     snapshot_seq: int = 0
     damaged_snapshots: tuple[str, ...] = ()
     last_seen: int = 0
+    last_ts: float = 0.0
 
     @property
     def damaged(self) -> bool:

@@ -89,6 +89,8 @@ class Snapshot(TypedDict, total=False):
                             the deadline: online until it does (idled.core.watermarks)
     gateway_watermark_lag   gateway name -> seconds its watermark is behind the server clock (edges, and
                             gateways that answer marks)
+    wall_clock_ahead        seconds the daemon's wall clock is ahead of the system's: slewing away a step back
+                            (idled.core.wallclock); 0 in sync
     """
 
     connections: Mapping[str, int]
@@ -102,12 +104,14 @@ class Snapshot(TypedDict, total=False):
     eventlog_rolls_deferred: int
     sessions_held: int
     gateway_watermark_lag: Mapping[str, float]
+    wall_clock_ahead: float
 
 
 # Scalar keys; the labelled ones ("connections", "gateway_watermark_lag") are rendered on their own.
 SNAPSHOT_KEYS: tuple[str, ...] = (
     "sessions_online", "users_online", "detector_keys", "detector_overflow_keys", "observer_queued_bytes",
     "eventlog_damaged_bytes", "eventlog_damaged_records", "eventlog_rolls_deferred", "sessions_held",
+    "wall_clock_ahead",
 )
 
 # Durations of work done on the event loop: a tick, a stall. 100 us .. 10 s.
@@ -170,6 +174,11 @@ class _SnapshotCollector(Collector):
             "sessions_held": GaugeMetricFamily(
                 "idled_sessions_held",
                 "Sessions past their deadline kept online until their edge confirms its users' activity up to it.",
+            ),
+            "wall_clock_ahead": GaugeMetricFamily(
+                "idled_wall_clock_ahead_seconds",
+                "How far the daemon's wall clock (event ts, token expiry) is ahead of the system's: a step back of "
+                "the system clock, being slewed away. 0 in sync.",
             ),
             "gateway_watermark_lag": GaugeMetricFamily(
                 "idled_gateway_watermark_lag_seconds",

@@ -17,10 +17,11 @@ looks at file names or at the order files are read in.
 3. An ``offline`` whose predecessor is not an ``online`` (first record of the uid, or after another
    offline) is an *orphan*: counted, not a session. Typical cause: its online was in a segment deleted by
    retention, or corrupt.
-4. ``duration = offline_ts - online_ts``, as logged (a wall-clock step can make it negative). For intervals
-   (concurrency, DAU) a session covers ``[online_ts, end)`` with ``end = offline_ts`` for closed sessions and
-   the daemon's *data end* (the largest ts among its records) for open ones, raised to ``online_ts`` if
-   smaller.
+4. ``duration = offline_ts - online_ts``, as logged: never negative in a log written since idled's wall
+   clock stopped going backwards (docs/operations.md, "Clock steps"); an older log's may be, after a step
+   back. For intervals (concurrency, DAU) a session covers ``[online_ts, end)`` with ``end = offline_ts`` for
+   closed sessions and the daemon's *data end* (the largest ts among its records) for open ones, raised to
+   ``online_ts`` if smaller.
 
 5. Sessions are *user-level*: the daemon emits ``online`` when a user's first session (device) comes and
    ``offline`` when its last goes, so a session here is the time the user was online on any device, whatever

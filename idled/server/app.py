@@ -15,13 +15,13 @@ touches sockets and handles signals, and this module wires its pieces together r
 * ``ticker.Ticker``: expiry; ``monitor.Monitor``: loop lag, the watchdog, periodic hooks;
 * the log writer (``idled.log.writer.run_writer``), which group-commits the records the bus queues.
 
-``serve()`` opens the listeners first (``listen.open_listeners``: bound, or adopted from systemd; auth off
-is refused on any that is not local), so a failed bind or a refused address ends the start before the log is
-touched. It fixes the connection limit: ``max_connections``, capped to the descriptor budget
+``serve()`` goes through the door first (``idled.door``: the rule on every endpoint -- client port, metrics,
+API -- then each bound, or adopted from systemd, and judged on its bound address), so a failed bind or a
+refused address ends the start before the log is touched or a seq reserved. It fixes the connection limit: ``max_connections``, capped to the descriptor budget
 (``idled.ops.fdbudget``: the open-file limit less a reserve for the log, metrics and the rest) with a warning,
 so descriptors never run out under the log's feet. Then it recovers the log (which fixes the first seq),
 builds the presence table and the pieces above, and runs one nursery: the writer, the /metrics endpoint, the
-tick task, one accept loop per listener (``listen.accept_all``; handlers run in this nursery, under the
+tick task, one accept loop per listener (``idled.door.accept.accept_all``; handlers run in this nursery, under the
 accept loops' own scope so stopping to accept leaves them running), the monitor.
 With ``--workers N`` the core is a child of the root (``root``), which runs N ``idled edge`` children on the
 public port and restarts the core if it dies: the core accepts only on the internal unix socket the root
@@ -63,7 +63,7 @@ from idled.ops.metrics import Metrics, NullMetrics
 from idled.protocol import ErrorCode
 from idled.server.api import Api, ApiMetrics, Backend
 from idled.server.bus import EventBus
-from idled.server.clock import Clock
+from idled.server.clock import Clock, floor_wall
 from idled.server.conn import Connection, Doorway, auth_secret, refuse_out_of_descriptors
 from idled.server.election import Election
 from idled.server.fence import Fence
@@ -81,6 +81,7 @@ from idled.server.monitor import Monitor
 from idled.server.observers import Observers
 from idled.server.overview import status_part
 from idled.server.plane import UserPlane
+from idled.server.queries import Queries
 from idled.server.replication import Replicas
 from idled.server.seqs import SeqBlocks
 from idled.server.sessions import Sessions
@@ -233,6 +234,7 @@ class Server:
         recovery = await trio.to_thread.run_sync(self.log.recover)  # failures: see fatal_on_log_error in serve()
         if recovery.damaged:  # damage skipped in place, a quarantined tail, a bad snapshot (see log/recovery)
             log.warning("event log: %s", recovery.summary())
+        floor_wall(self.clock.wall, recovery.last_ts, log)  # ts never below the last one logged, whatever the clock
         detector = make_detector(cfg.detector_kind, timeout=ticks_for(cfg.timeout, cfg.tick), slots=cfg.slots)
         self.presence = presence = PresenceTable(
             detector,
@@ -248,12 +250,14 @@ class Server:
             self.gc_policy.start()  # after the session maps exist: see idled.ops.gcpolicy
         self._sessions = sessions = Sessions(presence, self.bus, self.clock, self.seqs)
         self._gateways = Gateways(sessions, self._peers, max_frame=cfg.max_gateway_frame, grace=cfg.gateway_grace)
+        queries = Queries(presence, self.bus, self.log, first_seq=self.seqs.first, clock=self.clock.now,
+                          wall=self.clock.wall)
         self._observers = observers = Observers(
             presence, self.bus, self.log, first_seq=self.seqs.first, peers=self._peers, clock=self.clock.now,
-            max_watch=cfg.max_watch,
+            max_watch=cfg.max_watch, queries=queries,
         )
         self.replicas = Replicas(self.bus, self.log, sync=cfg.sync_standby, registry=self.metrics.registry,
-                                 peers=self._peers)
+                                 peers=self._peers, wall=self.clock.wall)
         self._damage = (recovery.skipped_bytes + recovery.truncated_bytes, recovery.corrupt_records)
         users = CoreUsers(sessions)
         # Logged-in plain TCP users are served by one task (idled.server.plane), not one each.
@@ -264,6 +268,7 @@ class Server:
             secret=self.secret, metrics=self.metrics, connections=self.connections,
             gate=client_gate(cfg, public=self.workers is None),
             trusts=self.workers.trusts if self.workers is not None else None,
+            wall=self.clock.wall,
         )
         self._doorway.limit = self._connection_limit(cfg.max_connections)
         return recovery
@@ -313,7 +318,8 @@ class Server:
         # Edges that fall behind say so (the threshold: beyond a GC walk's pause and a couple of ticks).
         self._lagwatch = LagWatch(presence.holds, self.clock.now, threshold=max(2.0, 2 * cfg.tick))
         hooks: list[Callable[[], object]] = [functools.partial(self.seqs.extend_ahead, presence, nursery),
-                                             self._lagwatch.check, lambda: self.vitals.sample(time.time())]
+                                             self._lagwatch.check,
+                                             lambda: self.vitals.sample(trio.current_time(), self.clock.wall)]
         if self.gc_policy is not None:
             hooks.append(self.gc_policy.maybe_thaw)
         if self.workers is not None:
@@ -324,7 +330,7 @@ class Server:
     def _start_api(self) -> Api:
         assert self._sessions is not None and self._observers is not None
         backend = Backend(self._sessions, self._observers.queries, self.log, self.vitals, self.status,
-                          self.workers.view if self.workers is not None else None, time.time())
+                          self.workers.view if self.workers is not None else None, time.monotonic())
         self.api = Api(self.config, backend, secret=self.secret, metrics=ApiMetrics(self.metrics.registry),
                        gate=api_gate(self.config))
         return self.api
@@ -489,6 +495,7 @@ class Server:
             "eventlog_rolls_deferred": self.log.deferred_rolls,
             "sessions_held": len(self.presence.holds),
             "gateway_watermark_lag": self._lagwatch.lags() if self._lagwatch is not None else {},
+            "wall_clock_ahead": self.clock.wall.ahead(),
         }
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Final, Protocol
 
@@ -39,6 +38,7 @@ from idled.core.presence import Uid
 from idled.protocol import Error, ErrorCode, FrameDecoder, Login, ProtocolError, encode, receive_message, tokens
 from idled.door.door import reload_gate
 from idled.door.gate import Gate, Refused
+from idled.server.clock import WallClock
 
 __all__ = [
     "HANDED_OVER", "ROLE_LABELS", "SEND_ERROR_TIMEOUT", "Admission", "Connection", "Doorway", "Role", "auth_secret",
@@ -132,10 +132,11 @@ class Doorway:
 
     ``config`` is read per connection (``max_frame``, ``login_timeout``), so a reload replaces it here;
     ``limit`` is the connection limit in force (``max_connections`` capped to the descriptor budget: the
-    server sets it). ``connections`` counts open connections by role label, plus ``pending``. ``public``
-    False (the core's internal socket behind ``--workers``) serves without the PROXY/TLS front, whatever the
-    configuration says: the edges terminate those. A reload (SIGHUP) calls ``reload(config)``: the new
-    configuration, and the TLS certificate files read again for new handshakes.
+    server sets it). ``connections`` counts open connections by role label, plus ``pending``. ``gate`` is the
+    door's for this listener (``idled.door.door.client_gate``; the core's internal socket behind ``--workers``
+    gets one without the PROXY/TLS front, whatever the configuration says: the edges terminate those). A
+    reload (SIGHUP) calls ``reload(config)``: the new configuration, the gate's per-address share, and the TLS
+    certificate files read again for new handshakes.
     """
 
     def __init__(
@@ -149,6 +150,7 @@ class Doorway:
         connections: dict[str, int],
         gate: Gate,
         trusts: Callable[[trio.abc.Stream, Login], bool] | None = None,
+        wall: Callable[[], float] | None = None,
     ) -> None:
         self.gate = gate  # the door's (idled.door.door.client_gate): per-address share, PROXY, TLS
         self.config = config
@@ -159,6 +161,9 @@ class Doorway:
         self.metrics = metrics
         self.connections = connections
         self.limit = config.max_connections
+        # Token expiry is judged on the process's wall clock that never goes backwards (idled.server.clock): a
+        # token expired before a step back of the system clock stays expired after it.
+        self.wall = WallClock() if wall is None else wall
 
     def reload(self, config: Config) -> None:
         """SIGHUP: serve new connections with ``config``, and re-read the TLS certificate files (which may have
@@ -252,10 +257,10 @@ class Doorway:
                 # A client certificate named it. The login goes on with a short-lived token of its own, so
                 # an edge relaying it to the core (``--workers``) hands the core a login the core accepts.
                 message = dataclasses.replace(message, token=tokens.mint(
-                    self.secret, message.role, message.name, time.time() + CERTIFIED_TOKEN_TTL))
+                    self.secret, message.role, message.name, self.wall() + CERTIFIED_TOKEN_TTL))
             elif self.secret is not None and not (self.trusts is not None and self.trusts(stream, message)):
                 try:
-                    tokens.verify(self.secret, message.token or "", message.role, message.name, time.time())
+                    tokens.verify(self.secret, message.token or "", message.role, message.name, self.wall())
                 except tokens.AuthError as exc:
                     logins.labels(role=ROLE_LABELS[message.role], result="auth_failed").inc()
                     raise ProtocolError(ErrorCode.AUTH_FAILED, str(exc)) from None

@@ -54,7 +54,6 @@ be unique): losing the connection loses them at once, as before.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 
 import trio
@@ -270,7 +269,7 @@ class Gateways:
         presence, clock = sessions.presence, sessions.clock
         await sessions.room()
         sessions.refuse_if_stopping()
-        now, wall = clock.now(), time.time()
+        now, wall = clock.now(), clock.wall()
         for index, uid in enumerate(message.uids, 1):
             replaced, event = presence.login(uid, gateway, now, wall, message.keepalive)
             sessions.take_over(uid, replaced, gateway)
@@ -283,14 +282,14 @@ class Gateways:
                 await trio.lowlevel.checkpoint()
                 await sessions.room()
                 sessions.refuse_if_stopping()
-                now, wall = clock.now(), time.time()
+                now, wall = clock.now(), clock.wall()
         sessions.wake_ticker()
 
     async def detach(self, gateway: Gateway, message: Detach) -> None:
         sessions = self.sessions
         clock = sessions.clock
         await sessions.room()
-        now, wall = clock.now(), time.time()
+        now, wall = clock.now(), clock.wall()
         reason = message.reason or "detach"  # an edge says what its user did (logout, closed)
         for index, uid in enumerate(message.uids, 1):
             sessions.logout(uid, gateway, now, wall, reason)
@@ -298,7 +297,7 @@ class Gateways:
             if index % ATTACH_CHUNK == 0:  # like attach: a 1 MiB detach must not hold the loop for all of it
                 await trio.lowlevel.checkpoint()
                 await sessions.room()
-                now, wall = clock.now(), time.time()
+                now, wall = clock.now(), clock.wall()
 
     async def lost(self, gateway: Gateway) -> None:
         """The gateway is gone: every session it still owns goes offline (``gateway_lost``)."""
@@ -327,7 +326,7 @@ class Gateways:
             await sessions.room()
             if sessions.stopping:
                 break
-            now, wall = sessions.clock.now(), time.time()
+            now, wall = sessions.clock.now(), sessions.clock.wall()
             for _ in range(min(DEFAULT_CHUNK, len(uids))):
                 uid = uids.popitem()[0]
                 gateway.uids.pop(uid, None)

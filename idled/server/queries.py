@@ -16,7 +16,6 @@ event published before the query has been sent.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import trio
@@ -25,6 +24,7 @@ from idled.core.presence import PresenceTable
 from idled.log.eventlog import EventLog
 from idled.protocol import Query, Status, Uid, encode
 from idled.server.bus import EventBus
+from idled.server.clock import WallClock
 
 __all__ = ["LAST_SEEN_WAIT", "Queries"]
 
@@ -34,15 +34,16 @@ WRITTEN_POLL = 0.002  # seconds between two looks at the log while a last_seen q
 
 class Queries:
     """Answers queries. ``first_seq``: this run's first seq; ``clock``: the presence table's clock (the
-    server's pause-adjusted one)."""
+    server's pause-adjusted one); ``wall``: the server's wall clock (``Clock.wall``; None: one of its own)."""
 
     def __init__(self, presence: PresenceTable, bus: EventBus, log: EventLog, *, first_seq: int,
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float], wall: Callable[[], float] | None = None) -> None:
         self.presence = presence
         self.bus = bus
         self.log = log
         self.first_seq = first_seq
         self.clock = clock
+        self.wall = WallClock() if wall is None else wall
 
     async def answer(self, query: Query) -> bytes:
         """The reply frame to ``query``."""
@@ -55,7 +56,7 @@ class Queries:
     def status_with_last_seen(self, uids: tuple[Uid, ...]) -> Status:
         """The reply to a query with ``last_seen`` (see the module docstring)."""
         presence, log = self.presence, self.log
-        wall, now = time.time(), self.clock()
+        wall, now = self.wall(), self.clock()
         online: dict[Uid, bool] = {}
         last_seen: dict[Uid, float | None] = {}
         devices: dict[Uid, tuple[str, ...]] = {}

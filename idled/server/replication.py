@@ -59,8 +59,7 @@ from __future__ import annotations
 
 import logging
 import os
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO
 
 import trio
@@ -78,6 +77,7 @@ from idled.protocol.replication import (
     ReplicateChecked, encode_records, encode_resync, encode_snapshot_part, parse_standby_message, record_crc,
 )
 from idled.server.bus import EventBus, Subscription
+from idled.server.clock import WallClock
 from idled.server.conn import Connection, close_with
 from idled.server.observers import FrameWriter, Stalled
 
@@ -119,9 +119,11 @@ class Replicas:
     goes; ``peers``: the server's live peers, which its shutdown closes (a standby's link among them)."""
 
     def __init__(self, bus: EventBus, log: EventLog, *, sync: bool = False,
-                 registry: CollectorRegistry | None = None, peers: set[Connection] | None = None) -> None:
+                 registry: CollectorRegistry | None = None, peers: set[Connection] | None = None,
+                 wall: Callable[[], float] | None = None) -> None:
         self.bus = bus
         self.log = log
+        self.wall = WallClock() if wall is None else wall  # heartbeats' time: the server's wall (Clock.wall)
         self.sync = sync
         self.peers: set[Connection] = set() if peers is None else peers
         self.attached = 0
@@ -252,7 +254,7 @@ class Replicas:
                         reader.next = limit  # a gap a crash left: those seqs were never written
                     else:
                         await writer.write([encode_records([raw for _, raw in batch], bus.log_durable_seq,
-                                                           time.time())], REPLICA_STALL)
+                                                           self.wall())], REPLICA_STALL)
                         self.sent += len(batch)
                         last_sent = trio.current_time()
                         link.last_record = batch[-1][0]
@@ -265,7 +267,7 @@ class Replicas:
                 with trio.move_on_at(last_sent + HEARTBEAT) as scope:
                     await subscription.wait()
                 if scope.cancelled_caught:
-                    await writer.write([encode_records([], bus.log_durable_seq, time.time())], REPLICA_STALL)
+                    await writer.write([encode_records([], bus.log_durable_seq, self.wall())], REPLICA_STALL)
                     last_sent = trio.current_time()
         except Stalled:
             return ProtocolError(ErrorCode.BUSY, f"standby read nothing for {REPLICA_STALL:g} s; reconnect and resume")

@@ -25,7 +25,6 @@ core as a gateway would give its user role a ``Sessions`` of its own kind.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -105,7 +104,7 @@ class Sessions:
         ended = 0
         while True:
             await self.room()
-            chunk = presence.end_all(clock.now(), time.time(), reason, DEFAULT_CHUNK)
+            chunk = presence.end_all(clock.now(), clock.wall(), reason, DEFAULT_CHUNK)
             if not chunk:
                 return ended
             for key, owner, event in chunk:
@@ -130,7 +129,7 @@ class Sessions:
 
     async def _restart(self, chunk: list[dict[str, Any]]) -> int:
         await self.room()
-        wall = time.time()
+        wall = self.clock.wall()
         for record in chunk:
             self.bus.publish(self.presence.restart_event(record, wall))
         n = len(chunk)

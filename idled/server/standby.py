@@ -77,6 +77,7 @@ from idled.protocol.replication import (
 )
 from idled.protocol.stream import receive_message
 from idled.server.bus import EventBus
+from idled.server.clock import WallClock
 
 __all__ = ["BACKOFF_MAX", "BACKOFF_MIN", "WRITE_RETRY", "StandbyLink", "LinkStopped"]
 
@@ -106,8 +107,9 @@ class StandbyLink:
 
     def __init__(self, log: EventLog, bus: EventBus, *, host: str, port: int, fsync: str, fsync_interval: float,
                  secret: bytes | None, name: str, reopen: Callable[[EventLog, int], None],
-                 make_log: Callable[[], EventLog]) -> None:
+                 make_log: Callable[[], EventLog], wall: Callable[[], float] | None = None) -> None:
         self.log, self.bus = log, bus
+        self.wall = WallClock() if wall is None else wall  # a minted token's expiry: the process's wall clock
         self.host, self.port = host, port
         self.fsync, self.fsync_interval = fsync, fsync_interval
         self.secret, self.name = secret, name
@@ -116,7 +118,7 @@ class StandbyLink:
         self.connected = False
         self.head = log.last_seq  # the active's durable seq, as last heard
         self.synced = log.durable_seq  # the last seq synced under our fsync policy: what we acknowledge
-        self.synced_at = time.time()  # wall time we last held everything the active had told us of
+        self.synced_at = time.monotonic()  # when we last held everything the active had told us of
         self.error: str | None = None
         self.records = 0  # records written since start
         self.resyncs = 0
@@ -136,7 +138,7 @@ class StandbyLink:
     def lag_seconds(self, now: float | None = None) -> float:
         if self.connected and self.lag_records == 0:
             return 0.0
-        return max(0.0, (time.time() if now is None else now) - self.synced_at)
+        return max(0.0, (time.monotonic() if now is None else now) - self.synced_at)
 
     def status(self) -> dict[str, Any]:
         return {"active": f"{self.host}:{self.port}", "state": self.state, "connected": self.connected,
@@ -194,7 +196,7 @@ class StandbyLink:
             role: Role = "observer" if self.legacy else "standby"
             token = None
             if self.secret is not None:
-                token = tokens.mint(self.secret, role, self.name, time.time() + TOKEN_TTL)
+                token = tokens.mint(self.secret, role, self.name, self.wall() + TOKEN_TTL)
             last = await self._last_record()
             await stream.send_all(encode(Login(role, self.name, token))
                                   + encode_replicate(self.log.last_seq + 1, last))
@@ -283,7 +285,7 @@ class StandbyLink:
         if self._snapshot is not None and self._snapshot.complete and self.log.last_seq >= self.head:
             await self._install()  # nothing below its seq is left to come
         if self.log.last_seq >= self.head:
-            self.synced_at = time.time()
+            self.synced_at = time.monotonic()
             if self.state == "resyncing" and self._snapshot is None:  # a re-sync without a snapshot is done
                 self.state = "streaming"
         self._received = self._received or bool(message.records)

@@ -34,8 +34,7 @@ import logging
 import os
 import socket
 import sys
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import trio
@@ -54,6 +53,7 @@ from idled.ops.http import serve_metrics
 from idled.ops.metrics import Metrics, NullMetrics
 from idled.protocol import ErrorCode, FrameDecoder, Login, ProtocolError, Query, Status, Uid, encode
 from idled.server.bus import EventBus
+from idled.server.clock import WallClock, floor_wall
 from idled.server.conn import Connection, Doorway, auth_secret, refuse_out_of_descriptors
 from idled.server.lifecycle import connection_counts
 from idled.server.observers import Observers
@@ -72,11 +72,11 @@ class StandbyQueries(Queries):
     """``query`` on a standby: from the replicated log's open sessions and last-seen map (see the module
     docstring). Devices are not known here."""
 
-    def __init__(self, log: EventLog, bus: EventBus, first_seq: int) -> None:  # no presence table on a standby
-        self.log, self.bus, self.first_seq = log, bus, first_seq
+    def __init__(self, log: EventLog, bus: EventBus, first_seq: int, wall: Callable[[], float]) -> None:
+        self.log, self.bus, self.first_seq, self.wall = log, bus, first_seq, wall  # no presence table on a standby
 
     async def answer(self, query: Query) -> bytes:
-        log, wall = self.log, time.time()
+        log, wall = self.log, self.wall()
         online = {uid: log.online_since(uid) is not None for uid in query.uids}
         if not query.last_seen:
             return encode(Status(online))
@@ -131,6 +131,7 @@ class StandbyServer:
         self.bus = EventBus()
         self.connections = connection_counts()
         self.admission = _Admission()
+        self.wall = WallClock()  # never goes backwards; floored to the log's last ts (as a promoted core's is)
         self.ports: list[int] = []
         self.link: StandbyLink | None = None
         self.observers: Observers | None = None
@@ -164,7 +165,8 @@ class StandbyServer:
                 addresses = [bound_address(listener) for listener in opened["client"]]
                 self.ports = [port for _, port in addresses if port is not None]
                 with fatal_on_log_error(str(self.log.directory)):
-                    await trio.to_thread.run_sync(self.log.recover)
+                    recovery = await trio.to_thread.run_sync(self.log.recover)
+                floor_wall(self.wall, recovery.last_ts, log)
                 doorway = self._build()
             except BaseException:
                 close_all(opened)
@@ -184,17 +186,17 @@ class StandbyServer:
         self.bus.start(first)
         self.bus.durable_to(self.log.durable_seq)
         self.observers = Observers(None, self.bus, self.log, first_seq=first, peers=self._peers,
-                                   queries=StandbyQueries(self.log, self.bus, first), max_watch=self.config.max_watch)
+                                   queries=StandbyQueries(self.log, self.bus, first, self.wall), max_watch=self.config.max_watch)
         host, port = self.active
         self.link = StandbyLink(
             self.log, self.bus, host=host, port=port, fsync=self.config.fsync, fsync_interval=self.config.fsync_interval,
             secret=self.secret, name=f"standby-{socket.gethostname()}"[:128], reopen=self._reopen,
-            make_log=self._make_log,
+            make_log=self._make_log, wall=self.wall,
         )
         roles = {"uid": self._not_leader, "gateway": self._not_leader, "observer": self.observers.run,
                  "standby": self._not_leader}
         return Doorway(self.config, sessions=self.admission, roles=roles, secret=self.secret, metrics=self.metrics,
-                       connections=self.connections, gate=client_gate(self.config))
+                       connections=self.connections, gate=client_gate(self.config), wall=self.wall)
 
     def _reopen(self, new: EventLog, first_seq: int) -> None:
         """The link's log changed (re-sync, snapshot) or a new run of seqs began (a gap): point readers at it."""

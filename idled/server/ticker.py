@@ -78,7 +78,7 @@ class Ticker:
             if due is None or due > now:
                 return
             await sessions.room()
-            wall = time.time()
+            wall = clock.wall()
             for key, owner, event in presence.expire(now, wall, DEFAULT_CHUNK):
                 if event is not None:  # (None: another device of the user is still online)
                     bus.publish(event)

@@ -44,7 +44,6 @@ the session (``idle_timeout``; the error frame's write is bounded by ``SEND_ERRO
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
@@ -111,12 +110,13 @@ class UserSink(Admission, Protocol[C]):
 class CoreUsers:
     """The core's ``UserSink``: the presence table, changed through ``Sessions``."""
 
-    __slots__ = ("sessions", "touch", "now", "plane")
+    __slots__ = ("sessions", "touch", "now", "wall", "plane")
 
     def __init__(self, sessions: Sessions) -> None:
         self.sessions = sessions
         self.touch = sessions.presence.touch
         self.now = sessions.clock.now
+        self.wall = sessions.clock.wall  # event times: the wall clock that never goes backwards
         self.plane: Plane | None = None
 
     @property
@@ -131,7 +131,7 @@ class CoreUsers:
         await sessions.room()
         sessions.refuse_if_stopping()  # again after the wait
         key, conn = login.key, Connection()
-        replaced, event = sessions.presence.login(key, conn, self.now(), time.time(), login.keepalive)
+        replaced, event = sessions.presence.login(key, conn, self.now(), self.wall(), login.keepalive)
         sessions.take_over(key, replaced, conn)
         sessions.publish(event)
         sessions.wake_ticker()
@@ -141,7 +141,7 @@ class CoreUsers:
         return self.sessions.presence.timeout_of(key)
 
     def end(self, key: SessionKey, conn: Connection, reason: str) -> None:
-        self.sessions.logout(key, conn, self.now(), time.time(), reason)
+        self.sessions.logout(key, conn, self.now(), self.wall(), reason)
 
 
 async def run_user(users: UserSink[Any], stream: trio.abc.Stream, decoder: FrameDecoder, login: Login) -> str | None:

@@ -8,17 +8,23 @@ The event path pays one deque append per event (``on_event``, called by the bus 
 the last ``RECENT`` events are kept as the bus's own event objects and turned into records only when someone
 reads them. Everything else is read off state that exists anyway:
 
-* ``sample(wall)`` -- called by the monitor's periodic hook, at most ten times a tick -- keeps one sample per
-  ``every`` seconds (sessions, users, connections by role, events published so far: the seq counter) in a ring
-  of ``history`` samples: 600 small tuples for ten minutes at 1 s. Rates are differences along that ring.
+* ``sample(mono, wall)`` -- called by the monitor's periodic hook, at most ten times a tick -- keeps one sample
+  per ``every`` seconds of the monotonic clock ``mono`` (sessions, users, connections by role, events published
+  so far: the seq counter) in a ring of ``history`` samples: 600 small tuples for ten minutes at 1 s. Rates
+  are differences along that ring. A sample is stamped with ``wall()``, the server's wall clock, which never
+  goes backwards (``idled.server.clock.WallClock``); being due on the monotonic clock, sampling goes on at
+  the same pace whatever the system's wall clock does (a step back of it once stopped the sampling until
+  the wall clock had caught up again).
 * Lateness is read at request time from the Prometheus histogram the tick task fills anyway
   (``Metrics.offline_lateness``). A percentile is given as the upper bound of the bucket that holds it: an
   "at most" figure (Prometheus' ``histogram_quantile`` would interpolate inside the bucket instead, which
   can report less than a real value). Without metrics (``NullMetrics``, tests) there is no lateness.
 
 ``live(after, since)`` is what the status page polls each second (``GET /status/live``): only the events above
-seq ``after`` and the samples newer than ``since``, found by walking the two deques from their new end, so a
-poll that finds nothing new costs a few comparisons however much is kept.
+seq ``after`` and the samples newer than ``since`` (a sample's ``t`` as sent, rounded to the millisecond: the
+page sends back the last one it got), found by walking the two deques from their new end, so a poll that finds
+nothing new costs a few comparisons however much is kept. Samples are ``every`` seconds apart on the monotonic
+clock, so their wall times are too, give or take the slew after a step (at most 1/12): strictly increasing.
 """
 
 from __future__ import annotations
@@ -65,14 +71,17 @@ class Vitals:
         self.read = read
         self.every = every
         self.samples: deque[Sample] = deque(maxlen=history)
+        self._sampled_at = -math.inf  # the monotonic time of the last sample
         self.events: deque[PresenceEvent] = deque(maxlen=recent)
         self.lateness_source = lateness
         self.on_event = self.events.append  # the bus's per-event call: one append, nothing more
 
-    def sample(self, wall: float) -> None:
-        """Keep a sample if the last one is ``every`` seconds old (the monitor calls this often)."""
-        if not self.samples or wall - self.samples[-1].wall >= self.every:
-            self.samples.append(self.read(wall))
+    def sample(self, mono: float, wall: Callable[[], float]) -> None:
+        """Keep a sample, stamped ``wall()``, if the last one is ``every`` seconds old on the monotonic clock
+        ``mono`` (the monitor calls this often)."""
+        if mono - self._sampled_at >= self.every:
+            self._sampled_at = mono
+            self.samples.append(self.read(wall()))
 
     def recent(self, after: int = 0) -> list[dict[str, Any]]:
         """The last events with a seq above ``after``, oldest first, as records."""
@@ -98,7 +107,7 @@ class Vitals:
         """What the status page polls: events above seq ``after``, samples newer than ``since``, the rates and
         the lateness histogram (see the module docstring)."""
         events = list(takewhile(lambda e: e.seq > after, reversed(self.events)))[::-1]
-        newer = self.samples if since is None else takewhile(lambda s: s.wall > since, reversed(self.samples))
+        newer = self.samples if since is None else takewhile(lambda s: round(s.wall, 3) > since, reversed(self.samples))
         samples = list(newer) if since is None else list(newer)[::-1]
         return {
             "history": [sample.document() for sample in samples],

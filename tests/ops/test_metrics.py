@@ -161,6 +161,7 @@ def test_snapshot_gauges_are_read_at_scrape_time(registry: CollectorRegistry, me
         "eventlog_rolls_deferred": 2,
         "sessions_held": 3,
         "gateway_watermark_lag": {"worker-0": 0.25, "worker-1": 12.5},
+        "wall_clock_ahead": 3599.5,
     }
     assert set(state) == set(SNAPSHOT_KEYS) | {"connections", "gateway_watermark_lag"}
     calls = []
@@ -185,6 +186,7 @@ def test_snapshot_gauges_are_read_at_scrape_time(registry: CollectorRegistry, me
     assert value(registry, "idled_eventlog_damaged_bytes") == 536
     assert value(registry, "idled_eventlog_damaged_records") == 1
     assert value(registry, "idled_eventlog_rolls_deferred") == 2
+    assert value(registry, "idled_wall_clock_ahead_seconds") == 3599.5
 
     state["connections"] = {"user": 11, "gateway": 1}
     state["sessions_online"] = 10

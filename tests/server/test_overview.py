@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any, cast
@@ -36,7 +37,7 @@ def test_workers_part_and_status_part() -> None:
     vitals = Vitals(lambda wall: Sample(wall, 0, 0, {}, int(wall * 5)),
                     lateness=lambda: ([0.1, 1.0, float("inf")], [3.0, 4.0, 4.0], 0.5))
     for second in range(3):
-        vitals.sample(float(second))
+        vitals.sample(float(second), functools.partial(float, second))
     part: dict[str, Any] = status_part(Config(), workers, vitals)
     assert part["events_per_second"] == 5.0 and len(part["workers"]) == 2
     assert part["lateness"] == {"count": 4, "mean": 0.125, "p50": 0.1, "p90": 1.0, "p99": 1.0, "p99_9": 1.0}

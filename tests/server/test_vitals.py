@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import trio
@@ -16,20 +17,42 @@ def sample_at(wall: float, events: int) -> Sample:
     return Sample(wall, sessions=events, users=events, connections={"user": events}, events=events)
 
 
+def wall_at(t: float) -> Callable[[], float]:
+    """A wall clock that reads ``t``."""
+    return lambda: float(t)
+
+
 def test_one_sample_per_interval_and_the_ring_is_bounded() -> None:
     vitals = Vitals(lambda wall: sample_at(wall, int(wall)), every=1.0, history=5)
     for tenth in range(100):
-        vitals.sample(tenth / 10)
+        vitals.sample(tenth / 10, wall_at(tenth / 10))
     walls = [s.wall for s in vitals.samples]
     assert len(walls) == 5 and walls == sorted(walls)
     assert all(b - a >= 1.0 for a, b in zip(walls, walls[1:]))
+
+
+def test_sampling_is_due_on_the_monotonic_clock_whatever_the_wall_clock_does() -> None:
+    vitals = Vitals(lambda wall: sample_at(wall, 0), every=1.0)
+    walls = iter([1000.0, 1001.0, 1001.5, 1001.6, 1001.7])  # what the wall clock says at each sample
+    for mono in (0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.2, 4.0):
+        vitals.sample(mono, lambda: next(walls))
+    assert [s.wall for s in vitals.samples] == [1000.0, 1001.0, 1001.5, 1001.6, 1001.7]  # one a second, still
+
+
+def test_a_sample_already_sent_is_not_sent_again_whatever_the_rounding() -> None:
+    vitals = Vitals(lambda wall: sample_at(wall, 0))
+    vitals.sample(0.0, lambda: 1000.0004)  # sent as t 1000.0: the page asks for samples newer than that
+    assert [s["t"] for s in vitals.live()["history"]] == [1000.0]
+    assert vitals.live(since=1000.0)["history"] == []
+    vitals.sample(1.0, lambda: 1000.9996)
+    assert [s["t"] for s in vitals.live(since=1000.0)["history"]] == [1001.0]
 
 
 def test_rate_is_events_over_the_window() -> None:
     vitals = Vitals(lambda wall: sample_at(wall, int(wall * 50)), every=1.0)
     assert vitals.rate() is None
     for second in range(120):
-        vitals.sample(float(second))
+        vitals.sample(float(second), wall_at(second))
     assert vitals.rate(60.0) == 50.0
     assert vitals.rate(10.0) == 50.0
 
@@ -70,7 +93,7 @@ async def test_a_running_server_samples_itself_and_keeps_its_events(tmp_path: Pa
 def test_live_sends_only_the_events_and_samples_a_poll_has_not_seen() -> None:
     vitals = Vitals(lambda wall: sample_at(wall, int(wall)), recent=5)
     for second in range(10):
-        vitals.sample(float(second))
+        vitals.sample(float(second), wall_at(second))
     for seq in range(1, 8):
         vitals.on_event(PresenceEvent(seq, "online", f"u{seq}", 1.0, "login", 1.0, 31.0, 30.0, "ring"))
     first = vitals.live()

@@ -27,4 +27,4 @@ class Backend:
     vitals: Vitals
     status: Callable[[], dict[str, Any]]  # Server.status: sizes, connections, next_seq, stopping
     workers: Callable[[], list[tuple[str, int | None, int, int, int]]] | None  # Supervisor.view, with --workers
-    started: float  # wall time the server started (uptime)
+    started: float  # time.monotonic() when the server started (uptime)

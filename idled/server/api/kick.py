@@ -14,7 +14,6 @@ A user online only by the grace (its last connection is gone, its offline not ye
 from __future__ import annotations
 
 import dataclasses
-import time
 
 from idled.core.presence import SessionKey
 from idled.protocol import ErrorCode, ProtocolError
@@ -40,7 +39,7 @@ async def kick(backend: Backend, request: Kick) -> dict[str, int]:
     if not keys:
         what = f"device {request.device!r} of uid" if request.device is not None else "uid"
         raise ApiError("not_online", f"{what} {request.uid!r} has no live session")
-    now, wall = sessions.clock.now(), time.time()
+    now, wall = sessions.clock.now(), sessions.clock.wall()
     message = f"kicked: {request.note}" if request.note else "kicked by the server's operator"
     ended = 0
     for key in keys:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final
 
@@ -104,7 +103,7 @@ class Router:
         if scheme.lower() != "bearer":
             raise ApiError("unauthorized", "the Authorization scheme must be Bearer", challenge)
         try:
-            verify_bearer(self.secret, token.strip(), API_ROLE, time.time())
+            verify_bearer(self.secret, token.strip(), API_ROLE, self.backend.sessions.clock.wall())
         except AuthError as exc:
             raise ApiError("unauthorized", exc.reason, challenge) from None
 

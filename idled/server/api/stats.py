@@ -23,7 +23,7 @@ def stats(backend: Backend, api_connections: int) -> dict[str, Any]:
     connections["api"] = api_connections
     document: dict[str, Any] = {
         "version": __version__,
-        "uptime": max(0.0, time.time() - backend.started),
+        "uptime": max(0.0, time.monotonic() - backend.started),
         "ready": bool(status["ports"]) and not status["stopping"],
         "stopping": bool(status["stopping"]),
         "sessions_online": status["sessions_online"],

@@ -92,7 +92,8 @@ class Edge:
         self._reload_config = reload_config
         self.clock = Clock(config.stall_ticks * config.tick)
         self.monitor = Monitor(self.clock, tick=config.tick, env={}, metrics=self.metrics)
-        link = CoreLink(core, name, secret=link_secret, on_ended=self._on_ended, clock=self.clock.now)
+        link = CoreLink(core, name, secret=link_secret, on_ended=self._on_ended, clock=self.clock.now,
+                        wall=self.clock.wall)
         self.users = EdgeUsers(link, core)
         self.link = self.users.link
         self.connections = connection_counts()
@@ -103,6 +104,7 @@ class Edge:
         self.doorway = Doorway(
             config, sessions=self.users, roles=roles(self.users, gateway=relay, observer=relay, standby=relay),
             secret=self.secret, metrics=self.metrics, connections=self.connections, gate=client_gate(config),
+            wall=self.clock.wall,
         )
         self.gc_policy = gc_policy  # None: the interpreter's default (tests run many edges in one process)
         self.budget: Budget | None = None  # set by _limit

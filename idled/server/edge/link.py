@@ -72,7 +72,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Final
@@ -89,6 +88,7 @@ from idled.core.timeouts import DEFAULT_MAX_TIMEOUT, DEFAULT_TICK, DEFAULT_TIMEO
 from idled.protocol import (
     BYE_FRAME, PING_FRAME, Login, Marked, SessionKey, Welcome, encode, tokens,
 )
+from idled.server.clock import WallClock
 
 __all__ = ["CoreLink", "CoreParams", "open_core_stream", "parse_address", "parse_addresses", "format_core"]
 
@@ -168,6 +168,7 @@ class CoreLink(GatewayLink):
         ping_interval: float = 5.0,
         dead_after: float = 15.0,
         clock: Callable[[], float] = trio.current_time,
+        wall: Callable[[], float] | None = None,
     ) -> None:
         members = parse_addresses(address)  # fail early on a malformed address
         host, port = members[0]
@@ -182,6 +183,7 @@ class CoreLink(GatewayLink):
         self.ping_interval = ping_interval
         self._dead_after = dead_after
         self.clock = clock
+        self.wall = WallClock() if wall is None else wall  # a minted token's expiry: the edge's wall clock
         self.touches: dict[SessionKey, None] = {}
         self.params: CoreParams | None = None
         self.ready = trio.Event()
@@ -272,7 +274,7 @@ class CoreLink(GatewayLink):
     def _login(self) -> Login:
         if self.secret is None:
             return self.login
-        token = tokens.mint(self.secret, "gateway", self.name, time.time() + TOKEN_TTL)  # fresh per connection
+        token = tokens.mint(self.secret, "gateway", self.name, self.wall() + TOKEN_TTL)  # fresh per connection
         return dataclasses.replace(self.login, token=token)
 
     def _retryable(self, exc: ClientError) -> bool:
