@@ -15,7 +15,7 @@ import time
 
 from idled.protocol import BYE, PING, Login, Pong, Subscribe, encode, tokens
 from tests.peers import Client, Daemon, serve_command
-from tests.server.test_tls import tls_client, tls_login
+from tests.door.test_tls import tls_client, tls_login
 from tests.tlscerts import Certs, need_openssl
 
 pytestmark = pytest.mark.slow
