@@ -15,6 +15,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -168,3 +169,31 @@ async def test_with_auth_off_everything_is_open(tmp_path: Path) -> None:
         document = json.loads((await aget(port, "/status"))[2])
         assert document["data_dir"] == str(h.data_dir) and document["redacted"] is False
         await alice.stream.aclose()
+
+
+@pytest.mark.slow
+def test_a_standby_and_its_active_redact_the_same_way(tmp_path: Path, secret_file: Path) -> None:
+    """The standby core serves the same endpoint (idled.server.standbyserver): with auth on, neither it nor its
+    active names the other (the standby's link, the active's list of standbys) or a path without the token."""
+    from tests.server.standby_support import active, standby, wait_for
+
+    flags = ("--secret-file", str(secret_file))
+    act_metrics = peers.free_port()
+    with active(tmp_path / "a", "--metrics-port", str(act_metrics), *flags) as act:
+        sb, sb_metrics = standby(tmp_path / "s", act, *flags)
+        with sb:
+            def whole(port: int) -> dict[str, Any]:
+                return dict(json.loads(get(port, "/status", api_token())[2]))
+
+            wait_for(lambda: whole(sb_metrics)["standby"]["state"] == "streaming", what="the standby streaming")
+            assert whole(act_metrics)["replication"]["standbys"][0]["name"].startswith("standby-")
+            for port, role in ((sb_metrics, "standby"), (act_metrics, "active")):
+                status, _, body = get(port, "/status")
+                assert status == 200 and str(tmp_path) not in body and "standby-" not in body, body
+                assert f":{act.port}" not in body, body  # the standby's link does not say where the active is
+                document = json.loads(body)
+                assert document["redacted"] is True and document["role"] == role
+                assert get(port, "/status/live")[0] == 401
+            assert json.loads(get(sb_metrics, "/status")[2])["standby"]["state"] == "streaming"
+            standbys = json.loads(get(act_metrics, "/status")[2])["replication"]["standbys"]
+            assert [sorted(entry) for entry in standbys] == [["acked", "sent", "sync"]]  # counted, not named
