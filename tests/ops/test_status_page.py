@@ -313,7 +313,7 @@ def test_with_auth_on_the_page_asks_for_the_api_token_and_says_when_it_is_refuse
                    "token signature does not match": mint(b"another-secret-0123456789ab", API_ROLE, "ops", time.time() + 60)}
         for reason, token in refused.items():
             enter_token(browser, token)
-            until(lambda: reason in browser.find_element("id", "auth-error").text, 5, f"the refusal ({reason})")
+            until(lambda reason=reason: reason in browser.find_element("id", "auth-error").text, 5, f"the refusal ({reason})")
             assert browser.find_element("id", "auth-error").text.startswith("The token was refused: ")
             assert displayed(browser, "auth") and stored(browser) == (None, 0)  # a refused token is not kept
             time.sleep(1.2)  # the next poll (no token) keeps the message up
