@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -43,6 +44,16 @@ def get(port: int, path: str, token: str | None = None, authorization: str | Non
             return response.status, {k.lower(): v for k, v in response.headers.items()}, response.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, {k.lower(): v for k, v in exc.headers.items()}, exc.read().decode()
+
+
+def raw(port: int, request: bytes) -> bytes:
+    """The whole answer to ``request`` sent as it is."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(request)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    return answer
 
 
 async def aget(port: int, path: str, token: str | None = None, authorization: str | None = None) -> Response:
@@ -104,6 +115,11 @@ async def test_bad_expired_and_login_role_tokens_are_refused(tmp_path: Path, sec
         for scheme in ("Basic " + api_token(), api_token(), "Bearer"):  # not "Bearer <token>"
             assert (await aget(port, "/status/live", authorization=scheme))[0] == 401, scheme
         assert (await aget(port, "/status/live", authorization="bearer " + api_token()))[0] == 200  # case-insensitive
+        # Two Authorization headers, a good one among them: refused, not one of them picked.
+        twice = (f"GET /status/live HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {api_token()}\r\n"
+                 "Authorization: Bearer nope\r\n\r\n").encode()
+        answer = await trio.to_thread.run_sync(raw, port, twice)
+        assert answer.startswith(b"HTTP/1.1 401 ") and ALICE.encode() not in answer, answer
         await alice.stream.aclose()
 
 
