@@ -23,7 +23,7 @@ import fcntl
 import json
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -110,13 +110,16 @@ class Health:
         problem = probe_directory(self.data_dir)
         return None if problem is None else f"event log directory {self.data_dir} is not writable: {problem}"
 
-    def access(self, authorization: str | None) -> Access:
-        """What a request with this ``Authorization`` header value (None: none) may read."""
+    def access(self, authorizations: Sequence[str]) -> Access:
+        """What a request with these ``Authorization`` header values may read (two are one too many: refused,
+        rather than one of them picked)."""
         if self.secret is None:
             return Access(full=True)
-        if authorization is None:
+        if not authorizations:
             return Access(full=False)
-        scheme, _, token = authorization.strip().partition(" ")
+        if len(authorizations) > 1:
+            return Access(full=False, refused="more than one Authorization header")
+        scheme, _, token = authorizations[0].strip().partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             return Access(full=False, refused="the Authorization scheme must be Bearer")
         try:

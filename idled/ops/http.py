@@ -126,14 +126,10 @@ def _response(status: int, body: bytes, content_type: str, *, head_only: bool = 
 _HEALTH_PATHS = ("/healthz", "/readyz", "/status", LIVE_PATH)
 
 
-def _authorization(head: bytes) -> str | None:
-    """The request's ``Authorization`` header value (None: none). Two of them are one too many: the value then
-    names no scheme, so the token check refuses it rather than pick one."""
-    values = [value for name, _, value in (line.partition(b":") for line in head.split(b"\r\n")[1:])
-              if name.strip().lower() == b"authorization"]
-    if len(values) > 1:
-        return "(more than one Authorization header)"
-    return values[0].strip().decode("latin-1") if values else None
+def _authorizations(head: bytes) -> list[str]:
+    """The values of the request's ``Authorization`` headers (``Health.access`` refuses more than one)."""
+    fields = (line.partition(b":") for line in head.split(b"\r\n")[1:])
+    return [value.strip().decode("latin-1") for name, _, value in fields if name.strip().lower() == b"authorization"]
 
 
 def _route(head: bytes, paths: Collection[str]) -> tuple[int, str, str, str]:
@@ -213,7 +209,7 @@ async def serve_metrics(
                                             headers=PAGE_HEADERS))
             return
         if health is not None and path != "/metrics":
-            access = health.access(_authorization(head))
+            access = health.access(_authorizations(head))
             if access.token:
                 authenticated()
             code, body, kind, headers = await health_response(health, path, query, access)

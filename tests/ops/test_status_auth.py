@@ -120,6 +120,7 @@ async def test_bad_expired_and_login_role_tokens_are_refused(tmp_path: Path, sec
                  "Authorization: Bearer nope\r\n\r\n").encode()
         answer = await trio.to_thread.run_sync(raw, port, twice)
         assert answer.startswith(b"HTTP/1.1 401 ") and ALICE.encode() not in answer, answer
+        assert b"more than one Authorization header" in answer
         await alice.stream.aclose()
 
 
