@@ -12,7 +12,7 @@ says so: ``"redacted": true``.
 
 Free text that may carry a path (the readiness reason, a standby's last error, whoever produced it) goes
 through ``scrub_paths``: the paths the caller knows (the data directory, as configured and resolved) become
-``<data dir>``, and anything else that looks like an absolute path (``/`` after a blank, a quote, a bracket or
+``<data dir>`` (a file in it ``<data dir>/00000001.seg``), and anything else that looks like an absolute path (``/`` after a blank, a quote, a bracket or
 ``=``, followed by more than itself) becomes ``<path>``. The operating system's words (``No space left on
 device``) stay: they say what is wrong without saying where.
 
