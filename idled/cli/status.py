@@ -1,10 +1,14 @@
 """`idled status`: what a running daemon holds -- sessions, connections by role, next seq, uptime, version.
 
-Read from the daemon's ``GET /status`` on its metrics port (JSON; see `idled.ops.metrics.Health`), not
+Read from the daemon's ``GET /status`` on its metrics port (JSON; see `idled.ops.health.Health`), not
 through the client protocol. Why: it needs no protocol change (the wire contract every client library
-implements stays as it is) and no token, it is readable with curl and by monitoring systems the way NATS's
-``/varz`` is, and the metrics port is where an operator already looks (loopback by default, so it exposes
-no more than ``/metrics`` does). ``--json`` prints the document as the daemon sent it.
+implements stays as it is), it is readable with curl and by monitoring systems the way NATS's ``/varz`` is,
+and the metrics port is where an operator already looks. ``--json`` prints the document as the daemon sent it.
+
+With auth on (the daemon has a secret), ``/status`` without a token is redacted -- how the daemon is, not who
+is online: no names, no paths (`idled.ops.redact`) -- and the text says so; ``--token`` (an API token from
+``idled token --api``) or ``--secret-file`` (one is minted, valid ``TOKEN_TTL`` seconds) reads the whole
+document, sent as ``Authorization: Bearer``. A line is printed only for what the document holds.
 """
 
 from __future__ import annotations
@@ -12,17 +16,22 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 import urllib.error
 import urllib.request
 from typing import Any
 
 from idled.ops.fatal import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from idled.ops.logs import plural
+from idled.protocol.tokens import API_ROLE, SecretError, load_secret, mint
 
 __all__ = ["add_arguments", "run", "fetch_status", "format_status"]
 
 PROG = "idled status"
 MAX_DOCUMENT = 1 << 20  # bytes read from /status at most
+TOKEN_TTL = 60.0  # seconds an API token minted from --secret-file is valid: this one request
+TOKEN_NAME = "idled-status"  # the name it is minted for
+REDACTED_NOTE = "redacted         names and paths need an API token: --token TOKEN or --secret-file FILE"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,13 +40,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the daemon's JSON document (default off)")
     parser.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS",
                         help="give up after this long (default 5)")
+    auth = parser.add_mutually_exclusive_group()
+    auth.add_argument("--token", metavar="TOKEN",
+                      help="an API token (idled token --api NAME) to read the whole status of a daemon with auth on "
+                           "(default none: the redacted one)")
+    auth.add_argument("--secret-file", metavar="FILE",
+                      help="mint a short-lived API token from the daemon's HMAC secret instead (default none)")
 
 
-def fetch_status(address: str, timeout: float) -> dict[str, Any]:
-    """GET http://ADDRESS/status; OSError (incl. URLError) if unreachable, ValueError if not a status."""
+def fetch_status(address: str, timeout: float, token: str | None = None) -> dict[str, Any]:
+    """GET http://ADDRESS/status (with ``token`` as ``Authorization: Bearer``); OSError (incl. URLError, and
+    HTTPError for a status other than 200) if unreachable, ValueError if not a status."""
     # No proxy: an http_proxy variable must not send a loopback status request elsewhere.
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    with opener.open(f"http://{address}/status", timeout=timeout) as response:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(f"http://{address}/status", headers=headers)
+    with opener.open(request, timeout=timeout) as response:
         body = response.read(MAX_DOCUMENT)
     document = json.loads(body)
     if not isinstance(document, dict) or "version" not in document:
@@ -58,25 +76,39 @@ def _duration(seconds: float) -> str:
 
 
 def format_status(doc: dict[str, Any]) -> str:
-    connections = doc.get("connections") or {}
-    ready = "ready" if doc.get("ready") else f"NOT READY: {doc.get('ready_reason')}"
-    lines = [
-        f"idled {doc.get('version')}, up {_duration(float(doc.get('uptime_seconds', 0)))}, {ready}"
-        + ("; shutting down" if doc.get("stopping") else ""),
-        f"sessions online  {doc.get('sessions_online')}"
-        + (f" ({plural(int(doc['users_online']), 'user')})" if doc.get("users_online") is not None else ""),
-        "connections      " + ", ".join(
-            plural(int(connections.get(role, 0)), role) for role in ("user", "gateway", "observer", "standby")
-        ) + f" ({int(connections.get('pending', 0))} logging in)",
-        f"gateways         {int(connections.get('gateway', 0))}",
-        f"observers        {int(connections.get('observer', 0))}",
-        f"standbys         {int(connections.get('standby', 0))}",
-        f"next seq         {doc.get('next_seq')}",
-        f"detector keys    {doc.get('detector_keys')} ({doc.get('detector_overflow_keys')} in overflow)",
-        f"client ports     {', '.join(str(p) for p in doc.get('ports') or []) or '-'}",
-        f"data dir         {doc.get('data_dir')}",
-        *_vitals_lines(doc),
-    ]
+    """The document as text, one line per thing it holds (a redacted one has fewer, and says so)."""
+    connections = doc.get("connections")
+    ready = "ready" if doc.get("ready") else f"NOT READY: {doc.get('ready_reason') or 'no reason given'}"
+    lines = [f"idled {doc.get('version')}, up {_duration(float(doc.get('uptime_seconds') or 0))}, {ready}"
+             + ("; shutting down" if doc.get("stopping") else "")]
+
+    def line(label: str, text: str) -> None:
+        lines.append(f"{label:<17}{text}")
+
+    if doc.get("role") not in (None, "active"):
+        line("role", str(doc["role"]))
+    if doc.get("sessions_online") is not None:
+        users = doc.get("users_online")
+        line("sessions online", f"{doc['sessions_online']}" + (f" ({plural(int(users), 'user')})" if users is not None else ""))
+    if isinstance(connections, dict):
+        line("connections", ", ".join(plural(int(connections.get(role, 0)), role)
+                                      for role in ("user", "gateway", "observer", "standby"))
+             + f" ({int(connections.get('pending', 0))} logging in)")
+        line("gateways", str(int(connections.get("gateway", 0))))
+        line("observers", str(int(connections.get("observer", 0))))
+        line("standbys", str(int(connections.get("standby", 0))))
+    if doc.get("next_seq") is not None:
+        line("next seq", str(doc["next_seq"]))
+    if doc.get("detector_keys") is not None:
+        overflow = doc.get("detector_overflow_keys")
+        line("detector keys", f"{doc['detector_keys']}" + (f" ({overflow} in overflow)" if overflow is not None else ""))
+    if "ports" in doc:
+        line("client ports", ", ".join(str(p) for p in doc.get("ports") or []) or "-")
+    if doc.get("data_dir") is not None:
+        line("data dir", str(doc["data_dir"]))
+    lines.extend(_vitals_lines(doc))
+    if doc.get("redacted"):
+        lines.append(REDACTED_NOTE)
     return "\n".join(lines)
 
 
@@ -101,16 +133,44 @@ def _vitals_lines(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _token(args: argparse.Namespace) -> str | None:
+    """``--token``, or one minted from ``--secret-file``, or None; ValueError (a usage error) for a bad file."""
+    if args.token:
+        return str(args.token)
+    if args.secret_file:
+        try:
+            return mint(load_secret(args.secret_file), API_ROLE, TOKEN_NAME, time.time() + TOKEN_TTL)
+        except SecretError as exc:
+            raise ValueError(str(exc)) from None
+    return None
+
+
+def _refusal(exc: urllib.error.HTTPError) -> str:
+    """The daemon's reason for a 401 (its JSON error's message), or its status line."""
+    try:
+        return str(json.loads(exc.read(MAX_DOCUMENT))["error"]["message"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"{exc.code} {exc.reason}"
+
+
 def run(args: argparse.Namespace) -> int:
     host, _, port = args.metrics.rpartition(":")
     if not host or not port.isdigit():
         print(f"{PROG}: --metrics must be HOST:PORT, got {args.metrics!r}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        document = fetch_status(args.metrics, args.timeout)
+        token = _token(args)
+    except ValueError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        document = fetch_status(args.metrics, args.timeout, token)
     except urllib.error.HTTPError as exc:
-        print(f"{PROG}: {args.metrics}/status answered {exc.code} {exc.reason} (an idled older than /status?)",
-              file=sys.stderr)
+        if exc.code == 401:
+            print(f"{PROG}: {args.metrics} refused the token: {_refusal(exc)}", file=sys.stderr)
+        else:
+            print(f"{PROG}: {args.metrics}/status answered {exc.code} {exc.reason} (an idled older than /status?)",
+                  file=sys.stderr)
         return EXIT_FAILURE
     except (TimeoutError, OSError) as exc:
         reason = getattr(exc, "reason", None) or exc

@@ -1,10 +1,20 @@
 """Health for probes and operators: what /healthz, /readyz and /status on the metrics endpoint answer.
 
-See `idled.ops.metrics` (the endpoint) and docs/operations.md (the probes). ``/readyz`` probes the event log's
+See `idled.ops.http` (the endpoint) and docs/operations.md (the probes). ``/readyz`` probes the event log's
 directory with a real write -- create, lock, write, fsync, unlink a small file (`probe_directory`, which
 `idled check-config` runs too), in a worker thread -- because
 ``os.access`` says nothing about a full disk, a read-only remount, an immutable or removed directory; the
 answer is cached for ``cache_seconds`` so a probe storm costs one write per second.
+
+Who gets what (``Health.access``, given the request's ``Authorization`` header): with auth off (no ``secret``:
+the endpoint is on loopback, or the operator said ``--insecure``) everyone gets everything. With auth on,
+``/healthz``, ``/readyz`` and ``/metrics`` answer anyone -- a kubelet probe or a Prometheus scrape carries no
+token -- but ``/readyz``'s reason has its paths scrubbed; ``/status`` without a token is the redacted document
+(`idled.ops.redact`: how the daemon is, not who is online); ``/status/live`` (the last events, with uids)
+needs the HTTP API's bearer token (role ``api``, ``idled token --api``), and so does the whole ``/status``. A
+request that shows an ``Authorization`` header which does not check out (another secret, expired, a login
+token, not ``Bearer``) is refused with 401 on both, so a client learns its token is no good instead of
+reading a redacted document as if it were whole.
 """
 
 from __future__ import annotations
@@ -13,20 +23,36 @@ import fcntl
 import json
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import trio
 
 from idled import __version__
-from idled.ops.statuspage import LIVE_PATH, live_query
+from idled.ops.redact import redact_status, scrub_paths
+from idled.ops.statuspage import JSON_HEADERS, LIVE_PATH, live_query
+from idled.protocol.tokens import API_ROLE, AuthError, verify_bearer
 
-__all__ = ["PROBE_NAME", "Health", "health_response", "probe_directory"]
+__all__ = ["CHALLENGE", "PROBE_NAME", "Access", "Health", "health_response", "probe_directory"]
 
 PROBE_NAME = ".readyz-probe"  # the file /readyz writes and removes in the data directory
 JSON_SEPARATORS = (",", ":")  # compact: the status page polls it every second
 LIVE_PROBE_AGE = 5.0  # seconds: an open status page makes the readiness probe write at most this seldom
+CHALLENGE: Final = (("WWW-Authenticate", 'Bearer realm="idled"'),)  # the HTTP API's, on every 401
+TOKEN_REQUIRED: Final = "Authorization: Bearer <api token> is required"
+
+
+@dataclass(frozen=True, slots=True)
+class Access:
+    """What one request may read (see the module docstring): ``full`` (auth off, or a good token), or not;
+    ``refused``: why the token it showed was refused (None: it showed none, or a good one); ``token``: it
+    showed a good token (its connection counts as authenticated at the door's gate)."""
+
+    full: bool
+    refused: str | None = None
+    token: bool = False
 
 
 def probe_directory(directory: Path) -> str | None:
@@ -53,7 +79,9 @@ class Health:
     ``data_dir``: the event log's directory, probed with a real write. ``status``: the server's part of the
     status document, called on the event loop. ``listening``: whether the client listener is open (and the
     server not shutting down). ``vitals(after, since)``: the ``vitals`` part of ``/status/live`` (events with a
-    seq above ``after``, samples newer than ``since``; see `idled.ops.statuspage`), called on the event loop."""
+    seq above ``after``, samples newer than ``since``; see `idled.ops.statuspage`), called on the event loop.
+    ``secret``: the HMAC secret API tokens are checked with (None: auth off, everything is open), at the time
+    ``wall`` gives (the server's ``Clock.wall``)."""
 
     def __init__(
         self,
@@ -64,6 +92,8 @@ class Health:
         vitals: Callable[[int, float | None], Mapping[str, Any]] = lambda after, since: {},
         version: str = __version__,
         cache_seconds: float = 1.0,
+        secret: bytes | None = None,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.status_source = status
@@ -71,6 +101,8 @@ class Health:
         self.vitals_source = vitals
         self.version = version
         self.cache_seconds = cache_seconds
+        self.secret = secret
+        self.wall = wall  # token expiry is judged on it: the server's wall clock, which never goes backwards
         self.started = time.monotonic()
         self._probed_at = -float("inf")
         self._log_problem: str | None = None
@@ -80,6 +112,32 @@ class Health:
         """In a worker thread: None if a file can be created, written, synced and removed in the directory."""
         problem = probe_directory(self.data_dir)
         return None if problem is None else f"event log directory {self.data_dir} is not writable: {problem}"
+
+    def access(self, authorizations: Sequence[str]) -> Access:
+        """What a request with these ``Authorization`` header values may read (two are one too many: refused,
+        rather than one of them picked)."""
+        if self.secret is None:
+            return Access(full=True)
+        if not authorizations:
+            return Access(full=False)
+        if len(authorizations) > 1:
+            return Access(full=False, refused="more than one Authorization header")
+        scheme, _, token = authorizations[0].strip().partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return Access(full=False, refused="the Authorization scheme must be Bearer")
+        try:
+            verify_bearer(self.secret, token.strip(), API_ROLE, self.wall())
+        except AuthError as exc:
+            return Access(full=False, refused=exc.reason)
+        return Access(full=True, token=True)
+
+    def known_paths(self) -> tuple[str, ...]:
+        """The paths a redacted answer must not show by name: the data directory, as given and resolved."""
+        return (str(self.data_dir), str(self.data_dir.absolute()), str(self.data_dir.resolve()))
+
+    def redacted(self, document: Mapping[str, Any]) -> dict[str, Any]:
+        """``document`` as an unauthenticated client may read it (`idled.ops.redact`)."""
+        return redact_status(document, self.known_paths())
 
     async def log_problem(self, max_age: float = 0.0) -> str | None:
         """Why the event log cannot be written (None: it can), probed at most once per ``cache_seconds`` (or
@@ -120,20 +178,34 @@ class Health:
         return document
 
 
-async def health_response(health: Health, path: str, query: str = "") -> tuple[int, bytes, str]:
-    """(status, body, content type) for /healthz, /readyz, /status and /status/live (``query``: its query)."""
+Headers = tuple[tuple[str, str], ...]
+
+
+def _json(document: Mapping[str, Any]) -> bytes:
+    return (json.dumps(document, sort_keys=True, separators=JSON_SEPARATORS) + "\n").encode()
+
+
+async def health_response(health: Health, path: str, query: str, access: Access) -> tuple[int, bytes, str, Headers]:
+    """(status, body, content type, extra headers) for /healthz, /readyz, /status and /status/live (``query``:
+    its query; ``access``: what the request may read, ``Health.access``)."""
     plain = "text/plain; charset=utf-8"
     if path == "/healthz":
-        return 200, b"ok\n", plain
+        return 200, b"ok\n", plain, ()
     if path == "/readyz":
         ready, reason = await health.ready()
-        return (200 if ready else 503), f"{reason}\n".encode(), plain
+        if not access.full:
+            reason = scrub_paths(reason, health.known_paths())
+        return (200 if ready else 503), f"{reason}\n".encode(), plain, ()
+    if access.refused is not None or (path == LIVE_PATH and not access.full):
+        refusal = {"error": {"code": "unauthorized", "message": access.refused or TOKEN_REQUIRED}}
+        return 401, _json(refusal), "application/json", JSON_HEADERS + CHALLENGE
     if path == LIVE_PATH:
         try:
             after, since = live_query(query)
         except ValueError as exc:
-            return 400, f"{exc}\n".encode(), plain
+            return 400, f"{exc}\n".encode(), plain, ()
         document = await health.live(after, since)
     else:
         document = await health.status()
-    return 200, (json.dumps(document, sort_keys=True, separators=JSON_SEPARATORS) + "\n").encode(), "application/json"
+    document = {**document, "redacted": False} if access.full else health.redacted(document)
+    return 200, _json(document), "application/json", JSON_HEADERS

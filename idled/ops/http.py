@@ -24,6 +24,13 @@ Given a :class:`Health`, the same endpoint answers the probes and the status doc
   and no protocol change. The server's part is read on the event loop (the handler runs there);
 * ``/status/live?after=SEQ&since=T`` -- the same with a ``vitals`` part: what the status page polls.
 
+With auth on (``Health.secret``), user ids, events and paths are for the HTTP API's bearer token only: the
+request's ``Authorization`` header is read from its head and judged by ``Health.access`` (see
+`idled.ops.health`): ``/status/live`` answers 401 without a good token, ``/status`` a redacted document,
+``/readyz`` a reason without paths; ``/healthz`` and ``/metrics`` answer anyone. A good token also tells the
+door's gate the connection is authenticated: it no longer counts against its address's share, and is not
+evicted to make room.
+
 And always ``/``, the status page (`idled.ops.statuspage`: three files served from memory, with their
 security headers; without a ``Health`` -- an edge -- a note that the page is the core's). Every response
 carries ``X-Content-Type-Options: nosniff``.
@@ -32,7 +39,7 @@ carries ``X-Content-Type-Options: nosniff``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Final, Protocol
 
@@ -41,7 +48,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from idled.ops.health import Health, health_response
 from idled.ops.metrics import CONTENT_TYPE
-from idled.ops.statuspage import JSON_HEADERS, LIVE_PATH, PAGE_HEADERS, Asset, load_assets
+from idled.ops.statuspage import LIVE_PATH, PAGE_HEADERS, Asset, load_assets
 
 __all__ = ["HEAD_TIMEOUT", "Admitted", "Gate", "serve_metrics"]
 
@@ -52,6 +59,7 @@ HEAD_TIMEOUT: Final = 2.0  # seconds a client has to send its whole request head
 _REASONS = {
     200: "OK",
     400: "Bad Request",
+    401: "Unauthorized",
     404: "Not Found",
     405: "Method Not Allowed",
     431: "Request Header Fields Too Large",
@@ -118,6 +126,12 @@ def _response(status: int, body: bytes, content_type: str, *, head_only: bool = 
 _HEALTH_PATHS = ("/healthz", "/readyz", "/status", LIVE_PATH)
 
 
+def _authorizations(head: bytes) -> list[str]:
+    """The values of the request's ``Authorization`` headers (``Health.access`` refuses more than one)."""
+    fields = (line.partition(b":") for line in head.split(b"\r\n")[1:])
+    return [value.strip().decode("latin-1") for name, _, value in fields if name.strip().lower() == b"authorization"]
+
+
 def _route(head: bytes, paths: Collection[str]) -> tuple[int, str, str, str]:
     """(status, method, path, query) for a request head: 404 for a path not in ``paths``, 405 for a method
     other than GET and HEAD."""
@@ -140,6 +154,8 @@ class Admitted(Protocol):
     stream: trio.abc.Stream
     deadline: float
     refused: object | None
+
+    def authenticated(self) -> None: ...
 
 
 class Gate(Protocol):
@@ -172,7 +188,7 @@ async def serve_metrics(
     assets: dict[str, Asset] = load_assets(full=health is not None)
     paths = {"/metrics", *assets, *(_HEALTH_PATHS if health is not None else ())}
 
-    async def respond(stream: trio.abc.Stream, head_deadline: float) -> None:
+    async def respond(stream: trio.abc.Stream, head_deadline: float, authenticated: Callable[[], None]) -> None:
         try:
             head = None
             with trio.move_on_at(head_deadline):
@@ -193,8 +209,10 @@ async def serve_metrics(
                                             headers=PAGE_HEADERS))
             return
         if health is not None and path != "/metrics":
-            code, body, kind = await health_response(health, path, query)
-            headers = JSON_HEADERS if kind == "application/json" else ()
+            access = health.access(_authorizations(head))
+            if access.token:
+                authenticated()
+            code, body, kind, headers = await health_response(health, path, query, access)
             await stream.send_all(_response(code, body, kind, head_only=head_only, headers=headers))
             return
         try:
@@ -211,7 +229,7 @@ async def serve_metrics(
                 if entry.refused is not None:
                     return  # a few per address, and room made for the newest: closed below
                 with trio.move_on_after(timeout):
-                    await respond(entry.stream, entry.deadline)
+                    await respond(entry.stream, entry.deadline, entry.authenticated)
                     await _linger(stream)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the client went away

@@ -11,6 +11,13 @@ cheap to send whole (rates, the lateness histogram). A first poll (no ``after``/
 events and the last ten minutes. The document is built on the event loop from in-memory state; nothing is
 written, nothing is changed: the page is read-only, and the endpoint has no method but GET and HEAD.
 
+With auth on, ``/status/live`` answers 401 without the HTTP API's bearer token (`idled.ops.health`): the page
+then draws what the redacted ``/status`` holds (counts, readiness, configuration) and shows a small form for
+an API token. The token is kept in the tab's ``sessionStorage`` only (gone when the tab closes; never in the
+URL, a cookie or ``localStorage``), sent as ``Authorization: Bearer`` on each poll, and forgotten -- with the
+daemon's reason shown -- as soon as the daemon refuses it. The form is handled by the script and never
+submitted (the CSP's ``form-action 'none'`` would refuse it anyway).
+
 Every file of the page is sent with ``Content-Security-Policy: default-src 'self'`` (no inline script or
 style, nothing from elsewhere, no framing), ``X-Content-Type-Options: nosniff`` and ``Cache-Control:
 no-cache`` (revalidated on each load, so an upgraded daemon never runs yesterday's script); the JSON with

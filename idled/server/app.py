@@ -295,7 +295,7 @@ class Server:
         metrics_listeners = self.listening.pop("metrics", [])
         if metrics_listeners and self.metrics.registry is not None:  # NullMetrics: nothing to export
             health = Health(self.log.directory, status=self.status, listening=lambda: bool(self.ports) and not self.stopping,
-                            vitals=self.vitals.live)
+                            vitals=self.vitals.live, secret=self.secret, wall=self.clock.wall)
             await nursery.start(functools.partial(serve_metrics, health=health), self.metrics.registry,
                                 metrics_listeners, metrics_gate())
         else:

@@ -226,7 +226,8 @@ class StandbyServer:
         metrics_listeners = opened.get("metrics", [])
         if metrics_listeners and isinstance(self.metrics, Metrics):
             self.metrics.registry.register(StandbyCollector(link))
-            health = Health(self.log.directory, status=self.status, listening=lambda: not self.admission.stopping)
+            health = Health(self.log.directory, status=self.status, listening=lambda: not self.admission.stopping,
+                            secret=self.secret, wall=self.wall)
             await nursery.start(functools.partial(serve_metrics, health=health), self.metrics.registry,
                                 metrics_listeners, metrics_gate())
         else:

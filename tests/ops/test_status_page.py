@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry
 
 from idled.ops.statuspage import CSP, live_query
 from idled.protocol import Login, encode
+from idled.protocol.tokens import API_ROLE, mint
 from idled.tools.bench.daemon import Daemon
 from idled.tools.browser import BrowserUnavailable, start_chromium
 from tests import peers
@@ -140,10 +141,10 @@ class Serve(Daemon):
         self.metrics_port = peers.free_port()
         super().__init__(tmp_path, "--metrics-port", str(self.metrics_port), "--tick", "0.1", "--fsync", "never", *extra)
 
-    def login(self, uid: str, keepalive: float) -> socket.socket:
+    def login(self, uid: str, keepalive: float, token: str | None = None) -> socket.socket:
         """A user logged in (welcome read); it sends nothing more, so it goes idle after 1.5 x keepalive."""
         sock = socket.create_connection(("127.0.0.1", self.port), timeout=10)
-        sock.sendall(encode(Login("uid", uid, None, keepalive)))
+        sock.sendall(encode(Login("uid", uid, token, keepalive)))
         reply = sock.recv(4096)
         assert b"welcome" in reply, reply
         return sock
@@ -261,6 +262,84 @@ def test_the_page_of_a_core_with_workers_shows_them(browser: Any, tmp_path: Path
         until(lambda: sorted(cells(browser, "#workers td:nth-child(5)")) == ["0", "1"], 5, "the user's session")
         assert problems(browser) == []
         screenshot(browser, "status-page-workers.png")
+    finally:
+        for user in users:
+            user.close()
+        serve.stop()
+
+
+def displayed(driver: Any, element_id: str) -> bool:
+    return bool(driver.find_element("id", element_id).is_displayed())
+
+
+def enter_token(driver: Any, token: str) -> None:
+    field = driver.find_element("id", "token")
+    field.clear()
+    field.send_keys(token)
+    driver.find_element("css selector", "#auth-form button[type=submit]").click()
+
+
+def stored(driver: Any) -> tuple[str | None, int]:
+    """(the token in sessionStorage, how many items localStorage holds)."""
+    return tuple(driver.execute_script(
+        "return [sessionStorage.getItem('idled.apiToken'), localStorage.length]"))  # type: ignore[return-value]
+
+
+@pytest.mark.slow
+def test_with_auth_on_the_page_asks_for_the_api_token_and_says_when_it_is_refused(browser: Any, tmp_path: Path) -> None:
+    """Auth on: the page shows how the daemon is (the redacted /status) and asks for the HTTP API's token; a
+    refused token is said so and forgotten; a good one shows the live page, kept in sessionStorage only."""
+    secret = b"status-page-secret-0123456789"
+    secret_file = tmp_path / "secret"
+    secret_file.write_bytes(secret)
+    os.chmod(secret_file, 0o600)
+    serve = Serve(tmp_path, "--secret-file", str(secret_file))
+    uid = "page-carol"
+    users: list[socket.socket] = []
+    try:
+        users.append(serve.login(uid, keepalive=60, token=mint(secret, "uid", uid, time.time() + 60)))
+        page = f"http://127.0.0.1:{serve.metrics_port}/"
+        browser.get(page)
+        until(lambda: displayed(browser, "auth"), 10, "the token form")
+        assert browser.find_element("id", "link").text == "token needed"
+        until(lambda: browser.find_element("id", "sessions").text == "1", 5, "the redacted status's figures")
+        assert browser.find_element("id", "ready").text == "ready" and "tick" in cells(browser, "#config dt")
+        assert uid not in browser.page_source and not browser.find_elements("css selector", "#events tr")
+        assert browser.find_element("id", "events-none").text == "The last events need an API token."
+        screenshot(browser, "status-page-token-needed.png")
+
+        refused = {"token expired": mint(secret, API_ROLE, "ops", time.time() - 5),
+                   "token is a login token, not an api token": mint(secret, "uid", uid, time.time() + 60),
+                   "token signature does not match": mint(b"another-secret-0123456789ab", API_ROLE, "ops", time.time() + 60)}
+        for reason, token in refused.items():
+            enter_token(browser, token)
+            until(lambda reason=reason: reason in browser.find_element("id", "auth-error").text, 5, f"the refusal ({reason})")
+            assert browser.find_element("id", "auth-error").text.startswith("The token was refused: ")
+            assert displayed(browser, "auth") and stored(browser) == (None, 0)  # a refused token is not kept
+            time.sleep(1.2)  # the next poll (no token) keeps the message up
+            assert reason in browser.find_element("id", "auth-error").text
+        assert uid not in browser.page_source
+
+        token = mint(secret, API_ROLE, "ops", time.time() + 600)
+        enter_token(browser, token)
+        until(lambda: browser.find_element("id", "link").text == "live", 5, "the live page")
+        until(lambda: browser.find_elements("css selector", f"#events tr[data-uid='{uid}']"), 5, "the user's login")
+        assert not displayed(browser, "auth") and displayed(browser, "forget")
+        assert stored(browser) == (token, 0) and token not in browser.current_url
+        requested = browser.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
+        assert requested and not [name for name in requested if token in name]  # in a header, never in a URL
+        screenshot(browser, "status-page-with-token.png")
+
+        browser.refresh()  # the same tab keeps it (sessionStorage), without asking again
+        until(lambda: browser.find_elements("css selector", f"#events tr[data-uid='{uid}']"), 10, "live after a reload")
+        assert not displayed(browser, "auth")
+
+        browser.find_element("id", "forget").click()
+        until(lambda: displayed(browser, "auth"), 5, "the form after forgetting")
+        assert stored(browser) == (None, 0) and not browser.find_elements("css selector", "#events tr")
+        assert uid not in browser.page_source
+        unexpected = [p for p in problems(browser) if not ("status/live" in p and "401" in p)]
+        assert unexpected == []
     finally:
         for user in users:
             user.close()

@@ -1,13 +1,17 @@
 // idled status page: polls status/live about once a second and draws everything (inline SVG, DOM text only:
 // no innerHTML, uids are whatever clients sent). Read-only: it only ever GETs.
+// With auth on, status/live answers 401 without the HTTP API's token: the page then shows what the redacted
+// status holds and asks for a token, kept in sessionStorage only (this tab, until it closes; never in the URL
+// or localStorage) and sent as "Authorization: Bearer".
 "use strict";
 
 const POLL_MS = 1000;
+const TOKEN_KEY = "idled.apiToken"; // sessionStorage
 const WINDOW_S = 600; // the charts' span: the daemon keeps ten minutes of one-second samples
 const SVG = "http://www.w3.org/2000/svg";
 const H = 170, LEFT = 48, RIGHT = 8, TOP = 10, BOTTOM = 22;
 
-const state = { after: 0, since: null, history: [], events: [], limit: 100, uptime: null };
+const state = { after: 0, since: null, history: [], events: [], limit: 100, uptime: null, timer: null, locked: false };
 
 function $(id) { return document.getElementById(id); }
 
@@ -229,7 +233,7 @@ function drawStatus(doc) {
       + (c.standby ? ` · ${number(c.standby)} standby` : "")
       + (c.pending ? ` · ${number(c.pending)} logging in` : ""));
   }
-  const rates = doc.vitals.rates || {};
+  const rates = (doc.vitals && doc.vitals.rates) || {};
   text("rate-10s", number(rates.events_per_second_10s));
   text("rate-1m", number(rates.events_per_second_1m));
   text("next-seq", number(doc.next_seq));
@@ -267,19 +271,106 @@ function setLink(ok, error) {
   text("error", ok ? "" : `last poll failed: ${error}`);
 }
 
+function storedToken() {
+  try { return sessionStorage.getItem(TOKEN_KEY); } catch (e) { return null; }
+}
+
+// The daemon's reason for a 401 ({"error": {"message": ...}}), or its status line.
+async function refusal(response) {
+  try { return (await response.json()).error.message; } catch (e) { return `${response.status} ${response.statusText}`; }
+}
+
+// Forgets what the last token showed (the events, the charts) and shows the token form; `refused`: the
+// daemon's reason for refusing the token just sent, shown until another is entered.
+function lock(refused) {
+  if (!state.locked) {
+    Object.assign(state, { after: 0, since: null, history: [], events: [], uptime: null, locked: true });
+    clear($("events"));
+    drawHistory(Date.now() / 1000);
+  }
+  $("auth").hidden = false;
+  $("forget").hidden = true;
+  if (refused) text("auth-error", `The token was refused: ${refused}. Enter another API token.`);
+  $("events-none").hidden = false;
+  text("events-none", "The last events need an API token.");
+  const link = $("link");
+  link.textContent = "token needed";
+  link.className = "badge bad";
+}
+
+function unlock() {
+  state.locked = false;
+  $("auth").hidden = true;
+  text("events-none", "No event yet.");
+}
+
+// Locked: the redacted /status (how the daemon is: counts, readiness, configuration) for the cards.
+async function pollRedacted() {
+  const response = await fetch("status", { cache: "no-store" });
+  if (!response.ok) throw new Error(`${response.status} ${response.statusText}`);
+  const doc = await response.json();
+  drawStatus(doc);
+  text("rate-1m", number(doc.events_per_second));
+  drawLateness(doc.lateness ? { ...doc.lateness, buckets: [] } : null); // its percentiles, not its buckets
+  drawWorkers(doc.workers);
+  drawConfig(doc.config);
+  text("error", "");
+  text("updated", new Date().toLocaleTimeString("en-GB", { hour12: false }));
+}
+
 async function poll() {
+  state.timer = null;
   const query = new URLSearchParams({ after: String(state.after) });
   if (state.since !== null) query.set("since", String(state.since));
   let again = POLL_MS;
   try {
-    const response = await fetch(`status/live?${query}`, { cache: "no-store" });
-    if (!response.ok) throw new Error(`${response.status} ${response.statusText}`);
-    if (!apply(await response.json())) again = 0;
-    setLink(true);
+    const sent = storedToken();
+    const headers = sent ? { Authorization: `Bearer ${sent}` } : {};
+    const response = await fetch(`status/live?${query}`, { cache: "no-store", headers });
+    if (response.status === 401 && storedToken() !== sent) {
+      again = 0; // a token was entered (or forgotten) while this request was under way: ask again with it
+    } else if (response.status === 401) {
+      const why = await refusal(response);
+      if (sent) sessionStorage.removeItem(TOKEN_KEY); // refused: never sent again
+      lock(sent ? why : null);
+      await pollRedacted();
+    } else {
+      if (!response.ok) throw new Error(`${response.status} ${response.statusText}`);
+      if (state.locked) unlock();
+      $("forget").hidden = !sent; // (a tab reloaded with its token: not locked before)
+      if (!apply(await response.json())) again = 0;
+      setLink(true);
+    }
   } catch (error) {
     setLink(false, error.message || error);
   }
-  setTimeout(poll, again); // one request at a time: the next starts after this one ended
+  state.timer = setTimeout(poll, again); // one request at a time: the next starts after this one ended
 }
+
+// Polls at once (a token entered or forgotten), unless a poll is under way: its end schedules the next.
+function pollNow() {
+  if (state.timer === null) return;
+  clearTimeout(state.timer);
+  poll();
+}
+
+$("auth-form").addEventListener("submit", event => {
+  event.preventDefault(); // never submitted anywhere: the token stays in this tab
+  const input = $("token");
+  const token = input.value.trim();
+  input.value = "";
+  if (!token) return;
+  sessionStorage.setItem(TOKEN_KEY, token);
+  text("auth-error", "");
+  $("auth").hidden = true;
+  pollNow();
+});
+
+$("forget").addEventListener("click", () => {
+  sessionStorage.removeItem(TOKEN_KEY);
+  text("auth-error", "");
+  lock(null);
+  pollNow();
+});
 
 poll();
