@@ -216,16 +216,16 @@ class HttpConnection:
         while True:
             event = self.conn.next_event()
             if isinstance(event, h11.Data):
-                chunks.append(bytes(event.data))
+                chunks.append(event.data)
             elif isinstance(event, h11.EndOfMessage):
                 return b"".join(chunks)
             elif event is h11.NEED_DATA:
-                if not self.inbox.data and not await self._receive(min(RECEIVE_BYTES, wanted)):
-                    self.conn.receive_data(b"")  # closed mid-body: h11 raises
-                    continue
-                piece = self.inbox.take(wanted)
+                if self.inbox.data:  # (read with the head, or before it)
+                    piece = self.inbox.take(wanted)
+                else:  # straight to h11 (bytes() of bytes is no copy): never more than the body still wants
+                    piece = bytes(await self.stream.receive_some(min(RECEIVE_BYTES, wanted)))
                 wanted -= len(piece)
-                self.conn.receive_data(piece)
+                self.conn.receive_data(piece)  # (b"": closed mid-body, h11 raises)
             else:
                 raise _Close
 
