@@ -14,6 +14,7 @@ CODES: Final = {
     "not_online": 404,
     "method_not_allowed": 405,
     "timeout": 408,
+    "length_required": 411,
     "too_large": 413,
     "headers_too_large": 431,
     "rate_limited": 429,

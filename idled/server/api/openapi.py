@@ -87,6 +87,7 @@ def _errors(*codes: int) -> dict[str, Any]:
 
 
 _COMMON: Final = (400, 401, 408, 413, 429, 431, 500, 503)
+_WITH_BODY: Final = (*_COMMON, 405, 411)  # a body needs a Content-Length
 
 OPENAPI: Final[dict[str, Any]] = {
     "openapi": "3.1.0",
@@ -100,7 +101,8 @@ OPENAPI: Final[dict[str, Any]] = {
     "security": [{"bearer": []}, {}],
     "paths": {
         "/v1/presence": {
-            "get": {"summary": "presence of the uids given as uid= parameters (strings)",
+            "get": {"summary": "presence of the uids given as uid= parameters (strings; the request head is at most "
+                               "16 KiB: large batches go by POST)",
                     "parameters": [{"name": "uid", "in": "query", "required": True, "explode": True,
                                     "schema": {"type": "array", "items": {"type": "string"}}}],
                     "responses": {"200": {"description": "one entry per uid, in order", "content": _json("Presence")},
@@ -108,7 +110,7 @@ OPENAPI: Final[dict[str, Any]] = {
             "post": {"summary": "presence of the uids in the body (str or int, kept distinct)",
                      "requestBody": {"required": True, "content": _json("PresenceRequest")},
                      "responses": {"200": {"description": "one entry per uid, in order", "content": _json("Presence")},
-                                   **_errors(*_COMMON, 405)}},
+                                   **_errors(*_WITH_BODY)}},
         },
         "/v1/stats": {"get": {"summary": "the daemon at a glance",
                               "responses": {"200": {"description": "stats", "content": _json("Stats")},
@@ -116,7 +118,7 @@ OPENAPI: Final[dict[str, Any]] = {
         "/v1/kick": {"post": {"summary": "end a user's sessions (or one device's) now",
                               "requestBody": {"required": True, "content": _json("KickRequest")},
                               "responses": {"200": {"description": "sessions ended", "content": _json("Kicked")},
-                                            **_errors(*_COMMON, 404, 405)}}},
+                                            **_errors(*_WITH_BODY, 404)}}},
         "/v1/openapi.json": {"get": {"summary": "this document",
                                      "responses": {"200": {"description": "OpenAPI 3.1",
                                                            "content": {"application/json": {}}}}}},

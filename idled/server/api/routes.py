@@ -1,14 +1,17 @@
-"""Dispatch: one request (method, target, headers, body) in, one JSON document and status out.
+"""Dispatch, in two steps: a request admitted at its head, then run with its body, one JSON document out.
 
 Theory of operation
 -------------------
-``Router.answer`` is what the HTTP loop (``idled.server.api.http``) calls once a whole request has arrived
-(its head and body within their limits). In order: the route (unknown path: ``not_found``; known path, other
-method: ``method_not_allowed`` with ``Allow``), the rate limit (``ratelimit.RateLimiter``, per client address:
-``rate_limited`` with ``Retry-After``), the bearer token (with a secret: ``Authorization: Bearer <api token>``,
-checked in constant time by ``idled.protocol.tokens.verify_bearer``: ``unauthorized`` with
-``WWW-Authenticate: Bearer``), then the handler. A handler signals a client error with ``ApiError``; any other
-exception is a bug: logged with its traceback and answered ``500 internal``, never raised into the server.
+``Router.admit`` is what the HTTP loop (``idled.server.api.http``) calls as soon as a request head is in,
+before a byte of its body is read. In order: the route (unknown path: ``not_found``; known path, other
+method: ``method_not_allowed`` with ``Allow``; HEAD is served wherever GET is, by GET's handler), the rate
+limit (``ratelimit.RateLimiter``, per client address: ``rate_limited`` with ``Retry-After``), the bearer token
+(with a secret: ``Authorization: Bearer <api token>``, checked in constant time by
+``idled.protocol.tokens.verify_bearer``: ``unauthorized`` with ``WWW-Authenticate: Bearer``). It answers a
+refusal, or hands back a ``Ticket``: the loop reads the body (only now: a client without a token never gets
+its body read, nor held) and calls ``Router.run``, which runs the handler. A handler signals a client error
+with ``ApiError``; any other exception is a bug: logged with its traceback and answered ``500 internal``,
+never raised into the server.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
 import trio
@@ -31,17 +35,29 @@ from idled.server.api.ratelimit import RateLimiter
 from idled.server.api.request import body_uids, kick_request, query_uids, split_target
 from idled.server.api.stats import stats
 
-__all__ = ["OTHER_ROUTE", "ROUTES", "Answer", "Router"]
+__all__ = ["OTHER_ROUTE", "ROUTES", "Answer", "Router", "Ticket"]
 
 log = logging.getLogger("idled.server.api")
 
-ROUTES: Final = {"/v1/presence": ("GET", "POST"), "/v1/stats": ("GET",), "/v1/kick": ("POST",),
-                 "/v1/openapi.json": ("GET",)}
+ROUTES: Final = {"/v1/presence": ("GET", "HEAD", "POST"), "/v1/stats": ("GET", "HEAD"), "/v1/kick": ("POST",),
+                 "/v1/openapi.json": ("GET", "HEAD")}  # HEAD: GET's answer without its body
 OTHER_ROUTE: Final = "other"  # the route label of every path not served (a bounded metric label)
 
 # (route label, status, JSON document, extra headers)
 Answer = tuple[str, int, Any, tuple[tuple[str, str], ...]]
 Handler = Callable[[str, str, bytes], Awaitable[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Ticket:
+    """A request admitted at its head: its route label, handler and query string, the method its handler
+    runs (HEAD runs GET's); ``token``: it carried a good bearer token (False: auth is off)."""
+
+    route: str
+    handler: Handler
+    query: str
+    method: str
+    token: bool
 
 
 class Router:
@@ -65,8 +81,8 @@ class Router:
             ("GET", "/v1/openapi.json"): self._openapi,
         }
 
-    async def answer(self, method: str, target: bytes, headers: Sequence[tuple[bytes, bytes]], body: bytes,
-                     client: str) -> Answer:
+    def admit(self, method: str, target: bytes, headers: Sequence[tuple[bytes, bytes]], client: str) -> Ticket | Answer:
+        """The request's head judged (see the module docstring): a ticket to run it, or the answer refusing it."""
         route = OTHER_ROUTE
         try:
             path, query = split_target(target)
@@ -78,13 +94,21 @@ class Router:
                 raise ApiError("method_not_allowed", f"{path} allows {', '.join(methods)}",
                                (("Allow", ", ".join(methods)),))
             self._admit(client)
-            self._authorize(headers)
-            return route, 200, await self.handlers[method, path](query, method, body), ()
+            token = self._authorize(headers)
+            runs = "GET" if method == "HEAD" else method
+            return Ticket(route, self.handlers[runs, path], query, runs, token)
         except ApiError as exc:
             return route, exc.status, exc.document(), exc.headers
+
+    async def run(self, ticket: Ticket, body: bytes) -> Answer:
+        """Run an admitted request's handler on its body."""
+        try:
+            return ticket.route, 200, await ticket.handler(ticket.query, ticket.method, body), ()
+        except ApiError as exc:
+            return ticket.route, exc.status, exc.document(), exc.headers
         except Exception:
-            log.exception("HTTP API: %s %r failed", method, target[:200])
-            return route, 500, ApiError("internal", "internal error (logged)").document(), ()
+            log.exception("HTTP API: %s %s?%s failed", ticket.method, ticket.route, ticket.query[:200])
+            return ticket.route, 500, ApiError("internal", "internal error (logged)").document(), ()
 
     def _admit(self, client: str) -> None:
         wait = self.limiter.take(client, self.clock())
@@ -92,9 +116,10 @@ class Router:
             raise ApiError("rate_limited", f"more than {self.config.api_rate:g} requests/s",
                            (("Retry-After", str(max(1, math.ceil(wait)))),))
 
-    def _authorize(self, headers: Sequence[tuple[bytes, bytes]]) -> None:
+    def _authorize(self, headers: Sequence[tuple[bytes, bytes]]) -> bool:
+        """True: a good api token; False: auth is off. Else ``unauthorized``."""
         if self.secret is None:
-            return  # auth off: the API listens on a loopback address only (or --insecure)
+            return False  # auth off: the API listens on a loopback address only (or --insecure)
         value = next((v for name, v in headers if name == b"authorization"), None)
         challenge = (("WWW-Authenticate", 'Bearer realm="idled"'),)
         if value is None:
@@ -106,6 +131,7 @@ class Router:
             verify_bearer(self.secret, token.strip(), API_ROLE, self.backend.sessions.clock.wall())
         except AuthError as exc:
             raise ApiError("unauthorized", exc.reason, challenge) from None
+        return True
 
     # -- handlers -------------------------------------------------------------------------------------------
 

@@ -5,9 +5,13 @@ Theory of operation
 ``Api.serve`` serves the listeners the door opened on ``api_host:api_port`` (``idled.door``: refused with
 auth off on an address that is not local, as every listener is), reports the port through ``task_status`` and
 accepts in its own nursery, one task per connection (``http.HttpConnection``), each through the door's gate
-first (a share per address of the connections that have not made an authenticated request). Connections beyond ``api_max_clients`` are
-answered ``503 unavailable`` and closed (a short deadline each; beyond twice the limit they are closed
-unanswered, so a flood never holds more than that many tasks). ``close()`` (the server stops): stop
+first: a share per source address (``max_pending_per_address``) of the connections that have not yet made
+a request with a good token (auth off: a whole request) -- beyond it a connection is closed unread, so one
+address's silent or slow connections cannot take the room of the others'; the connection tells the gate
+once it has shown a token (``entry.authenticated()``), and stops counting against its address. Connections
+beyond ``api_max_clients`` are answered ``503 unavailable`` from their head (their body never read) and
+closed (a short deadline each; beyond twice the limit they are closed unanswered, so a flood never holds
+more than that many tasks). ``close()`` (the server stops): stop
 accepting, cancel every connection waiting between requests; a request in progress is answered, with
 ``Connection: close``. A handler's failure is contained in ``routes.Router`` (500, logged); a connection's
 own failure ends that connection only.
@@ -18,7 +22,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Sequence
-from typing import Final
+from typing import Final, NoReturn
 
 import trio
 
@@ -29,7 +33,7 @@ from idled.server.api.backend import Backend
 from idled.server.api.errors import ApiError
 from idled.server.api.http import HttpConnection
 from idled.server.api.metrics import ApiMetrics
-from idled.server.api.routes import OTHER_ROUTE, Answer, Router
+from idled.server.api.routes import OTHER_ROUTE, Answer, Router, Ticket
 
 __all__ = ["REFUSE_TIMEOUT", "Api"]
 
@@ -88,9 +92,9 @@ class Api:
         if self.open >= self.config.api_max_clients:
             await self._refuse(stream, client)
             return
-        connection = HttpConnection(stream, client, self.router.answer, max_body=self.config.api_max_body,
+        connection = HttpConnection(stream, client, self.router, max_body=self.config.api_max_body,
                                     timeout=self.config.api_request_timeout, observe=self.metrics.observe,
-                                    closing=lambda: self.closing)
+                                    closing=lambda: self.closing, authenticated=entry.authenticated)
         self.open += 1
         self.metrics.connections.inc()
         self._connections.add(connection)
@@ -109,17 +113,26 @@ class Api:
             return
         self.refusing += 1
         try:
-            busy = f"more than {self.config.api_max_clients} HTTP API connections"
-
-            async def refuse(*_: object) -> Answer:
-                return OTHER_ROUTE, 503, ApiError("unavailable", busy).document(), (("Retry-After", "1"),)
-
-            connection = HttpConnection(stream, client, refuse, max_body=self.config.api_max_body,
-                                        timeout=REFUSE_TIMEOUT, observe=self.metrics.observe, closing=lambda: False,
-                                        single=True)
+            connection = HttpConnection(stream, client, _Busy(self.config.api_max_clients),
+                                        max_body=self.config.api_max_body, timeout=REFUSE_TIMEOUT,
+                                        observe=self.metrics.observe, closing=lambda: False, single=True)
             await connection.serve()
         finally:
             self.refusing -= 1
+
+
+class _Busy:
+    """The dispatcher of a connection beyond ``api_max_clients``: every request is refused from its head."""
+
+    def __init__(self, max_clients: int) -> None:
+        self.answer: Answer = (OTHER_ROUTE, 503, ApiError("unavailable", f"more than {max_clients} HTTP API "
+                               "connections").document(), (("Retry-After", "1"),))
+
+    def admit(self, method: str, target: bytes, headers: Sequence[tuple[bytes, bytes]], client: str) -> Answer:
+        return self.answer
+
+    async def run(self, ticket: Ticket, body: bytes) -> NoReturn:
+        raise AssertionError("never admitted")
 
 
 def _client(stream: trio.SocketStream) -> str:

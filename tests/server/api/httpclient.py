@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import h11
@@ -44,8 +45,8 @@ class HttpClient:
         self.conn = h11.Connection(h11.CLIENT)
 
     @classmethod
-    async def connect(cls, port: int) -> HttpClient:
-        return cls(await trio.open_tcp_stream("127.0.0.1", port))
+    async def connect(cls, port: int, source: str | None = None) -> HttpClient:
+        return cls(await trio.open_tcp_stream("127.0.0.1", port, local_address=source))
 
     async def aclose(self) -> None:
         await self.stream.aclose()
@@ -70,6 +71,9 @@ class HttpClient:
 
     async def get(self, target: str, headers: tuple[Header, ...] = ()) -> Response:
         return await self.call("GET", target, headers=headers)
+
+    async def head(self, target: str, headers: tuple[Header, ...] = ()) -> Response:
+        return await self.call("HEAD", target, headers=headers)
 
     async def post(self, target: str, body: Any, headers: tuple[Header, ...] = ()) -> Response:
         return await self.call("POST", target, body, headers)
@@ -124,3 +128,29 @@ async def raw_exchange(port: int, data: bytes, *, read_timeout: float = 5.0) -> 
             except trio.BrokenResourceError:
                 pass
     return out
+
+
+async def talk(port: int, data: bytes, *, source: str | None = None, read_timeout: float = 5.0) -> tuple[bytes, bool]:
+    """Send ``data`` as is (from ``source``, a loopback address), read until the server closes: (what was read,
+    whether the server closed it before ``read_timeout``)."""
+    stream = await trio.open_tcp_stream("127.0.0.1", port, local_address=source)
+    out = b""
+    closed = False
+    async with stream:
+        try:
+            await stream.send_all(data)
+        except trio.BrokenResourceError:
+            pass  # answered and closed before it read everything: the answer is still there to read
+        with trio.move_on_after(read_timeout):
+            try:
+                while chunk := await stream.receive_some(65536):
+                    out += chunk
+            except trio.BrokenResourceError:
+                pass
+            closed = True
+    return out, closed
+
+
+def statuses(raw: bytes) -> list[int]:
+    """The status of every response in ``raw`` (bytes read off one connection), in order."""
+    return [int(status) for status in re.findall(rb"HTTP/1\.1 (\d{3}) ", raw)]

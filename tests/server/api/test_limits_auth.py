@@ -25,7 +25,7 @@ async def test_body_too_large_and_head_too_large(tmp_path: Path) -> None:
             r = await c.post("/v1/presence", {"uids": ["x" * 200] * 40})
             assert r.status == 413 and r.json()["error"]["code"] == "too_large" and r.headers["connection"] == "close"
         chunked = b"POST /v1/presence HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + b"1000\r\n" + b"x" * 4096 + b"\r\n" + b"1000\r\n" + b"x" * 4096 + b"\r\n0\r\n\r\n"
-        assert (await raw_exchange(port, chunked)).startswith(b"HTTP/1.1 413")
+        assert (await raw_exchange(port, chunked)).startswith(b"HTTP/1.1 411")  # a length first: then 413 unread
         huge = b"GET /v1/stats HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 200_000 + b"\r\n\r\n"
         assert (await raw_exchange(port, huge)).startswith(b"HTTP/1.1 431")
         assert (await raw_exchange(port, b"NOT HTTP AT ALL\r\n\r\n")).startswith(b"HTTP/1.1 400")
@@ -111,13 +111,13 @@ async def test_bearer_tokens(tmp_path: Path) -> None:
             "Bearer " + mint(SECRET, "uid", "alice", time.time() + 60): 401,  # a login token
             "Bearer " + mint(SECRET, "observer", "obs", time.time() + 60): 401,
         }
-        async with await HttpClient.connect(h.server.api.port) as c:
-            for header, status in cases.items():
+        for header, status in cases.items():
+            async with await HttpClient.connect(h.server.api.port) as c:  # a 401 closes its connection
                 r = await c.get("/v1/stats", headers=() if header is None else (("Authorization", header),))
                 assert r.status == status, (header, r)
                 if status == 401:
                     assert r.headers["www-authenticate"].startswith("Bearer")
-                    assert r.json()["error"]["code"] == "unauthorized"
+                    assert r.json()["error"]["code"] == "unauthorized" and r.headers["connection"] == "close"
         # ... and an api token never logs in over the binary protocol
         peer = await h.connect()
         await peer.send(Login("uid", "ops", good))
@@ -138,3 +138,52 @@ async def test_no_secret_refuses_a_public_address(tmp_path: Path) -> None:
         async with running(tmp_path, api_host="0.0.0.0", api_port=free_port()):
             pass
     assert info.group_contains(Fatal) if isinstance(info.value, BaseExceptionGroup) else isinstance(info.value, Fatal)
+
+
+async def test_no_token_is_a_401_before_a_byte_of_the_body(tmp_path: Path) -> None:
+    secret_file = tmp_path / "secret"
+    secret_file.write_bytes(SECRET)
+    async with api_server(tmp_path, secret_file=str(secret_file)) as h:
+        assert h.server.api is not None
+        port = h.server.api.port
+        for headers in (b"", b"Authorization: Bearer forged\r\n", b"Expect: 100-continue\r\n"):
+            # a body as large as allowed (1 MiB), announced and then not sent: the answer must not wait for it
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            out = b""
+            async with stream:
+                await stream.send_all(b"POST /v1/presence HTTP/1.1\r\nHost: x\r\nContent-Length: 1048576\r\n"
+                                      + headers + b"\r\n" + b"x" * 1000)
+                with trio.fail_after(3):  # the request timeout (10 s) is far
+                    try:
+                        while chunk := await stream.receive_some(65536):
+                            out += chunk
+                    except trio.BrokenResourceError:
+                        pass
+            assert out.startswith(b"HTTP/1.1 401 "), (headers, out)  # not "100 Continue" first, either
+            assert b"connection: close" in out.lower() and b'"unauthorized"' in out
+        good = mint(SECRET, "api", "ops", time.time() + 60)
+        async with await HttpClient.connect(port) as c:  # with a good token the body is read and answered
+            r = await c.post("/v1/presence", {"uids": ["a"] * 1000}, headers=(("Authorization", "Bearer " + good),))
+            assert r.status == 200 and len(r.json()["users"]) == 1000
+
+
+async def test_a_good_token_gives_its_source_share_back(tmp_path: Path) -> None:
+    secret_file = tmp_path / "secret"
+    secret_file.write_bytes(SECRET)
+    auth = (("Authorization", "Bearer " + mint(SECRET, "api", "ops", time.time() + 60)),)
+    for settings in ({"secret_file": str(secret_file)}, {}):  # auth on; auth off (loopback): after one request
+        async with api_server(tmp_path, **settings) as h:
+            api = h.server.api
+            assert api is not None
+            async with await HttpClient.connect(api.port) as c:
+                with trio.fail_after(5):
+                    while api.gate.waiting != 1:  # accepted, through the gate, not authenticated yet
+                        await trio.sleep(0.01)
+                assert (await c.get("/v1/stats", headers=auth)).status == 200
+                assert api.gate.waiting == 0 and api.gate.pending == {}
+                if settings:
+                    async with await HttpClient.connect(api.port) as other:
+                        assert (await other.get("/v1/stats")).status == 401
+                        with trio.fail_after(3):
+                            assert await other.stream.receive_some(100) == b""  # a 401 ends the connection
+                assert (await c.get("/v1/stats")).status == (401 if settings else 200)
