@@ -127,6 +127,9 @@ class Gate:
                     await self._open(entry, front, proxied)
                 except Refused as exc:
                     self._leave(entry)
+                    # Kept without its traceback and context: they hold this very frame (and the entry), a
+                    # reference cycle per refused connection that only the cyclic collector would free.
+                    exc.__traceback__ = exc.__context__ = exc.__cause__ = None
                     entry.refused = exc
                 yield entry
             if entry.scope.cancelled_caught:

@@ -75,7 +75,7 @@ from idled.server.lifecycle import (
 from idled.door.accept import Shortage, accept_all
 from idled.door.addresses import bound_address, display
 from idled.door.door import (
-    Door, Listening, api_gate, client_gate, close_all, daemon_endpoints, http_connections, metrics_gate,
+    Door, Listening, api_gate, client_gate, close_all, daemon_endpoints, http_connections, metrics_gate, reload_gate,
 )
 from idled.server.monitor import Monitor
 from idled.server.observers import Observers
@@ -372,6 +372,8 @@ class Server:
         self.clock.stall_limit = config.stall_ticks * config.tick
         if self._doorway is not None:
             reload_door(self._doorway, previous, config, self._connection_limit)
+        if self.api is not None:
+            reload_gate(self.api.gate, config)
         if self._gateways is not None:
             self._gateways.max_frame = config.max_gateway_frame
 
