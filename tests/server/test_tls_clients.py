@@ -16,7 +16,7 @@ from idled.client.asyncio import open_session as asyncio_session
 from idled.client.trio import open_observer, open_session
 from idled.protocol import Login, Welcome
 from tests.peers import running
-from tests.server.test_tls import tls_client
+from tests.door.test_tls import tls_client
 from tests.tlscerts import Certs
 
 
