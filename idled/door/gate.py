@@ -127,7 +127,10 @@ class Gate:
                     await self._open(entry, front, proxied)
                 except Refused as exc:
                     self._leave(entry)
-                    entry.refused = exc
+                    # Kept without its traceback and context: their frames hold this entry (and a failed
+                    # handshake's stream), a cycle the GC policy would freeze until its next thaw.
+                    exc.__context__ = None
+                    entry.refused = exc.with_traceback(None)
                 yield entry
             if entry.scope.cancelled_caught:
                 self.refused["evicted"] += 1
