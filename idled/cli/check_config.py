@@ -3,7 +3,8 @@
 Takes exactly `idled serve`'s flags and reads the same sources (TOML file < ``IDLED_*`` environment <
 flags), then checks what `idled serve` would refuse before listening: every value's range, the secret file,
 the door's rule on every listener (client port, metrics endpoint, HTTP API: none beyond loopback with auth
-off; ``idled.door``), the TLS files, and a data directory `serve` could not create or write (tried for real:
+off; ``idled.door``), the TLS files (the client port's and the links' to other cores), an elected core that
+serves TLS without ``link_tls`` (``Config.validate``), and a data directory `serve` could not create or write (tried for real:
 a probe file created, locked, written, synced and removed, as /readyz does).
 Prints the one-line summary `idled serve` logs at start, then every effective setting as TOML (usable as a
 config file), and exits 0; or one line on stderr and exit status 2.
@@ -79,11 +80,13 @@ def run(args: argparse.Namespace) -> int:
         # The daemon's own checks, the very ones `serve` runs first: the secret file, then the door's rule on
         # every endpoint (client port, metrics, API: none beyond loopback with auth off), TLS files.
         from idled.door.door import Door, client_gate, daemon_endpoints
+        from idled.door.outbound import LinkPolicy
         from idled.server.conn import auth_secret
 
         secret = auth_secret(cfg)
         Door(daemon_endpoints(cfg), secret=secret is not None, insecure=cfg.insecure, env=dict(os.environ)).check()
         client_gate(cfg)  # the TLS certificate, key and client CA load
+        LinkPolicy.of(cfg)  # ... and the links' CA and certificate (idled.door.outbound)
         _check_data_dir(cfg.resolved_data_dir())
     except (ConfigError, tokens.SecretError) as exc:
         print(f"{PROG}: configuration: {exc}", file=sys.stderr)

@@ -26,7 +26,7 @@ from typing import TypeVar
 
 import trio
 
-from idled.client import ClientError, ConnectFailed
+from idled.client import ClientError, ConnectFailed, TLSRequired
 from idled.client.leader import format_address, parse_addresses
 from idled.client.link import Link
 from idled.ops.config import ConfigError, parse_port
@@ -192,4 +192,7 @@ def describe(exc: ClientError) -> str:
         return f"cannot reach the daemon: {exc.reason}{hint}"
     if exc.code == "connection_lost":
         return f"lost the daemon: {exc.reason}"
+    if isinstance(exc, TLSRequired):
+        return (f"{exc.code}: the daemon speaks TLS on this port: give --tls (and --ca-file FILE if its "
+                "certificate is from a private CA)")
     return f"{exc.code}: {exc.reason}"

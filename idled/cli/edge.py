@@ -14,10 +14,11 @@ import trio
 from idled.ops import config as config_module
 from idled.ops import systemd
 from idled.ops.config import Config, ConfigError
-from idled.ops.fatal import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, describe
+from idled.ops.fatal import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, Fatal, describe
 from idled.ops.gcpolicy import GcPolicy
 from idled.ops.logs import setup_logging
 from idled.ops.metrics import Metrics
+from idled.door.outbound import LinkPolicy
 from idled.protocol import tokens
 from idled.server.edge import Edge
 from idled.server.edge.link import parse_addresses
@@ -29,7 +30,8 @@ log = logging.getLogger("idled.server.edge")
 EDGE_SETTINGS = ("host", "port", "secret_file", "insecure", "max_frame", "login_timeout", "max_connections",
                  "max_pending_per_address",
                  "metrics_host", "metrics_port", "log_level", "gc_thaw_every",
-                 "tls_cert", "tls_key", "tls_client_ca", "proxy_protocol", "proxy_allow")
+                 "tls_cert", "tls_key", "tls_client_ca", "proxy_protocol", "proxy_allow",
+                 "link_tls", "link_ca", "link_server_name", "link_cert", "link_key")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -82,14 +84,18 @@ def run(args: argparse.Namespace) -> int:
         edge = Edge(cfg, core=args.core, name=name, listen_fds=args.listen_fd,
                     metrics=Metrics(registry, tick=1.0) if registry is not None else None,
                     reload_config=lambda: load(args), link_secret=link_secret, gc_policy=GcPolicy(thaw_every=cfg.gc_thaw_every),
-                    occupancy=occupancy)
+                    occupancy=occupancy, links=LinkPolicy.of(cfg))  # TLS to a TCP core (idled.door.outbound)
     except (ConfigError, tokens.SecretError, ValueError, OSError) as exc:
         return _fatal(f"configuration: {exc}", EXIT_USAGE)
+    except Fatal as exc:  # a TLS file that does not load
+        return _fatal(str(exc), exc.status)
     try:
         trio.run(edge.serve)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
-    except Exception as exc:  # a Fatal (the door's rule, a bind that fails): one line and its status
+    except Exception as exc:
+        # The door's rule, a link the core cannot speak at start...: one line and the status of its kind (the
+        # traceback at debug level), as `idled serve` does.
         line, status = describe(exc)
         log.debug("fatal error", exc_info=exc)
         return _fatal(line, status)

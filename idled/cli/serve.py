@@ -52,9 +52,9 @@ def run(args: argparse.Namespace) -> int:
     # and holds the listening sockets, once for the process (a role change must not look like a stop).
     role_env = {k: v for k, v in os.environ.items() if k not in systemd.MANAGER_VARS} if node else None
 
-    def make_role(config: Config, election: Any) -> Server | StandbyServer:
-        if config.standby_of is not None:
-            return StandbyServer(config, metrics=Metrics(_registry(), tick=config.tick), env=role_env)
+    def make_role(config: Config, election: Any, link: Any = None) -> Server | StandbyServer:
+        if config.standby_of is not None:  # link: the node's LinkPolicy (idled.door.outbound), one per process
+            return StandbyServer(config, metrics=Metrics(_registry(), tick=config.tick), env=role_env, link=link)
         return Server(
             config, metrics=Metrics(_registry(), tick=config.tick), reload_config=lambda: config_module.load(args),
             gc_policy=GcPolicy(thaw_every=config.gc_thaw_every), workers=_workers(args.core_of_workers),

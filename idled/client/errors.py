@@ -5,7 +5,9 @@ such as ``"auth_failed"``) when the server said so in an `error` frame, or a cli
 (``"connection_lost"``, ``"timeout"``) otherwise. `retryable` says whether reconnecting can help: a server
 at capacity or restarting (`busy`, `server_shutdown`) or a dropped connection are worth a retry with
 backoff, and so is `not_leader` (a standby or non-leader core: another core, or this one once promoted, will
-take the login; `NotLeader.leader` names it when the core knew); a rejected token, a newer login (`kicked`) or a malformed message will fail the same way again.
+take the login; `NotLeader.leader` names it when the core knew); a rejected token, a newer login (`kicked`) or a malformed message will fail the same way again,
+and so will `tls_required` (`TLSRequired`: the port speaks TLS and the client connected without it -- a
+configuration error, said at once rather than retried).
 Unknown codes are final, as the wire contract asks of clients.
 """
 
@@ -19,7 +21,7 @@ from idled.protocol import ErrorCode
 
 __all__ = [
     "ClientError", "ConnectionLost", "ConnectFailed", "ServerError", "AuthFailed", "Kicked", "Busy", "ServerShutdown",
-    "IdleTimeout", "Gone", "NotLeader", "ProtocolMismatch", "CONNECTION_LOST", "RETRYABLE_CODES", "error_from",
+    "IdleTimeout", "Gone", "NotLeader", "ProtocolMismatch", "TLSRequired", "CONNECTION_LOST", "RETRYABLE_CODES", "error_from",
 ]
 
 CONNECTION_LOST: Final = "connection_lost"
@@ -125,6 +127,16 @@ class NotLeader(ServerError):
         self.leader = leader
 
 
+class TLSRequired(ServerError):
+    """`tls_required`: the server's port speaks TLS and this client began in plain text. A configuration
+    error, final: connect with TLS (an `ssl_context`; `idled user/watch/query --tls`, with `--ca-file` for a
+    private CA). Its message says so."""
+
+    def __str__(self) -> str:
+        return (f"{self.code}: the server speaks TLS on this port and this client connected without it "
+                f"(give it an ssl_context; on the command line --tls, and --ca-file FILE for a private CA)")
+
+
 class ProtocolMismatch(ServerError):
     """The server rejected our frame (`bad_frame`, `bad_message`, `not_allowed`, ...) or sent one we cannot
     parse: a bug or a version mismatch on one side. Final."""
@@ -137,6 +149,7 @@ _CLASSES: Final[dict[str, type[ServerError]]] = {
     ErrorCode.SERVER_SHUTDOWN: ServerShutdown,
     ErrorCode.IDLE_TIMEOUT: IdleTimeout,
     ErrorCode.GONE: Gone,
+    ErrorCode.TLS_REQUIRED: TLSRequired,
 }
 
 

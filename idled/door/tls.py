@@ -14,8 +14,8 @@ protocol runs on and the client's address as logs should show it:
    headers -- the balancer's health checks -- keep the socket's).
 2. **TLS** (``--tls-cert``/``--tls-key``): a trio ``SSLStream`` over what step 1 left, server side, handshake
    done here. A failed handshake (a plaintext client, an old protocol version, an untrusted client
-   certificate) raises ``HandshakeFailed``: the doorway closes without a frame (there is no channel to send
-   one on). However the handshake ended, the stream's built-in reference cycle is then broken (``untie``),
+   certificate) raises ``HandshakeFailed``, after sending the TLS alert that says why (``_send_alert``): the
+   doorway closes without a frame (there is no channel to send one on). However the handshake ended, the stream's built-in reference cycle is then broken (``untie``),
    so a closed connection is freed by reference counting, not left for the collector.
 
 **The context** (``server_context``): TLS 1.2 minimum (1.3 preferred by OpenSSL), forward-secret AEAD ciphers
@@ -24,6 +24,10 @@ or only other protocols, is served without ALPN: the framing tells soon enough),
 per handshake (``num_tickets = 1``: one reconnect needs one; OpenSSL's default 2 costs a second ticket's
 encryption and bytes on every handshake).
 Resumption is stateless (tickets encrypted under a key of the context): no server-side session cache.
+
+**The client side** (``client_context``): what a link to another core speaks (``idled.door.outbound``: a
+standby's, an edge's): the server verified against a CA file or the system's trust store, its name checked,
+TLS 1.2 minimum with the same 1.2 suites, ALPN ``idled/1``, optionally a client certificate.
 
 **Reload** (SIGHUP): ``Front.reload()`` builds a new context from the same files; new handshakes use it,
 established connections keep the SSL objects they have. If the new files do not load, the old context stays
@@ -59,7 +63,7 @@ from idled.protocol.proxy import ProxyError, ProxyHeader, ProxyParser
 
 __all__ = [
     "ALPN", "CERT_ROLES", "Front", "HandshakeFailed", "Replay", "TLSConfigError", "allowed", "certificate_names",
-    "parse_allow", "server_context", "untie",
+    "client_context", "parse_allow", "server_context", "untie",
 ]
 
 log = logging.getLogger("idled.door.tls")
@@ -68,6 +72,7 @@ ALPN: Final = "idled/1"
 CERT_ROLES: Final = ("gateway", "observer", "standby")  # roles a client certificate may stand in for a token for
 DRAIN_TIME: Final = 0.05  # seconds a refused PROXY peer's pending bytes are read for (see _drain)
 DRAIN_READS: Final = 16  # ... and at most this many reads of 4 KiB
+ALERT_TIME: Final = 0.5  # seconds a failed handshake's alert may take to send (see _send_alert)
 TLS12_CIPHERS: Final = "ECDHE+AESGCM:ECDHE+CHACHA20"  # TLS 1.3 suites are OpenSSL's (all AEAD, all fine)
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -110,6 +115,27 @@ def server_context(cert: str, key: str, client_ca: str | None = None) -> ssl.SSL
     return ctx
 
 
+def client_context(ca: str | None = None, cert: str | None = None, key: str | None = None) -> ssl.SSLContext:
+    """The client side of a link to another core (``idled.door.outbound``): the server's certificate verified
+    against ``ca`` (None: the system's trust store) and its name checked (``check_hostname``: the caller gives
+    the name), TLS 1.2 minimum, the same 1.2 suites as the server's, ALPN ``idled/1``; ``cert``/``key``: a
+    client certificate to present. ``TLSConfigError`` naming the file that does not load."""
+    try:
+        ctx = ssl.create_default_context(cafile=ca)
+    except (OSError, ssl.SSLError) as exc:
+        raise TLSConfigError(f"link CA {ca}", str(exc)) from None
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.set_ciphers(TLS12_CIPHERS)
+    ctx.options |= ssl.OP_NO_COMPRESSION | ssl.OP_NO_RENEGOTIATION
+    ctx.set_alpn_protocols([ALPN])
+    if cert:
+        try:
+            ctx.load_cert_chain(cert, key)
+        except (OSError, ssl.SSLError) as exc:
+            raise TLSConfigError(f"link certificate {cert} / key {key}", str(exc)) from None
+    return ctx
+
+
 def parse_allow(text: str) -> list[Network]:
     """``--proxy-allow``: comma-separated CIDRs (or single addresses). ValueError naming the bad one."""
     networks = []
@@ -139,6 +165,22 @@ async def _drain(stream: trio.abc.Stream) -> None:
         for _ in range(DRAIN_READS):
             if not await stream.receive_some(4096):
                 return
+
+
+async def _send_alert(tls: trio.SSLStream[Any], stream: trio.abc.Stream) -> None:
+    """Send the alert OpenSSL wrote when the handshake failed. trio raises at the failure without sending what
+    the SSL object still holds, so the peer would see the connection just close; with the alert it learns why
+    -- e.g. a client whose certificate this server's CA does not trust reads ``unknown ca`` (TLS 1.3: at its
+    first read) instead of an EOF it cannot tell from a restart (``idled.door.outbound`` classifies it). A few
+    bytes, bounded in time; a private attribute of trio's, so a trio that renames it sends nothing, as before."""
+    outgoing = getattr(tls, "_outgoing", None)
+    data = outgoing.read() if isinstance(outgoing, ssl.MemoryBIO) else b""
+    if data:
+        with trio.move_on_after(ALERT_TIME):
+            try:
+                await stream.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError, OSError):
+                pass
 
 
 def certificate_names(cert: dict) -> set[str]:
@@ -250,6 +292,7 @@ class Front:
         try:
             await tls.do_handshake()
         except trio.BrokenResourceError as exc:
+            await _send_alert(tls, stream)
             cause = exc.__cause__
             raise HandshakeFailed(getattr(cause, "reason", None) or type(cause or exc).__name__) from None
         finally:

@@ -140,6 +140,13 @@ class Config:
     advertise: str | None = None
     # Seconds of the leader's etcd lease: a dead leader is replaced within about this.
     election_ttl: int = 5
+    # Links to another core over TLS (idled.door.outbound, docs/tls.md#links-between-processes): a standby's to
+    # its active, a follower's to its leader, an edge's to its core and every connection it relays.
+    link_tls: bool = False
+    link_ca: str | None = None  # None: the system's trust store
+    link_server_name: str | None = None  # None: the host of the address the link connects to
+    link_cert: str | None = None  # a client certificate the link presents (its login still carries a token)
+    link_key: str | None = None
 
     def validate(self) -> Config:
         def need(ok: bool, message: str) -> None:
@@ -200,10 +207,22 @@ class Config:
                  "in front of the cores")
             need(2 <= self.election_ttl <= 600, "election_ttl must be 2..600 seconds")
             split_address(self.advertised_address(), "advertise")
+        self._validate_links(need)
         if self.standby_of is not None:
             split_address(self.standby_of, "standby_of")
             need(not self.workers and not self.api_port, "a standby (standby_of) runs without workers and api_port")
         return self
+
+    def _validate_links(self, need: Callable[[bool, str], None]) -> None:
+        need(bool(self.link_cert) == bool(self.link_key), "link_cert and link_key go together (both PEM files, or neither)")
+        for name in ("link_ca", "link_server_name", "link_cert"):
+            need(self.link_tls or not getattr(self, name), f"{name} needs link_tls (the link is plaintext without it)")
+        # Both cores of an election run this configuration: one that serves TLS is a leader its peer must
+        # reach over TLS (refused here, by serve and check-config alike, rather than by a follower that
+        # loops on tls_required).
+        need(self.election is None or not self.tls_cert or self.link_tls,
+             "an elected core that serves TLS (tls_cert) follows its leader over TLS: give link_tls (and link_ca, "
+             "the CA of the cores' certificates)")
 
     def advertised_address(self) -> str:
         """What other cores and clients are told to reach this core at: ``advertise``, else host:port."""
@@ -290,6 +309,16 @@ HELP: dict[str, str] = {
                 "others follow it as hot standbys; see docs/ha.md (default unset: no election)",
     "advertise": "HOST:PORT other cores and clients are told to reach this core at (default unset: --host:--port)",
     "election_ttl": "seconds of the leader's etcd lease: a dead leader is replaced within about this (2..600)",
+    "link_tls": "reach other cores over TLS, verifying their certificate: a standby's link to its active, an elected "
+                "follower's to its leader, an edge's to its core (and the connections it relays); see docs/tls.md "
+                "(default off: plaintext; a unix:PATH core is always plain)",
+    "link_ca": "CA file the cores' certificates are verified against, with link_tls (default unset: the system's "
+               "trust store)",
+    "link_server_name": "name the cores' certificates must carry, with link_tls (default unset: the host of the "
+                        "address connected to; give one when cores are reached by IP and certified by name)",
+    "link_cert": "PEM client certificate the links present, with link_tls, for a core whose tls_client_ca admits "
+                 "it; the login still carries a token when a secret is set (default unset: none)",
+    "link_key": "PEM private key of --link-cert (default unset)",
 }
 
 # Fields whose text form is not just their type (flag, TOML string, environment variable).

@@ -18,6 +18,9 @@ hand) what this process is, and runs that role until the answer changes:
 
 The roles are built fresh each time (their own metrics registry, their own listeners), so a role change is
 a restart of the serving part inside one process, and what each role recovers from disk is all it knows.
+One thing is the node's, not a role's: how it reaches a leader (``idled.door.outbound.LinkPolicy``: TLS with
+``link_tls``, its files loaded once at start). A configuration the two cores cannot speak is fatal at the
+first follow if nothing has worked yet (no link logged in, the node never led), and only logged afterwards.
 SIGTERM/SIGINT stop whichever role runs (a leader ends its sessions ``shutdown`` as always) and then the
 node, which resigns: the lease is revoked and another core takes over at once. Signals that come between two
 roles are held by the node's own receiver and stop it there. SIGUSR1 promotes a standby run without an
@@ -38,6 +41,7 @@ from typing import Any
 import trio
 
 from idled.door.door import Door, Listening, close_all, daemon_endpoints
+from idled.door.outbound import LinkPolicy
 from idled.ops import systemd
 from idled.ops.config import Config
 from idled.server.app import Server
@@ -54,12 +58,13 @@ log = logging.getLogger("idled.server.node")
 
 RESIGN_TIMEOUT = 5.0  # seconds a resignation may take on the way out (the lease expires by itself anyway)
 
-RoleFactory = Callable[[Config, Election | None], Any]  # (config, election or None) -> Server | StandbyServer
+# (config, election or None, link=the node's LinkPolicy) -> Server | StandbyServer
+RoleFactory = Callable[..., Any]
 
 
 class Node:
-    """One core under an election (see the module docstring). ``make_role(config, election)``: a `Server`
-    when ``election`` is given, a `StandbyServer` (``config.standby_of`` set) when it is None."""
+    """One core under an election (see the module docstring). ``make_role(config, election, link=policy)``: a
+    `Server` when ``election`` is given, a `StandbyServer` (``config.standby_of`` set) when it is None."""
 
     def __init__(self, config: Config, election: Election, make_role: RoleFactory,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -69,6 +74,7 @@ class Node:
         self.clock = clock
         self.address = config.advertised_address() if config.election else None
         self.role: Server | StandbyServer | None = None
+        self.links = LinkPolicy()  # replaced at start by the configuration's (idled.door.outbound)
         self.largest_stall = 0.0
         self.env = os.environ  # systemd's LISTEN_FDS are taken from here (and unset)
         self._sockets: dict[str, list[trio.socket.SocketType]] = {}  # by endpoint name (idled.door)
@@ -108,6 +114,7 @@ class Node:
             # Held for the node's whole life: signals between two roles land here (a role holds its own).
             with trio.open_signal_receiver(*SIGNALS, signal.SIGUSR1) as signals:
                 nursery.start_soon(self._on_signals, signals)
+                self.links = LinkPolicy.of(self.config)  # a link file that does not load: one line, now
                 self._sockets = {name: [listener.socket for listener in group]
                                  for name, group in (await self._open_listeners()).items()}
                 await nursery.start(self.election.run)
@@ -142,6 +149,7 @@ class Node:
     async def _lead(self, status: Status) -> None:
         log.warning("leading (%s): serving as the active core", status.reason)
         systemd.notify(systemd.status(f"leader ({status.reason})"))
+        self.links.proven()  # a follow after leading is "later": its mismatches are logged, not fatal
         server = self.make_role(dataclasses.replace(self.config, standby_of=None), self.election)
         try:
             await self._run_role(server, status, watch=False)
@@ -158,7 +166,7 @@ class Node:
         log.warning("following the leader at %s (%s)", status.address, status.reason)
         systemd.notify(systemd.status(f"standby of {status.address}"))
         config = dataclasses.replace(self.config, standby_of=status.address, election=None, api_port=0)
-        await self._run_role(self.make_role(config, None), status, watch=True)
+        await self._run_role(self.make_role(config, None, link=self.links), status, watch=True)
         self._stopped_by_role()
 
     async def _run_role(self, role: Server | StandbyServer, status: Status, *, watch: bool) -> None:

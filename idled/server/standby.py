@@ -47,7 +47,10 @@ stopped replicating (docs/ha.md#upgrades). Only these two answers, word for word
 and tried again with backoff, so a core that becomes the active (promoted) is followed from then on.
 
 **Failures.** A lost link, a silent one (``LINK_TIMEOUT``), the active restarting: reconnect with
-exponential backoff (``BACKOFF_MIN`` .. ``BACKOFF_MAX``), one log line per change of state. A write that
+exponential backoff (``BACKOFF_MIN`` .. ``BACKOFF_MAX``), one log line per change of state. The link is opened
+by ``idled.door.outbound.dial`` (TLS with ``link_tls``); a configuration the two sides cannot speak (TLS on
+one side only, a certificate that does not verify) ends the process with one fatal line if nothing has worked
+since it started (``LinkPolicy.strict``), else is logged once and retried like a lost link. A write that
 fails (disk full) stops replication with an error line and retries every ``WRITE_RETRY`` seconds from
 the last record written; a failed fsync stops it for good (the log is poisoned: restart the standby). An
 active that says we hold records it never had (``not_allowed``) stops it too: rebuild the standby
@@ -67,6 +70,7 @@ from typing import Any, Final
 
 import trio
 
+from idled.door.outbound import LinkFailed, LinkPolicy, broken_link, close_link, dial
 from idled.log.errors import EventLogError, FsyncFailed, LogStateError
 from idled.log.eventlog import EventLog
 from idled.log.shipping import SnapshotSink, append_raw, move_aside, read_record, record_seqs
@@ -101,15 +105,25 @@ class _Reconnect(Exception):
     """The link ended in a way a new connection may cure; ``args[0]`` says why."""
 
 
+class _Mismatch(_Reconnect):
+    """The two sides cannot speak (``failure``): fatal while the link policy is strict, else a reconnect."""
+
+    def __init__(self, failure: LinkFailed) -> None:
+        super().__init__(str(failure))
+        self.failure = failure
+
+
 class StandbyLink:
     """The replication link of a standby (see the module docstring). ``reopen(log)`` is called whenever the
     link replaces its `EventLog` (a re-sync, an installed snapshot): the server points its readers at it."""
 
     def __init__(self, log: EventLog, bus: EventBus, *, host: str, port: int, fsync: str, fsync_interval: float,
                  secret: bytes | None, name: str, reopen: Callable[[EventLog, int], None],
-                 make_log: Callable[[], EventLog], wall: Callable[[], float] | None = None) -> None:
+                 make_log: Callable[[], EventLog], wall: Callable[[], float] | None = None,
+                 policy: LinkPolicy | None = None) -> None:
         self.log, self.bus = log, bus
         self.wall = WallClock() if wall is None else wall  # a minted token's expiry: the process's wall clock
+        self.policy = LinkPolicy(strict=False) if policy is None else policy  # TLS, and whether a mismatch is fatal
         self.host, self.port = host, port
         self.fsync, self.fsync_interval = fsync, fsync_interval
         self.secret, self.name = secret, name
@@ -144,7 +158,8 @@ class StandbyLink:
         return {"active": f"{self.host}:{self.port}", "state": self.state, "connected": self.connected,
                 "last_seq": self.log.last_seq, "active_durable_seq": self.head, "lag_records": self.lag_records,
                 "lag_seconds": round(self.lag_seconds(), 3), "records": self.records, "resyncs": self.resyncs,
-                "reconnects": self.reconnects, "synced": self.synced, "error": self.error}
+                "reconnects": self.reconnects, "synced": self.synced, "error": self.error,
+                "tls": self.policy.tls is not None}
 
     # -- the loop -------------------------------------------------------------------------------------
 
@@ -158,6 +173,9 @@ class StandbyLink:
                 try:
                     await self._session()
                 except _Reconnect as exc:
+                    if isinstance(exc, _Mismatch) and self.policy.strict:
+                        raise self.policy.fatal("standby link", f"to the active at {self.host}:{self.port}",
+                                                exc.failure) from None
                     why = str(exc.args[0])
                     if self.error != why:
                         log.warning("standby: link to the active at %s:%d: %s; reconnecting", self.host, self.port, why)
@@ -189,9 +207,11 @@ class StandbyLink:
         """One connection, until it ends (always by an exception)."""
         try:
             with trio.fail_after(LINK_TIMEOUT):
-                stream = await trio.open_tcp_stream(self.host, self.port)
+                stream = await dial(self.host, self.port, self.policy)
         except (OSError, trio.TooSlowError) as exc:
             raise _Reconnect(f"cannot connect ({exc or 'timed out'})") from None
+        except LinkFailed as exc:
+            raise (_Mismatch(exc) if exc.mismatch else _Reconnect(exc.reason)) from None
         try:
             role: Role = "observer" if self.legacy else "standby"
             token = None
@@ -217,10 +237,10 @@ class StandbyLink:
         except ProtocolError as exc:
             raise _Reconnect(f"{exc.code}: {exc.reason}") from None
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-            raise _Reconnect(f"connection lost ({exc})") from None
+            failure = broken_link(exc)  # the active refused our certificate (TLS 1.3: at the first read)
+            raise (_Reconnect(f"connection lost ({exc})") if failure is None else _Mismatch(failure)) from None
         finally:
-            with trio.CancelScope(shield=True):
-                await stream.aclose()
+            await close_link(stream)
 
     async def _last_record(self) -> tuple[int, int] | None:
         """(seq, crc) of our last record, for ``replicate``'s ``last``; None with no record to name."""
@@ -234,9 +254,10 @@ class StandbyLink:
         if type(message) is Records:
             await self._records(message)
         elif type(message) is Welcome:
-            log.info("standby: replicating from the active at %s:%d from seq %d", self.host, self.port,
-                     self.log.last_seq + 1)
+            log.info("standby: replicating from the active at %s:%d from seq %d%s", self.host, self.port,
+                     self.log.last_seq + 1, " over TLS" if self.policy.tls is not None else "")
             self.connected, self.error, self.state = True, None, "streaming"
+            self.policy.proven()  # the configurations agree: a later mismatch is the active's change, not fatal
         elif type(message) is Resync:
             await self._resync(message)
         elif type(message) is SnapshotPart:
@@ -249,6 +270,8 @@ class StandbyLink:
             self._switch_login(message)
             if message.code == ErrorCode.NOT_ALLOWED:
                 raise LinkStopped(f"the active refused: {message.reason}")
+            if message.code == ErrorCode.TLS_REQUIRED:
+                raise _Mismatch(LinkFailed.tls_required())
             raise _Reconnect(f"{message.code}: {message.reason}")
         raise _Reconnect(f"unexpected {type(message).__name__.lower()} from the active")
 

@@ -43,6 +43,7 @@ from prometheus_client.registry import Collector
 
 from idled.door.accept import Shortage, accept_all
 from idled.door.addresses import bound_address, display
+from idled.door.outbound import LinkPolicy
 from idled.door.door import Door, Listening, client_gate, close_all, daemon_endpoints, metrics_gate
 from idled.log.eventlog import EventLog
 from idled.ops import systemd
@@ -117,9 +118,10 @@ class StandbyServer:
     """One standby daemon: ``serve()`` runs it until SIGTERM/SIGINT or ``stop()``."""
 
     def __init__(self, config: Config, *, metrics: Metrics | NullMetrics | None = None,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, link: LinkPolicy | None = None) -> None:
         assert config.standby_of is not None
         self.config = config
+        self.link_policy = link  # the process's (a node's: shared by its roles); None: made from config at start
         self.env = dict(os.environ) if env is None else env
         self.metrics = NullMetrics() if metrics is None else metrics
         self.secret = auth_secret(config)
@@ -192,6 +194,7 @@ class StandbyServer:
             self.log, self.bus, host=host, port=port, fsync=self.config.fsync, fsync_interval=self.config.fsync_interval,
             secret=self.secret, name=f"standby-{socket.gethostname()}"[:128], reopen=self._reopen,
             make_log=self._make_log, wall=self.wall,
+            policy=self.link_policy if self.link_policy is not None else LinkPolicy.of(self.config),
         )
         roles = {"uid": self._not_leader, "gateway": self._not_leader, "observer": self.observers.run,
                  "standby": self._not_leader}

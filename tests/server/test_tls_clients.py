@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from idled.client import TLSRequired
 from idled.client.asyncio import open_session as asyncio_session
 from idled.client.trio import open_observer, open_session
 from idled.protocol import Login, Welcome
@@ -86,3 +87,21 @@ async def test_operator_commands_over_tls(tmp_path: Path, certs: Certs) -> None:
         assert plaintext.returncode == 1
         bad = await trio.to_thread.run_sync(run, "--tls", "--ca-file", str(tmp_path / "missing.pem"))
         assert bad.returncode == 2 and "TLS:" in bad.stderr
+
+
+async def test_a_plaintext_client_on_a_tls_port_learns_why_at_once(tmp_path: Path, certs: Certs) -> None:
+    """`tls_required` is a configuration error: the library raises `TLSRequired` at the first attempt (not
+    retried, though reconnecting is on), and `idled user` prints what to give."""
+    async with running(tmp_path, listen=True, login_timeout=30.0, **settings(certs)) as h:
+        started = trio.current_time()
+        with pytest.raises(TLSRequired) as info:
+            async with open_session("127.0.0.1", h.port, "alice", keepalive=30):
+                pass
+        assert trio.current_time() - started < 5 and not info.value.retryable
+        assert "connected without it" in str(info.value)
+        done = await trio.to_thread.run_sync(lambda: subprocess.run(
+            [sys.executable, "-m", "idled.cli.main", "user", "alice", "--port", str(h.port)],
+            capture_output=True, text=True, timeout=60))
+        assert done.returncode == 1
+        assert done.stderr.strip() == ("idled user: tls_required: the daemon speaks TLS on this port: give --tls "
+                                       "(and --ca-file FILE if its certificate is from a private CA)")

@@ -13,7 +13,7 @@ import trio
 
 import time
 
-from idled.protocol import BYE, PING, Login, Pong, Subscribe, encode, tokens
+from idled.protocol import BYE, PING, Error, ErrorCode, Login, Pong, Subscribe, encode, tokens
 from tests.peers import Client, Daemon, serve_command
 from tests.door.test_tls import tls_client, tls_login
 from tests.tlscerts import Certs, need_openssl
@@ -127,6 +127,8 @@ async def test_workers_terminate_tls_at_every_edge(tmp_path: Path) -> None:
             assert isinstance(await client.recv(), Pong)
         plain = await Client.connect(port, recv_timeout=5, reset_is_eof=True)
         await plain.send(Login("uid", "plain"))
+        refused = await plain.recv()  # told in plain text why (idled.door.gate), then closed
+        assert isinstance(refused, Error) and refused.code == ErrorCode.TLS_REQUIRED
         assert await plain.recv() is None
         for client in clients:
             assert isinstance(client.stream, trio.SSLStream)

@@ -12,6 +12,7 @@ nothing is collected before the count; ``gc.DEBUG_SAVEALL`` keeps what the count
 from __future__ import annotations
 
 import gc
+import socket
 import ssl
 from collections import Counter
 from collections.abc import Iterator
@@ -82,9 +83,8 @@ async def drained(h: Harness) -> None:
 async def test_cancelled_handshakes_leave_no_cycles(tmp_path: Path, certs: Certs) -> None:
     cert, key = certs.server()
     hello = client_hello()
-    # (All from one address: its share of logins in progress must not refuse them before their handshake.)
     async with running(tmp_path, listen=True, login_timeout=0.5, tls_cert=str(cert), tls_key=str(key),
-                       max_pending_per_address=HANDSHAKES) as h:
+                       max_pending_per_address=HANDSHAKES) as h:  # (all from one address: idled.door.gate)
 
         async def stall(i: int) -> None:
             # Half send a whole ClientHello (the server answers and waits for the client's Finished), half
@@ -109,16 +109,34 @@ async def test_cancelled_handshakes_leave_no_cycles(tmp_path: Path, certs: Certs
 
 
 async def test_failed_handshakes_leave_no_cycles(tmp_path: Path, certs: Certs) -> None:
+    """A client certificate the server's CA did not sign fails the handshake (the client reads the server's
+    ``unknown ca`` alert: idled.door.tls sends it); a plaintext client is refused ``tls_required`` before any
+    handshake. Neither leaves a cycle (the gate keeps its refusal without the traceback that held the entry)."""
     cert, key = certs.server()
-    async with running(tmp_path, listen=True, tls_cert=str(cert), tls_key=str(key)) as h:
+    stranger = Certs(tmp_path / "stranger")
+    ctx = ssl.create_default_context(cafile=str(certs.ca))
+    ctx.load_cert_chain(*map(str, stranger.client("gateway:x")))
+    async with running(tmp_path, listen=True, tls_cert=str(cert), tls_key=str(key), tls_client_ca=str(certs.ca)) as h:
+
+        def untrusted() -> str | None:
+            with ctx.wrap_socket(socket.create_connection(("127.0.0.1", h.port)), server_hostname="127.0.0.1") as sock:
+                try:
+                    sock.recv(100)  # TLS 1.3: the server judges our certificate after our handshake ended
+                except ssl.SSLError as exc:
+                    return exc.reason
+            return None
+
         with counting_garbage() as found:
-            for _ in range(100):  # a handshake record, then garbage: no ClientHello
+            for _ in range(50):
+                assert await trio.to_thread.run_sync(untrusted) == "TLSV1_ALERT_UNKNOWN_CA"
+            for _ in range(50):
                 client = await Client.connect(h.port, reset_is_eof=True)
-                await client.send_raw(b"\x16\x03\x01\x00\x08" + b"garbage!")
-                assert await client.recv() is None
+                await client.send(Login("uid", "alice"))
+                await client.expect_error(ErrorCode.TLS_REQUIRED)
                 await client.stream.aclose()
             await drained(h)
-            assert h.metric("idled_frames_rejected_total", reason="tls_handshake") == 100
+            assert h.metric("idled_frames_rejected_total", reason="tls_handshake") == 50
+            assert h.metric("idled_frames_rejected_total", reason="tls_required") == 50
         assert_no_tls_garbage(found, 100)
 
 

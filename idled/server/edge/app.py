@@ -2,7 +2,9 @@
 
 Theory of operation
 -------------------
-``serve()`` runs one nursery: the core link (``CoreLink.run``, reconnecting for ever), then -- once the
+``serve()`` runs one nursery: the core link (``CoreLink.run``, reconnecting for ever -- unless, at start, the
+core and this edge cannot speak: TLS on one side only, a certificate that does not verify; then the edge
+exits with one line, ``idled.door.outbound``), then -- once the
 core's first welcome has told the edge its parameters -- the accept loop, whose handler is the server's own
 ``Doorway`` with the edge's roles (the server's user loop ``run_user`` on ``EdgeUsers`` for users,
 ``EdgeUsers.relay`` for gateways, observers and standbys). It prints ``IDLED_LISTENING host=H port=P`` once
@@ -43,6 +45,7 @@ import trio
 
 from idled.door.accept import Shortage, accept_all
 from idled.door.door import Door, client_gate, close_all, daemon_endpoints, metrics_gate
+from idled.door.outbound import LinkPolicy
 from idled.ops.config import Config
 from idled.ops.fdbudget import Budget, open_file_limit
 from idled.ops.gcpolicy import GcPolicy
@@ -83,6 +86,7 @@ class Edge:
         link_secret: bytes | None = None,
         gc_policy: GcPolicy | None = None,
         occupancy: Occupancy | None = None,
+        links: LinkPolicy | None = None,
     ) -> None:
         self.config = config
         self.occupancy = occupancy  # --workers: every edge's connection count (then max_connections is the daemon's)
@@ -93,7 +97,8 @@ class Edge:
         self.clock = Clock(config.stall_ticks * config.tick)
         self.monitor = Monitor(self.clock, tick=config.tick, env={}, metrics=self.metrics)
         link = CoreLink(core, name, secret=link_secret, on_ended=self._on_ended, clock=self.clock.now,
-                        wall=self.clock.wall)
+                        wall=self.clock.wall,
+                        links=LinkPolicy() if links is None else links)
         self.users = EdgeUsers(link, core)
         self.link = self.users.link
         self.connections = connection_counts()
@@ -127,7 +132,7 @@ class Edge:
             if self.occupancy is not None:
                 hooks.append(self._publish)
             nursery.start_soon(self.monitor.run, self._status_line, hooks)
-            nursery.start_soon(self.link.run)
+            nursery.start_soon(self._run_link)
             nursery.start_soon(self.plane.run)
             if "metrics" in self.door.endpoints:
                 metrics_listeners = await self.door.open("metrics")
@@ -161,6 +166,13 @@ class Edge:
                 await until_stopped(self._stop, self._reload, signals, stopping="draining")
             await self._drain()
             nursery.cancel_scope.cancel()
+
+    async def _run_link(self) -> None:
+        """The core link; a configuration it cannot speak at start ends the edge (one ``Fatal`` line)."""
+        link = self.link
+        await link.run()
+        if link.mismatch is not None:
+            raise link.links.fatal("edge link", f"to the core at {link.address}", link.mismatch)
 
     def _status_line(self) -> str:
         return f"{self.connections['user']} users; core link {'up' if self.link.connected else 'down'}"

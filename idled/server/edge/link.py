@@ -38,6 +38,12 @@ stops an edge from reading its users and answering their pings.
   is fresh activity for all of them). On every welcome the batcher's ``reattach`` replaces whatever was
   pending by an attach of every live uid: the core forgot them (``gateway_lost``, ``shutdown`` or
   ``restart`` offlines) and they come back ``online``; the flusher writes it first.
+* *TLS* (``link_tls``): the link and every relayed connection to a TCP core are opened by
+  ``idled.door.outbound.dial`` (a ``unix:PATH`` core stays plain). A configuration the two sides cannot
+  speak -- a plaintext link answered ``tls_required``, a TLS link to a plaintext core, a certificate that does
+  not verify -- is not retried while nothing has worked since the start (``LinkPolicy.strict``): ``run()``
+  ends with it in ``mismatch`` and the edge exits with one line. After a first welcome it is logged once and
+  retried like any other refusal.
 * *Several cores* (``--core A,B``): an active core and its standbys, or an elected group. Which one to try
   is the client library's rule (``idled.client.leader``): the core a ``not_leader`` refusal names (its
   ``leader``) first, else the others in turn, at once; the backoff above is slept between full rounds only.
@@ -79,18 +85,20 @@ from typing import Any, Final
 import trio
 
 from idled.client.core import Backoff
-from idled.client.errors import ClientError, ConnectionLost
+from idled.client.errors import ClientError, ConnectionLost, TLSRequired
 from idled.client.gatewaylink import EndedCallback, GatewayLink
 from idled.client.leader import LeaderSearch, format_address
 from idled.client.link import Conn
 from idled.client.trio import TRIO, TrioConn
+from idled.door.outbound import LinkFailed, LinkPolicy, broken_link, dial
 from idled.core.timeouts import DEFAULT_MAX_TIMEOUT, DEFAULT_TICK, DEFAULT_TIMEOUT, timeout_for
 from idled.protocol import (
     BYE_FRAME, PING_FRAME, Login, Marked, SessionKey, Welcome, encode, tokens,
 )
 from idled.server.clock import WallClock
 
-__all__ = ["CoreLink", "CoreParams", "open_core_stream", "parse_address", "parse_addresses", "format_core"]
+__all__ = ["CoreLink", "CoreParams", "LinkMismatch", "open_core_stream", "parse_address", "parse_addresses",
+           "format_core"]
 
 log = logging.getLogger("idled.server.edge.link")
 
@@ -129,13 +137,39 @@ def parse_address(address: str) -> tuple[str, str | int]:
     return host.strip("[]"), int(port)
 
 
-async def open_core_stream(address: str) -> trio.abc.Stream:
-    """A new byte stream to the core (the link's own, or a relayed peer's)."""
+async def open_core_stream(address: str, policy: LinkPolicy | None = None, *, relay: bool = False) -> trio.abc.Stream:
+    """A new byte stream to the core (the link's own, or a relayed peer's: ``relay``): TLS as ``policy`` says
+    for a TCP core, a unix socket plain. OSError / TooSlowError if it cannot be reached, ``LinkFailed`` if
+    the TLS handshake fails (``idled.door.outbound``)."""
     host, port = parse_address(address)
     with trio.fail_after(CONNECT_TIMEOUT):
         if host == "unix":
             return await trio.open_unix_socket(str(port))
-        return await trio.open_tcp_stream(host, int(port))
+        return await dial(host, int(port), policy, relay=relay)
+
+
+class LinkMismatch(ClientError):
+    """The core and this edge cannot speak (``failure``: what happened and what to change). Not retryable
+    while nothing has worked since the start (see TLS in the module docstring)."""
+
+    def __init__(self, failure: LinkFailed) -> None:
+        super().__init__("link_mismatch", str(failure))
+        self.failure = failure
+
+
+class _TLSConn(TrioConn):
+    """The link's TLS connection: a core that refuses our certificate says so at the first read (TLS 1.3)."""
+
+    __slots__ = ()
+
+    async def receive_some(self, max_bytes: int | None = None, /) -> bytes | bytearray:
+        try:
+            return await self.stream.receive_some(max_bytes)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            failure = broken_link(exc)
+            if failure is not None:
+                raise LinkMismatch(failure) from None
+            raise ConnectionLost(f"receive failed: {exc!r}") from None
 
 
 class CoreParams:
@@ -163,6 +197,7 @@ class CoreLink(GatewayLink):
         *,
         secret: bytes | None,
         on_ended: EndedCallback,
+        links: LinkPolicy | None = None,
         flush_interval: float = FLUSH_INTERVAL,
         backoff: Backoff | None = None,
         ping_interval: float = 5.0,
@@ -179,6 +214,9 @@ class CoreLink(GatewayLink):
         self.addresses = ",".join(format_core(member) for member in members)
         self.name = name
         self.secret = secret
+        self.links = LinkPolicy(strict=False) if links is None else links  # TLS; whether a mismatch is fatal
+        self.mismatch: LinkFailed | None = None  # what ended run() at start (the edge exits with it)
+        self._told: str | None = None  # the last mismatch logged (logged once per change)
         self.flush_interval = flush_interval
         self.ping_interval = ping_interval
         self._dead_after = dead_after
@@ -267,9 +305,14 @@ class CoreLink(GatewayLink):
 
     async def _open(self) -> Conn:
         try:
-            return TrioConn(await open_core_stream(self.address))
+            stream = await open_core_stream(self.address, self.links)
         except (OSError, trio.TooSlowError) as exc:
             raise ConnectionLost(f"connect to {self.address} failed: {exc!r}") from None
+        except LinkFailed as exc:
+            if exc.mismatch:
+                raise LinkMismatch(exc) from None
+            raise ConnectionLost(f"connect to {self.address} failed: {exc.reason}") from None
+        return _TLSConn(stream) if isinstance(stream, trio.SSLStream) else TrioConn(stream)
 
     def _login(self) -> Login:
         if self.secret is None:
@@ -278,9 +321,19 @@ class CoreLink(GatewayLink):
         return dataclasses.replace(self.login, token=token)
 
     def _retryable(self, exc: ClientError) -> bool:
-        return True  # an edge waits for its core for ever, whatever it said
+        # An edge waits for its core for ever, whatever it said -- but for a configuration the two cannot
+        # speak, at start: then run() ends, and the edge with it (see TLS in the module docstring).
+        failure = _failure(exc)
+        if failure is not None and self.links.strict:
+            self.mismatch = failure
+            return False
+        return True
 
     def _on_retry(self, exc: ClientError, was_up: bool, delay: float) -> None:
+        failure = _failure(exc)
+        if failure is not None and str(failure) != self._told:
+            self._told = str(failure)
+            log.warning("core link to %s: %s; retrying", self.address, failure)
         if was_up:
             log.warning("core link to %s lost (%s); keeping %d users, reconnecting", self._core, exc, self.live)
         log.debug("core link: %s; next attempt at %s in %.2f s", exc, self.address, delay)
@@ -293,8 +346,10 @@ class CoreLink(GatewayLink):
         await super()._on_welcome(conn, welcome)  # up, re-attach taken; _send_first keeps it for the flusher
         if self._core is not None and self._core != self.address:
             log.info("edge: core is now %s (was %s)", self.address, self._core)
-        self._core = self.address
-        log.info("core link to %s up (connection %d): re-attaching %d users", self.address, self.connections, self.live)
+        self._core, self._told = self.address, None
+        self.links.proven()  # the configurations agree: a later mismatch is the core's change, retried
+        log.info("core link to %s up (connection %d%s): re-attaching %d users", self.address, self.connections,
+                 ", TLS" if isinstance(conn, _TLSConn) else "", self.live)
         self.ready.set()
 
     async def _send_first(self, conn: Conn, frames: list[bytes]) -> None:
@@ -413,3 +468,12 @@ class CoreLink(GatewayLink):
     async def aclose(self, linger: float = 2.0) -> None:
         """``close()``: the bye goes out in the flusher's write, never beside it."""
         await self.close(linger)
+
+
+def _failure(exc: ClientError) -> LinkFailed | None:
+    """The mismatch behind a failed link attempt (see TLS in the module docstring), None for anything else."""
+    if isinstance(exc, LinkMismatch):
+        return exc.failure
+    if isinstance(exc, TLSRequired):
+        return LinkFailed.tls_required()
+    return None

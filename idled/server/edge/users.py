@@ -35,7 +35,9 @@ logins decides, as it does for direct connections.
 *Relay.* A gateway, observer or standby (a standby core's replication link: ``--standby-of`` this daemon's
 public port under ``--workers``) that connects to the edge's port is piped to the core: a new connection to
 the core the link is attached to (or trying, of ``--core A,B``) gets the login frame and whatever followed it, then bytes flow both ways (``RELAY_BYTES`` per read,
-one read in flight per direction) until either side closes. Tokens are checked by the core.
+one read in flight per direction) until either side closes. Tokens are checked by the core. With
+``link_tls`` the relayed connection is TLS like the link, without the link's client certificate (it carries
+someone else's login: it must not borrow the edge's identity).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ import trio
 
 from idled.protocol import ErrorCode, FrameDecoder, Login, ProtocolError, SessionKey, encode
 from idled.server.conn import Connection
+from idled.door.outbound import LinkFailed, close_link
 from idled.server.edge.link import MAX_ATTACHING, CoreLink, open_core_stream
 from idled.server.users import Plane
 
@@ -153,9 +156,9 @@ class EdgeUsers:
 
     async def relay(self, stream: trio.abc.Stream, decoder: FrameDecoder, login: Login) -> None:
         """Pipe a gateway, observer or standby to the core (see the module docstring)."""
-        try:
-            core = await open_core_stream(self.link.address)  # the core the link found (one of --core's)
-        except (OSError, trio.TooSlowError) as exc:
+        try:  # the core the link found (one of --core's)
+            core = await open_core_stream(self.link.address, self.link.links, relay=True)
+        except (OSError, trio.TooSlowError, LinkFailed) as exc:
             raise ProtocolError(ErrorCode.BUSY, f"core unavailable: {exc}") from None
         self.relays += 1
         try:
@@ -166,8 +169,7 @@ class EdgeUsers:
                 nursery.start_soon(_pipe, core, stream, done)
         finally:
             self.relays -= 1
-            with trio.CancelScope(shield=True):
-                await core.aclose()
+            await close_link(core)  # TLS: close_notify, bounded
 
 
 async def _pipe(source: trio.abc.Stream, sink: trio.abc.Stream, done: Callable[[], None]) -> None:
