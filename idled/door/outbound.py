@@ -50,7 +50,7 @@ from typing import Final
 
 import trio
 
-from idled.door.tls import TLSConfigError, client_context, untie
+from idled.door.tls import TLSConfigError, Wrapped, client_context, untie
 from idled.ops.config import Config
 from idled.ops.fatal import EXIT_USAGE, Fatal
 from idled.protocol import NEED_DATA, Error, ErrorCode, FrameDecoder, ProtocolError, parse_server_message
@@ -134,11 +134,11 @@ class LinkPolicy:
         return Fatal(link, address, str(failure), EXIT_USAGE)
 
 
-class _Heard(trio.abc.Stream):
+class _Heard(Wrapped):
     """The transport under a link's TLS, keeping the first bytes the core sent (see *Dialling*)."""
 
     def __init__(self, stream: trio.abc.Stream) -> None:
-        self.stream = stream
+        super().__init__(stream)
         self.head = b""
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
@@ -146,15 +146,6 @@ class _Heard(trio.abc.Stream):
         if len(self.head) < HEARD_BYTES:
             self.head += bytes(data[: HEARD_BYTES - len(self.head)])
         return data
-
-    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        await self.stream.send_all(data)
-
-    async def wait_send_all_might_not_block(self) -> None:
-        await self.stream.wait_send_all_might_not_block()
-
-    async def aclose(self) -> None:
-        await self.stream.aclose()
 
 
 async def dial(host: str, port: int, policy: LinkPolicy | None, *, relay: bool = False) -> trio.abc.Stream:

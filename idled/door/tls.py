@@ -62,7 +62,7 @@ from idled.protocol import Login, NEED_DATA
 from idled.protocol.proxy import ProxyError, ProxyHeader, ProxyParser
 
 __all__ = [
-    "ALPN", "CERT_ROLES", "Front", "HandshakeFailed", "Replay", "TLSConfigError", "allowed", "certificate_names",
+    "ALPN", "CERT_ROLES", "Front", "HandshakeFailed", "Replay", "Wrapped", "TLSConfigError", "allowed", "certificate_names",
     "client_context", "parse_allow", "server_context", "untie",
 ]
 
@@ -215,20 +215,14 @@ def untie(tls: trio.SSLStream[Any]) -> None:
         once._afn = _handshake_spent
 
 
-class Replay(trio.abc.Stream):
-    """A stream with some bytes already read from it given back in front (a v1 PROXY read past its CRLF)."""
+class Wrapped(trio.abc.Stream):
+    """A stream in front of another, passing everything through (subclasses change what ``receive_some`` does)."""
 
-    def __init__(self, stream: trio.abc.Stream, head: bytes) -> None:
+    def __init__(self, stream: trio.abc.Stream) -> None:
         self.stream = stream
-        self.head = head
         self.socket = getattr(stream, "socket", None)
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
-        if self.head:
-            n = len(self.head) if max_bytes is None else max_bytes
-            data, self.head = self.head[:n], self.head[n:]
-            await trio.lowlevel.checkpoint()
-            return data
         return await self.stream.receive_some(max_bytes)
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
@@ -239,6 +233,22 @@ class Replay(trio.abc.Stream):
 
     async def aclose(self) -> None:
         await self.stream.aclose()
+
+
+class Replay(Wrapped):
+    """A stream with some bytes already read from it given back in front (a v1 PROXY read past its CRLF)."""
+
+    def __init__(self, stream: trio.abc.Stream, head: bytes) -> None:
+        super().__init__(stream)
+        self.head = head
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        if self.head:
+            n = len(self.head) if max_bytes is None else max_bytes
+            data, self.head = self.head[:n], self.head[n:]
+            await trio.lowlevel.checkpoint()
+            return data
+        return await self.stream.receive_some(max_bytes)
 
 
 class Front:

@@ -10,25 +10,13 @@ A process of its own, so that the flood's CPU is not the measuring client's (two
 from __future__ import annotations
 
 import signal
-import socket
 import sys
 
 import trio
 
-IP_BIND_ADDRESS_NO_PORT = getattr(socket, "IP_BIND_ADDRESS_NO_PORT", 24)
-
-
 async def connect_from(source: str, port: int, host: str = "127.0.0.1") -> trio.SocketStream:
-    """A TCP connection to ``host:port`` from the address ``source`` (the kernel picks the port at connect)."""
-    sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, 1)
-        await sock.bind((source, 0))
-        await sock.connect((host, port))
-    except BaseException:
-        sock.close()
-        raise
-    return trio.SocketStream(sock)
+    """A TCP connection to ``host:port`` from the address ``source`` (trio lets connect() pick the port)."""
+    return await trio.open_tcp_stream(host, port, local_address=source)
 
 
 async def hold(port: int, source: str, counts: list[int]) -> None:

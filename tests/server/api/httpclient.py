@@ -114,20 +114,7 @@ class HttpClient:
 
 async def raw_exchange(port: int, data: bytes, *, read_timeout: float = 5.0) -> bytes:
     """Send ``data`` as is, read until the server closes (or ``read_timeout``)."""
-    stream = await trio.open_tcp_stream("127.0.0.1", port)
-    out = b""
-    async with stream:
-        try:
-            await stream.send_all(data)
-        except trio.BrokenResourceError:
-            pass  # answered and closed before it read everything: the answer is still there to read
-        with trio.move_on_after(read_timeout):
-            try:
-                while chunk := await stream.receive_some(65536):
-                    out += chunk
-            except trio.BrokenResourceError:
-                pass
-    return out
+    return (await talk(port, data, read_timeout=read_timeout))[0]
 
 
 async def talk(port: int, data: bytes, *, source: str | None = None, read_timeout: float = 5.0) -> tuple[bytes, bool]:
