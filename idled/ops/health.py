@@ -4,7 +4,9 @@ See `idled.ops.metrics` (the endpoint) and docs/operations.md (the probes). ``/r
 directory with a real write -- create, lock, write, fsync, unlink a small file (`probe_directory`, which
 `idled check-config` runs too), in a worker thread -- because
 ``os.access`` says nothing about a full disk, a read-only remount, an immutable or removed directory; the
-answer is cached for ``cache_seconds`` so a probe storm costs one write per second.
+answer is cached for ``cache_seconds`` so a probe storm costs one write per second. A server that runs
+degraded (its event log's disk is full: ``idled.server.degraded``) is not ready either, and says why first:
+the probe's small write may fit where the log's next batch does not.
 """
 
 from __future__ import annotations
@@ -53,7 +55,8 @@ class Health:
     ``data_dir``: the event log's directory, probed with a real write. ``status``: the server's part of the
     status document, called on the event loop. ``listening``: whether the client listener is open (and the
     server not shutting down). ``vitals(after, since)``: the ``vitals`` part of ``/status/live`` (events with a
-    seq above ``after``, samples newer than ``since``; see `idled.ops.statuspage`), called on the event loop."""
+    seq above ``after``, samples newer than ``since``; see `idled.ops.statuspage`), called on the event loop.
+    ``degraded``: why the server runs degraded (None: it does not), called on the event loop."""
 
     def __init__(
         self,
@@ -62,6 +65,7 @@ class Health:
         status: Callable[[], Mapping[str, Any]],
         listening: Callable[[], bool],
         vitals: Callable[[int, float | None], Mapping[str, Any]] = lambda after, since: {},
+        degraded: Callable[[], str | None] = lambda: None,
         version: str = __version__,
         cache_seconds: float = 1.0,
     ) -> None:
@@ -69,6 +73,7 @@ class Health:
         self.status_source = status
         self.listening = listening
         self.vitals_source = vitals
+        self.degraded = degraded
         self.version = version
         self.cache_seconds = cache_seconds
         self.started = time.monotonic()
@@ -96,6 +101,8 @@ class Health:
         """(ready?, reason) for /readyz (``max_age``: see ``log_problem``)."""
         if not self.listening():
             return False, "not listening for clients (starting or shutting down)"
+        if (degraded := self.degraded()) is not None:
+            return False, degraded
         problem = await self.log_problem(max_age)
         if problem is not None:
             return False, problem

@@ -26,9 +26,12 @@ accept loops' own scope so stopping to accept leaves them running), the monitor.
 With ``--workers N`` the core is a child of the root (``root``), which runs N ``idled edge`` children on the
 public port and restarts the core if it dies: the core accepts only on the internal unix socket the root
 passed (``workers.Workers``: the sockets, the edges' pids and counts), and the root speaks to systemd.
-Then it waits for SIGTERM/SIGINT or ``stop()``. An expected failure of the log (disk full, fsync failed)
-ends the daemon as one ``Fatal`` naming the log's directory (``idled.ops.fatal``): systemd restarts it onto
-a recovered log. Shutdown is a cancel-scope deadline, not a polling loop:
+Then it waits for SIGTERM/SIGINT or ``stop()``. A full disk does not end it: it runs *degraded*
+(``idled.server.degraded``: new work refused with ``unavailable``, sessions kept, events held in memory and
+written in seq order once there is room, by itself), whether the disk fills while it runs or was full when it
+started. Any other failure of the log (fsync failed, EIO, a damaged state) ends the daemon as one ``Fatal``
+naming the log's directory (``idled.ops.fatal``): systemd restarts it onto a recovered log. Shutdown is a
+cancel-scope deadline, not a polling loop:
 stop accepting, end every session (reason ``shutdown``), let the writer drain and sync, tell the gateways
 and observers (after every event has reached them), wait for the connections to close -- all within a
 grace period -- then cancel the rest.
@@ -65,6 +68,7 @@ from idled.server.api import Api, ApiMetrics, Backend
 from idled.server.bus import EventBus
 from idled.server.clock import Clock
 from idled.server.conn import Connection, Doorway, auth_secret, refuse_out_of_descriptors
+from idled.server.degraded import Degraded, LogHold
 from idled.server.election import Election
 from idled.server.fence import Fence
 from idled.server.gateways import Gateways
@@ -130,9 +134,11 @@ class Server:
         # server before its first write once the lease is lost.
         self.election = election
         self.fence = Fence(election) if election is not None else None
-        self.seqs = SeqBlocks(SeqReservation(self.log.directory), election)
+        self.degraded = Degraded()  # a full disk: why new work is refused now (idled.server.degraded)
+        self.seqs = SeqBlocks(SeqReservation(self.log.directory), election, self.degraded)
         self._event_counters: dict[tuple[str, str], Any] = {}
         self.bus = EventBus(on_event=self._count_event)
+        self.hold = LogHold(self.degraded, self.bus)  # what the writer holds back on a full disk
         self.vitals = Vitals(self._sample, lateness=histogram_source(self.metrics.offline_lateness)
                              if isinstance(self.metrics, Metrics) else lambda: None)
         self.clock = Clock(config.stall_ticks * config.tick)
@@ -234,7 +240,7 @@ class Server:
         )
         if self.gc_policy is not None:
             self.gc_policy.start()  # after the session maps exist: see idled.ops.gcpolicy
-        self._sessions = sessions = Sessions(presence, self.bus, self.clock, self.seqs)
+        self._sessions = sessions = Sessions(presence, self.bus, self.clock, self.seqs, self.degraded)
         self._gateways = Gateways(sessions, self._peers, max_frame=cfg.max_gateway_frame, grace=cfg.gateway_grace)
         self._observers = observers = Observers(
             presence, self.bus, self.log, first_seq=self.seqs.first, peers=self._peers, clock=self.clock.now,
@@ -266,16 +272,15 @@ class Server:
         await nursery.start(self._run_writer)
         if self.fence is not None:
             nursery.start_soon(self.fence.watch)
-        # Sessions a crashed run left online end now, before anyone can log in again (in bounded chunks).
-        if recovery.online:
-            ended = await sessions.end_recovered(recovery.online.values())
-            log.info("closed %s left online by the previous run (reason restart)", plural(ended, "session"))
+        # Sessions a crashed run left online end now, before anyone can log in again (in bounded chunks; in
+        # the background if the disk is full, logins refused until they are ended).
+        await sessions.close_recovered(recovery.online.values(), nursery)
         self.metrics.register_snapshot(self.snapshot)
         if self.workers is not None and self.metrics.registry is not None:
             self.metrics.registry.register(WorkerCollector(self.workers.view, self.workers.core_restarts))
         if cfg.metrics_port and self.metrics.registry is not None:  # NullMetrics: nothing to export
             health = Health(self.log.directory, status=self.status, listening=lambda: bool(self.ports) and not self.stopping,
-                            vitals=self.vitals.live)
+                            vitals=self.vitals.live, degraded=self.hold.readiness)
             port = await nursery.start(
                 functools.partial(serve_metrics, health=health), self.metrics.registry, cfg.metrics_host, cfg.metrics_port
             )
@@ -395,8 +400,9 @@ class Server:
         nursery.cancel_scope.cancel()
 
     async def _run_writer(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        # A failure of the log (disk full, fsync failed) ends the daemon, by design: one Fatal line naming the
-        # directory, and systemd restarts it onto a recovered log.
+        # A full disk degrades the server (the writer holds what it cannot write, and retries); any other
+        # failure of the log (fsync failed, EIO) ends the daemon: one Fatal line naming the directory, and
+        # systemd restarts it onto a recovered log.
         with fatal_on_log_error(str(self.log.directory)):
             await self._write_log(task_status)
 
@@ -412,9 +418,14 @@ class Server:
                 on_fsync=metrics.eventlog_fsync_duration.observe,
                 on_durable=self.bus.durable_to,
                 before_write=self.fence.check if self.fence is not None else None,
+                on_degraded=self.hold.on_degraded,
+                held=self.hold.held,
                 task_status=task_status,
             )
         except BaseException:
+            if held := self.hold.events():
+                log.error("event log: %d events were never written (%s): the next start closes their sessions",
+                          held, self.hold.held.reason or "the writer stopped")
             self.log.close()
             self._writer_done.set()
             raise
@@ -453,7 +464,7 @@ class Server:
         assert self.presence is not None
         return {**self.snapshot(), "next_seq": self.presence.next_seq, "ports": list(self.ports),
                 "stopping": self.stopping, "data_dir": str(self.log.directory),
-                "replication": self.replicas.status() if self.replicas is not None else None,
+                "replication": self.replicas.status() if self.replicas is not None else None, **self.hold.status(),
                 **status_part(self.config, self.workers, self.vitals, self.fence)}
 
     def _sample(self, wall: float) -> Sample:
@@ -477,6 +488,7 @@ class Server:
             "eventlog_rolls_deferred": self.log.deferred_rolls,
             "sessions_held": len(self.presence.holds),
             "gateway_watermark_lag": self._lagwatch.lags() if self._lagwatch is not None else {},
+            **self.hold.snapshot(),
         }
 
 

@@ -30,6 +30,12 @@ A gateway that logs in with ``"ended": true`` is told which of its sessions the 
 (``ended`` frames, batched: ``idled.server.outbox``); its welcome carries the server's default ``timeout``,
 ``tick`` and ``max_timeout`` so that an edge answers its users' logins exactly as the server would.
 
+*Degraded* (the server's disk is full: ``idled.server.degraded``): an attach of a session the gateway does not
+own already would start a session, and is refused, key by key: a gateway that gets ``ended`` notices is told
+``ended`` with reason ``unavailable`` for it (an edge closes that user with ``unavailable``); one that does not
+can only be told by an error frame, which ends its connection (``unavailable``). Attaching again what it owns
+(a new keepalive, a resumed edge's users) changes nothing durable and goes on; so do touches and detaches.
+
 A gateway that logs in with ``"marks": true`` (every edge) reports watermarks: the presence table tracks it
 as an owner (``idled.core.watermarks``), its outbox sends ``mark`` requests, and each ``marked`` answer
 raises its watermark -- waking the tick task when held sessions became due. Its sessions expire ``idle``
@@ -271,7 +277,11 @@ class Gateways:
         await sessions.room()
         sessions.refuse_if_stopping()
         now, wall = clock.now(), time.time()
+        refusing = bool(sessions.degraded.reasons)
         for index, uid in enumerate(message.uids, 1):
+            if refusing and presence.owner_of(uid) is not gateway:
+                self._refuse(gateway, uid)
+                continue
             replaced, event = presence.login(uid, gateway, now, wall, message.keepalive)
             sessions.take_over(uid, replaced, gateway)
             gateway.uids[uid] = None
@@ -284,7 +294,16 @@ class Gateways:
                 await sessions.room()
                 sessions.refuse_if_stopping()
                 now, wall = clock.now(), time.time()
+                refusing = bool(sessions.degraded.reasons)
         sessions.wake_ticker()
+
+    def _refuse(self, gateway: Gateway, uid: SessionKey) -> None:
+        """A degraded server does not start ``uid``'s session (see the module docstring)."""
+        link = gateway.link
+        if link is None or link.outbox is None or not link.outbox.notices:
+            self.sessions.refuse_if_unavailable()  # the error frame: the only way to tell this gateway
+            return
+        link.outbox.add(uid, ErrorCode.UNAVAILABLE)
 
     async def detach(self, gateway: Gateway, message: Detach) -> None:
         sessions = self.sessions
