@@ -273,8 +273,8 @@ class EventBus:
         return self.log_send.statistics().current_buffer_used
 
     def full(self) -> bool:
-        """The backlog is at its limit (``room()`` would wait)."""
-        return self.backlog() >= self.max_backlog
+        """The backlog is over its limit (``room()`` would wait)."""
+        return self.backlog() > self.max_backlog
 
     async def room(self) -> None:
         """Wait while the log writer is too far behind (backpressure on whoever changes presence)."""

@@ -26,7 +26,7 @@ rest goes on in the background and logins are refused (``unavailable``) until it
 
 *A change that cannot wait.* A user's logout or closed connection is published at once (its task is ending:
 ``logout`` is synchronous), whatever the backlog. While degraded, though, the records it adds would only
-wait in memory: once the backlog is at its limit (``EventBus.full``) -- or, degraded or not, if the next seq
+wait in memory: once the backlog is over its limit (``EventBus.full``) -- or, degraded or not, if the next seq
 is not reserved durably (``SeqBlocks.issuable``) -- ``logout`` leaves the session where it is instead -- its connection is gone,
 so its deadline comes, and the tick task (which waits for room) ends it then: late, with reason ``idle``,
 never lost and never early. So what a full disk holds in memory is bounded by ``max_backlog`` (plus one chunk

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -234,3 +235,39 @@ async def test_a_start_on_a_full_disk_comes_up_degraded_then_recovers(tmp_path: 
     assert list(data.glob("*.quarantine-*")), "the torn tail was not quarantined once there was room"
     stderr = second.stderr()
     assert stderr.count("no longer degraded") == 1, stderr
+
+
+async def test_an_edge_in_front_of_a_full_core_refuses_new_users_and_keeps_its_own(
+    tmp_path: Path, small_disk: Path
+) -> None:
+    data, metrics = small_disk / "data", free_port()
+    core = serve_command(data, "--metrics-port", str(metrics), "--fsync", "always", "--tick", "0.1")
+    edge = [sys.executable, "-m", "idled.cli.main", "edge", "--port", "0"]
+    async with Daemon(core, tmp_path / "core.stderr") as c, \
+            Daemon([*edge, "--core", f"127.0.0.1:{c.port}"], tmp_path / "edge.stderr") as e, \
+            trio.open_nursery() as nursery:
+        client, answer = await login(e.port, "through-the-edge")
+        assert isinstance(answer, Welcome), answer
+        kept = Pinger(client)
+        nursery.start_soon(kept.run)
+        filler = fill(small_disk, LEFT_FREE)
+        await churn_until_refused(c.port)
+        await until_ready(metrics, 503)
+
+        # The core refuses the edge's attach of a new session (an ``ended`` notice): the edge tells its user.
+        client, answer = await login(e.port, "newcomer")
+        assert isinstance(answer, Error) and answer.code == ErrorCode.UNAVAILABLE, answer
+        before = kept.pongs
+        await trio.sleep(2 * KEEPALIVE)
+        assert kept.pongs > before + 3  # the edge's own user is kept, and stays online
+        status = json.loads((await trio.to_thread.run_sync(http, metrics, "/status"))[1])
+        assert status["sessions_online"] >= 1 and status["degraded"]
+
+        filler.unlink()
+        await until_ready(metrics, 200)
+        client, answer = await login(e.port, "newcomer")
+        assert isinstance(answer, Welcome), answer
+        await kept.stop()
+        nursery.cancel_scope.cancel()
+    offline = {r["uid"]: r["reason"] for r in iter_records(data) if r["kind"] == "offline"}
+    assert "through-the-edge" not in offline  # never went offline while the disk was full
