@@ -244,6 +244,8 @@ class _Writer:
             except DiskFull as again:
                 rest = self._unwritten(rest, again)
                 held.reason, held.events = again.reason, len(rest)
+                if self.dirty:  # some of it fitted: durable observers get that now
+                    await self.sync_now()
                 continue
             self.written(len(rest), nbytes, fsync_seconds)
             rest = []

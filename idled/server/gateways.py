@@ -35,6 +35,9 @@ own already would start a session, and is refused, key by key: a gateway that ge
 ``ended`` with reason ``unavailable`` for it (an edge closes that user with ``unavailable``); one that does not
 can only be told by an error frame, which ends its connection (``unavailable``). Attaching again what it owns
 (a new keepalive, a resumed edge's users) changes nothing durable and goes on; so do touches and detaches.
+Attaches and detaches do not wait for the log's room meanwhile (``_room``): the gateway's task must go on
+reading its touches (a keepalive left unread is a false offline in waiting), and what they can add to memory
+is bounded already (no new session; a logout that cannot be held is left to its deadline: ``Sessions.logout``).
 
 A gateway that logs in with ``"marks": true`` (every edge) reports watermarks: the presence table tracks it
 as an owner (``idled.core.watermarks``), its outbox sends ``mark`` requests, and each ``marked`` answer
@@ -274,7 +277,7 @@ class Gateways:
     async def attach(self, gateway: Gateway, message: Attach) -> None:
         sessions = self.sessions
         presence, clock = sessions.presence, sessions.clock
-        await sessions.room()
+        await self._room()
         sessions.refuse_if_stopping()
         now, wall = clock.now(), time.time()
         refusing = bool(sessions.degraded.reasons)
@@ -291,11 +294,16 @@ class Gateways:
             if index % ATTACH_CHUNK == 0:  # a 1 MiB attach is ~100k uids: don't hold the loop for all of them
                 sessions.wake_ticker()
                 await trio.lowlevel.checkpoint()
-                await sessions.room()
+                await self._room()
                 sessions.refuse_if_stopping()
                 now, wall = clock.now(), time.time()
                 refusing = bool(sessions.degraded.reasons)
         sessions.wake_ticker()
+
+    async def _room(self) -> None:
+        """The log's room before a chunk of a gateway's frame -- not while degraded (see the module docstring)."""
+        if not self.sessions.degraded.reasons:
+            await self.sessions.room()
 
     def _refuse(self, gateway: Gateway, uid: SessionKey) -> None:
         """A degraded server does not start ``uid``'s session (see the module docstring)."""
@@ -308,7 +316,7 @@ class Gateways:
     async def detach(self, gateway: Gateway, message: Detach) -> None:
         sessions = self.sessions
         clock = sessions.clock
-        await sessions.room()
+        await self._room()
         now, wall = clock.now(), time.time()
         reason = message.reason or "detach"  # an edge says what its user did (logout, closed)
         for index, uid in enumerate(message.uids, 1):
@@ -316,7 +324,7 @@ class Gateways:
             gateway.uids.pop(uid, None)
             if index % ATTACH_CHUNK == 0:  # like attach: a 1 MiB detach must not hold the loop for all of it
                 await trio.lowlevel.checkpoint()
-                await sessions.room()
+                await self._room()
                 now, wall = clock.now(), time.time()
 
     async def lost(self, gateway: Gateway) -> None:

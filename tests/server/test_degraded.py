@@ -12,7 +12,7 @@ import pytest
 import trio
 import trio.testing
 
-from idled.protocol import BYE, PING, PONG, Attach, Ended, Error, ErrorCode, Login, Welcome
+from idled.protocol import BYE, PING, PONG, Attach, Detach, Ended, Error, ErrorCode, Login, Touch, Welcome
 from idled.server import bus as bus_module
 from tests.fulldisk import FullDisk
 from tests.peers import Harness, running
@@ -127,3 +127,30 @@ async def test_a_server_started_on_a_full_disk_comes_up_refusing_logins_then_tak
         assert isinstance(await answer_to_login(h, "later"), Welcome)
         await until(lambda: len(h.records()) == 1)
         assert h.server.seqs.reserved >= h.next_seq
+
+
+async def test_a_gateway_is_not_held_up_by_a_full_log_while_degraded(
+    tmp_path: Path, disk: FullDisk, monkeypatch: pytest.MonkeyPatch, autojump_clock: trio.testing.MockClock
+) -> None:
+    # A gateway task that waited for the log's room would stop reading its touches: keepalives left unread,
+    # a false offline in waiting. While degraded its attaches and detaches do not wait.
+    monkeypatch.setattr(bus_module, "LOG_BACKLOG_LIMIT", 3)
+    async with running(tmp_path, tick=0.1) as h:
+        gw = await h.gateway("plain")
+        await gw.send(Attach(("a", "b"), 1.0))
+        users = [await h.user(f"u{i}") for i in range(8)]
+        await until(lambda: len(h.records()) == 10)
+        disk.full = True
+        for user in users:  # their offlines fill what may wait for the writer
+            await user.send(BYE)
+            assert await user.recv() is None
+        await until(lambda: h.server.degraded.reason is not None and h.server.bus.full())
+        await gw.send(Detach(("a",)))
+        await gw.send(Attach(("b",), 1.0))
+        for _ in range(5):  # b keeps talking, and is heard: pongs come back at once
+            await gw.send(Touch(("b",)))
+            await gw.send(PING)
+            with trio.fail_after(0.5):
+                assert await gw.recv() is PONG
+            await trio.sleep(0.5)
+        assert h.server.presence is not None and h.server.presence.is_online("b")
