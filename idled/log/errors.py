@@ -6,7 +6,7 @@ import errno
 from typing import Final
 
 __all__ = ["DISK_FULL_ERRNOS", "EventLogError", "FsyncFailed", "WriteFailed", "DiskFull", "RecordTooLarge",
-           "SeqOrderError", "LogLocked", "LogStateError", "is_disk_full"]
+           "SeqOrderError", "LogLocked", "LogStateError", "is_disk_full", "write_error"]
 
 # The errors of a full disk (or of a quota, the same for us): the write may succeed later, once space is freed.
 DISK_FULL_ERRNOS: Final = frozenset({errno.ENOSPC, errno.EDQUOT})
@@ -79,3 +79,8 @@ class LogStateError(EventLogError):
     """Call in the wrong state: append/sync before recover(), after close(), recover() twice."""
 
     code = "state"
+
+
+def write_error(what: str, exc: OSError) -> WriteFailed:
+    """The typed error for a failed write, roll or space reservation of ``what``: DiskFull for lack of space."""
+    return (DiskFull if is_disk_full(exc) else WriteFailed)(f"{what}: {exc.strerror or exc}")

@@ -65,7 +65,7 @@ from idled.log import dirlock, retention
 from idled.log.dirlock import LOCK_NAME
 from idled.log.errors import (
     DiskFull, EventLogError, FsyncFailed, LogLocked, LogStateError, RecordTooLarge, SeqOrderError, WriteFailed,
-    is_disk_full,
+    write_error,
 )
 from idled.log.records import HEADER_BYTES, MAX_RECORD_BYTES, DecodeResult, decode_buffer, encode_record
 from idled.log.recovery import (
@@ -314,7 +314,7 @@ class EventLog:
         try:
             self._space.ensure(self._fd, self._size + len(data), self.segment_bytes)
         except OSError as exc:
-            raise _write_error(f"reserve space in {self._active_path}", exc) from exc
+            raise write_error(f"reserve space in {self._active_path}", exc) from exc
         try:
             write_all(self._fd, data)
         except OSError as exc:
@@ -324,7 +324,7 @@ class EventLog:
                 self._space.reset(self._size)  # (the truncation freed the blocks reserved past it too)
             except OSError as trunc_exc:
                 self._failed = FsyncFailed(f"write failed ({exc}) and truncating it back failed ({trunc_exc})")
-            raise _write_error(f"write to {self._active_path}", exc) from exc
+            raise write_error(f"write to {self._active_path}", exc) from exc
         self._size += len(data)
         self._last_seq = events[-1]["seq"]
         self._written_since_sync = True
@@ -340,7 +340,7 @@ class EventLog:
         try:
             fd = self._spare.take(path)
         except OSError as exc:
-            raise _write_error(f"rename {self._spare.path} to {path}", exc) from exc
+            raise write_error(f"rename {self._spare.path} to {path}", exc) from exc
         if fd is None:
             try:
                 fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
@@ -348,7 +348,7 @@ class EventLog:
                 if exc.errno in NO_DESCRIPTOR and self._fd is not None:
                     self.deferred_rolls += 1
                     return False
-                raise _write_error(f"create {path}", exc) from exc
+                raise write_error(f"create {path}", exc) from exc
         if self._fd is not None:
             self._rotated.append(self._fd)  # still holds unsynced records: sync() covers it, then closes it
         self._fd = fd
@@ -376,7 +376,7 @@ class EventLog:
             self._failed = exc
             raise
         except OSError as exc:
-            raise _write_error(f"quarantine the torn tail of {self._active_path}", exc) from exc
+            raise write_error(f"quarantine the torn tail of {self._active_path}", exc) from exc
         self._torn_tail = False
         self._space.reset(self._size)
         return (target,), cut
@@ -493,8 +493,3 @@ class EventLog:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-def _write_error(what: str, exc: OSError) -> WriteFailed:
-    """The typed error for a failed write, roll or reservation: DiskFull when it is for lack of space."""
-    return (DiskFull if is_disk_full(exc) else WriteFailed)(f"{what}: {exc.strerror or exc}")

@@ -423,9 +423,7 @@ class Server:
                 task_status=task_status,
             )
         except BaseException:
-            if held := self.hold.events():
-                log.error("event log: %d events were never written (%s): the next start closes their sessions",
-                          held, self.hold.held.reason or "the writer stopped")
+            self.hold.abandoned()
             self.log.close()
             self._writer_done.set()
             raise

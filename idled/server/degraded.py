@@ -107,6 +107,12 @@ class LogHold:
     def snapshot(self) -> dict[str, Any]:
         return {"eventlog_degraded": int(bool(self.degraded.reasons)), "eventlog_held_events": self.events()}
 
+    def abandoned(self) -> None:
+        """The writer ended (fatal, or cancelled at the end of a shutdown's grace): say what it never wrote."""
+        if held := self.events():
+            log.error("event log: %d events were never written (%s): the next start closes their sessions", held,
+                      self.held.reason or "the writer stopped")
+
     def readiness(self) -> str | None:
         """/readyz's reason while degraded (None: not degraded)."""
         reason = self.degraded.reason
