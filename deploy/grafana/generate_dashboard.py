@@ -101,6 +101,11 @@ ts("Bytes appended", [(f'sum(rate(idled_eventlog_bytes_total{{{SEL}}}[$__rate_in
 ts("fsync duration", [(q("idled_eventlog_fsync_duration_seconds", 0.5), "p50"), (q("idled_eventlog_fsync_duration_seconds", 0.99), "p99")],
    16, y, unit="s")
 y += 8
+ts("Degraded (disk full)", [(f'idled_eventlog_degraded{{{SEL}}}', "{{instance}}")], 0, y, w=12,
+   desc="1 while the event log cannot be written (a full disk): new logins, attaches and kicks are refused (unavailable).")
+ts("Events held in memory", [(f'idled_eventlog_held_events{{{SEL}}}', "{{instance}}")], 12, y, w=12,
+   desc="Events not yet written to the event log: they wait in memory, in seq order, while the disk is full.")
+y += 8
 row("Process", y); y += 1
 ts("Resident memory", [(f'process_resident_memory_bytes{{{SEL}}}', "{{instance}}")], 0, y, unit="bytes")
 ts("CPU", [(f'rate(process_cpu_seconds_total{{{SEL}}}[$__rate_interval])', "{{instance}}")], 8, y, unit="percentunit",

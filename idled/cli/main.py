@@ -45,7 +45,7 @@ exit status (the same table for every idled command):
   2    usage or configuration error: bad flag, config file, secret file, insecure listener
   3    ran, but a target FAILED (idled bench, idled loadtest)
   4    idled serve: cannot listen (address in use, permission denied)
-  5    idled serve: event log unusable (disk full, permission denied, locked, fsync failed)
+  5    idled serve: event log unusable (permission denied, locked, fsync failed; a full disk only degrades it)
   6    idled serve: out of resources (open-file limit, memory)
   130  interrupted: a second Ctrl-C during idled serve's shutdown; Ctrl-C during idled bench or loadtest"""
 

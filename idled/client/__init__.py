@@ -11,7 +11,7 @@
 from idled.client.errors import (
     AuthFailed, Busy, ClientError, ConnectFailed, ConnectionLost, Gone, IdleTimeout, Kicked, NotLeader, ProtocolMismatch,
     ServerError,
-    ServerShutdown, TLSRequired,
+    ServerShutdown, TLSRequired, Unavailable,
 )
 from idled.client.gateway import Gateway
 from idled.client.observer import Observer, UserStatus
@@ -19,6 +19,6 @@ from idled.client.session import Session
 
 __all__ = [
     "ClientError", "ConnectionLost", "ConnectFailed", "ServerError", "AuthFailed", "Kicked", "Busy", "ServerShutdown",
-    "IdleTimeout", "Gone", "NotLeader", "ProtocolMismatch", "TLSRequired", "Session", "Gateway", "Observer",
+    "IdleTimeout", "Gone", "NotLeader", "ProtocolMismatch", "TLSRequired", "Unavailable", "Session", "Gateway", "Observer",
     "UserStatus",
 ]

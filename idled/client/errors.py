@@ -3,8 +3,8 @@
 Every failure a client reports is a `ClientError`. `code` is the server's error code (an `ErrorCode` value
 such as ``"auth_failed"``) when the server said so in an `error` frame, or a client-side code
 (``"connection_lost"``, ``"timeout"``) otherwise. `retryable` says whether reconnecting can help: a server
-at capacity or restarting (`busy`, `server_shutdown`) or a dropped connection are worth a retry with
-backoff, and so is `not_leader` (a standby or non-leader core: another core, or this one once promoted, will
+at capacity, restarting or unable to take new work for now (`busy`, `server_shutdown`, `unavailable`: its
+event log's disk is full) or a dropped connection are worth a retry with backoff, and so is `not_leader` (a standby or non-leader core: another core, or this one once promoted, will
 take the login; `NotLeader.leader` names it when the core knew); a rejected token, a newer login (`kicked`) or a malformed message will fail the same way again,
 and so will `tls_required` (`TLSRequired`: the port speaks TLS and the client connected without it -- a
 configuration error, said at once rather than retried).
@@ -20,15 +20,17 @@ from typing import Final
 from idled.protocol import ErrorCode
 
 __all__ = [
-    "ClientError", "ConnectionLost", "ConnectFailed", "ServerError", "AuthFailed", "Kicked", "Busy", "ServerShutdown",
-    "IdleTimeout", "Gone", "NotLeader", "ProtocolMismatch", "TLSRequired", "CONNECTION_LOST", "RETRYABLE_CODES", "error_from",
+    "ClientError", "ConnectionLost", "ConnectFailed", "ServerError", "AuthFailed", "Kicked", "Busy", "Unavailable",
+    "ServerShutdown",
+    "IdleTimeout", "Gone", "NotLeader", "ProtocolMismatch", "TLSRequired", "CONNECTION_LOST", "RETRYABLE_CODES",
+    "error_from",
 ]
 
 CONNECTION_LOST: Final = "connection_lost"
 # Codes after which the same login may succeed later: capacity, restarts, and our own lost keepalives.
 RETRYABLE_CODES: Final = frozenset({
     ErrorCode.BUSY, ErrorCode.SERVER_SHUTDOWN, ErrorCode.IDLE_TIMEOUT, ErrorCode.LOGIN_TIMEOUT, CONNECTION_LOST,
-    ErrorCode.NOT_LEADER,
+    ErrorCode.NOT_LEADER, ErrorCode.UNAVAILABLE,
 })
 
 
@@ -99,6 +101,11 @@ class Busy(ServerError):
     """`busy`: the server is at capacity, or an observer fell behind. Retryable."""
 
 
+class Unavailable(ServerError):
+    """`unavailable`: the server cannot take new work now (its event log's disk is full: it runs degraded, and
+    keeps the sessions it has). Retryable, like `busy`."""
+
+
 class ServerShutdown(ServerError):
     """`server_shutdown`: the server is stopping. Retryable (it is probably restarting)."""
 
@@ -146,6 +153,7 @@ _CLASSES: Final[dict[str, type[ServerError]]] = {
     ErrorCode.AUTH_FAILED: AuthFailed,
     ErrorCode.KICKED: Kicked,
     ErrorCode.BUSY: Busy,
+    ErrorCode.UNAVAILABLE: Unavailable,
     ErrorCode.SERVER_SHUTDOWN: ServerShutdown,
     ErrorCode.IDLE_TIMEOUT: IdleTimeout,
     ErrorCode.GONE: Gone,

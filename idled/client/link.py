@@ -6,7 +6,7 @@ A `Link` owns one logical connection to idled: `run()` connects, logs in, lets t
 gateway, observer) restore its state on the new connection (`_on_welcome`), then runs two things at once
 until either ends: the reader (`receive_message`, the protocol's one receive loop, feeding `_on_message`)
 and the role's timer (`_background`: keepalive pings, batch flushes). When the connection fails with a
-retryable `ClientError` (connection lost, `busy`, `server_shutdown`...) and reconnecting is enabled, `run()`
+retryable `ClientError` (connection lost, `busy`, `unavailable`, `server_shutdown`...) and reconnecting is enabled, `run()`
 sleeps a full-jitter backoff and starts over; a final error (`auth_failed`, `kicked`, ...) or `aclose()` ends
 it, and the error is kept in `error` and raised to whoever waits on the link. The backoff counts the attempts
 since the last successful login: a link that was up starts again from the shortest delay.

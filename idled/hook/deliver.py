@@ -12,6 +12,11 @@ file. The checkpoint therefore never runs ahead of what the receiver acknowledge
 re-posts at most the batch in flight plus what followed it: at-least-once, with ``Idled-Delivery`` and each
 event's ``seq`` for the receiver to drop duplicates.
 
+A full disk under the state directory (`StateError.disk_full`) does not stop delivery: a checkpoint that
+cannot be committed is left behind on disk (one warning; every later batch tries again; a restart meanwhile
+re-posts from the older checkpoint, at-least-once as after a crash), and a batch to dead-letter waits,
+retried every ``DISK_RETRY`` seconds, until the dead-letter file takes it (nothing later is posted meanwhile).
+
 Shutdown (`Shutdown`): SIGTERM cancels a wait for events, a batch still filling and a backoff sleep at once;
 a request in flight gets ``stop_grace`` seconds to finish. Whatever was not acknowledged is abandoned
 uncommitted and is posted again by the next run.
@@ -32,12 +37,14 @@ from idled.hook.config import HookConfig
 from idled.hook.metrics import HookMetrics
 from idled.hook.post import Outcome, Poster
 from idled.hook.sign import DELIVERY_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER, signature_header
-from idled.hook.state import StateDir
+from idled.hook.state import StateDir, StateError
 from idled.protocol import Event
 
-__all__ = ["Deliverer", "Shutdown"]
+__all__ = ["DISK_RETRY", "Deliverer", "Shutdown"]
 
 log = logging.getLogger("idled.hook")
+
+DISK_RETRY = 5.0  # seconds between two attempts to dead-letter a batch on a full disk
 
 
 class Shutdown:
@@ -89,6 +96,7 @@ class Deliverer:
         self.batcher = Batcher(config.batch_max, config.batch_bytes, config.filter)
         self._carry: Event | None = None
         self._filtered = 0
+        self._disk_full = False  # the last write to the state directory failed for lack of space (logged once)
 
     async def run(self, channel: trio.MemoryReceiveChannel[Event]) -> None:
         """Deliver until the channel closes or shutdown; returns normally either way."""
@@ -156,8 +164,7 @@ class Deliverer:
             failures += 1
             self.metrics.retry_backlog.set(len(batch.events))
             if self.config.retry.exhausted(failures):
-                await self._dead_letter(batch, failures, outcome.error)
-                return True
+                return await self._dead_letter(batch, failures, outcome.error)
             delay = self.config.retry.delay(failures, self.random, outcome.retry_after)
             log.warning("delivery %s (%d events) failed, attempt %d: %s; retrying in %.2f s", batch.delivery_id,
                         len(batch.events), failures, outcome.error, delay)
@@ -184,14 +191,38 @@ class Deliverer:
         for _, ts, _ in batch.events:
             self.metrics.latency.observe(max(0.0, now - ts))
 
-    async def _dead_letter(self, batch: Batch, failures: int, error: str) -> None:
-        await trio.to_thread.run_sync(self.state.append_dead_letter, batch, failures, error, self.wall())
+    async def _dead_letter(self, batch: Batch, failures: int, error: str) -> bool:
+        """Append the batch to the dead-letter file, waiting for room on a full disk; False: shutdown came first."""
+        while not await self._state_write(self.state.append_dead_letter, batch, failures, error, self.wall()):
+            with self.shutdown.interruptible():
+                await trio.sleep(DISK_RETRY)
+            if self.shutdown.stopping:
+                return False
         self.metrics.dead_letter.inc(len(batch.events))
         self.metrics.retry_backlog.set(0)
         log.warning("delivery %s (%d events) DEAD-LETTERED after %d attempts (last error: %s); appended to %s",
                     batch.delivery_id, len(batch.events), failures, error, self.state.path + "/dead-letter.jsonl")
+        return True
 
     async def _commit(self, seq: int) -> None:
-        await trio.to_thread.run_sync(self.state.commit_checkpoint, seq, self.wall())
-        self.committed = seq
-        self.metrics.checkpoint.set(seq)
+        if await self._state_write(self.state.commit_checkpoint, seq, self.wall()):
+            self.committed = seq
+            self.metrics.checkpoint.set(seq)
+
+    async def _state_write(self, write: Callable[..., None], *args: object) -> bool:
+        """Run a write of the state directory in a thread; False if the disk is full (one warning until a write
+        succeeds again). Any other failure raises (``StateError``: fatal)."""
+        try:
+            await trio.to_thread.run_sync(write, *args)
+        except StateError as exc:
+            if not exc.disk_full:
+                raise
+            if not self._disk_full:
+                log.warning("state directory %s: %s; delivery goes on, the checkpoint on disk stays at %s until "
+                            "there is room", self.state.path, exc.reason, self.committed)
+            self._disk_full = True
+            return False
+        if self._disk_full:
+            log.warning("state directory %s: written again", self.state.path)
+            self._disk_full = False
+        return True

@@ -30,8 +30,8 @@ from idled.hook.deliver import Deliverer, Shutdown
 from idled.hook.metrics import HookMetrics
 from idled.hook.post import Poster
 from idled.hook.source import read_events
-from idled.hook.state import StateDir
 from idled.door.door import Door, metrics_gate
+from idled.hook.state import StateDir, StateError
 from idled.ops.http import serve_metrics
 from idled.protocol import Event
 
@@ -60,8 +60,14 @@ async def run_hook(config: HookConfig, shutdown: Shutdown, *, registry: Collecto
         after, why = start_position(checkpoint, config.from_seq)
         log.info("%s; state in %s; posting to %s", why, config.state_dir, config.url)
         if checkpoint is None and after is not None:
-            await trio.to_thread.run_sync(state.commit_checkpoint, after, time.time())
-            checkpoint = after
+            try:
+                await trio.to_thread.run_sync(state.commit_checkpoint, after, time.time())
+                checkpoint = after
+            except StateError as exc:  # a full disk: the deliverer pins it with its first commit that fits
+                if not exc.disk_full:
+                    raise
+                log.warning("state directory %s: %s; starting after seq %d all the same", config.state_dir,
+                            exc.reason, after)
         registry = registry or CollectorRegistry()
         metrics = HookMetrics(registry)
         if checkpoint is not None:

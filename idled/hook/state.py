@@ -18,10 +18,15 @@ checkpoint is never on disk ahead of what the receiver acknowledged. A damaged c
 ``{"time", "delivery", "first_seq", "last_seq", "attempts", "error", "batch": <the body as posted>}``,
 appended and fsynced *before* the checkpoint moves past the batch. Nothing rotates it: it grows only while
 the receiver refuses, and an operator replays and truncates it (docs/hook.md).
+
+A full disk (``StateError.disk_full``) is not the end: the deliverer goes on with the checkpoint on disk
+left behind (a restart would re-post from it: at-least-once, as after a crash), and waits for room before it
+moves past a batch it must dead-letter (`idled.hook.deliver`). A write that fails leaves no temporary file.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from typing import Final
@@ -39,11 +44,16 @@ _MAX_CHECKPOINT_BYTES: Final = 4096
 
 class StateError(Exception):
     """The state directory cannot be used. ``code``: ``locked`` (another hook holds it; ``pid``),
-    ``io`` (an OSError: permission, disk full) or ``damaged`` (an unreadable checkpoint)."""
+    ``io`` (an OSError: permission, disk full; ``errno``: its errno) or ``damaged`` (an unreadable checkpoint)."""
 
-    def __init__(self, code: str, reason: str, pid: int | None = None) -> None:
+    def __init__(self, code: str, reason: str, pid: int | None = None, errno: int | None = None) -> None:
         super().__init__(reason)
-        self.code, self.reason, self.pid = code, reason, pid
+        self.code, self.reason, self.pid, self.errno = code, reason, pid, errno
+
+    @property
+    def disk_full(self) -> bool:
+        """The state directory's disk (or quota) is full: trying again later may succeed."""
+        return self.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 class StateDir:
@@ -100,7 +110,11 @@ class StateDir:
             os.replace(tmp, self._file(CHECKPOINT))
             self._fsync_dir()
         except OSError as exc:
-            raise StateError("io", f"committing {CHECKPOINT}: {exc.strerror or exc}") from None
+            try:
+                os.unlink(tmp)  # (a full disk: what the partial write took is given back)
+            except OSError:
+                pass
+            raise StateError("io", f"committing {CHECKPOINT}: {exc.strerror or exc}", errno=exc.errno) from None
 
     def append_dead_letter(self, batch: Batch, attempts: int, error: str, now: float) -> None:
         """Append ``batch`` to the dead-letter file, durably (the checkpoint may move past it afterwards)."""
@@ -121,7 +135,7 @@ class StateDir:
             if created:
                 self._fsync_dir()
         except OSError as exc:
-            raise StateError("io", f"appending to {DEAD_LETTER}: {exc.strerror or exc}") from None
+            raise StateError("io", f"appending to {DEAD_LETTER}: {exc.strerror or exc}", errno=exc.errno) from None
 
     def _fsync_dir(self) -> None:
         fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)

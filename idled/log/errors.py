@@ -2,7 +2,20 @@
 
 from __future__ import annotations
 
-__all__ = ["EventLogError", "FsyncFailed", "WriteFailed", "RecordTooLarge", "SeqOrderError", "LogLocked", "LogStateError"]
+import errno
+from typing import Final
+
+__all__ = ["DISK_FULL_ERRNOS", "EventLogError", "FsyncFailed", "WriteFailed", "DiskFull", "RecordTooLarge",
+           "SeqOrderError", "LogLocked", "LogStateError", "is_disk_full", "write_error"]
+
+# The errors of a full disk (or of a quota, the same for us): the write may succeed later, once space is freed.
+DISK_FULL_ERRNOS: Final = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` (an OSError, or an error caused by one) is a full disk or quota."""
+    cause = exc if isinstance(exc, OSError) else exc.__cause__
+    return isinstance(cause, OSError) and cause.errno in DISK_FULL_ERRNOS
 
 class EventLogError(Exception):
     """Base of every error this module raises on purpose; `code` is machine-readable, `reason` for humans."""
@@ -27,6 +40,16 @@ class WriteFailed(EventLogError):
     """os.write failed (ENOSPC, EIO, ...). The partial write was cut back off when possible; see `last_seq`."""
 
     code = "write_failed"
+
+
+class DiskFull(WriteFailed):
+    """A write, a segment's creation or its space reservation failed for lack of space (ENOSPC, EDQUOT). The log
+    is as it was before the call but for the records ``last_seq`` says were written: nothing torn, no gap. Not
+    fatal: the same append may be tried again later (``idled.log.writer`` does, every second). ``written``:
+    bytes of the batch that were written before it (its records up to ``last_seq``)."""
+
+    code = "disk_full"
+    written = 0
 
 
 class RecordTooLarge(EventLogError):
@@ -56,3 +79,8 @@ class LogStateError(EventLogError):
     """Call in the wrong state: append/sync before recover(), after close(), recover() twice."""
 
     code = "state"
+
+
+def write_error(what: str, exc: OSError) -> WriteFailed:
+    """The typed error for a failed write, roll or space reservation of ``what``: DiskFull for lack of space."""
+    return (DiskFull if is_disk_full(exc) else WriteFailed)(f"{what}: {exc.strerror or exc}")

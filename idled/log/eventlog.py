@@ -17,25 +17,30 @@ active segment past `segment_bytes` starts a new segment. Rotation for a batch o
     next-segment.spare  -> renamed 00000000000000000044.seg [44..50], becomes active; directory dirty
 
 **A roll never needs a descriptor at the moment of need.** The next segment is created ahead of time as
-the empty file ``next-segment.spare``, held open; a roll renames it (rename needs no descriptor) and then
-tries to create the next spare. If no slot is free (EMFILE under a descriptor squeeze: connections took
-them all), it gives up a *reserve* descriptor it holds for this, and creates the spare in that slot. Each
-roll also frees a slot -- the rotated-away segment, closed by `sync()` / `release_rotated()` -- which goes
-at once to the spare or the reserve, whichever is missing; so under a squeeze that never lifts every roll
-still finds its spare. The directory is held open too (fsyncing it, and snapshots, need no new slot), and
-retention, which must list the directory, waits for a free slot (`retention_deferred`). Should a roll
-still find no spare (several rolls in one batch), it is *deferred*: the batch goes on into the active
-segment (past segment_bytes) and the next append tries again (`deferred_rolls`, `spare_failures`).
+the empty file ``next-segment.spare``, held open, with a *reserve* descriptor to give up for it under a
+descriptor squeeze (`idled.log.spare`); a roll renames it (rename needs no descriptor), and each rotated-away
+segment closed by `sync()` / `release_rotated()` frees the slot for the next spare. The directory is held
+open too (fsyncing it, and snapshots, need no new slot), and retention, which must list the directory,
+waits for a free slot (`retention_deferred`). Should a roll still find no spare (several rolls in one
+batch), it is *deferred*: the batch goes on into the active segment (past segment_bytes) and the next
+append tries again (`deferred_rolls`, `spare_failures`).
+
+**A full disk never tears the log.** Before a write, the active segment's blocks are reserved ahead
+(`idled.log.space`: fallocate with KEEP_SIZE, so the file's size stays its data), so a full disk shows up
+as a failed reservation before anything is written, not at fsync. Should a write fail anyway, its partial
+bytes are cut back off. Either way `append` raises `DiskFull` (ENOSPC, EDQUOT) with the log at its last whole
+record and `last_seq` the last record written: the caller keeps the rest and tries again later.
 
 **Durability.** `append` never fsyncs; `sync()` fdatasyncs every segment written since the last sync (and
 a new segment's directory). A failed fsync raises `FsyncFailed` and poisons the log ("fsyncgate").
 
-**Recovery** (`recover()`, once, before the first append): takes an exclusive `flock` on `<dir>/lock`
-(`idled.log.dirlock`, which writes our pid there for a rival's refusal),
-scans the log (`recovery.scan_log`), and cuts only the tail of the newest segment -- the bytes after its
-last good record -- after copying them to a quarantine file. Damage followed by good records is skipped
-in place and reported (see `idled.log.recovery`). The next seq is past the largest good seq, the last
-segment's name and the snapshot's seq, so seqs are never reused for records that reached the disk.
+**Recovery** (`recover()`, once, before the first append; it needs no free space): takes an exclusive
+`flock` on `<dir>/lock` (`idled.log.dirlock`, which writes our pid there for a rival's refusal), scans the
+log (`recovery.scan_log`), and cuts only the tail of the newest segment -- the bytes after its last good
+record -- after copying them to a quarantine file. Damage followed by good records is skipped in place and
+reported (see `idled.log.recovery`). If the quarantine copy finds no room, the tail stays where it is until
+the first append cuts it (copying it first) or raises `DiskFull`. The next seq is past the largest good seq,
+the last segment's name and the snapshot's seq, so seqs are never reused for records that reached the disk.
 `online` maps each open session's uid to its last online record, minimal (the server closes each: "restart").
 
 **Retention** (`apply_retention()`, also run after every rotation; which segments: `idled.log.retention`):
@@ -50,7 +55,6 @@ the chunk plus one record); damage, and a segment deleted under a reader, are sk
 
 from __future__ import annotations
 
-import errno
 import math
 import os
 import time
@@ -59,20 +63,28 @@ from typing import Any, Final, Literal
 
 from idled.log import dirlock, retention
 from idled.log.dirlock import LOCK_NAME
-from idled.log.errors import EventLogError, FsyncFailed, LogLocked, LogStateError, RecordTooLarge, SeqOrderError, WriteFailed
+from idled.log.errors import (
+    DiskFull, EventLogError, FsyncFailed, LogLocked, LogStateError, RecordTooLarge, SeqOrderError, WriteFailed,
+    write_error,
+)
 from idled.log.records import HEADER_BYTES, MAX_RECORD_BYTES, DecodeResult, decode_buffer, encode_record
-from idled.log.recovery import RecoveredSessions, Recovery, SegmentReport, quarantine_tail, scan_log, verify_log
+from idled.log.recovery import (
+    RecoveredSessions, Recovery, SegmentReport, damage_totals, quarantine_tail, scan_log, verify_log,
+)
 from idled.log.segments import (
-    READ_CHUNK_BYTES, SEGMENT_SUFFIX, SegmentScan, fsync_directory, list_segments, segment_name, write_all,
+    READ_CHUNK_BYTES, SEGMENT_SUFFIX, SegmentScan, fsync_directory, list_segments, oldest_seq, segment_name,
+    write_all,
 )
 from idled.log.lastseen import DEFAULT_LAST_SEEN_HORIZON, LastSeen
+from idled.log.space import RESERVE_AHEAD, Reservation
+from idled.log.spare import NO_DESCRIPTOR, SPARE_NAME, SpareSegment
 from idled.log.snapshot import OpenSessions, Uid, write_snapshot
 from idled.log.tailer import LogTailer, iter_records
 
 __all__ = [
     "HEADER_BYTES", "MAX_RECORD_BYTES", "DEFAULT_SEGMENT_BYTES", "DEFAULT_RETENTION_BYTES",
     "DEFAULT_RETENTION_SECONDS", "SEGMENT_SUFFIX", "LOCK_NAME", "SPARE_NAME", "READ_CHUNK_BYTES",
-    "EventLogError", "FsyncFailed", "WriteFailed", "RecordTooLarge", "SeqOrderError", "LogLocked",
+    "EventLogError", "FsyncFailed", "WriteFailed", "DiskFull", "RecordTooLarge", "SeqOrderError", "LogLocked",
     "LogStateError", "DecodeResult", "Recovery", "SegmentReport", "Uid", "SegmentScan",
     "encode_record", "decode_buffer", "segment_name", "list_segments", "iter_records", "verify_log",
     "EventLog", "LogTailer", "FSYNC_POLICIES", "FsyncPolicy",
@@ -85,8 +97,6 @@ FSYNC_POLICIES: Final[tuple[str, ...]] = ("always", "interval", "never")
 DEFAULT_SEGMENT_BYTES: Final = 64 * 1024 * 1024
 DEFAULT_RETENTION_BYTES: Final = 1024 * 1024 * 1024
 DEFAULT_RETENTION_SECONDS: Final = 7 * 24 * 3600.0
-SPARE_NAME: Final = "next-segment.spare"
-_NO_DESCRIPTOR: Final = (errno.EMFILE, errno.ENFILE)
 
 
 class EventLog:
@@ -105,6 +115,7 @@ class EventLog:
         retention_seconds: float = DEFAULT_RETENTION_SECONDS,
         clock: Callable[[], float] = time.time,
         last_seen_horizon: float = DEFAULT_LAST_SEEN_HORIZON,
+        reserve_ahead: int = RESERVE_AHEAD,
     ) -> None:
         if segment_bytes < 1 or retention_bytes < 0 or retention_seconds < 0 or not last_seen_horizon >= 0:
             raise ValueError("segment_bytes must be >= 1, retention limits and last_seen_horizon >= 0")
@@ -115,7 +126,6 @@ class EventLog:
         self.clock = clock
         self.rotations = 0  # segments created by this EventLog
         self.deferred_rolls = 0  # rolls put off for lack of a descriptor
-        self.spare_failures = 0  # failed attempts to create the spare segment
         self.snapshots = 0  # open-session snapshots written
         self.snapshot_failures = 0  # snapshots that could not be written (retention waited)
         self.retention_deferred = 0  # retention passes put off for lack of a descriptor (listing the directory)
@@ -123,11 +133,11 @@ class EventLog:
         self._failed: FsyncFailed | None = None
         self._lock_fd: int | None = None
         self._dir_fd: int | None = None  # held open: fsyncing the directory must not need a new descriptor
-        self._reserve_fd: int | None = None  # a slot to give up for the spare when none is free
         self._fd: int | None = None  # active segment, O_APPEND
         self._active_path: str | None = None
-        self._spare_fd: int | None = None  # the next segment, created ahead (see the module docstring)
-        self._spare_path = os.path.join(self.directory, SPARE_NAME)
+        self._spare = SpareSegment(self.directory)  # the next segment, created ahead (see the module docstring)
+        self._space = Reservation(reserve_ahead)  # the active segment's blocks, allocated ahead of its writes
+        self._torn_tail = False  # the active segment has a torn tail past _size, not yet quarantined (no room)
         self._size = 0  # bytes in the active segment
         self._rotated: list[int] = []  # fds of segments rotated away from since the last sync
         self._dir_dirty = False
@@ -152,6 +162,11 @@ class EventLog:
     def durable_seq(self) -> int:
         """Highest seq covered by a successful sync() (recovered records count as durable)."""
         return self._durable_seq
+
+    @property
+    def spare_failures(self) -> int:
+        """Failed attempts to create the spare segment."""
+        return self._spare.failures
 
     @property
     def active_path(self) -> str | None:
@@ -196,7 +211,7 @@ class EventLog:
         self._lock_fd = dirlock.acquire(self.directory)  # LogLocked names the holder's pid
         try:
             self._dir_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            self._reserve_fd = os.dup(self._dir_fd)
+            self._spare.reserve_fd = os.dup(self._dir_fd)
             return self._recover()
         except BaseException:
             self.close()
@@ -205,31 +220,23 @@ class EventLog:
     def _recover(self) -> Recovery:
         scan = scan_log(self.directory)
         reports = scan.reports
-        corrupt = sum(report.skipped_records for report in reports)
-        skipped = sum(report.skipped_bytes for report in reports)
-        for report in reports[:-1]:  # an older segment's tail is damage, kept where it is
-            corrupt += max(1, report.tail_records) if report.tail_bytes else 0
-            skipped += report.tail_bytes
+        corrupt, skipped = damage_totals(reports)
         next_seq = max(scan.max_seq + 1, scan.snapshot.seq)
         truncated = 0
         quarantined: tuple[str, ...] = ()
         if scan.segments:
             last_first, last_path = scan.segments[-1]
             next_seq = max(next_seq, last_first)
-            fd = os.open(last_path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
-            self._fd = fd
+            fd = self._fd = os.open(last_path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
             self._active_path = last_path
-            last = reports[-1]
-            keep = last.tail_offset
+            keep = self._size = self._space.reserved = reports[-1].tail_offset
             if os.fstat(fd).st_size > keep:
-                corrupt += last.tail_records
+                corrupt += reports[-1].tail_records
+                self._torn_tail = True
                 try:
-                    target, truncated = quarantine_tail(last_path, keep, fd)
-                except FsyncFailed as exc:
-                    self._failed = exc
-                    raise
-                quarantined = (target,)
-            self._size = keep
+                    quarantined, truncated = self._cut_tail()
+                except DiskFull:
+                    pass  # cut by the first append that finds room (see the module docstring)
         else:
             self._dir_dirty = True  # the directory may have just been created
         self._last_seq = self._durable_seq = self._published_seq = next_seq - 1
@@ -238,25 +245,15 @@ class EventLog:
         self._last_seen.prune(self.clock())
         self._snapshot_seq = scan.snapshot.seq
         self._state = "open"
-        try:
-            os.unlink(self._spare_path)  # an unused spare left by the previous run: always empty
-        except FileNotFoundError:
-            pass
-        self._make_spare()
+        self._spare.discard()  # an unused spare left by the previous run: always empty
+        self._dir_dirty = self._spare.make() or self._dir_dirty
         return Recovery(
-            next_seq=next_seq,
-            truncated_bytes=truncated,
-            corrupt_records=corrupt,
+            next_seq=next_seq, truncated_bytes=truncated, corrupt_records=corrupt,
             online=RecoveredSessions(dict(scan.sessions), scan.replayed, scan.snapshot.seq),
-            records=scan.records,
-            segments=len(scan.segments),
-            skipped_bytes=skipped,
-            quarantined=quarantined,
-            damaged_segments=tuple(report for report in reports if report.damaged),
-            snapshot_seq=scan.snapshot.seq,
-            damaged_snapshots=tuple(scan.snapshot.damaged),
-            last_seen=len(self._last_seen),
-            last_ts=scan.max_ts,
+            records=scan.records, segments=len(scan.segments), skipped_bytes=skipped, quarantined=quarantined,
+            damaged_segments=tuple(report for report in reports if report.damaged), snapshot_seq=scan.snapshot.seq,
+            damaged_snapshots=tuple(scan.snapshot.damaged), last_seen=len(self._last_seen), last_ts=scan.max_ts,
+            tail_deferred=os.fstat(self._fd).st_size - self._size if self._torn_tail and self._fd else 0,
         )
 
     # ------------------------------------------------------------------------------------------ writing
@@ -266,7 +263,8 @@ class EventLog:
         written as they are: a standby's, `idled.log.shipping`); return bytes written.
 
         The batch is validated and encoded before anything is written, so SeqOrderError / RecordTooLarge /
-        TypeError leave the log untouched. Rotates by size; runs retention after a rotation. No fsync.
+        TypeError leave the log untouched. Rotates by size; runs retention after a rotation. No fsync. DiskFull:
+        no room for the rest of the batch; ``last_seq`` is the last record written (the module docstring).
         """
         self._check_writable()
         try:
@@ -285,21 +283,27 @@ class EventLog:
             last = seq
         if not encoded:
             return 0
+        if self._torn_tail:
+            self._cut_tail()
         rotated = False
         total = 0
         pending: list[bytes] = []
         pending_bytes = 0
         start = 0  # index in events of pending[0]
-        for index, (seq, record) in enumerate(encoded):
-            used = self._size + pending_bytes
-            if self._fd is None or (used > 0 and used + len(record) > self.segment_bytes):
-                if pending:
-                    total += self._flush(pending, events[start:index])
-                    pending, pending_bytes, start = [], 0, index
-                rotated = self._roll(seq) or rotated
-            pending.append(record)
-            pending_bytes += len(record)
-        total += self._flush(pending, events[start:])
+        try:
+            for index, (seq, record) in enumerate(encoded):
+                used = self._size + pending_bytes
+                if self._fd is None or (used > 0 and used + len(record) > self.segment_bytes):
+                    if pending:
+                        total += self._flush(pending, events[start:index])
+                        pending, pending_bytes, start = [], 0, index
+                    rotated = self._roll(seq) or rotated
+                pending.append(record)
+                pending_bytes += len(record)
+            total += self._flush(pending, events[start:])
+        except DiskFull as exc:
+            exc.written = total
+            raise
         if rotated:
             self.apply_retention()
         return total
@@ -308,14 +312,19 @@ class EventLog:
         assert self._fd is not None
         data = b"".join(records)
         try:
+            self._space.ensure(self._fd, self._size + len(data), self.segment_bytes)
+        except OSError as exc:
+            raise write_error(f"reserve space in {self._active_path}", exc) from exc
+        try:
             write_all(self._fd, data)
         except OSError as exc:
             # Cut a partial write back off: a half record followed by whole ones would be damage.
             try:
                 os.ftruncate(self._fd, self._size)
+                self._space.reset(self._size)  # (the truncation freed the blocks reserved past it too)
             except OSError as trunc_exc:
                 self._failed = FsyncFailed(f"write failed ({exc}) and truncating it back failed ({trunc_exc})")
-            raise WriteFailed(f"write to {self._active_path}: {exc}") from exc
+            raise write_error(f"write to {self._active_path}", exc) from exc
         self._size += len(data)
         self._last_seq = events[-1]["seq"]
         self._written_since_sync = True
@@ -328,64 +337,49 @@ class EventLog:
     def _roll(self, first_seq: int) -> bool:
         """Make a new active segment for `first_seq`; False if deferred for lack of a descriptor."""
         path = os.path.join(self.directory, segment_name(first_seq))
-        if self._spare_fd is not None:
-            if os.path.lexists(path):  # what O_EXCL would have refused (we hold the lock: no race)
-                raise WriteFailed(f"create {path}: a file of that name exists")
-            try:
-                os.rename(self._spare_path, path)
-            except OSError as exc:
-                raise WriteFailed(f"rename {self._spare_path} to {path}: {exc}") from exc
-            fd, self._spare_fd = self._spare_fd, None
-        else:
+        try:
+            fd = self._spare.take(path)
+        except OSError as exc:
+            raise write_error(f"rename {self._spare.path} to {path}", exc) from exc
+        if fd is None:
             try:
                 fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
             except OSError as exc:
-                if exc.errno in _NO_DESCRIPTOR and self._fd is not None:
+                if exc.errno in NO_DESCRIPTOR and self._fd is not None:
                     self.deferred_rolls += 1
                     return False
-                raise WriteFailed(f"create {path}: {exc}") from exc
+                raise write_error(f"create {path}", exc) from exc
         if self._fd is not None:
             self._rotated.append(self._fd)  # still holds unsynced records: sync() covers it, then closes it
         self._fd = fd
         self._active_path = path
         self._size = 0
+        self._space.reset(0)
         self._dir_dirty = True
         self.rotations += 1
-        self._make_spare()
+        self._spare.make()
         return True
-
-    def _make_spare(self) -> None:
-        """Create the spare segment if there is none, giving up the reserve slot if no slot is free.
-        Best effort: a failure is counted, and retried when a rotated segment's descriptor is closed."""
-        if self._spare_fd is not None:
-            return
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
-        try:
-            self._spare_fd = os.open(self._spare_path, flags, 0o644)
-        except OSError as exc:
-            if exc.errno not in _NO_DESCRIPTOR or self._reserve_fd is None:
-                self.spare_failures += 1
-                return
-            os.close(self._reserve_fd)
-            self._reserve_fd = None
-            try:
-                self._spare_fd = os.open(self._spare_path, flags, 0o644)
-            except OSError:
-                self.spare_failures += 1
-                return
-        self._dir_dirty = True
 
     def _close_rotated(self, fd: int) -> None:
         """Close a rotated-away segment; its slot goes at once to the spare, else to the reserve, if missing
         (before anything else can take it: each roll uses one slot and frees one, so this keeps up)."""
         os.close(fd)
-        if self._spare_fd is None:
-            self._make_spare()
-        elif self._reserve_fd is None and self._dir_fd is not None:
-            try:
-                self._reserve_fd = os.dup(self._dir_fd)
-            except OSError:
-                pass  # taken meanwhile: the next close retries
+        self._dir_dirty = self._spare.slot_freed(self._dir_fd) or self._dir_dirty
+
+    def _cut_tail(self) -> tuple[tuple[str, ...], int]:
+        """Quarantine the active segment's torn tail (past ``_size``) and cut it off: (the quarantine file, bytes).
+        DiskFull if the copy finds no room (the tail stays, for later)."""
+        assert self._fd is not None and self._active_path is not None
+        try:
+            target, cut = quarantine_tail(self._active_path, self._size, self._fd)
+        except FsyncFailed as exc:
+            self._failed = exc
+            raise
+        except OSError as exc:
+            raise write_error(f"quarantine the torn tail of {self._active_path}", exc) from exc
+        self._torn_tail = False
+        self._space.reset(self._size)
+        return (target,), cut
 
     def sync(self) -> None:
         """fdatasync every segment written since the last sync, and the directory if a segment was created.
@@ -414,8 +408,15 @@ class EventLog:
         self._durable_seq = self._last_seq
 
     def fits(self, records: int) -> bool:
-        """Whether an append of ``records`` records of any size would only write (no roll, no retention)."""
-        return self._fd is not None and self._size + records * (MAX_RECORD_BYTES + HEADER_BYTES) <= self.segment_bytes
+        """Whether an append of ``records`` records of any size would only write (no roll, no retention, no
+        space to reserve, no torn tail to cut). ``reserve_ahead()`` makes it likelier."""
+        end = self._size + records * (MAX_RECORD_BYTES + HEADER_BYTES)
+        return self._fd is not None and end <= self.segment_bytes and self._space.covers(end) and not self._torn_tail
+
+    def reserve_ahead(self) -> None:
+        """Reserve the active segment's next blocks ahead of need (best effort; blocking: the writer's thread)."""
+        if self._fd is not None:
+            self._space.top_up(self._fd, self._size, self.segment_bytes)
 
     def release_rotated(self) -> None:
         """Close rotated-away segments without syncing them (for callers that never sync, fsync=never)."""
@@ -433,7 +434,7 @@ class EventLog:
         try:
             segments = list_segments(self.directory)  # opendir needs a descriptor
         except OSError as exc:
-            if exc.errno not in _NO_DESCRIPTOR:
+            if exc.errno not in NO_DESCRIPTOR:
                 raise
             self.retention_deferred += 1  # the next pass (next roll, or the writer's timer) catches up
             return []
@@ -445,37 +446,27 @@ class EventLog:
         return retention.delete(victims)
 
     def _snapshot(self) -> bool:
-        """Durably snapshot the open sessions as of last_seq + 1. False (counted) if it could not be."""
-        if self._state != "open":
-            self.snapshot_failures += 1  # not recovered: the open sessions are unknown
-            return False
-        seq = self._last_seq + 1
-        last_seen = self._last_seen
-        if last_seen.enabled:
-            last_seen.prune(self.clock())
+        """Durably snapshot the open sessions as of last_seq + 1. False (counted) if it could not be (not
+        recovered: the open sessions are unknown; or no room: write_snapshot leaves nothing behind)."""
+        seq, last_seen = self._last_seq + 1, self._last_seen
         try:
-            write_snapshot(
-                self.directory, seq, self._sessions.sessions, self._dir_fd,
-                last_seen.seen if last_seen.enabled else None,
-            )
-        except OSError:
+            if self._state != "open":
+                raise LogStateError("not recovered")
+            if last_seen.enabled:
+                last_seen.prune(self.clock())
+            write_snapshot(self.directory, seq, self._sessions.sessions, self._dir_fd,
+                           last_seen.seen if last_seen.enabled else None)
+        except (OSError, LogStateError):
             self.snapshot_failures += 1
             return False
-        self._snapshot_seq = seq
-        self.snapshots += 1
+        self._snapshot_seq, self.snapshots = seq, self.snapshots + 1
         return True
 
     # ------------------------------------------------------------------------------------------ reading
 
     def oldest_seq(self) -> int | None:
         """First seq of the oldest non-empty retained segment (its name), or None if no record is retained."""
-        for first, path in list_segments(self.directory):
-            try:
-                if os.stat(path).st_size > 0:
-                    return first
-            except FileNotFoundError:
-                continue
-        return None
+        return oldest_seq(self.directory)
 
     def read_from(self, seq: int) -> Iterator[dict[str, Any]]:
         """Retained records with seq >= `seq`, including those appended so far. Blocking I/O (see iter_records)."""
@@ -484,13 +475,17 @@ class EventLog:
     # ------------------------------------------------------------------------------------------ closing
 
     def close(self) -> None:
-        """Close files and release the lock. Does not sync. Idempotent. The spare stays for the next run."""
+        """Close files and release the lock. Does not sync. Idempotent. The spare stays for the next run; the
+        space reserved past the active segment's end is given back."""
         while self._rotated:
             os.close(self._rotated.pop())
-        for fd in (self._fd, self._spare_fd, self._reserve_fd, self._dir_fd, self._lock_fd):  # lock last: flock
+        if self._fd is not None:
+            self._space.trim(self._fd)
+        self._spare.close()
+        for fd in (self._fd, self._dir_fd, self._lock_fd):  # lock last: flock
             if fd is not None:
                 os.close(fd)
-        self._fd = self._spare_fd = self._reserve_fd = self._dir_fd = self._lock_fd = None
+        self._fd = self._dir_fd = self._lock_fd = None
         self._state = "closed"
 
     def __enter__(self) -> EventLog:

@@ -39,7 +39,7 @@ from idled.log.snapshot import Snapshot, Uid, load_snapshot, session_summary, su
 
 __all__ = [
     "QUARANTINE_INFIX", "SegmentReport", "LogScan", "RecoveredSessions", "Recovery", "scan_log", "verify_log",
-    "quarantine_tail",
+    "quarantine_tail", "damage_totals",
 ]
 
 QUARANTINE_INFIX = ".quarantine-"
@@ -172,21 +172,37 @@ def verify_log(directory: str) -> tuple[list[SegmentReport], list[str]]:
     return scan.reports, scan.snapshot.damaged
 
 
+def damage_totals(reports: list[SegmentReport]) -> tuple[int, int]:
+    """(records lost, bytes skipped) to the damage of these segments, not counting the newest one's tail (the
+    caller's to cut); an older segment's tail is damage kept where it is."""
+    corrupt = sum(report.skipped_records for report in reports)
+    skipped = sum(report.skipped_bytes for report in reports)
+    for report in reports[:-1]:
+        corrupt += max(1, report.tail_records) if report.tail_bytes else 0
+        skipped += report.tail_bytes
+    return corrupt, skipped
+
+
 def quarantine_tail(path: str, offset: int, fd: int) -> tuple[str, int]:
     """Copy `path`'s bytes from `offset` to ``<path>.quarantine-<offset>``, make the copy durable, then
     truncate `fd` (open on `path` for writing) to `offset` and fsync it. Returns (quarantine path, bytes).
 
     Raises FsyncFailed if a sync fails (after the copy is durable, a lost truncation would only leave the
-    garbage for the next recovery to quarantine again; before, nothing was cut)."""
+    garbage for the next recovery to quarantine again; before, nothing was cut); OSError if the copy cannot
+    be written (a full disk: the partial copy is removed, nothing is cut, and the caller may try again)."""
     target = f"{path}{QUARANTINE_INFIX}{offset}"
     copied = 0
     out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
-        with open(path, "rb", buffering=0) as source:
-            source.seek(offset)
-            while chunk := source.read(_COPY_CHUNK):
-                write_all(out, chunk)
-                copied += len(chunk)
+        try:
+            with open(path, "rb", buffering=0) as source:
+                source.seek(offset)
+                while chunk := source.read(_COPY_CHUNK):
+                    write_all(out, chunk)
+                    copied += len(chunk)
+        except OSError:
+            os.unlink(target)  # (frees what the partial copy took)
+            raise
         try:
             os.fsync(out)
             fsync_directory(os.path.dirname(path) or ".")
@@ -213,7 +229,8 @@ class Recovery:
     online record of every open session (see RecoveredSessions). records / segments: good records and segment
     files scanned. snapshot_seq / damaged_snapshots: the snapshot recovery started from (0: none).
     last_seen: how many users the last-seen map holds after recovery (within the horizon). last_ts: the
-    largest ``ts`` of any good record (0: none): the next run stamps nothing below it.
+    largest ``ts`` of any good record (0: none): the next run stamps nothing below it. tail_deferred: bytes
+    of a torn tail left in place for lack of space to quarantine them (the first append that finds room does).
     """
 
     next_seq: int
@@ -229,10 +246,12 @@ class Recovery:
     damaged_snapshots: tuple[str, ...] = ()
     last_seen: int = 0
     last_ts: float = 0.0
+    tail_deferred: int = 0
 
     @property
     def damaged(self) -> bool:
-        return bool(self.truncated_bytes or self.corrupt_records or self.skipped_bytes or self.damaged_snapshots)
+        return bool(self.truncated_bytes or self.corrupt_records or self.skipped_bytes or self.damaged_snapshots
+                    or self.tail_deferred)
 
     def summary(self) -> str:
         """One line for the server's log: what was skipped in place, quarantined, found damaged."""
@@ -243,6 +262,9 @@ class Recovery:
             )
         if self.truncated_bytes:
             parts.append(f"truncated a torn tail of {self.truncated_bytes} bytes (copied first to {', '.join(self.quarantined)})")
+        if self.tail_deferred:
+            parts.append(f"a torn tail of {self.tail_deferred} bytes is left in place until there is room to "
+                         "quarantine it (no space)")
         if self.damaged_snapshots:
             parts.append(f"damaged snapshots kept aside: {', '.join(self.damaged_snapshots)}")
         return "; ".join(parts) or "no damage"

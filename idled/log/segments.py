@@ -9,8 +9,8 @@ from typing import Any, Final
 
 from idled.log.records import Damage, decode_buffer
 
-__all__ = ["SEGMENT_SUFFIX", "READ_CHUNK_BYTES", "segment_name", "list_segments", "SegmentScan", "segments_from",
-           "write_all", "fsync_directory"]
+__all__ = ["SEGMENT_SUFFIX", "READ_CHUNK_BYTES", "segment_name", "list_segments", "oldest_seq", "SegmentScan",
+           "segments_from", "write_all", "fsync_directory"]
 
 SEGMENT_SUFFIX: Final = ".seg"
 READ_CHUNK_BYTES: Final = 1024 * 1024  # > MAX_RECORD_BYTES + header, so any record fits in one chunk
@@ -33,6 +33,17 @@ def list_segments(directory: str | os.PathLike[str]) -> list[tuple[int, str]]:
             found.append((int(match.group(1)), os.path.join(directory, name)))
     found.sort()
     return found
+
+
+def oldest_seq(directory: str) -> int | None:
+    """First seq of the oldest non-empty segment in ``directory`` (its name), or None if no record is there."""
+    for first, path in list_segments(directory):
+        try:
+            if os.stat(path).st_size > 0:
+                return first
+        except FileNotFoundError:
+            continue
+    return None
 
 
 class SegmentScan:

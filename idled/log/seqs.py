@@ -54,7 +54,9 @@ class SeqReservation:
     def record(self, upto: int) -> None:
         """Durably record that seqs up to ``upto`` may be issued. Blocking I/O: run it in a thread.
 
-        Lowering the mark is only safe once every issued seq is durably in the log (a clean stop)."""
+        Lowering the mark is only safe once every issued seq is durably in the log (a clean stop). Raises
+        FsyncFailed (fatal), or OSError if the mark could not be written (ENOSPC: the old mark stands, on disk
+        and for the caller, which must not issue a seq past it)."""
         with self._lock:
             self._record(upto)
 
@@ -62,7 +64,11 @@ class SeqReservation:
         temporary = self.path + ".tmp"
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         try:
-            write_all(fd, b"%d\n" % upto)
+            try:
+                write_all(fd, b"%d\n" % upto)
+            except OSError:
+                os.unlink(temporary)  # a full disk: the mark stays as it was, and the caller tries again later
+                raise
             try:
                 os.fsync(fd)
             except OSError as exc:

@@ -165,7 +165,8 @@ def write_snapshot(
     """Durably write the snapshot of `sessions` (and the `last_seen` map) as of `seq`; keep the newest
     SNAPSHOT_KEEP. Returns its path.
 
-    Blocking I/O (writer thread). OSError propagates: the caller keeps the segments it would have deleted.
+    Blocking I/O (writer thread). OSError propagates (with no temporary file left behind): the caller keeps the
+    segments it would have deleted.
     `dir_fd`: the directory, already open (fsyncing it then needs no new descriptor)."""
     data = encode_snapshot(seq, sessions, last_seen)
     temporary = os.path.join(directory, _TEMPORARY)
@@ -173,6 +174,9 @@ def write_snapshot(
     try:
         write_all(fd, data)
         os.fsync(fd)
+    except OSError:
+        os.unlink(temporary)  # a full disk: give back what the partial copy took (the caller retries later)
+        raise
     finally:
         os.close(fd)
     path = os.path.join(directory, snapshot_name(seq))

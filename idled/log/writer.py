@@ -39,15 +39,27 @@ is slower than the event rate (the benchmark below does that); the server's chan
 producers wait in `EventBus.room()` while the backlog is over a limit (events are published synchronously,
 so they cannot block in `send()`). Nothing is dropped either way.
 
+A full disk (`DiskFull`: ENOSPC or EDQUOT at a write, a roll or the space reservation; see eventlog) is not
+fatal. The log is left at its last whole record; the writer keeps the events it could not write (the rest of
+the batch: ``Held.events``) and stops taking new ones, which wait in the channel, in seq order. It syncs what
+it did write (so durable observers get it), reports ``on_degraded(error)`` once, and tries the held events
+again every ``retry_interval`` seconds (a failed attempt writes nothing, so retrying costs one fallocate or
+one write). Once they are written it reports ``on_degraded(None)`` and goes on draining the channel as
+usual: nothing is lost, reordered or skipped, and observers get everything as they would have. The bound on
+what waits is the caller's: the server's producers wait in ``EventBus.room()`` once the backlog is over its
+limit (``idled.server.sessions``). A failed *fsync* stays fatal, full disk or not (fsyncgate).
+
 Stopping: close the send side(s). The writer drains what is queued, writes it, syncs (except ``never``) and
-returns. If the writer is cancelled instead, queued events are abandoned; a commit in flight still completes
-(to_thread calls are not abandoned), and written-but-unsynced data is in the page cache, which survives the
-process but not a power cut. `FsyncFailed` propagates: the log is poisoned and the caller must treat it as
-fatal (see eventlog). On exit the receive channel is closed, so senders of a writer that died get
-BrokenResourceError instead of blocking forever.
+returns (still holding events on a full disk, it keeps trying until it is cancelled). If the writer is
+cancelled instead, queued and held events are abandoned; a commit in flight still completes (to_thread calls
+are not abandoned), and written-but-unsynced data is in the page cache, which survives the process but not a
+power cut. `FsyncFailed` propagates: the log is poisoned and the caller must treat it as fatal (see
+eventlog). On exit the receive channel is closed, so senders of a writer that died get BrokenResourceError
+instead of blocking forever.
 
 Retention (`log.apply_retention`) also runs in the commit thread, at most every `retention_every` seconds
-(and the log itself applies it after each rotation).
+(and the log itself applies it after each rotation). The commit thread also tops up the active segment's
+space reservation (`log.reserve_ahead`), so the small batches written on the loop never call fallocate.
 """
 
 from __future__ import annotations
@@ -55,14 +67,27 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import trio
 
-from idled.log.eventlog import FSYNC_POLICIES, EventLog, FsyncPolicy
+from idled.log.eventlog import FSYNC_POLICIES, DiskFull, EventLog, FsyncPolicy
 
-__all__ = ["FSYNC_POLICIES", "FsyncPolicy", "run_writer"]
+__all__ = ["FSYNC_POLICIES", "FsyncPolicy", "Held", "RETRY_INTERVAL", "run_writer"]
 
+RETRY_INTERVAL = 1.0  # seconds between two attempts to write the events a full disk held back
+
+
+@dataclass(slots=True)
+class Held:
+    """What the writer holds back for lack of space (read by whoever reports it: the server's status).
+    ``reason``: the operating system's words (None while the log takes every event); ``events``: the events of
+    the failed batch not written yet (newer ones wait in the channel); ``attempts``: failed attempts so far."""
+
+    reason: str | None = None
+    events: int = 0
+    attempts: int = 0
 
 
 def _commit(
@@ -70,6 +95,7 @@ def _commit(
 ) -> tuple[int, float | None]:
     """Runs in a worker thread: write the batch, maybe sync / retain. Returns (bytes, fsync seconds | None)."""
     nbytes = log.append(batch)
+    log.reserve_ahead()
     fsync_seconds = _sync(log) if sync else None
     if release and not sync:
         log.release_rotated()
@@ -94,9 +120,12 @@ async def run_writer(
     on_batch: Callable[[int, int], None] | None = None,
     on_fsync: Callable[[float], None] | None = None,
     before_write: Callable[[], None] | None = None,
+    on_degraded: Callable[[DiskFull | None], None] | None = None,
+    held: Held | None = None,
     max_batch: int = 4096,
     inline_records: int = 64,
     retention_every: float = 3600.0,
+    retry_interval: float = RETRY_INTERVAL,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Drain `receive` into `log` until the channel is closed (see module docstring). `log` must be recovered.
@@ -104,61 +133,133 @@ async def run_writer(
     on_durable(seq): highest seq durable under the policy. on_batch(records, bytes): after each write.
     on_fsync(seconds): after each fdatasync, its duration. before_write(): before each batch is written; what
     it raises ends the writer with nothing of that batch written (an elected core's fence: ``idled.server.node``).
-    Raises FsyncFailed (fatal) and any append error.
+    on_degraded(DiskFull | None): the disk filled (why) / the events it held back are written (None);
+    ``held``: filled in meanwhile. Raises FsyncFailed (fatal) and any append error but DiskFull.
     """
     if fsync not in FSYNC_POLICIES:
         raise ValueError(f"fsync must be one of {FSYNC_POLICIES}, not {fsync!r}")
     if not (interval > 0 and math.isfinite(interval)) or max_batch < 1 or retention_every <= 0:
         raise ValueError("interval must be finite and > 0, max_batch >= 1, retention_every > 0")
-    always, never = fsync == "always", fsync == "never"
-    last_sync = trio.current_time() - interval  # the first batch is synced at once
-    next_retention = trio.current_time()  # the first batch applies retention
-    dirty = False  # written but not yet synced (interval policy only)
-
-    def synced(seconds: float) -> None:
-        nonlocal dirty
-        dirty = False
-        if on_fsync is not None:
-            on_fsync(seconds)
-        if on_durable is not None:
-            on_durable(log.durable_seq)
-
-    async def sync_now() -> None:
-        nonlocal last_sync
-        last_sync = trio.current_time()
-        synced(await trio.to_thread.run_sync(_sync, log))
-
+    if not (retry_interval > 0 and math.isfinite(retry_interval)):
+        raise ValueError("retry_interval must be finite and > 0")
+    writer = _Writer(log, fsync, interval, retention_every, retry_interval, inline_records,
+                     on_durable, on_batch, on_fsync, before_write, on_degraded, held if held is not None else Held())
     task_status.started()
     async with receive:
-        while (batch := await _next_batch(receive, last_sync + interval if dirty else None, max_batch)) is not None:
+        while (batch := await _next_batch(receive, writer.sync_at(), max_batch)) is not None:
             if not batch:  # interval elapsed with unsynced data and nothing new arrived
-                await sync_now()
-                continue
-            if before_write is not None:
-                before_write()
-            now = trio.current_time()
-            do_sync = always or (not never and now >= last_sync + interval)
-            do_retention = now >= next_retention
-            if do_sync:
-                last_sync = now
-            if do_retention:
-                next_retention = now + retention_every
-            if not do_sync and not do_retention and len(batch) <= inline_records and log.fits(len(batch)):
+                await writer.sync_now()
+            else:
+                await writer.commit(batch)
+        if writer.dirty:
+            await writer.sync_now()
+
+
+class _Writer:
+    """run_writer's state between batches: the policy, the callbacks, when it last synced (see the module
+    docstring)."""
+
+    def __init__(
+        self, log: EventLog, fsync: str, interval: float, retention_every: float, retry_interval: float,
+        inline_records: int, on_durable: Callable[[int], None] | None, on_batch: Callable[[int, int], None] | None,
+        on_fsync: Callable[[float], None] | None, before_write: Callable[[], None] | None,
+        on_degraded: Callable[[DiskFull | None], None] | None, held: Held,
+    ) -> None:
+        self.log = log
+        self.always, self.never = fsync == "always", fsync == "never"
+        self.interval, self.retention_every, self.retry_interval = interval, retention_every, retry_interval
+        self.inline_records = inline_records
+        self.on_durable, self.on_batch, self.on_fsync = on_durable, on_batch, on_fsync
+        self.before_write, self.on_degraded, self.held = before_write, on_degraded, held
+        self.last_sync = trio.current_time() - interval  # the first batch is synced at once
+        self.next_retention = trio.current_time()  # the first batch applies retention
+        self.dirty = False  # written but not yet synced (interval policy only)
+
+    def sync_at(self) -> float | None:
+        """When unsynced data must be synced if nothing else arrives (None: nothing is unsynced)."""
+        return self.last_sync + self.interval if self.dirty else None
+
+    def synced(self, seconds: float) -> None:
+        self.dirty = False
+        if self.on_fsync is not None:
+            self.on_fsync(seconds)
+        if self.on_durable is not None:
+            self.on_durable(self.log.durable_seq)
+
+    async def sync_now(self) -> None:
+        self.last_sync = trio.current_time()
+        self.synced(await trio.to_thread.run_sync(_sync, self.log))
+
+    async def commit(self, batch: list[dict[str, Any]]) -> None:
+        """Write one batch (and sync, retain, as due); a full disk holds it until it is written."""
+        if self.before_write is not None:
+            self.before_write()
+        log, now = self.log, trio.current_time()
+        do_sync = self.always or (not self.never and now >= self.last_sync + self.interval)
+        do_retention = now >= self.next_retention
+        if do_sync:
+            self.last_sync = now
+        if do_retention:
+            self.next_retention = now + self.retention_every
+        try:
+            if not do_sync and not do_retention and len(batch) <= self.inline_records and log.fits(len(batch)):
                 nbytes, fsync_seconds = log.append(batch), None  # small: on the loop (see the module docstring)
             else:
-                nbytes, fsync_seconds = await trio.to_thread.run_sync(_commit, log, batch, do_sync, never, do_retention)
-            if on_batch is not None:
-                on_batch(len(batch), nbytes)
-            if fsync_seconds is not None:
-                synced(fsync_seconds)
-            elif never:
-                if on_durable is not None:
-                    on_durable(log.last_seq)
-            else:
-                dirty = True
-        if dirty:
-            await sync_now()
+                nbytes, fsync_seconds = await trio.to_thread.run_sync(
+                    _commit, log, batch, do_sync, self.never, do_retention)
+        except DiskFull as exc:
+            await self.hold(batch, exc)
+            return
+        self.written(len(batch), nbytes, fsync_seconds)
 
+    def written(self, records: int, nbytes: int, fsync_seconds: float | None) -> None:
+        """Report a write: the batch, and its durability under the policy."""
+        if self.on_batch is not None:
+            self.on_batch(records, nbytes)
+        if fsync_seconds is not None:
+            self.synced(fsync_seconds)
+        elif self.never:
+            if self.on_durable is not None:
+                self.on_durable(self.log.last_seq)
+        else:
+            self.dirty = True
+
+    async def hold(self, batch: list[dict[str, Any]], exc: DiskFull) -> None:
+        """A full disk: keep what was not written, retry until it is (see the module docstring)."""
+        log, held = self.log, self.held
+        rest = self._unwritten(batch, exc)
+        if self.dirty or log.last_seq > log.durable_seq and not self.never:
+            await self.sync_now()  # what did fit goes to durable observers now, not when the disk has room
+        held.reason, held.events = exc.reason, len(rest)
+        if self.on_degraded is not None:
+            self.on_degraded(exc)
+        while rest:
+            held.attempts += 1
+            await trio.sleep(self.retry_interval)
+            if self.before_write is not None:
+                self.before_write()
+            try:
+                nbytes, fsync_seconds = await trio.to_thread.run_sync(
+                    _commit, log, rest, self.always, self.never, False)
+            except DiskFull as again:
+                rest = self._unwritten(rest, again)
+                held.reason, held.events = again.reason, len(rest)
+                if self.dirty:  # some of it fitted: durable observers get that now
+                    await self.sync_now()
+                continue
+            self.written(len(rest), nbytes, fsync_seconds)
+            rest = []
+        held.reason, held.events = None, 0
+        if self.on_degraded is not None:
+            self.on_degraded(None)
+
+    def _unwritten(self, batch: list[dict[str, Any]], exc: DiskFull) -> list[dict[str, Any]]:
+        """The events of ``batch`` the log did not take before ``exc``; those it did are reported written."""
+        last = self.log.last_seq
+        rest = [event for event in batch if event["seq"] > last]
+        if len(rest) < len(batch):
+            self.written(len(batch) - len(rest), exc.written, None)
+        return rest
 
 async def _next_batch(
     receive: trio.MemoryReceiveChannel[dict[str, Any]], sync_at: float | None, max_batch: int

@@ -4,7 +4,9 @@ See `idled.ops.http` (the endpoint) and docs/operations.md (the probes). ``/read
 directory with a real write -- create, lock, write, fsync, unlink a small file (`probe_directory`, which
 `idled check-config` runs too), in a worker thread -- because
 ``os.access`` says nothing about a full disk, a read-only remount, an immutable or removed directory; the
-answer is cached for ``cache_seconds`` so a probe storm costs one write per second.
+answer is cached for ``cache_seconds`` so a probe storm costs one write per second. A server that runs
+degraded (its event log's disk is full: ``idled.server.degraded``) is not ready either, and says why first:
+the probe's small write may fit where the log's next batch does not.
 
 Who gets what (``Health.access``, given the request's ``Authorization`` header): with auth off (no ``secret``:
 the endpoint is on loopback, or the operator said ``--insecure``) everyone gets everything. With auth on,
@@ -81,7 +83,8 @@ class Health:
     server not shutting down). ``vitals(after, since)``: the ``vitals`` part of ``/status/live`` (events with a
     seq above ``after``, samples newer than ``since``; see `idled.ops.statuspage`), called on the event loop.
     ``secret``: the HMAC secret API tokens are checked with (None: auth off, everything is open), at the time
-    ``wall`` gives (the server's ``Clock.wall``)."""
+    ``wall`` gives (the server's ``Clock.wall``). ``degraded``: why the server runs degraded (None: it does
+    not), called on the event loop."""
 
     def __init__(
         self,
@@ -90,6 +93,7 @@ class Health:
         status: Callable[[], Mapping[str, Any]],
         listening: Callable[[], bool],
         vitals: Callable[[int, float | None], Mapping[str, Any]] = lambda after, since: {},
+        degraded: Callable[[], str | None] = lambda: None,
         version: str = __version__,
         cache_seconds: float = 1.0,
         secret: bytes | None = None,
@@ -99,6 +103,7 @@ class Health:
         self.status_source = status
         self.listening = listening
         self.vitals_source = vitals
+        self.degraded = degraded
         self.version = version
         self.cache_seconds = cache_seconds
         self.secret = secret
@@ -154,6 +159,8 @@ class Health:
         """(ready?, reason) for /readyz (``max_age``: see ``log_problem``)."""
         if not self.listening():
             return False, "not listening for clients (starting or shutting down)"
+        if (degraded := self.degraded()) is not None:
+            return False, degraded
         problem = await self.log_problem(max_age)
         if problem is not None:
             return False, problem

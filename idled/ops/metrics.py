@@ -85,6 +85,8 @@ class Snapshot(TypedDict, total=False):
     eventlog_damaged_bytes  damaged bytes the last recovery skipped in place or quarantined
     eventlog_damaged_records  records lost to that damage (estimated)
     eventlog_rolls_deferred segment rolls put off for lack of a descriptor since the start
+    eventlog_degraded       1 while the server runs degraded (its event log's disk is full), else 0
+    eventlog_held_events    events not written to the event log yet (held in memory while degraded)
     sessions_held           sessions due whose owner (an edge) has not yet confirmed its users' activity up to
                             the deadline: online until it does (idled.core.watermarks)
     gateway_watermark_lag   gateway name -> seconds its watermark is behind the server clock (edges, and
@@ -102,6 +104,8 @@ class Snapshot(TypedDict, total=False):
     eventlog_damaged_bytes: int
     eventlog_damaged_records: int
     eventlog_rolls_deferred: int
+    eventlog_degraded: int
+    eventlog_held_events: int
     sessions_held: int
     gateway_watermark_lag: Mapping[str, float]
     wall_clock_ahead: float
@@ -111,7 +115,7 @@ class Snapshot(TypedDict, total=False):
 SNAPSHOT_KEYS: tuple[str, ...] = (
     "sessions_online", "users_online", "detector_keys", "detector_overflow_keys", "observer_queued_bytes",
     "eventlog_damaged_bytes", "eventlog_damaged_records", "eventlog_rolls_deferred", "sessions_held",
-    "wall_clock_ahead",
+    "wall_clock_ahead", "eventlog_degraded", "eventlog_held_events",
 )
 
 # Durations of work done on the event loop: a tick, a stall. 100 us .. 10 s.
@@ -170,6 +174,13 @@ class _SnapshotCollector(Collector):
             ),
             "eventlog_rolls_deferred": GaugeMetricFamily(
                 "idled_eventlog_rolls_deferred", "Segment rolls put off for lack of a descriptor since the start."
+            ),
+            "eventlog_degraded": GaugeMetricFamily(
+                "idled_eventlog_degraded",
+                "1 while the event log cannot be written (a full disk): new work is refused, events are held in memory.",
+            ),
+            "eventlog_held_events": GaugeMetricFamily(
+                "idled_eventlog_held_events", "Events not yet written to the event log (held in memory while degraded)."
             ),
             "sessions_held": GaugeMetricFamily(
                 "idled_sessions_held",
@@ -252,6 +263,7 @@ class Metrics:
     Constant gauges: idled_info{version,python} = 1, idled_tick_seconds = tick.
     Scrape-time gauges from the snapshot (see :class:`Snapshot`): idled_connections{role}, idled_observer_queued_bytes,
     idled_eventlog_damaged_bytes, idled_eventlog_damaged_records, idled_eventlog_rolls_deferred,
+    idled_eventlog_degraded, idled_eventlog_held_events,
     idled_sessions_online, idled_detector_keys, idled_detector_overflow_keys.
     Standard collectors: process_* (process_open_fds, process_max_fds, process_resident_memory_bytes,
     process_cpu_seconds_total, ...), python_gc_*, python_info.

@@ -38,6 +38,7 @@ ALLOWED: Final[Mapping[str, Any]] = {
     "connections": KEEP, "sessions_online": KEEP, "users_online": KEEP, "detector_keys": KEEP,
     "detector_overflow_keys": KEEP, "observer_queued_bytes": KEEP, "eventlog_damaged_bytes": KEEP,
     "eventlog_damaged_records": KEEP, "eventlog_rolls_deferred": KEEP, "sessions_held": KEEP, "wall_clock_ahead": KEEP,
+    "eventlog_degraded": KEEP, "eventlog_held_events": KEEP, "events_held": KEEP, "degraded": SCRUB,
     # Server.status / StandbyServer.status; data_dir is a path: left out
     "next_seq": KEEP, "ports": KEEP, "stopping": KEEP, "role": KEEP,
     "replication": {"sync_standby": KEEP, "sync_attached": KEEP, "durable_seq": KEEP, "log_durable_seq": KEEP,

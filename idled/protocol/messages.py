@@ -71,6 +71,7 @@ class ErrorCode(enum.StrEnum):
     GONE = "gone"  # the requested thing no longer exists (server-defined, e.g. events pruned before `from`)
     NOT_LEADER = "not_leader"  # this core does not lead: log in to the leader (the frame's `leader`, when known)
     TLS_REQUIRED = "tls_required"  # this port speaks TLS and the client began in plain text: connect with TLS
+    UNAVAILABLE = "unavailable"  # the server cannot take new work now (its event log's disk is full); retry later
 
 
 class ProtocolError(Exception):
@@ -291,8 +292,9 @@ class Error:
 
 DETACH_REASONS: Final = ("logout", "closed", "shutdown")
 
-# Why the server ended sessions a gateway carried (`Ended.reason`).
-ENDED_REASONS: Final = ("idle", "kicked", "shutdown")
+# Why the server ended sessions a gateway carried (`Ended.reason`); "unavailable": an attach the server refused
+# (it cannot take new sessions now: its event log's disk is full), so that the gateway refuses its user.
+ENDED_REASONS: Final = ("idle", "kicked", "shutdown", "unavailable")
 
 
 @dataclass(frozen=True, slots=True)

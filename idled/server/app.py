@@ -13,7 +13,8 @@ touches sockets and handles signals, and this module wires its pieces together r
   user loop, on the presence table through ``users.CoreUsers``), ``gateways.Gateways``, ``observers.Observers``;
   wired, limited and reloaded as an edge's is (``lifecycle``: the parts the two processes share);
 * ``ticker.Ticker``: expiry; ``monitor.Monitor``: loop lag, the watchdog, periodic hooks;
-* the log writer (``idled.log.writer.run_writer``), which group-commits the records the bus queues.
+* ``logtask.LogTask``: the log writer (``idled.log.writer.run_writer``), which group-commits the records the
+  bus queues.
 
 ``serve()`` goes through the door first (``idled.door``: the rule on every endpoint -- client port, metrics,
 API -- then each bound, or adopted from systemd, and judged on its bound address), so a failed bind or a
@@ -26,9 +27,12 @@ accept loops' own scope so stopping to accept leaves them running), the monitor.
 With ``--workers N`` the core is a child of the root (``root``), which runs N ``idled edge`` children on the
 public port and restarts the core if it dies: the core accepts only on the internal unix socket the root
 passed (``workers.Workers``: the sockets, the edges' pids and counts), and the root speaks to systemd.
-Then it waits for SIGTERM/SIGINT or ``stop()``. An expected failure of the log (disk full, fsync failed)
-ends the daemon as one ``Fatal`` naming the log's directory (``idled.ops.fatal``): systemd restarts it onto
-a recovered log. Shutdown is a cancel-scope deadline, not a polling loop:
+Then it waits for SIGTERM/SIGINT or ``stop()``. A full disk does not end it: it runs *degraded*
+(``idled.server.degraded``: new work refused with ``unavailable``, sessions kept, events held in memory and
+written in seq order once there is room, by itself), whether the disk fills while it runs or was full when it
+started. Any other failure of the log (fsync failed, EIO, a damaged state) ends the daemon as one ``Fatal``
+naming the log's directory (``idled.ops.fatal``): systemd restarts it onto a recovered log. Shutdown is a
+cancel-scope deadline, not a polling loop:
 stop accepting, end every session (reason ``shutdown``), let the writer drain and sync, tell the gateways
 and observers (after every event has reached them), wait for the connections to close -- all within a
 grace period -- then cancel the rest.
@@ -50,7 +54,6 @@ from idled.core.factory import make_detector
 from idled.core.presence import PresenceEvent, PresenceTable, ticks_for
 from idled.log.eventlog import EventLog, Recovery
 from idled.log.seqs import SeqReservation
-from idled.log.writer import run_writer
 from idled.ops import systemd
 from idled.ops.config import Config
 from idled.ops.fatal import fatal_on_log_error
@@ -65,10 +68,12 @@ from idled.server.api import Api, ApiMetrics, Backend
 from idled.server.bus import EventBus
 from idled.server.clock import Clock, floor_wall
 from idled.server.conn import Connection, Doorway, auth_secret, refuse_out_of_descriptors
+from idled.server.degraded import Degraded, LogHold
 from idled.server.election import Election
 from idled.server.fence import Fence
 from idled.server.gateways import Gateways
 from idled.server.lagwatch import LagWatch
+from idled.server.logtask import LogTask
 from idled.server.lifecycle import (
     DOOR_RELOADABLE, connection_counts, connection_limit, reload, reload_door, roles, user_plane,
 )
@@ -135,9 +140,11 @@ class Server:
         # server before its first write once the lease is lost.
         self.election = election
         self.fence = Fence(election) if election is not None else None
-        self.seqs = SeqBlocks(SeqReservation(self.log.directory), election)
+        self.degraded = Degraded()  # a full disk: why new work is refused now (idled.server.degraded)
+        self.seqs = SeqBlocks(SeqReservation(self.log.directory), election, self.degraded)
         self._event_counters: dict[tuple[str, str], Any] = {}
         self.bus = EventBus(on_event=self._count_event)
+        self.hold = LogHold(self.degraded, self.bus)  # what the writer holds back on a full disk
         self.vitals = Vitals(self._sample, lateness=histogram_source(self.metrics.offline_lateness)
                              if isinstance(self.metrics, Metrics) else lambda: None)
         self.clock = Clock(config.stall_ticks * config.tick)
@@ -154,7 +161,7 @@ class Server:
         self._damage = (0, 0)  # (bytes, records) the recovery found damaged: exported as gauges
         self._accept_scope = trio.CancelScope()
         self._stop_event = trio.Event()
-        self._writer_done = trio.Event()
+        self.writer: LogTask | None = None  # the log-writer task (idled.server.logtask), started by _start
         self.stopped = trio.Event()  # set once serve() has returned (or failed)
         self._peers: set[Connection] = set()  # gateways, observers and standbys, told when the server stops
         self.ports: list[int] = []
@@ -248,7 +255,7 @@ class Server:
         )
         if self.gc_policy is not None:
             self.gc_policy.start()  # after the session maps exist: see idled.ops.gcpolicy
-        self._sessions = sessions = Sessions(presence, self.bus, self.clock, self.seqs)
+        self._sessions = sessions = Sessions(presence, self.bus, self.clock, self.seqs, self.degraded)
         self._gateways = Gateways(sessions, self._peers, max_frame=cfg.max_gateway_frame, grace=cfg.gateway_grace)
         queries = Queries(presence, self.bus, self.log, first_seq=self.seqs.first, clock=self.clock.now,
                           wall=self.clock.wall)
@@ -282,20 +289,22 @@ class Server:
         """Start every task of a running server in ``nursery``; returns once it listens (READY=1 sent)."""
         cfg, presence, sessions = self.config, self.presence, self._sessions
         assert presence is not None and sessions is not None
-        await nursery.start(self._run_writer)
+        self.writer = LogTask(self.log, self.bus, cfg, metrics=self.metrics, fence=self.fence, hold=self.hold,
+                              seqs=self.seqs, last_seq=lambda: presence.next_seq - 1)
+        await nursery.start(self.writer.run)
         if self.fence is not None:
             nursery.start_soon(self.fence.watch)
-        # Sessions a crashed run left online end now, before anyone can log in again (in bounded chunks).
-        if recovery.online:
-            ended = await sessions.end_recovered(recovery.online.values())
-            log.info("closed %s left online by the previous run (reason restart)", plural(ended, "session"))
+        # Sessions a crashed run left online end now, before anyone can log in again (in bounded chunks; in
+        # the background if the disk is full, logins refused until they are ended).
+        await sessions.close_recovered(recovery.online.values(), nursery)
         self.metrics.register_snapshot(self.snapshot)
         if self.workers is not None and self.metrics.registry is not None:
             self.metrics.registry.register(WorkerCollector(self.workers.view, self.workers.core_restarts))
         metrics_listeners = self.listening.pop("metrics", [])
         if metrics_listeners and self.metrics.registry is not None:  # NullMetrics: nothing to export
             health = Health(self.log.directory, status=self.status, listening=lambda: bool(self.ports) and not self.stopping,
-                            vitals=self.vitals.live, secret=self.secret, wall=self.clock.wall)
+                            vitals=self.vitals.live, secret=self.secret, wall=self.clock.wall,
+                            degraded=self.hold.readiness)
             await nursery.start(functools.partial(serve_metrics, health=health), self.metrics.registry,
                                 metrics_listeners, metrics_gate())
         else:
@@ -391,7 +400,8 @@ class Server:
             ended = await sessions.end_all("shutdown", ErrorCode.SERVER_SHUTDOWN, "server is shutting down")
             log.info("shutdown: ended %s", plural(ended, "session"))
             self.bus.close_log()
-            await self._writer_done.wait()
+            if self.writer is not None:
+                await self.writer.done.wait()
             # Observers get every shutdown event before their own server_shutdown.
             while self.bus.undelivered():
                 await trio.sleep(0.01)
@@ -413,41 +423,6 @@ class Server:
             while any(self.connections[role] for role in ("user", "gateway", "observer", "standby")):
                 await trio.sleep(0.01)
         nursery.cancel_scope.cancel()
-
-    async def _run_writer(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        # A failure of the log (disk full, fsync failed) ends the daemon, by design: one Fatal line naming the
-        # directory, and systemd restarts it onto a recovered log.
-        with fatal_on_log_error(str(self.log.directory)):
-            await self._write_log(task_status)
-
-    async def _write_log(self, task_status: trio.TaskStatus[None]) -> None:
-        metrics = self.metrics
-        try:
-            await run_writer(
-                self.log,
-                self.bus.log_receive,
-                fsync=self.config.fsync,
-                interval=self.config.fsync_interval,
-                on_batch=_count_batch(metrics),
-                on_fsync=metrics.eventlog_fsync_duration.observe,
-                on_durable=self.bus.durable_to,
-                before_write=self.fence.check if self.fence is not None else None,
-                task_status=task_status,
-            )
-        except BaseException:
-            self.log.close()
-            self._writer_done.set()
-            raise
-        self._writer_done.set()  # every event is written: shutdown may tell the peers goodbye
-        # Drained cleanly (run_writer raises on any failure). A clean stop syncs even under --fsync never;
-        # then every issued seq is durable and the next run may continue right after the last one: no gap.
-        # Shielded: cancelling the server must not stop this half-way.
-        with trio.CancelScope(shield=True):
-            if self.config.fsync == "never":
-                await trio.to_thread.run_sync(self.log.sync)
-            assert self.presence is not None
-            await self.seqs.finish(self.presence.next_seq - 1)
-            self.log.close()
 
     # -- what the outside sees --------------------------------------------------------------------------
 
@@ -473,7 +448,7 @@ class Server:
         assert self.presence is not None
         return {**self.snapshot(), "next_seq": self.presence.next_seq, "ports": list(self.ports),
                 "stopping": self.stopping, "data_dir": str(self.log.directory),
-                "replication": self.replicas.status() if self.replicas is not None else None,
+                "replication": self.replicas.status() if self.replicas is not None else None, **self.hold.status(),
                 **status_part(self.config, self.workers, self.vitals, self.fence)}
 
     def _sample(self, wall: float) -> Sample:
@@ -498,12 +473,5 @@ class Server:
             "sessions_held": len(self.presence.holds),
             "gateway_watermark_lag": self._lagwatch.lags() if self._lagwatch is not None else {},
             "wall_clock_ahead": self.clock.wall.ahead(),
+            **self.hold.snapshot(),
         }
-
-
-def _count_batch(metrics: Metrics | NullMetrics) -> Callable[[int, int], None]:
-    def on_batch(records: int, nbytes: int) -> None:
-        metrics.eventlog_records.inc(records)
-        metrics.eventlog_bytes.inc(nbytes)
-
-    return on_batch

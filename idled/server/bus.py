@@ -5,9 +5,10 @@ Theory of operation
 ``publish(event)`` is synchronous and never blocks, so the order in which the presence table assigned
 ``seq`` is the order everything downstream sees: no task switch can slip in between. It
 
-1. queues the record for the log writer (an unbounded trio channel: the bound is enforced *before* state
-   changes, by producers awaiting ``room()``; so a full disk slows logins and expiry down -- backpressure --
-   and never drops or reorders an event);
+1. queues the record for the log writer (an unbounded trio channel: the bound, ``max_backlog``, is enforced
+   *before* state changes, by producers awaiting ``room()``; so a slow disk slows logins and expiry down --
+   backpressure -- and never drops or reorders an event; on a full disk the writer stops taking records and
+   they wait here, in seq order, until it can write again: ``idled.server.degraded``);
 2. encodes the observer frame once and stores it in the *window*: a ring of the last ``RECENT_EVENTS``
    frames, indexed by ``seq % RECENT_EVENTS`` (seqs within a run are consecutive, so a seq's place is
    arithmetic and taking a batch from any position costs only the batch);
@@ -80,7 +81,7 @@ __all__ = ["LOG_BACKLOG_LIMIT", "RECENT_EVENTS", "WATCH_QUEUE_BYTES", "EventBus"
 log = logging.getLogger("idled.server.bus")
 
 RECENT_EVENTS = 100_000  # frames kept in memory (~100 B a frame: ~10 MB), shared by every observer
-LOG_BACKLOG_LIMIT = 50_000  # producers wait in room() while more records than this await the writer
+LOG_BACKLOG_LIMIT = 50_000  # producers wait in room() while more records than this await the writer (the default)
 WATCH_QUEUE_BYTES = 1 << 20  # frame bytes a watchlist subscription's own queue holds before it replays instead
 
 
@@ -169,7 +170,15 @@ class Subscription:
 
 
 class EventBus:
-    def __init__(self, *, on_event: Callable[[PresenceEvent], None] | None = None) -> None:
+    """``max_backlog``: records awaiting the writer beyond which producers wait in ``room()`` (default
+    ``LOG_BACKLOG_LIMIT``). Keep it below ``RECENT_EVENTS``, so an observer behind the window reads what is
+    already written."""
+
+    def __init__(self, *, on_event: Callable[[PresenceEvent], None] | None = None, max_backlog: int | None = None) -> None:
+        self.max_backlog = LOG_BACKLOG_LIMIT if max_backlog is None else max_backlog
+        if self.max_backlog < 1:
+            raise ValueError("max_backlog must be >= 1")
+        self.log_stalled = False  # the writer cannot write now (a full disk): nothing waits for it to catch up
         self.log_send, self.log_receive = trio.open_memory_channel[dict[str, Any]](math.inf)
         self._size = RECENT_EVENTS  # read here, so tests can shrink the module constant before a server starts
         self._ring: list[bytes] = [b""] * self._size
@@ -260,11 +269,16 @@ class EventBus:
         return self._closed
 
     def backlog(self) -> int:
+        """Records queued for the writer, not taken yet."""
         return self.log_send.statistics().current_buffer_used
+
+    def full(self) -> bool:
+        """The backlog is over its limit (``room()`` would wait)."""
+        return self.backlog() > self.max_backlog
 
     async def room(self) -> None:
         """Wait while the log writer is too far behind (backpressure on whoever changes presence)."""
-        while not self._closed and self.backlog() > LOG_BACKLOG_LIMIT:
+        while not self._closed and self.backlog() > self.max_backlog:
             await trio.sleep(0.005)
 
     def close_log(self) -> None:

@@ -30,6 +30,15 @@ A gateway that logs in with ``"ended": true`` is told which of its sessions the 
 (``ended`` frames, batched: ``idled.server.outbox``); its welcome carries the server's default ``timeout``,
 ``tick`` and ``max_timeout`` so that an edge answers its users' logins exactly as the server would.
 
+*Degraded* (the server's disk is full: ``idled.server.degraded``): an attach of a session the gateway does not
+own already would start a session, and is refused, key by key: a gateway that gets ``ended`` notices is told
+``ended`` with reason ``unavailable`` for it (an edge closes that user with ``unavailable``); one that does not
+can only be told by an error frame, which ends its connection (``unavailable``). Attaching again what it owns
+(a new keepalive, a resumed edge's users) changes nothing durable and goes on; so do touches and detaches.
+Attaches and detaches do not wait for the log's room meanwhile (``_room``): the gateway's task must go on
+reading its touches (a keepalive left unread is a false offline in waiting), and what they can add to memory
+is bounded already (no new session; a logout that cannot be held is left to its deadline: ``Sessions.logout``).
+
 A gateway that logs in with ``"marks": true`` (every edge) reports watermarks: the presence table tracks it
 as an owner (``idled.core.watermarks``), its outbox sends ``mark`` requests, and each ``marked`` answer
 raises its watermark -- waking the tick task when held sessions became due. Its sessions expire ``idle``
@@ -267,10 +276,14 @@ class Gateways:
     async def attach(self, gateway: Gateway, message: Attach) -> None:
         sessions = self.sessions
         presence, clock = sessions.presence, sessions.clock
-        await sessions.room()
+        await self._room()
         sessions.refuse_if_stopping()
         now, wall = clock.now(), clock.wall()
+        refusing = bool(sessions.degraded.reasons)
         for index, uid in enumerate(message.uids, 1):
+            if refusing and presence.owner_of(uid) is not gateway:
+                self._refuse(gateway, uid)
+                continue
             replaced, event = presence.login(uid, gateway, now, wall, message.keepalive)
             sessions.take_over(uid, replaced, gateway)
             gateway.uids[uid] = None
@@ -280,15 +293,29 @@ class Gateways:
             if index % ATTACH_CHUNK == 0:  # a 1 MiB attach is ~100k uids: don't hold the loop for all of them
                 sessions.wake_ticker()
                 await trio.lowlevel.checkpoint()
-                await sessions.room()
+                await self._room()
                 sessions.refuse_if_stopping()
                 now, wall = clock.now(), clock.wall()
+                refusing = bool(sessions.degraded.reasons)
         sessions.wake_ticker()
+
+    async def _room(self) -> None:
+        """The log's room before a chunk of a gateway's frame -- not while degraded (see the module docstring)."""
+        if not self.sessions.degraded.reasons:
+            await self.sessions.room()
+
+    def _refuse(self, gateway: Gateway, uid: SessionKey) -> None:
+        """A degraded server does not start ``uid``'s session (see the module docstring)."""
+        link = gateway.link
+        if link is None or link.outbox is None or not link.outbox.notices:
+            self.sessions.refuse_if_unavailable()  # the error frame: the only way to tell this gateway
+            return
+        link.outbox.add(uid, ErrorCode.UNAVAILABLE)
 
     async def detach(self, gateway: Gateway, message: Detach) -> None:
         sessions = self.sessions
         clock = sessions.clock
-        await sessions.room()
+        await self._room()
         now, wall = clock.now(), clock.wall()
         reason = message.reason or "detach"  # an edge says what its user did (logout, closed)
         for index, uid in enumerate(message.uids, 1):
@@ -296,7 +323,7 @@ class Gateways:
             gateway.uids.pop(uid, None)
             if index % ATTACH_CHUNK == 0:  # like attach: a 1 MiB detach must not hold the loop for all of it
                 await trio.lowlevel.checkpoint()
-                await sessions.room()
+                await self._room()
                 now, wall = clock.now(), clock.wall()
 
     async def lost(self, gateway: Gateway) -> None:

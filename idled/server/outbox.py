@@ -55,6 +55,7 @@ REASONS: Final[dict[str, str]] = {
     ErrorCode.IDLE_TIMEOUT: "idle",
     ErrorCode.KICKED: "kicked",
     ErrorCode.SERVER_SHUTDOWN: "shutdown",
+    ErrorCode.UNAVAILABLE: "unavailable",  # an attach refused (``idled.server.gateways``)
 }
 
 

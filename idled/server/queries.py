@@ -8,7 +8,8 @@ clock, turned into wall time as events are: ``wall - (now - seen)``); an offline
 last-seen map (`idled.log.lastseen`, ``EventLog.last_seen``), which the log writer updates as it appends each
 record. So such a query is answered once the writer has appended every event published before it
 (``written``: usually at once; else a few ms, bounded by ``LAST_SEEN_WAIT``): a user who has just gone
-offline is answered with that offline's ``last_seen``, not an older one.
+offline is answered with that offline's ``last_seen``, not an older one -- unless the log cannot be written
+now (a full disk: ``EventBus.log_stalled``), when the answer comes at once, from what the log has.
 
 The observer role (``idled.server.observers``) queues the answer among its replies, to go out once every
 event published before the query has been sent.
@@ -80,8 +81,8 @@ class Queries:
         ``below``. (The previous runs' are on disk; after a crash this run's first seq may lie past a gap of
         seqs nobody will ever write: see idled.server.seqs.)"""
         log = self.log
-        if below <= self.first_seq or log.last_seq + 1 >= below:
+        if below <= self.first_seq or log.last_seq + 1 >= below or self.bus.log_stalled:
             return
         with trio.move_on_after(LAST_SEEN_WAIT):
-            while log.last_seq + 1 < below and not self.bus.log_closed:
+            while log.last_seq + 1 < below and not self.bus.log_closed and not self.bus.log_stalled:
                 await trio.sleep(WRITTEN_POLL)

@@ -20,6 +20,15 @@ machine, with a copy of the log that may lack the last records -- starts past it
 seq is ever issued twice, whatever its copy holds. A write etcd refuses (we are no longer the leader) raises
 `NotLeader`: the server steps down rather than issue seqs nobody reserved.
 
+*A full disk* (ENOSPC, EDQUOT: ``SeqReservation.record`` leaves the old mark in place) raises nothing: the
+block is not ours, so ``reserved`` stays where it was and no seq past it is issued -- producers wait in
+``headroom``, and ``Sessions.logout`` leaves a session to its deadline rather than issue one -- the server is
+degraded (``degraded``: ``idled.server.degraded``), and the next look, at least ``RETRY`` seconds later, tries
+again. At ``start`` the first block may fail so: then no seq is issuable at all until it is recorded (the
+server refuses logins meanwhile, so nothing needs one but the offlines of the sessions a crash left open,
+which wait). A clean stop that cannot lower the mark leaves it higher: a gap of seqs at the next start,
+never a reuse. A failed fsync stays fatal.
+
 *One write at a time, the last one last.* An extension (a monitor hook, any time) and ``finish`` (shutdown,
 shielded) both write the mark from worker threads. They take one lock, and ``finish`` closes the blocks:
 an extension that was under way is written before the final mark (``finish`` waits for the lock), and one
@@ -30,11 +39,14 @@ again (a gap after a clean stop), and two threads writing the one file together 
 from __future__ import annotations
 
 import logging
+import math
 
 import trio
 
 from idled.core.presence import PresenceTable
+from idled.log.errors import is_disk_full
 from idled.log.seqs import SEQ_BLOCK, SEQ_HEADROOM, SeqReservation
+from idled.server.degraded import Degraded
 from idled.server.election import Election, ElectionError, EtcdUnavailable
 
 __all__ = ["SeqBlocks"]
@@ -42,12 +54,17 @@ __all__ = ["SeqBlocks"]
 log = logging.getLogger("idled.server.seqs")
 
 HEADROOM_POLL = 0.005  # seconds between two looks at the mark while a producer waits for headroom
+RETRY = 1.0  # seconds between two attempts to record a block after the disk was found full
+SOURCE = "seqs"  # this part's name in Degraded
 
 
 class SeqBlocks:
-    def __init__(self, reservation: SeqReservation, election: Election | None = None) -> None:
+    def __init__(self, reservation: SeqReservation, election: Election | None = None,
+                 degraded: Degraded | None = None) -> None:
         self.reservation = reservation
         self.election = election  # None: the local mark is the only one
+        self.degraded = degraded if degraded is not None else Degraded()
+        self._retry_at = -math.inf  # no block is recorded before this (trio time): the disk was full
         self.reserved = 0  # every seq issued is <= this, durably
         self.first = 1  # the first seq of this run
         self.finished = False  # finish() has begun: the mark only comes down from here on
@@ -62,15 +79,17 @@ class SeqBlocks:
         first = max(next_seq, reserved + 1)
         if first > next_seq:
             log.info("seqs %d..%d may have been seen but not logged before the last stop: skipped", next_seq, first - 1)
-        async with self._writing:
-            await self._record(first + SEQ_BLOCK)
-        self.reserved = first + SEQ_BLOCK
+        self.reserved = first - 1  # nothing issuable until the first block is recorded
         self.first = first
+        async with self._writing:
+            if await self._try_record(first + SEQ_BLOCK):
+                self.reserved = first + SEQ_BLOCK
         return first
 
     def extend_ahead(self, presence: PresenceTable, nursery: trio.Nursery) -> None:
         """Start recording the next block once less than half of this one is left (one extension at a time)."""
-        if not self._extending and not self.finished and presence.next_seq + SEQ_BLOCK // 2 > self.reserved:
+        if (not self._extending and not self.finished and presence.next_seq + SEQ_BLOCK // 2 > self.reserved
+                and trio.current_time() >= self._retry_at):
             self._extending = True
             nursery.start_soon(self._extend, presence)
 
@@ -80,8 +99,8 @@ class SeqBlocks:
                 if self.finished:
                     return  # the final mark is written (or about to be): raising it now would leave a gap
                 upto = presence.next_seq + SEQ_BLOCK
-                await self._record(upto)
-                self.reserved = upto
+                if await self._try_record(upto):
+                    self.reserved = upto
         except EtcdUnavailable as exc:
             # The block is not ours yet: producers wait in headroom() and the next look tries again; the lease
             # fence ends the term if etcd stays away.
@@ -92,8 +111,8 @@ class SeqBlocks:
     async def headroom(self, presence: PresenceTable) -> None:
         """Wait until the next seqs are well below the durable mark, extending it if nobody else is."""
         while presence.next_seq + SEQ_HEADROOM > self.reserved:
-            if self._extending or self.finished:
-                await trio.sleep(HEADROOM_POLL)
+            if self._extending or self.finished or (wait := self._retry_at - trio.current_time()) > 0:
+                await trio.sleep(HEADROOM_POLL if self._extending or self.finished else wait)
             else:
                 self._extending = True
                 await self._extend(presence)
@@ -107,6 +126,27 @@ class SeqBlocks:
                 await self._record(last_seq, lower=True)
             except ElectionError as exc:  # etcd keeps the higher mark: the next leader skips to it (a gap)
                 log.info("seq mark not lowered in etcd: %s", exc)
+            except OSError as exc:
+                if not is_disk_full(exc):
+                    raise
+                log.info("seq mark not lowered (%s): the next start skips to it (a gap)", exc.strerror or exc)
+
+    def issuable(self, presence: PresenceTable) -> bool:
+        """Whether the next seq is reserved durably (a producer that cannot wait checks this)."""
+        return presence.next_seq <= self.reserved
+
+    async def _try_record(self, upto: int) -> bool:
+        """Record the mark ``upto``; False if the disk is full (degraded until a later attempt succeeds)."""
+        try:
+            await self._record(upto)
+        except OSError as exc:
+            if not is_disk_full(exc):
+                raise
+            self._retry_at = trio.current_time() + RETRY
+            self.degraded.set(SOURCE, f"seq reservation: {exc.strerror or exc}")
+            return False
+        self.degraded.clear(SOURCE)
+        return True
 
     async def _record(self, upto: int, *, lower: bool = False) -> None:
         """The mark is ``upto``: on disk, then (under an election) in etcd -- both before any seq below it is issued."""

@@ -8,7 +8,9 @@ Every change of presence follows the same steps, and this is the one object that
    and the seq reservation has headroom; a producer waits here, never after it has changed state. Observers
    never hold a producer up: each reads the bus's shared window (or the log) at its own pace;
 2. ``refuse_if_stopping()`` (after the wait): once shutdown began no session may start -- ``end_all`` has run
-   or is running, so nothing would end it and its online event would miss the closed log;
+   or is running, so nothing would end it and its online event would miss the closed log; and
+   ``refuse_if_unavailable()`` (before the wait, and after it): while the server is degraded (a full disk:
+   ``idled.server.degraded``) no session may start either, with ``unavailable``;
 3. the change itself on ``presence``, at ``clock.now()`` (read once per burst; per packet for a user);
 4. ``publish`` the event it returned (in seq order: no checkpoint between the change and the publish), tell a
    replaced owner (``take_over``: ``kicked``), and ``wake_ticker`` if a new deadline may come sooner.
@@ -18,6 +20,17 @@ The bursts that are nobody's connection go through the same steps, a chunk (``DE
 ``end_all`` (shutdown). Each chunk waits for ``room()`` and reads the time afresh, so a million sessions
 never put a million records in the writer's queue, never run the seqs past the reserved block, never hold
 the loop for seconds, and never log a ``ts`` older than an event published by someone else meanwhile.
+``close_recovered`` runs ``end_recovered`` before the server listens -- unless the server is degraded
+meanwhile (started on a full disk: the restart records cannot be written, or not even given seqs), when the
+rest goes on in the background and logins are refused (``unavailable``) until it is done.
+
+*A change that cannot wait.* A user's logout or closed connection is published at once (its task is ending:
+``logout`` is synchronous), whatever the backlog. While degraded, though, the records it adds would only
+wait in memory: once the backlog is over its limit (``EventBus.full``) -- or, degraded or not, if the next seq
+is not reserved durably (``SeqBlocks.issuable``) -- ``logout`` leaves the session where it is instead -- its connection is gone,
+so its deadline comes, and the tick task (which waits for room) ends it then: late, with reason ``idle``,
+never lost and never early. So what a full disk holds in memory is bounded by ``max_backlog`` (plus one chunk
+per waiting producer and the writer's batch), and no seq is ever issued past the durable mark.
 
 The roles get this object, not the server: an edge that terminates user connections and relays them to the
 core as a gateway would give its user role a ``Sessions`` of its own kind.
@@ -25,19 +38,27 @@ core as a gateway would give its user role a ``Sessions`` of its own kind.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import logging
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 import trio
 
 from idled.core.detector import DEFAULT_CHUNK
 from idled.core.presence import Owner, PresenceEvent, PresenceTable, SessionKey, uid_of
+from idled.ops.logs import plural
 from idled.protocol import ErrorCode, ProtocolError
 from idled.server.bus import EventBus
 from idled.server.clock import Clock
+from idled.server.degraded import Degraded
 from idled.server.seqs import SeqBlocks
 
 __all__ = ["Sessions"]
+
+log = logging.getLogger("idled.server.sessions")
+
+RECOVERY_SOURCE = "restart"  # close_recovered's name in Degraded
+RECOVERY_POLL = 0.05  # seconds between two looks at the degraded state while the start waits for the restarts
 
 
 def _no_ticker() -> None:
@@ -45,13 +66,15 @@ def _no_ticker() -> None:
 
 
 class Sessions:
-    __slots__ = ("presence", "bus", "clock", "seqs", "stopping", "wake_ticker")
+    __slots__ = ("presence", "bus", "clock", "seqs", "stopping", "wake_ticker", "degraded")
 
-    def __init__(self, presence: PresenceTable, bus: EventBus, clock: Clock, seqs: SeqBlocks) -> None:
+    def __init__(self, presence: PresenceTable, bus: EventBus, clock: Clock, seqs: SeqBlocks,
+                 degraded: Degraded | None = None) -> None:
         self.presence = presence
         self.bus = bus
         self.clock = clock
         self.seqs = seqs
+        self.degraded = degraded if degraded is not None else seqs.degraded
         self.stopping = False
         # Set by whoever runs the tick task (Ticker.wake): a new session may be due before its wake-up.
         self.wake_ticker: Callable[[], None] = _no_ticker
@@ -68,6 +91,10 @@ class Sessions:
         if self.stopping:
             raise ProtocolError(ErrorCode.SERVER_SHUTDOWN, "server is shutting down")
 
+    def refuse_if_unavailable(self) -> None:
+        """No session may start while the server is degraded (``unavailable``: see the module docstring)."""
+        self.degraded.refuse()
+
     def publish(self, event: PresenceEvent | None) -> None:
         if event is not None:
             self.bus.publish(event)
@@ -77,6 +104,8 @@ class Sessions:
         of the user lives, or a ``closed`` end starts the grace: then the tick task is woken, since that
         offline may come due before the tick task's own wake-up (a grace shorter than the next deadline)."""
         presence = self.presence
+        if not self.seqs.issuable(presence) or self.degraded.reasons and self.bus.full():
+            return  # left to its deadline: nothing more may wait in memory (see "A change that cannot wait")
         event = presence.logout(key, owner, now, wall, reason)
         if event is not None:
             self.bus.publish(event)
@@ -115,6 +144,28 @@ class Sessions:
             ended += len(chunk)
             await trio.lowlevel.checkpoint()
 
+    async def close_recovered(self, records: Collection[dict[str, Any]], nursery: trio.Nursery) -> None:
+        """At start: ``end_recovered(records)``, waited for -- unless the server is or becomes degraded first:
+        then it goes on in ``nursery``, and new sessions are refused until it is done (see the module docstring)."""
+        if not records:
+            return
+        done = trio.Event()
+
+        async def close() -> None:
+            ended = await self.end_recovered(records)
+            log.info("closed %s left online by the previous run (reason restart)", plural(ended, "session"))
+            self.degraded.clear(RECOVERY_SOURCE)
+            done.set()
+
+        nursery.start_soon(close)
+        while not done.is_set():
+            if self.degraded.reasons:  # (no checkpoint until set: close() cannot finish in between)
+                self.degraded.set(RECOVERY_SOURCE, f"{plural(len(records), 'session')} left online by the previous "
+                                                   "run not closed yet")
+                return
+            with trio.move_on_after(RECOVERY_POLL):
+                await done.wait()
+
     async def end_recovered(self, records: Iterable[dict[str, Any]]) -> int:
         """At start: the offline (``restart``) closing each session a killed run left online (``records``: its
         last online record, from recovery); returns how many. Nobody can log in yet."""
@@ -129,6 +180,9 @@ class Sessions:
 
     async def _restart(self, chunk: list[dict[str, Any]]) -> int:
         await self.room()
+        if self.bus.log_closed:
+            chunk.clear()
+            return 0  # shut down before the log had room for them: the next start closes them
         wall = self.clock.wall()
         for record in chunk:
             self.bus.publish(self.presence.restart_event(record, wall))

@@ -51,8 +51,9 @@ exponential backoff (``BACKOFF_MIN`` .. ``BACKOFF_MAX``), one log line per chang
 by ``idled.door.outbound.dial`` (TLS with ``link_tls``); a configuration the two sides cannot speak (TLS on
 one side only, a certificate that does not verify) ends the process with one fatal line if nothing has worked
 since it started (``LinkPolicy.strict``), else is logged once and retried like a lost link. A write that
-fails (disk full) stops replication with an error line and retries every ``WRITE_RETRY`` seconds from
-the last record written; a failed fsync stops it for good (the log is poisoned: restart the standby). An
+fails (disk full) stops replication with an error line -- one, not one per attempt -- and retries every
+``WRITE_RETRY`` seconds from the last record written (the log is left at its last whole record:
+``idled.log.eventlog``), with one line again when a write succeeds; a failed fsync stops it for good (the log is poisoned: restart the standby). An
 active that says we hold records it never had (``not_allowed``) stops it too: rebuild the standby
 (docs/ha.md). The active is unaffected by any of these.
 
@@ -142,6 +143,7 @@ class StandbyLink:
         self._snapshot: SnapshotSink | None = None
         self._received = False  # the current connection brought records (the next attempt is not backed off)
         self.legacy = False  # log in as an observer: the active predates the standby role (*Older actives*)
+        self._write_failure: str | None = None  # why the last write failed, until one succeeds (logged once)
 
     # -- what the outside sees ------------------------------------------------------------------------
 
@@ -183,8 +185,10 @@ class StandbyLink:
                 except EventLogError as exc:
                     if isinstance(exc, FsyncFailed):
                         raise LinkStopped(f"fsync failed, the log is poisoned ({exc}): restart the standby") from exc
-                    self._set_error(f"cannot write the replicated log ({exc}); replication stopped, "
-                                    f"retrying in {WRITE_RETRY:g} s")
+                    why = f"cannot write the replicated log ({exc}); replication stopped, retrying every {WRITE_RETRY:g} s"
+                    if self._write_failure != why:
+                        self._set_error(why)
+                    self.error = self._write_failure = why
                     self.state = "retrying"
                     await trio.sleep(WRITE_RETRY)
                     continue
@@ -317,6 +321,9 @@ class StandbyLink:
         now = trio.current_time()
         sync = self.fsync == "always" or (self.fsync == "interval" and now >= self._last_sync + self.fsync_interval)
         written = await trio.to_thread.run_sync(self._commit, raws, sync)
+        if self._write_failure is not None:
+            log.warning("standby: the replicated log is written again")
+            self._write_failure = None
         self.records += len(written)
         self._relay(written)
 

@@ -8,7 +8,9 @@ import pytest
 from idled.client.core import (
     Backoff, GatewayBatcher, KeepaliveTimer, ObserverCursor, check_device, check_key, ping_interval,
 )
-from idled.client.errors import AuthFailed, Busy, ConnectionLost, Gone, Kicked, ProtocolMismatch, error_from
+from idled.client.errors import (
+    AuthFailed, Busy, ConnectionLost, Gone, Kicked, ProtocolMismatch, Unavailable, error_from,
+)
 from idled.protocol import (
     MAX_DEVICE_BYTES, MAX_UID_BYTES, Attach, Detach, Event, Login, Subscribe, Touch, decode_client_body, encode,
 )
@@ -162,6 +164,7 @@ def test_errors_are_typed_and_know_whether_to_retry() -> None:
     assert isinstance(error_from("auth_failed", "x"), AuthFailed) and not error_from("auth_failed", "x").retryable
     assert isinstance(error_from("kicked", "x"), Kicked) and not error_from("kicked", "x").retryable
     assert isinstance(error_from("busy", "x"), Busy) and error_from("busy", "x").retryable
+    assert isinstance(error_from("unavailable", "x"), Unavailable) and error_from("unavailable", "x").retryable
     assert error_from("server_shutdown", "x").retryable and ConnectionLost("reset").retryable
     unknown = error_from("new_code_from_the_future", "x")
     assert isinstance(unknown, ProtocolMismatch) and not unknown.retryable

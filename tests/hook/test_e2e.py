@@ -9,6 +9,7 @@ checkpoint on disk is never ahead of what the receiver acknowledged; SIGTERM exi
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from pathlib import Path
@@ -178,3 +179,35 @@ async def test_sigterm_abandons_a_stalled_request_within_the_grace_and_commits_n
             finally:
                 hook.kill()
     assert checkpoint(state) == 0  # --from 1 pinned it; the stalled batch was never acknowledged
+
+
+async def test_a_full_disk_under_the_state_directory_holds_the_checkpoint_back_not_the_delivery(
+    tmp_path: Path,
+) -> None:
+    data_dir, secret_file = tmp_path / "data", tmp_path / "hook-secret"
+    secret_file.write_bytes(SECRET)
+    port = peers.free_port()
+    with peers.small_tmpfs(tmp_path, "256k") as disk, Receiver() as receiver:
+        state = disk / "state"
+        async with daemon(data_dir, port, tmp_path / "daemon.stderr"):
+            hook = Hook(hook_command(receiver.url, port, state, secret_file, "--from", "1", "--batch-wait", "0.1"),
+                        tmp_path / "hook.stderr")
+            try:
+                await hook.subscribed()
+                await gateway_events(port, ["a1", "a2"])
+                await until(lambda: checkpoint(state) == log_records(data_dir)[-1]["seq"], 20, "the first checkpoint")
+                stat = os.statvfs(disk)
+                (disk / "filler").write_bytes(b"\0" * (stat.f_bavail * stat.f_frsize))
+                before = checkpoint(state)
+                await gateway_events(port, ["b1", "b2"], "gw2")
+                last = log_records(data_dir)[-1]["seq"]
+                await until(lambda: any(e["seq"] == last for e in receiver.acked_events()), 20, "delivery goes on")
+                assert hook.proc.poll() is None and checkpoint(state) == before  # held back, not lost, not torn
+                assert hook.stderr().count("No space left on device") == 1  # one warning, not one per batch
+                (disk / "filler").unlink()
+                await gateway_events(port, ["c1"], "gw3")
+                await until(lambda: checkpoint(state) == log_records(data_dir)[-1]["seq"], 20, "the checkpoint again")
+                assert "written again" in hook.stderr()
+            finally:
+                hook.kill()
+    assert sorted({e["seq"] for e in receiver.acked_events()}) == [r["seq"] for r in log_records(data_dir)]

@@ -159,6 +159,8 @@ def test_snapshot_gauges_are_read_at_scrape_time(registry: CollectorRegistry, me
         "eventlog_damaged_bytes": 536,
         "eventlog_damaged_records": 1,
         "eventlog_rolls_deferred": 2,
+        "eventlog_degraded": 1,
+        "eventlog_held_events": 42,
         "sessions_held": 3,
         "gateway_watermark_lag": {"worker-0": 0.25, "worker-1": 12.5},
         "wall_clock_ahead": 3599.5,
@@ -187,6 +189,8 @@ def test_snapshot_gauges_are_read_at_scrape_time(registry: CollectorRegistry, me
     assert value(registry, "idled_eventlog_damaged_records") == 1
     assert value(registry, "idled_eventlog_rolls_deferred") == 2
     assert value(registry, "idled_wall_clock_ahead_seconds") == 3599.5
+    assert value(registry, "idled_eventlog_degraded") == 1
+    assert value(registry, "idled_eventlog_held_events") == 42
 
     state["connections"] = {"user": 11, "gateway": 1}
     state["sessions_online"] = 10

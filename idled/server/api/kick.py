@@ -7,6 +7,9 @@ owner is told (``release(key, "kicked", text)``): a direct connection gets the e
 edge gets an ``ended`` notice (reason ``kicked``) through its gateway link and closes its user's connection --
 the gateway protocol carries no text, so an edge's user reads the edge's own message.
 
+While the server is degraded (its event log's disk is full: ``idled.server.degraded``) a kick is refused with
+``503 unavailable`` and ``Retry-After``: it would end sessions whose events could only wait in memory.
+
 A user online only by the grace (its last connection is gone, its offline not yet due) has no session to end:
 ``not_online``, as for a user not online at all.
 """
@@ -26,11 +29,15 @@ __all__ = ["kick"]
 
 async def kick(backend: Backend, request: Kick) -> dict[str, int]:
     sessions = backend.sessions
-    await sessions.room()
     try:
+        sessions.refuse_if_unavailable()
+        await sessions.room()
         sessions.refuse_if_stopping()
-    except ProtocolError:
-        raise ApiError("unavailable", "the server is shutting down") from None
+        sessions.refuse_if_unavailable()
+    except ProtocolError as exc:
+        retry = (("Retry-After", "1"),) if exc.code == ErrorCode.UNAVAILABLE else ()
+        reason = exc.reason if retry else "the server is shutting down"
+        raise ApiError("unavailable", reason, retry) from None
     presence = sessions.presence
     keys: tuple[SessionKey, ...] = presence.keys_of(request.uid)
     if request.device is not None:

@@ -23,7 +23,9 @@ acknowledgement: the core is behind, and a login it cannot record soon would onl
 *Who ends a user, and with what.* A second login of the same session key on this edge: newest wins here (the old
 connection gets ``kicked``; the attach is sent again, which at the core is the same owner: no event). An
 ``ended`` notice: ``idle`` -> ``idle_timeout``, ``kicked`` (a newer login on another edge or a direct one)
--> ``kicked``; the uid is forgotten by the link so it is not re-attached. ``ended shutdown`` means the core is
+-> ``kicked``, ``unavailable`` (the core refused the attach: it runs degraded, its disk full, and takes no new
+session) -> ``unavailable``, which the user retries like ``busy``; the uid is forgotten by the link so it is
+not re-attached. ``ended shutdown`` means the core is
 going away: the users stay connected and are re-attached when it is back. Only this edge's own shutdown closes
 them with ``server_shutdown`` (and detaches them).
 
@@ -60,6 +62,10 @@ log = logging.getLogger("idled.server.edge.users")
 
 RELAY_BYTES = 65536  # one read of a relayed connection: the only buffer a relay holds per direction
 ATTACH_WAIT = 2.0  # seconds a login waits for the core to process its attach before the welcome is sent anyway
+# An ``ended`` notice's reason -> the error its user is closed with (any other reason: idle_timeout), and the text.
+_ENDED_CODES = {"kicked": ErrorCode.KICKED, "unavailable": ErrorCode.UNAVAILABLE}
+_ENDED_TEXT = {ErrorCode.KICKED: "logged in elsewhere", ErrorCode.IDLE_TIMEOUT: "no activity within the timeout",
+               ErrorCode.UNAVAILABLE: "the server cannot take new sessions now (its disk is full); retry later"}
 
 
 class EdgeUser(Connection):
@@ -133,7 +139,7 @@ class EdgeUsers:
         """The core ended these sessions of ours, by key (see the module docstring)."""
         if reason == "shutdown":
             return  # the core is going away: keep the users, re-attach them when it is back
-        code = ErrorCode.KICKED if reason == "kicked" else ErrorCode.IDLE_TIMEOUT
+        code = _ENDED_CODES.get(reason, ErrorCode.IDLE_TIMEOUT)
         now = trio.current_time()
         users, link = self.users, self.link
         for uid in uids:
@@ -146,7 +152,7 @@ class EdgeUsers:
                 continue
             del users[uid]
             link.forget(uid)
-            conn.close(code, "logged in elsewhere" if code is ErrorCode.KICKED else "no activity within the timeout")
+            conn.close(code, _ENDED_TEXT[code])
 
     def close_all(self, code: str, reason: str) -> int:
         """The edge is stopping: every user gets ``code``; each task detaches its key as it ends."""
