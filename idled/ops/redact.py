@@ -50,7 +50,7 @@ ALLOWED: Final[Mapping[str, Any]] = {
     # a standby's link (idled.server.standby.Link.status): not the active's address
     "standby": {"state": KEEP, "connected": KEEP, "last_seq": KEEP, "active_durable_seq": KEEP, "lag_records": KEEP,
                 "lag_seconds": KEEP, "records": KEEP, "resyncs": KEEP, "reconnects": KEEP, "synced": KEEP,
-                "error": SCRUB},
+                "error": SCRUB, "tls": KEEP},
 }
 
 _DATA_DIR: Final = "<data dir>"

@@ -82,8 +82,14 @@ def standby(directory: Path, of: Daemon, *flags: str) -> tuple[Daemon, int]:
     return daemon, port
 
 
-def status(metrics_port: int) -> dict[str, Any]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/status", timeout=5) as response:
+def status(metrics_port: int, secret: bytes | None = None) -> dict[str, Any]:
+    """A daemon's /status; with ``secret`` (auth on) read with an API token: the whole document, not the
+    redacted one (idled.ops.redact)."""
+    headers = {}
+    if secret is not None:
+        headers["Authorization"] = "Bearer " + tokens.mint(secret, tokens.API_ROLE, "tests", time.time() + 600)
+    request = urllib.request.Request(f"http://127.0.0.1:{metrics_port}/status", headers=headers)
+    with urllib.request.urlopen(request, timeout=5) as response:
         document: dict[str, Any] = json.loads(response.read())
     return document
 

@@ -104,9 +104,12 @@ async def refused(port: int, name: str, token_text: str) -> bool:
 
 
 def live(metrics_port: int, since: float | None = None) -> list[dict[str, Any]]:
-    """The samples /status/live returns (newer than ``since``)."""
+    """The samples /status/live returns (newer than ``since``), read with an API token (auth is on)."""
     query = "" if since is None else f"?since={since!r}"
-    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/status/live{query}", timeout=10) as response:
+    token = tokens.mint(SECRET, tokens.API_ROLE, "steps", time.time() + 86400)  # good a day either side of a step
+    request = urllib.request.Request(f"http://127.0.0.1:{metrics_port}/status/live{query}",
+                                     headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request, timeout=10) as response:
         return list(json.loads(response.read())["vitals"]["history"])
 
 

@@ -87,7 +87,7 @@ def test_an_observer_token_cannot_pose_as_the_sync_standby(tmp_path: Path) -> No
     rogue = fast = durable = None
     try:
         wait_for(lambda: "sync standby attached" in act.stderr(), what="the real standby to become synchronous")
-        real = [link["name"] for link in status(act_metrics)["replication"]["standbys"]]
+        real = [link["name"] for link in status(act_metrics, SECRET)["replication"]["standbys"]]
         assert len(real) == 1
         token = tokens.mint(SECRET, "observer", "dashboard", time.time() + 3600)
         rogue = Impostor(act.port, Login("observer", "dashboard", token))
@@ -102,7 +102,7 @@ def test_an_observer_token_cannot_pose_as_the_sync_standby(tmp_path: Path) -> No
         wait_for(lambda: fast.last == 30 and on_disk(tmp_path / "a/data") == 30, what="the active's events")
         time.sleep(HOLD)
         assert durable.last <= held < 30, ("durable observers did not wait for the real standby", durable.last, held)
-        assert [link["name"] for link in status(act_metrics)["replication"]["standbys"]] == real
+        assert [link["name"] for link in status(act_metrics, SECRET)["replication"]["standbys"]] == real
         wait_for(lambda: "acknowledged nothing for" in act.stderr(), timeout=15, what="the sync standby's timeout")
         wait_for(lambda: metric(act_metrics, "idled_sync_standby") == 0, what="the gauge to drop")
         assert metric(act_metrics, "idled_standbys_attached") == 1
@@ -215,7 +215,7 @@ def test_a_standby_replicates_from_a_workers_daemon_through_its_edges(tmp_path: 
     act, act_metrics = sync_active(tmp_path / "a", "--secret-file", secret, "--workers", "2")
     sb, sb_metrics = standby(tmp_path / "s", act, "--fsync", "always", "--secret-file", secret)
     try:
-        wait_for(lambda: status(act_metrics)["replication"]["sync_attached"], what="the standby through an edge")
+        wait_for(lambda: status(act_metrics, SECRET)["replication"]["sync_attached"], what="the standby through an edge")
         gateway = Gateway(act.port, secret=SECRET)
         gateway.churn(10)
         wait_for(lambda: status(sb_metrics)["standby"]["last_seq"] == 15, what="the standby's copy")
