@@ -111,6 +111,10 @@ ts("Resident memory", [(f'process_resident_memory_bytes{{{SEL}}}', "{{instance}}
 ts("CPU", [(f'rate(process_cpu_seconds_total{{{SEL}}}[$__rate_interval])', "{{instance}}")], 8, y, unit="percentunit",
    desc="Cores used (1.0 = one full core).")
 ts("File descriptors", [(f'process_open_fds{{{SEL}}}', "open"), (f'process_max_fds{{{SEL}}}', "limit")], 16, y)
+y += 8
+ts("Wall clock ahead of the system's", [(f'idled_wall_clock_ahead_seconds{{{SEL}}}', "{{instance}}")], 0, y, w=12,
+   unit="s", desc="After a step back of the system clock, idled's wall clock (event ts, token expiry) does not go "
+                  "back: it slews towards the system's; meanwhile tokens live shorter by this gap.")
 
 
 dash = {

@@ -16,9 +16,13 @@ the gate turned the connection away (a ``Refused``, already counted; the handler
    the balancer's own connections are not counted: the source is read from its header first, and counted.
 2. **PROXY** (``front.proxy``): the header, from an allowed balancer only (else ``Refused("proxy")``).
 3. **Over all sources.** At ``max_pending`` unauthenticated connections in all, a new one is refused -- or,
-   with ``evict``, the oldest of them is cancelled to make room (``Refused("evicted")`` in its task). The
-   metrics endpoint evicts: a prober's one short request always gets in, while a flood from many addresses
-   only ever holds connections that have not said anything yet.
+   with ``evict``, the oldest of them is cancelled to make room (counted ``evicted`` as its body unwinds).
+   The metrics endpoint evicts: a prober's one short request always gets in, while a flood from many
+   addresses only ever holds connections that have not said anything yet. The client port and the HTTP API
+   evict the same way at their own connection limit (``evict_oldest``): many sources each within their share
+   (three addresses, or an IPv6 /48's worth of /64s) cannot fill every slot with connections that never
+   authenticate either -- the newest connection takes the slot of the oldest that has not shown a token,
+   which, under attack, is the attacker's (a real login takes milliseconds).
 4. **TLS** (``front.context``): the first byte is peeked: a client that does not begin with a TLS handshake
    record is refused in plain text (``Refused("tls_required")``: its protocol can say so, instead of a
    handshake that fails silently), else the handshake runs (``Refused("tls_handshake")`` if it fails).
@@ -36,7 +40,7 @@ from __future__ import annotations
 
 import socket
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Final, NoReturn
@@ -113,8 +117,12 @@ class Gate:
         return len(self._entries)
 
     @asynccontextmanager
-    async def enter(self, stream: trio.abc.Stream, timeout: float) -> AsyncIterator[Entry]:
-        """Admit ``stream`` and yield its entry for the body's lifetime (``entry.refused``: see above)."""
+    async def enter(self, stream: trio.abc.Stream, timeout: float,
+                    full: Callable[[], bool] | None = None) -> AsyncIterator[Entry]:
+        """Admit ``stream`` and yield its entry for the body's lifetime (``entry.refused``: see above). ``full``:
+        whether the listener is at its connection limit, asked once the source's share is known to allow the
+        connection (and before TLS): then the oldest connection not authenticated yet makes room, or -- none
+        left but this one -- it is refused ``busy``."""
         deadline = trio.current_time() + timeout
         host = peer_host(stream)
         address = _address(stream, host)
@@ -124,7 +132,7 @@ class Gate:
         try:
             with entry.scope:
                 try:
-                    await self._open(entry, front, proxied)
+                    await self._open(entry, front, proxied, full)
                 except Refused as exc:
                     self._leave(entry)
                     # Kept without its traceback and context: they hold this very frame (and the entry), a
@@ -137,7 +145,7 @@ class Gate:
         finally:
             self._leave(entry)
 
-    async def _open(self, entry: Entry, front: Front | None, proxied: bool) -> None:
+    async def _open(self, entry: Entry, front: Front | None, proxied: bool, full: Callable[[], bool] | None) -> None:
         if not proxied:
             self._enter(entry)
         else:
@@ -145,10 +153,23 @@ class Gate:
             stream, address = await self._proxy(front, entry.stream, entry.address, entry.deadline)
             entry.stream, entry.address, entry.key = stream, address, address_key(host_of(address))
             self._enter(entry)
+        if full is not None and full() and not self.evict_oldest(sparing=entry):
+            self._refuse("busy", "too many connections", entry.stream)
         if front is not None and front.context is not None:
             entry.stream = await self._tls(front, entry.stream, entry.deadline)
 
     # -- the steps ------------------------------------------------------------------------------------------------
+
+    def evict_oldest(self, sparing: Entry | None = None) -> bool:
+        """Make room for a newcomer at its listener's connection limit: cancel the oldest connection that has
+        not authenticated yet (True), if there is one but ``sparing`` (False: every other connection has shown
+        who it is)."""
+        oldest = next(iter(self._entries), None)
+        if oldest is None or oldest is sparing:
+            return False
+        self._leave(oldest)
+        oldest.scope.cancel()  # counted as evicted when its body unwinds
+        return True
 
     def _enter(self, entry: Entry) -> None:
         key, limits = entry.key, self.limits
@@ -158,9 +179,7 @@ class Gate:
         if limits.max_pending is not None and len(self._entries) >= limits.max_pending:
             if not limits.evict:
                 self._refuse("busy", f"more than {limits.max_pending} connections are logging in", entry.stream)
-            oldest = next(iter(self._entries))
-            self._leave(oldest)
-            oldest.scope.cancel()
+            self.evict_oldest()
         entry._counted = True
         self._entries[entry] = None
         if key is not None:

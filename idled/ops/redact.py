@@ -13,8 +13,10 @@ says so: ``"redacted": true``.
 Free text that may carry a path (the readiness reason, a standby's last error, whoever produced it) goes
 through ``scrub_paths``: the paths the caller knows (the data directory, as configured and resolved) become
 ``<data dir>`` (a file in it ``<data dir>/00000001.seg``), and anything else that looks like an absolute path (``/`` after a blank, a quote, a bracket or
-``=``, followed by more than itself) becomes ``<path>``. The operating system's words (``No space left on
-device``) stay: they say what is wrong without saying where.
+``=``, followed by more than itself) becomes ``<path>``, and a network address (an IPv4 address with or
+without its port, a bracketed IPv6 one, a name with a port: the active a standby cannot reach) becomes
+``<address>``. The operating system's words (``No space left on device``) stay: they say what is wrong
+without saying where.
 
 Pure: data in, data out; ``idled.ops.health`` decides who gets which.
 """
@@ -55,16 +57,21 @@ ALLOWED: Final[Mapping[str, Any]] = {
 
 _DATA_DIR: Final = "<data dir>"
 _PATH_RE: Final = re.compile(r"""(?:^|(?<=[\s'"(\[=]))(?:~|\.\.?)?/[^\s'"()\[\],;]+""")
+# Another machine's address in an error text ("cannot connect to 10.0.0.1:7878", "[2001:db8::1]:7878",
+# "core-b.internal:7878"): an IPv4 address (with its port, if any), a bracketed IPv6 one, a name with a port.
+_ADDRESS_RE: Final = re.compile(
+    r"(?<![\w.:-])(?:\d{1,3}(?:\.\d{1,3}){3}(?::\d{1,5})?|\[[0-9A-Fa-f:.%\w]+\](?::\d{1,5})?"
+    r"|(?=[\w.-]*[A-Za-z])[A-Za-z0-9](?:[\w-]*\.)*[\w-]+:\d{1,5})(?![\w.])")
 
 
 def scrub_paths(text: str, known: Iterable[str] = ()) -> str:
-    """``text`` with the ``known`` paths (the data directory) and anything that looks like an absolute path
-    replaced (see the module docstring)."""
+    """``text`` with the ``known`` paths (the data directory), anything that looks like an absolute path, and
+    any network address replaced (see the module docstring)."""
     paths = sorted({p.rstrip("/") for p in known if p.strip("/")}, key=len, reverse=True)
     if paths:  # one pass, longest first, whole paths only: "data" must not eat the "data" in "metadata"
         alternatives = "|".join(re.escape(path) for path in paths)
         text = re.sub(rf"(?<![\w./-])(?:{alternatives})(?![\w.-])", _DATA_DIR, text)
-    return _PATH_RE.sub("<path>", text)
+    return _ADDRESS_RE.sub("<address>", _PATH_RE.sub("<path>", text))
 
 
 def redact_status(document: Mapping[str, Any], known: Iterable[str] = ()) -> dict[str, Any]:

@@ -275,7 +275,7 @@ class Server:
             secret=self.secret, metrics=self.metrics, connections=self.connections,
             gate=client_gate(cfg, public=self.workers is None),
             trusts=self.workers.trusts if self.workers is not None else None,
-            wall=self.clock.wall,
+            wall=self.clock.tokens,
         )
         self._doorway.limit = self._connection_limit(cfg.max_connections)
         return recovery
@@ -303,7 +303,7 @@ class Server:
         metrics_listeners = self.listening.pop("metrics", [])
         if metrics_listeners and self.metrics.registry is not None:  # NullMetrics: nothing to export
             health = Health(self.log.directory, status=self.status, listening=lambda: bool(self.ports) and not self.stopping,
-                            vitals=self.vitals.live, secret=self.secret, wall=self.clock.wall,
+                            vitals=self.vitals.live, secret=self.secret, wall=self.clock.tokens,
                             degraded=self.hold.readiness)
             await nursery.start(functools.partial(serve_metrics, health=health), self.metrics.registry,
                                 metrics_listeners, metrics_gate())

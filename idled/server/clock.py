@@ -21,6 +21,12 @@ to 1/12 slower until the two meet (docs/operations.md, "Clock steps"). It reads 
 (``time.monotonic``), not the pause-adjusted one: a pause is real time on the wall too. ``wall.floor(ts)``
 starts it at or after the event log's last ``ts`` (the server does that once the log is recovered). Every
 step of the system clock of ``STEP_LOG_MIN`` or more is logged (one warning line, at most one a second).
+
+Token expiry is judged on ``tokens``: the same kind of clock, never going backwards within the run, but never
+floored to the log. Within a run a step back revives no expired token; a new run judges tokens on the system
+clock. The log floor is for ``ts`` alone because it can be far ahead: a clock that ran a day ahead while
+events were logged, then corrected, would otherwise refuse every token for the twelve days our time needs to
+meet the system's again -- a restart is how an operator ends that (docs/operations.md, "Clock steps").
 """
 
 from __future__ import annotations
@@ -45,10 +51,11 @@ log = logging.getLogger("idled.server.clock")
 class Clock:
     """The pause-adjusted monotonic clock (``now``) and the trio deadline for a server-clock time."""
 
-    __slots__ = ("paused", "stall_limit", "_last_beat", "wall")
+    __slots__ = ("paused", "stall_limit", "_last_beat", "wall", "tokens")
 
     def __init__(self, stall_limit: float) -> None:
         self.wall = WallClock()  # wall-clock time that never goes backwards (see the module docstring)
+        self.tokens = WallClock(report=False)  # ... and the one token expiry is judged on: never floored
         self.paused = 0.0  # seconds the event loop could not run, summed: every deadline moved by this
         self.stall_limit = stall_limit  # a gap between beats at least this long is a stall (SIGHUP may change it)
         self._last_beat = 0.0
@@ -92,10 +99,11 @@ class Clock:
 class WallClock:
     """``wall()``: the system's wall clock (unix seconds), never going backwards (see the module docstring)."""
 
-    __slots__ = ("model", "_steps", "_logged_at", "_unlogged")
+    __slots__ = ("model", "report", "_steps", "_logged_at", "_unlogged")
 
-    def __init__(self, model: MonotonicWall | None = None) -> None:
+    def __init__(self, model: MonotonicWall | None = None, *, report: bool = True) -> None:
         self.model = MonotonicWall() if model is None else model
+        self.report = report  # log the system clock's steps (one clock per process says it)
         self._steps = 0  # the model's steps already reported
         self._logged_at = -math.inf  # time.monotonic() of the last line
         self._unlogged = 0  # steps since then not reported
@@ -103,7 +111,7 @@ class WallClock:
     def __call__(self) -> float:
         model = self.model
         now = model.read(time.time(), time.monotonic())
-        if model.steps != self._steps:
+        if model.steps != self._steps and self.report:
             self._report(model)
         return now
 

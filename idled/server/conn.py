@@ -185,12 +185,11 @@ class Doorway:
             if self.sessions.stopping:
                 await close_with(stream, ErrorCode.SERVER_SHUTDOWN, "shutting down")
                 return
-            if sum(self.connections.values()) > self.limit:
-                await close_with(stream, ErrorCode.BUSY, "too many connections")
-                return
             # The door's gate: the source's share of logins in progress, then PROXY and TLS, within the login
             # deadline (idled.door.gate).
-            async with self.gate.enter(stream, self.config.login_timeout) as entry:
+            # At the connection limit, the oldest connection not logged in yet makes room for this one -- once its
+            # source's share allows it -- and only when every other one has logged in is it refused busy.
+            async with self.gate.enter(stream, self.config.login_timeout, self._full) as entry:
                 stream, address = entry.stream, entry.address
                 if entry.refused is not None:
                     await self._refused(entry.refused, address)
@@ -225,6 +224,9 @@ class Doorway:
                         scope.shield = True
                         await stream.aclose()
                 await raw.aclose()
+
+    def _full(self) -> bool:
+        return sum(self.connections.values()) > self.limit
 
     async def _refused(self, refused: Refused, address: str) -> None:
         """The gate turned the connection away: count it, and say why where a frame can be sent."""

@@ -134,6 +134,7 @@ class StandbyServer:
         self.connections = connection_counts()
         self.admission = _Admission()
         self.wall = WallClock()  # never goes backwards; floored to the log's last ts (as a promoted core's is)
+        self.tokens = WallClock(report=False)  # token expiry's: never goes backwards, never floored (server.clock)
         self.ports: list[int] = []
         self.link: StandbyLink | None = None
         self.observers: Observers | None = None
@@ -199,7 +200,7 @@ class StandbyServer:
         roles = {"uid": self._not_leader, "gateway": self._not_leader, "observer": self.observers.run,
                  "standby": self._not_leader}
         return Doorway(self.config, sessions=self.admission, roles=roles, secret=self.secret, metrics=self.metrics,
-                       connections=self.connections, gate=client_gate(self.config), wall=self.wall)
+                       connections=self.connections, gate=client_gate(self.config), wall=self.tokens)
 
     def _reopen(self, new: EventLog, first_seq: int) -> None:
         """The link's log changed (re-sync, snapshot) or a new run of seqs began (a gap): point readers at it."""
@@ -230,7 +231,7 @@ class StandbyServer:
         if metrics_listeners and isinstance(self.metrics, Metrics):
             self.metrics.registry.register(StandbyCollector(link))
             health = Health(self.log.directory, status=self.status, listening=lambda: not self.admission.stopping,
-                            secret=self.secret, wall=self.wall)
+                            secret=self.secret, wall=self.tokens)
             await nursery.start(functools.partial(serve_metrics, health=health), self.metrics.registry,
                                 metrics_listeners, metrics_gate())
         else:

@@ -45,7 +45,7 @@ def exported_sample_names() -> set[str]:
     metrics = Metrics(registry, tick=1.0)
     metrics.register_snapshot(
         lambda: {"connections": {"user": 1}, "sessions_online": 1, "detector_keys": 1, "detector_overflow_keys": 0,
-                 "eventlog_degraded": 0, "eventlog_held_events": 0}
+                 "eventlog_degraded": 0, "eventlog_held_events": 0, "wall_clock_ahead": 0.0}
     )
     metrics.presence_events.labels(kind="offline", reason="timeout").inc()
     metrics.frames_rejected.labels(reason="frame-too-large").inc()

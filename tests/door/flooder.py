@@ -1,6 +1,7 @@
-"""An attacker's flood, as a process of its own: ``python -m tests.door.flooder PORT COUNT SOURCE [SECONDS]``.
+"""An attacker's flood, as a process of its own: ``python -m tests.door.flooder PORT COUNT SOURCES [SECONDS]``.
 
-Holds COUNT connections from the source address SOURCE to 127.0.0.1:PORT that never send a byte; whenever the
+Holds COUNT connections from the source addresses SOURCES (comma-separated: spread evenly) to 127.0.0.1:PORT
+that never send a byte; whenever the
 server closes one (refused at once, or at the end of a login deadline) it is opened again at once, for
 SECONDS (default 60) or until SIGTERM, then the process exits. It prints, at the end, one line: ``opened N
 closed M``.
@@ -41,8 +42,9 @@ async def main(port: int, count: int, source: str, seconds: float) -> None:
     counts = [0, 0]
     with trio.move_on_after(seconds), trio.open_signal_receiver(signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
-            for _ in range(count):
-                nursery.start_soon(hold, port, source, counts)
+            sources = source.split(",")
+            for i in range(count):
+                nursery.start_soon(hold, port, sources[i % len(sources)], counts)
             async for _ in signals:  # SIGTERM: stop, and say what was done
                 nursery.cancel_scope.cancel()
     print(f"opened {counts[0]} closed {counts[1]}", flush=True)

@@ -81,3 +81,34 @@ async def test_one_address_flooding_the_login_step_does_not_lock_others_out(tmp_
           f"failures {failures[:3]}")
     assert ok >= 0.99 * LEGIT, failures[:5]
     assert quantile(latencies, 0.99) <= 0.100
+
+
+async def test_many_addresses_each_within_its_share_cannot_fill_every_slot(tmp_path: Path) -> None:
+    """Three addresses, each within its share of logins in progress, together hold every one of a daemon's 300
+    slots with connections that never log in (re-opened as they are closed). At the limit the newest
+    connection takes the slot of the oldest that has not logged in (idled.door.gate): logins from a fourth
+    address still get in. Before, they were refused busy for as long as the flood went on."""
+    command = serve_command(tmp_path / "data", "--max-connections", "300", "--metrics-port", "0",
+                            "--login-timeout", "5")
+    async with Daemon(command, tmp_path / "serve.stderr") as daemon:
+        flooder = subprocess.Popen([sys.executable, "-m", "tests.door.flooder", str(daemon.port), "300",
+                                    "127.0.0.2,127.0.0.3,127.0.0.4", "60"], cwd=ROOT, stdout=subprocess.PIPE,
+                                   text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        held: list[Client] = []
+        answers = []
+        try:
+            await trio.sleep(2.0)  # every slot is taken
+            for i in range(20):
+                client = Client(await connect_from("127.0.0.9", daemon.port), recv_timeout=5.0)
+                await client.send(Login("uid", f"late-{i}"))
+                answers.append(await client.recv())
+                held.append(client)
+        finally:
+            flooder.terminate()
+            out, _ = flooder.communicate(timeout=30)
+        for client in held:
+            await client.stream.aclose()
+    welcomed = sum(isinstance(answer, Welcome) for answer in answers)
+    print(f"\n300 slots held by 3 addresses never logging in ({out.strip()}): {welcomed}/20 logins from a fourth "
+          f"address welcomed")
+    assert welcomed == 20, answers

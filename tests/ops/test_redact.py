@@ -87,6 +87,12 @@ def test_scrub_paths() -> None:
         "open ~/x, ./y and (../z)": "open <path>, <path> and (<path>)",
         "events/s 1/2 a / b": "events/s 1/2 a / b",  # a slash is not a path
         "not listening for clients (starting or shutting down)": "not listening for clients (starting or shutting down)",
+        # another machine's address, in a standby's link error
+        "cannot connect (all attempts to connect to 127.0.0.77:17999 failed)":
+            "cannot connect (all attempts to connect to <address> failed)",
+        "the active at [2001:db8::1]:7878 refused: not_allowed": "the active at <address> refused: not_allowed",
+        "nothing from core-b.internal:7878 for 5 s, 10.0.0.1 too": "nothing from <address> for 5 s, <address> too",
+        "lag 1.5 s at 12:30 (seq 3:4)": "lag 1.5 s at 12:30 (seq 3:4)",  # a time or a seq range is no address
     }
     for text, expected in cases.items():
         assert scrub_paths(text, known) == expected, text

@@ -221,6 +221,35 @@ async def test_a_restart_onto_a_clock_stepped_back_starts_after_the_last_logged_
     assert_time_goes_forward(before + after)
 
 
+async def test_a_clock_that_ran_ahead_then_was_corrected_refuses_tokens_only_until_a_restart(tmp_path: Path) -> None:
+    """The other side of never going backwards: the clock ran a day ahead while events were logged, then NTP
+    stepped it back to the truth. ``ts`` stays ahead (it never decreases: it slews back), and within that run
+    tokens minted on correct clocks are judged on the run's clock, a day ahead: refused. A restart judges them
+    on the system clock again -- the operator's remedy, said in the warning line -- while ``ts`` goes on from
+    the last logged one."""
+    day = 86400
+    clock_file = tmp_path / "clock"
+    step_to(clock_file, day)
+    async with SteppedDaemon(tmp_path, clock_file) as daemon:
+        ann, answer = await login(daemon.port, "ann", keepalive=60.0, token_text=token("uid", "ann", time.time() + 2 * day))
+        assert isinstance(answer, Welcome), answer
+        step_to(clock_file, 0)  # corrected, within the run
+        assert await refused(daemon.port, "ann2", token("uid", "ann2")), "judged on the run's clock, a day ahead"
+        await ann.stream.aclose()
+        assert await daemon.stop() == 0
+    before = logged(tmp_path / "data")
+    last_ts = max(e["ts"] for e in before)
+    async with SteppedDaemon(tmp_path, clock_file) as daemon:
+        client = await user(daemon.port, "bob", keepalive=60.0)  # a token of ten minutes, on the real clock
+        await client.send(BYE)
+        assert await client.recv() is None
+        assert await daemon.stop() == 0
+    assert "the event log's last ts is" in daemon.stderr()
+    after = [e for e in logged(tmp_path / "data") if e not in before]
+    assert min(e["ts"] for e in after) >= last_ts  # ts still never goes back
+    assert_time_goes_forward(before + after)
+
+
 def role(metrics: int) -> str | None:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/status", timeout=5) as response:

@@ -128,7 +128,7 @@ class Router:
         if scheme.lower() != "bearer":
             raise ApiError("unauthorized", "the Authorization scheme must be Bearer", challenge)
         try:
-            verify_bearer(self.secret, token.strip(), API_ROLE, self.backend.sessions.clock.wall())
+            verify_bearer(self.secret, token.strip(), API_ROLE, self.backend.sessions.clock.tokens())
         except AuthError as exc:
             raise ApiError("unauthorized", exc.reason, challenge) from None
         return True

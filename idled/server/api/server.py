@@ -89,7 +89,9 @@ class Api:
 
     async def _serve(self, stream: trio.SocketStream, entry: Entry) -> None:
         client = _client(stream)
-        if self.open >= self.config.api_max_clients:
+        if self.open >= self.config.api_max_clients and not self.gate.evict_oldest(sparing=entry):
+            # At the limit the oldest connection without an authenticated request made room (idled.door.gate);
+            # when every one has shown a token, the newcomer is answered 503.
             await self._refuse(stream, client)
             return
         connection = HttpConnection(stream, client, self.router, max_body=self.config.api_max_body,

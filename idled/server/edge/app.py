@@ -220,6 +220,12 @@ class Edge:
         self.connections["pending"] += 1  # the doorway is told so (handle(counted=True))
 
     async def overflow(self, stream: trio.SocketStream) -> None:
+        """A connection still waiting when every edge is full: it takes the slot of this edge's oldest connection
+        not logged in yet (idled.door.gate), or, when every one has logged in, is refused busy."""
+        if self.doorway.gate.waiting:  # the doorway's gate evicts the oldest of them for it (it is over the limit)
+            self.enter()
+            await self.doorway.handle(stream, counted=True)
+            return
         self.overflow_refused += 1
         await refuse(stream)
 

@@ -1,5 +1,6 @@
 """The API's listener with the door's gate in front: one address's unauthenticated connections take only its
-share; authenticated ones do not count against it; api_max_clients and its 503 still hold."""
+share; authenticated ones do not count against it; at api_max_clients a newcomer takes the slot of the oldest
+connection that never authenticated, and only when every one has is it answered 503."""
 
 from __future__ import annotations
 
@@ -50,14 +51,28 @@ async def test_slow_connections_from_one_address_leave_the_others_served(tmp_pat
                 held.append(c)
                 assert (await c.get("/v1/stats", headers=auth)).status == 200
             assert api.open == 100 + 120 and api.gate.waiting == 100
-            # ... while api_max_clients (256) still holds: beyond it 503, before any body, the token unseen
+            # At api_max_clients (256) a newcomer takes the slot of the oldest connection that never showed a
+            # token (idled.door.gate: three addresses within their shares cannot fill every slot)...
             more = [await HttpClient.connect(port, source="127.0.0.4") for _ in range(36)]
             for c in more:
+                assert (await c.get("/v1/stats", headers=auth)).status == 200
+            evicting = [await HttpClient.connect(port, source="127.0.0.5") for _ in range(10)]
+            for c in evicting:
+                assert (await c.get("/v1/stats", headers=auth)).status == 200
+            assert api.gate.refused["evicted"] == 10 and api.gate.waiting == 90
+            # ... and only once every connection has shown a token is it answered 503, before any body
+            for stream in slow:
+                await stream.aclose()
+            with trio.fail_after(5):
+                while api.gate.waiting:
+                    await trio.sleep(0.01)
+            more += [await HttpClient.connect(port, source="127.0.0.6") for _ in range(90)]
+            for c in more[36:]:
                 assert (await c.get("/v1/stats", headers=auth)).status == 200
             raw, closed = await talk(port, b"POST /v1/kick HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n",
                                      source="127.0.0.4")
             assert statuses(raw) == [503] and closed
-            for c in more:
+            for c in more + evicting:
                 await c.aclose()
         finally:
             for c in held:
