@@ -40,11 +40,21 @@ hello as a frame far over its limit and answers a plain ``too_large`` error fram
   change (``policy.fatal``, exit status 2). Once something has worked, a mismatch that appears later (the
   other side was reconfigured) is logged once and retried, never fatal: a running standby or edge keeps
   its state and catches up when the configurations agree again.
+
+**Several cores** (an edge's ``--core A,B``: an active and its standbys, or an elected group). A mismatch
+with one of them says nothing about the others -- during a failover one may serve an expired certificate,
+or still be plaintext while the rest moved to TLS -- so it is not fatal by itself: the link logs it (once
+per core and failure, ``LinkRound.tell``) and tries the next core at once. The process ends only when
+every core answered a mismatch in one full round of attempts (``LinkRound.over``), with one line naming
+them all (``policy.fatal_round``); a core that could not be reached, refused ``busy`` or named another as
+leader answered no mismatch, and the link keeps trying, as with one core that is not up yet. One core is
+a round of one: the rule above, unchanged. The standby and an elected follower dial one address each.
 """
 
 from __future__ import annotations
 
 import ssl
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -55,7 +65,7 @@ from idled.ops.config import Config
 from idled.ops.fatal import EXIT_USAGE, Fatal
 from idled.protocol import NEED_DATA, Error, ErrorCode, FrameDecoder, ProtocolError, parse_server_message
 
-__all__ = ["HEARD_BYTES", "LinkFailed", "LinkPolicy", "LinkTLS", "broken_link", "close_link", "dial"]
+__all__ = ["HEARD_BYTES", "LinkFailed", "LinkPolicy", "LinkRound", "LinkTLS", "broken_link", "close_link", "dial"]
 
 HEARD_BYTES: Final = 512  # what the core answered a TLS hello with, kept to say what it was
 CLOSE_TIMEOUT: Final = 1.0  # seconds a TLS close_notify may take before the socket is closed regardless
@@ -132,6 +142,57 @@ class LinkPolicy:
     def fatal(self, link: str, address: str, failure: LinkFailed) -> Fatal:
         """The one line a mismatch at start ends the process with: the link, the address, what to change."""
         return Fatal(link, address, str(failure), EXIT_USAGE)
+
+    def fatal_round(self, link: str, failures: Mapping[str, LinkFailed]) -> Fatal:
+        """The one line for a link whose every core answered a mismatch (``failures``: core -> its mismatch, in
+        the order tried): every core, and each distinct failure once -- prefixed with its cores unless it is
+        every core's. A single core: exactly ``fatal``'s line."""
+        if len(failures) == 1:
+            ((address, failure),) = failures.items()
+            return self.fatal(link, f"to the core at {address}", failure)
+        groups: dict[str, list[str]] = {}
+        for address, failure in failures.items():
+            groups.setdefault(str(failure), []).append(address)
+        if len(groups) == 1:
+            reason = next(iter(groups))
+        else:
+            reason = "; ".join(f"{', '.join(cores)}: {text}" for text, cores in groups.items())
+        return Fatal(link, f"to the cores at {', '.join(failures)}", reason, EXIT_USAGE)
+
+
+class LinkRound:
+    """A link to several cores: what each core answered in the current round of attempts (its mismatch, or
+    None: anything else) and the mismatches already logged (see *Several cores* in the module docstring).
+    Sans-IO: the link reports, this says."""
+
+    __slots__ = ("outcomes", "_told")
+
+    def __init__(self) -> None:
+        self.outcomes: dict[str, LinkFailed | None] = {}  # this round's failed attempts, in order
+        self._told: dict[str, str] = {}  # core -> the mismatch last logged for it
+
+    def failed(self, core: str, failure: LinkFailed | None) -> None:
+        """An attempt at ``core`` failed: with ``failure``, a mismatch; None, anything else."""
+        self.outcomes[core] = failure
+
+    def over(self) -> dict[str, LinkFailed]:
+        """The round ended: every core's mismatch if that is all the round heard (else empty); a new round begins."""
+        outcomes, self.outcomes = self.outcomes, {}
+        if not outcomes or None in outcomes.values():
+            return {}
+        return {core: failure for core, failure in outcomes.items() if failure is not None}
+
+    def tell(self, core: str, failure: LinkFailed) -> bool:
+        """Whether to log ``failure`` of ``core``: the first time, or when it changed."""
+        if self._told.get(core) == str(failure):
+            return False
+        self._told[core] = str(failure)
+        return True
+
+    def connected(self) -> None:
+        """A link logged in: a new round, and a later mismatch is news again."""
+        self.outcomes.clear()
+        self._told.clear()
 
 
 class _Heard(Wrapped):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from idled.door.outbound import LinkFailed, LinkPolicy, dial
+from idled.door.outbound import FIX_NOT_TLS, LinkFailed, LinkPolicy, LinkRound, dial
 from idled.door.tls import server_context
 from idled.ops.config import Config
 from idled.ops.fatal import Fatal
@@ -104,3 +104,43 @@ async def test_a_link_file_that_does_not_load_is_fatal(tmp_path: Path) -> None:
     with pytest.raises(Fatal) as info:
         LinkPolicy.of(Config(link_tls=True, link_ca=str(tmp_path / "missing.pem")).validate())
     assert info.value.status == 2 and "cannot start link TLS (link CA" in str(info.value)
+
+
+# -- a link to several cores (LinkRound, LinkPolicy.fatal_round): pure ---------------------------------------
+
+PLAIN = LinkFailed("it does not speak TLS on that port", FIX_NOT_TLS)
+EXPIRED = LinkFailed("its certificate does not verify (certificate has expired)", "renew that core's certificate")
+
+
+def test_a_round_ends_the_link_only_if_every_core_answered_a_mismatch() -> None:
+    cores = LinkRound()
+    cores.failed("a:1", PLAIN)
+    cores.failed("b:1", EXPIRED)
+    assert cores.over() == {"a:1": PLAIN, "b:1": EXPIRED}
+    assert cores.over() == {}  # a new round: nothing heard yet is no verdict
+    cores.failed("a:1", PLAIN)
+    cores.failed("b:1", None)  # unreachable, busy, not_leader: it may agree once it answers
+    assert cores.over() == {}
+    cores.failed("a:1", PLAIN)
+    cores.connected()  # a welcome meanwhile (a connection that was up ends the round)
+    assert cores.over() == {}
+
+
+def test_a_mismatch_is_told_once_per_core_until_it_changes_or_a_link_logs_in() -> None:
+    cores = LinkRound()
+    assert cores.tell("a:1", PLAIN) and cores.tell("b:1", PLAIN)
+    assert not cores.tell("a:1", PLAIN) and not cores.tell("b:1", PLAIN)
+    assert cores.tell("a:1", EXPIRED) and not cores.tell("a:1", EXPIRED)
+    cores.connected()
+    assert cores.tell("a:1", EXPIRED)
+
+
+def test_the_fatal_line_of_a_round_names_every_core_and_each_failure_once() -> None:
+    links = LinkPolicy()
+    alone = links.fatal_round("edge link", {"a:1": PLAIN})
+    assert str(alone) == str(links.fatal("edge link", "to the core at a:1", PLAIN))  # one core: as it always was
+    same = links.fatal_round("edge link", {"a:1": PLAIN, "b:1": PLAIN, "c:1": PLAIN})
+    assert str(same) == f"edge link (to the cores at a:1, b:1, c:1): {PLAIN}"
+    mixed = links.fatal_round("edge link", {"a:1": PLAIN, "b:1": EXPIRED, "c:1": PLAIN})
+    assert str(mixed) == f"edge link (to the cores at a:1, b:1, c:1): a:1, c:1: {PLAIN}; b:1: {EXPIRED}"
+    assert mixed.status == 2 and "\n" not in str(mixed)

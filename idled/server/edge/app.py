@@ -168,11 +168,11 @@ class Edge:
             nursery.cancel_scope.cancel()
 
     async def _run_link(self) -> None:
-        """The core link; a configuration it cannot speak at start ends the edge (one ``Fatal`` line)."""
+        """The core link; a configuration no core can speak at start ends the edge (one ``Fatal`` line)."""
         link = self.link
         await link.run()
-        if link.mismatch is not None:
-            raise link.links.fatal("edge link", f"to the core at {link.address}", link.mismatch)
+        if link.mismatches:
+            raise link.links.fatal_round("edge link", link.mismatches)
 
     def _status_line(self) -> str:
         return f"{self.connections['user']} users; core link {'up' if self.link.connected else 'down'}"

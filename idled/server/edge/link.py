@@ -41,9 +41,10 @@ stops an edge from reading its users and answering their pings.
 * *TLS* (``link_tls``): the link and every relayed connection to a TCP core are opened by
   ``idled.door.outbound.dial`` (a ``unix:PATH`` core stays plain). A configuration the two sides cannot
   speak -- a plaintext link answered ``tls_required``, a TLS link to a plaintext core, a certificate that does
-  not verify -- is not retried while nothing has worked since the start (``LinkPolicy.strict``): ``run()``
-  ends with it in ``mismatch`` and the edge exits with one line. After a first welcome it is logged once and
-  retried like any other refusal.
+  not verify -- is not retried while nothing has worked since the start (``LinkPolicy.strict``) and every
+  listed core answered one in a full round (``LinkRound``): ``run()`` ends with them in ``mismatches`` and
+  the edge exits with one line naming them all. A mismatch with one core of several is logged once and the
+  next core tried; after a first welcome any mismatch is logged once and retried like any other refusal.
 * *Several cores* (``--core A,B``): an active core and its standbys, or an elected group. Which one to try
   is the client library's rule (``idled.client.leader``): the core a ``not_leader`` refusal names (its
   ``leader``) first, else the others in turn, at once; the backoff above is slept between full rounds only.
@@ -90,7 +91,7 @@ from idled.client.gatewaylink import EndedCallback, GatewayLink
 from idled.client.leader import LeaderSearch, format_address
 from idled.client.link import Conn
 from idled.client.trio import TRIO, TrioConn
-from idled.door.outbound import LinkFailed, LinkPolicy, broken_link, dial
+from idled.door.outbound import LinkFailed, LinkPolicy, LinkRound, broken_link, dial
 from idled.core.timeouts import DEFAULT_MAX_TIMEOUT, DEFAULT_TICK, DEFAULT_TIMEOUT, timeout_for
 from idled.protocol import (
     BYE_FRAME, PING_FRAME, Login, Marked, SessionKey, Welcome, encode, tokens,
@@ -215,8 +216,9 @@ class CoreLink(GatewayLink):
         self.name = name
         self.secret = secret
         self.links = LinkPolicy(strict=False) if links is None else links  # TLS; whether a mismatch is fatal
-        self.mismatch: LinkFailed | None = None  # what ended run() at start (the edge exits with it)
-        self._told: str | None = None  # the last mismatch logged (logged once per change)
+        self.mismatches: dict[str, LinkFailed] = {}  # every core's, if that ended run() at start (the edge exits)
+        self.round = LinkRound()  # what the cores answered this round; the mismatches logged
+        self._attempt = self.address  # the core of the latest attempt (`address` moves on when it fails)
         self.flush_interval = flush_interval
         self.ping_interval = ping_interval
         self._dead_after = dead_after
@@ -304,6 +306,7 @@ class CoreLink(GatewayLink):
     # -- the connection (the loop itself is Link.run's) -------------------------------------------------------
 
     async def _open(self) -> Conn:
+        self._attempt = self.address
         try:
             stream = await open_core_stream(self.address, self.links)
         except (OSError, trio.TooSlowError) as exc:
@@ -320,20 +323,27 @@ class CoreLink(GatewayLink):
         token = tokens.mint(self.secret, "gateway", self.name, self.wall() + TOKEN_TTL)  # fresh per connection
         return dataclasses.replace(self.login, token=token)
 
+    def _elsewhere(self, exc: ClientError) -> bool:
+        # Each failed login (before a welcome) moves on to the next core of the round, a mismatch too:
+        # another core may agree (see TLS in the module docstring). Its outcome counts for the round.
+        self.round.failed(self._attempt, _failure(exc))
+        return True
+
     def _retryable(self, exc: ClientError) -> bool:
-        # An edge waits for its core for ever, whatever it said -- but for a configuration the two cannot
-        # speak, at start: then run() ends, and the edge with it (see TLS in the module docstring).
-        failure = _failure(exc)
-        if failure is not None and self.links.strict:
-            self.mismatch = failure
+        # A round is over (or a connection that was up ended). An edge waits for its core for ever, whatever
+        # it said -- but for a configuration no listed core can speak, at start: then run() ends, and the edge
+        # with it (see TLS in the module docstring).
+        every = self.round.over()
+        if every and self.links.strict:
+            self.mismatches = every
             return False
         return True
 
     def _on_retry(self, exc: ClientError, was_up: bool, delay: float) -> None:
         failure = _failure(exc)
-        if failure is not None and str(failure) != self._told:
-            self._told = str(failure)
-            log.warning("core link to %s: %s; retrying", self.address, failure)
+        if failure is not None and self.round.tell(self._attempt, failure):
+            then = f"trying {self.address}" if self.round.outcomes else "retrying"  # in the round, or after it
+            log.warning("core link to %s: %s; %s", self._attempt, failure, then)
         if was_up:
             log.warning("core link to %s lost (%s); keeping %d users, reconnecting", self._core, exc, self.live)
         log.debug("core link: %s; next attempt at %s in %.2f s", exc, self.address, delay)
@@ -346,7 +356,8 @@ class CoreLink(GatewayLink):
         await super()._on_welcome(conn, welcome)  # up, re-attach taken; _send_first keeps it for the flusher
         if self._core is not None and self._core != self.address:
             log.info("edge: core is now %s (was %s)", self.address, self._core)
-        self._core, self._told = self.address, None
+        self._core = self.address
+        self.round.connected()
         self.links.proven()  # the configurations agree: a later mismatch is the core's change, retried
         log.info("core link to %s up (connection %d%s): re-attaching %d users", self.address, self.connections,
                  ", TLS" if isinstance(conn, _TLSConn) else "", self.live)
