@@ -23,8 +23,10 @@ cannot go on and ``clear(source)`` when they can again. While any reason stands 
 
 Since no user comes online while degraded, the events held are bounded by the users online when the disk
 filled: one offline each. A login taken meanwhile does not change that: it adds no event now, and its user
-stays one user online, with at most the one offline it would have had anyway. One WARNING line when the server becomes degraded, one when it recovers
-(never one per retry); ``reason`` joins the standing reasons, oldest first.
+stays one user online, with at most the one offline it would have had anyway.
+
+One WARNING line when the server becomes degraded, one when it recovers (never one per retry); ``reason`` joins
+the standing reasons, oldest first.
 """
 
 from __future__ import annotations
@@ -65,7 +67,8 @@ class Degraded:
             self.since = self.clock()
             self.episodes += 1
             log.warning("degraded: %s; logins and attaches of users not online, and kicks, are refused "
-                        "(unavailable) until it clears; sessions online are kept, their events held in memory", reason)
+                        "(unavailable) until it clears; sessions online are kept, their events held in memory",
+                        reason)
         self.reasons[source] = reason
 
     def clear(self, source: str) -> None:

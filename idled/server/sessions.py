@@ -111,7 +111,7 @@ class Sessions:
 
     def refuse_if_unavailable(self, key: SessionKey | None = None) -> None:
         """While the server is degraded, refuse (``unavailable``) what would add to the log: a login of ``key``
-        that brings its user online, or (no ``key``) any other new work -- an API kick. See the module docstring."""
+        that brings its user online, or (no ``key``) any other new work -- an API kick (module docstring)."""
         if self.degraded.reasons and (key is None or self.brings_online(key)):
             self.degraded.refuse()
 

@@ -1,4 +1,4 @@
-"""A user online logs in again while the disk is full (a real daemon on a small tmpfs): taken, never a false offline.
+"""A user online logs in again while the disk is full (a real daemon, a small tmpfs): taken, no false offline.
 
 The security review's case: a user online and pinging reconnects (a phone changing networks: a new connection,
 a new login of the same uid) while the daemon runs degraded. That login adds no event -- newest wins without an

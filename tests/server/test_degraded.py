@@ -247,7 +247,8 @@ async def test_a_gateway_attach_that_adds_no_event_is_taken_while_degraded(
         await plain.send(PING)
         assert await plain.recv() is PONG  # taken: no error frame
         assert h.next_seq == seq
-        assert presence.owner_of("direct") is presence.owner_of("returning") is presence.owner_of(("multi", "phone"))
+        gateway = presence.owner_of("direct")
+        assert gateway is presence.owner_of("returning") is presence.owner_of(("multi", "phone")) is not None
         assert presence.owner_of(("multi", "tablet")) is not None and not presence.in_grace("returning")
 
         disk.full = False
