@@ -8,18 +8,25 @@ reservation (``idled.server.seqs``: it issues no seq it has not reserved durably
 the sessions a previous run left online (which waits for both) -- each ``set(source, reason)`` when they
 cannot go on and ``clear(source)`` when they can again. While any reason stands the server is *degraded*:
 
-* new work is refused with ``unavailable`` ("retry later"; clients treat it like ``busy``): user logins
-  (``refuse``, in ``Sessions.refuse_if_unavailable``), gateway attaches of sessions the gateway does not
-  already own (an ``ended`` notice with reason ``unavailable`` for each, ``idled.server.gateways``), API kicks;
+* new work is refused with ``unavailable`` ("retry later"; clients treat it like ``busy``): user logins and
+  gateway attaches that would bring a user online (``refuse``, in ``Sessions.refuse_if_unavailable``; for a
+  gateway an ``ended`` notice with reason ``unavailable`` per session key, ``idled.server.gateways``), API kicks;
+* a login or attach of a user online already is taken: another connection of the same session key (a phone
+  that changed networks), another device, a user within its offline grace. It adds no event -- newest wins
+  without a flap, events are per user, the grace is continued -- and refusing it would turn into a false
+  offline once the old connection closes (``idled.server.sessions``, *A login that adds nothing*);
 * what is online stays online: keepalives, gateway touches, observers go on; expiries and logouts still
   happen and their events wait in memory, in seq order, bounded (``EventBus.max_backlog``: then the tick task
   waits, which makes expiries late, never early, and a logout is left to its deadline);
 * ``/readyz`` answers 503 with the reason, ``/status`` says it (``degraded``, ``events_held``), and the
   metrics ``idled_eventlog_degraded`` and ``idled_eventlog_held_events`` show it.
 
-Since nothing new comes online while degraded, the events held are bounded by the sessions online when the
-disk filled: one offline each. One WARNING line when the server becomes degraded, one when it recovers
-(never one per retry); ``reason`` joins the standing reasons, oldest first.
+Since no user comes online while degraded, the events held are bounded by the users online when the disk
+filled: one offline each. A login taken meanwhile does not change that: it adds no event now, and its user
+stays one user online, with at most the one offline it would have had anyway.
+
+One WARNING line when the server becomes degraded, one when it recovers (never one per retry); ``reason`` joins
+the standing reasons, oldest first.
 """
 
 from __future__ import annotations
@@ -59,8 +66,9 @@ class Degraded:
         if not self.reasons:
             self.since = self.clock()
             self.episodes += 1
-            log.warning("degraded: %s; new logins, attaches and kicks are refused (unavailable) until it clears; "
-                        "sessions online are kept, their events held in memory", reason)
+            log.warning("degraded: %s; logins and attaches of users not online, and kicks, are refused "
+                        "(unavailable) until it clears; sessions online are kept, their events held in memory",
+                        reason)
         self.reasons[source] = reason
 
     def clear(self, source: str) -> None:
@@ -118,5 +126,5 @@ class LogHold:
         reason = self.degraded.reason
         if reason is None:
             return None
-        return (f"degraded: {reason}; {self.events()} events held in memory; new logins refused (unavailable) "
-                "until it clears")
+        return (f"degraded: {reason}; {self.events()} events held in memory; logins of users not online "
+                "refused (unavailable) until it clears")

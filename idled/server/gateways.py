@@ -30,11 +30,15 @@ A gateway that logs in with ``"ended": true`` is told which of its sessions the 
 (``ended`` frames, batched: ``idled.server.outbox``); its welcome carries the server's default ``timeout``,
 ``tick`` and ``max_timeout`` so that an edge answers its users' logins exactly as the server would.
 
-*Degraded* (the server's disk is full: ``idled.server.degraded``): an attach of a session the gateway does not
-own already would start a session, and is refused, key by key: a gateway that gets ``ended`` notices is told
-``ended`` with reason ``unavailable`` for it (an edge closes that user with ``unavailable``); one that does not
-can only be told by an error frame, which ends its connection (``unavailable``). Attaching again what it owns
-(a new keepalive, a resumed edge's users) changes nothing durable and goes on; so do touches and detaches.
+*Degraded* (the server's disk is full: ``idled.server.degraded``): an attach that would bring its user online
+(an ``online`` event the log cannot take) is refused, key by key: a gateway that gets ``ended`` notices is
+told ``ended`` with reason ``unavailable`` for it (an edge closes that user with ``unavailable``); one that
+does not can only be told by an error frame, which ends its connection (``unavailable``). An attach of a user
+online already changes nothing durable and goes on, the rule a direct login follows
+(``idled.server.sessions``, *A login that adds nothing*): attaching again what the gateway owns (a new
+keepalive, a resumed edge's users), a user who moved to it from a direct connection or another gateway
+(newest wins: the old owner is told ``kicked``), another device of a user online, a user back within its
+offline grace. So do touches and detaches.
 Attaches and detaches do not wait for the log's room meanwhile (``_room``): the gateway's task must go on
 reading its touches (a keepalive left unread is a false offline in waiting), and what they can add to memory
 is bounded already (no new session; a logout that cannot be held is left to its deadline: ``Sessions.logout``).
@@ -281,7 +285,7 @@ class Gateways:
         now, wall = clock.now(), clock.wall()
         refusing = bool(sessions.degraded.reasons)
         for index, uid in enumerate(message.uids, 1):
-            if refusing and presence.owner_of(uid) is not gateway:
+            if refusing and sessions.brings_online(uid):
                 self._refuse(gateway, uid)
                 continue
             replaced, event = presence.login(uid, gateway, now, wall, message.keepalive)

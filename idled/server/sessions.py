@@ -9,8 +9,10 @@ Every change of presence follows the same steps, and this is the one object that
    never hold a producer up: each reads the bus's shared window (or the log) at its own pace;
 2. ``refuse_if_stopping()`` (after the wait): once shutdown began no session may start -- ``end_all`` has run
    or is running, so nothing would end it and its online event would miss the closed log; and
-   ``refuse_if_unavailable()`` (before the wait, and after it): while the server is degraded (a full disk:
-   ``idled.server.degraded``) no session may start either, with ``unavailable``;
+   ``refuse_if_unavailable(key)`` (before the wait, and after it): while the server is degraded (a full disk:
+   ``idled.server.degraded``) no user may come online either, with ``unavailable`` -- but a login of a user
+   online already (another connection of the same key, another device, a user within its offline grace) adds
+   no event, and is taken, without the wait (*A login that adds nothing*, below);
 3. the change itself on ``presence``, at ``clock.now()`` (read once per burst; per packet for a user);
 4. ``publish`` the event it returned (in seq order: no checkpoint between the change and the publish), tell a
    replaced owner (``take_over``: ``kicked``), and ``wake_ticker`` if a new deadline may come sooner.
@@ -31,6 +33,17 @@ is not reserved durably (``SeqBlocks.issuable``) -- ``logout`` leaves the sessio
 so its deadline comes, and the tick task (which waits for room) ends it then: late, with reason ``idle``,
 never lost and never early. So what a full disk holds in memory is bounded by ``max_backlog`` (plus one chunk
 per waiting producer and the writer's batch), and no seq is ever issued past the durable mark.
+
+*A login that adds nothing.* A degraded server refuses new work because what it would write can only wait in
+memory. A login of a user who is online already writes nothing: newest wins without an offline/online pair,
+events are per user, a login within the grace continues it -- ``presence.login`` returns no event, takes no
+seq. Refusing it would be worse than useless: a user who reconnects (a phone changing networks: a new
+connection, a new login of the same uid) would be refused, and when its old connection closes, or goes
+silent to its deadline, it would go offline -- a false offline, written later, for a user who kept trying. So
+only a login that brings its user online (``brings_online``: ``PresenceTable.is_online``, user-level) is
+refused, and the others are taken at once, with no wait for ``room()`` (which may wait long while degraded;
+it has nothing to make room for). The bound on what is held stands: such a login adds no event now, and its
+user remains one user online, with at most the one offline it would have had anyway.
 
 The roles get this object, not the server: an edge that terminates user connections and relays them to the
 core as a gateway would give its user role a ``Sessions`` of its own kind.
@@ -91,9 +104,16 @@ class Sessions:
         if self.stopping:
             raise ProtocolError(ErrorCode.SERVER_SHUTDOWN, "server is shutting down")
 
-    def refuse_if_unavailable(self) -> None:
-        """No session may start while the server is degraded (``unavailable``: see the module docstring)."""
-        self.degraded.refuse()
+    def brings_online(self, key: SessionKey) -> bool:
+        """Would a login of ``key`` bring its user online -- an ``online`` event? Not while the user is online
+        already: by this key (newest wins), by another (events are per user), or in its grace (continued)."""
+        return not self.presence.is_online(uid_of(key))
+
+    def refuse_if_unavailable(self, key: SessionKey | None = None) -> None:
+        """While the server is degraded, refuse (``unavailable``) what would add to the log: a login of ``key``
+        that brings its user online, or (no ``key``) any other new work -- an API kick (module docstring)."""
+        if self.degraded.reasons and (key is None or self.brings_online(key)):
+            self.degraded.refuse()
 
     def publish(self, event: PresenceEvent | None) -> None:
         if event is not None:

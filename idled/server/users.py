@@ -7,9 +7,11 @@ path of the whole daemon (~3.3k packets/s at 100k users). What a session does be
 ``UserSink``, the one thing that differs between a user served by the core and one served by an edge (it
 is also what the doorway admits connections against: ``stopping``, ``refuse_if_stopping``):
 
-* ``begin(login)``, before the welcome. Core: refuse it with ``unavailable`` while the server is degraded (a
-  full disk: ``idled.server.degraded``), wait for the log's room, ``presence.login``, tell a previous owner
-  ``kicked``, publish the online event. Edge: ``link.attach``, tell a previous connection here ``kicked``.
+* ``begin(login)``, before the welcome. Core: while the server is degraded (a full disk:
+  ``idled.server.degraded``) refuse it with ``unavailable`` if it would bring its user online, else take it
+  without waiting (it adds no event: ``idled.server.sessions``); wait for the log's room, ``presence.login``,
+  tell a previous owner ``kicked``, publish the online event. Edge: ``link.attach``, tell a previous
+  connection here ``kicked``.
 * ``ready(key, conn)``, inside the connection's scope: the welcome's timeout. Core: the table's. Edge: the
   core's rule; first it waits (at most 2 s) for the core to acknowledge the attach.
 * ``touch(key, now())``, per frame. Core: ``presence.touch`` at the stall-guarded clock. Edge: ``link.touch``,
@@ -128,12 +130,13 @@ class CoreUsers:
         self.sessions.refuse_if_stopping()
 
     async def begin(self, login: Login) -> Connection:
-        sessions = self.sessions
-        sessions.refuse_if_unavailable()  # at once: a degraded server's room() may wait long
-        await sessions.room()
+        sessions, key = self.sessions, login.key
+        sessions.refuse_if_unavailable(key)  # at once: a degraded server's room() may wait long
+        if not sessions.degraded.reasons:  # (degraded: this login adds no event; nothing to wait for)
+            await sessions.room()
         sessions.refuse_if_stopping()  # again after the wait
-        sessions.refuse_if_unavailable()
-        key, conn = login.key, Connection()
+        sessions.refuse_if_unavailable(key)
+        conn = Connection()
         replaced, event = sessions.presence.login(key, conn, self.now(), self.wall(), login.keepalive)
         sessions.take_over(key, replaced, conn)
         sessions.publish(event)

@@ -1,11 +1,11 @@
 """Disk full under a real daemon (a small tmpfs): the daemon degrades, it does not die.
 
 While the event log cannot be written the daemon stays up: /readyz answers 503 naming the full disk, /status and
-the metrics say so, new logins are refused with ``unavailable``, sessions online are kept (keepalives answered),
-expiries still happen (their events held in memory). Once space is freed it writes what it held, in seq order,
-with no gap and no duplicate, by itself; a durable observer receives every event. A daemon started on a full
-disk -- even over a log a killed run left with open sessions and a torn tail -- comes up degraded and recovers
-the same way, with no restart.
+the metrics say so, logins of users not online are refused with ``unavailable``, sessions online are kept
+(keepalives answered), expiries still happen (their events held in memory). Once space is freed it writes what it
+held, in seq order, with no gap and no duplicate, by itself; a durable observer receives every event. A daemon
+started on a full disk -- even over a log a killed run left with open sessions and a torn tail -- comes up
+degraded and recovers the same way, with no restart.
 
 The data directory is a tmpfs (root only: skipped, with the reason, where mounting is not permitted).
 """

@@ -15,7 +15,7 @@ import trio.testing
 from idled.protocol import BYE, PING, PONG, Attach, Detach, Ended, Error, ErrorCode, Login, Touch, Welcome
 from idled.server import bus as bus_module
 from tests.fulldisk import FullDisk
-from tests.peers import Harness, running
+from tests.peers import Client, Harness, running
 from tests.server.api.conftest import api_server
 from tests.server.api.httpclient import HttpClient
 
@@ -154,3 +154,103 @@ async def test_a_gateway_is_not_held_up_by_a_full_log_while_degraded(
                 assert await gw.recv() is PONG
             await trio.sleep(0.5)
         assert h.server.presence is not None and h.server.presence.is_online("b")
+
+
+# -- Logins that add no event: taken while degraded ---------------------------------------------------------
+# A false offline is the worst failure. A user who reconnects (a phone changing networks: a new connection,
+# the same uid), a second device of a user online, a user back within its offline grace: none of these logins
+# adds an event (newest wins; events are per user; the grace is continued), so a degraded server takes them --
+# at once, without waiting for the log's room -- and refuses only a login that would bring a user online.
+
+
+ONLINE_THEN_SHUTDOWN = [("online", "login"), ("offline", "shutdown")]
+
+
+def their_records(records: list[dict[str, object]], *uids: str) -> list[tuple[object, object]]:
+    """Each user's records as (kind, reason), the same for every one of them (asserted): the first user's."""
+    per_user = [[(r["kind"], r["reason"]) for r in records if r["uid"] == uid] for uid in uids]
+    assert all(rows == per_user[0] for rows in per_user), dict(zip(uids, per_user))
+    return per_user[0]
+
+
+async def device_login(h: Harness, uid: str, device: str) -> Client:
+    peer = await h.connect()
+    await peer.send(Login("uid", uid, None, None, device=device))
+    await peer.expect(Welcome)
+    return peer
+
+
+async def test_a_login_that_adds_no_event_is_taken_while_degraded(
+    tmp_path: Path, disk: FullDisk, monkeypatch: pytest.MonkeyPatch, autojump_clock: trio.testing.MockClock
+) -> None:
+    monkeypatch.setattr(bus_module, "LOG_BACKLOG_LIMIT", 3)  # room() waits once a few events are held
+    async with running(tmp_path, offline_grace=60.0) as h:
+        presence = h.server.presence
+        assert presence is not None
+        mover = await h.user("mover")
+        await h.user("multi")
+        returning = await h.user("returning")
+        await returning.stream.aclose()  # closed without bye: online for the grace, no event yet
+        await until(lambda: presence.in_grace("returning"))
+        others = [await h.user(f"u{i}") for i in range(6)]
+        await until(lambda: len(h.records()) == 9)
+        disk.full = True
+        for user in others:  # their offlines fill what may wait for the writer: room() would wait now
+            await user.send(BYE)
+            assert await user.recv() is None
+        await until(lambda: h.server.degraded.reason is not None and h.server.bus.full())
+        seq, held = h.next_seq, h.server.status()["events_held"]
+
+        with trio.fail_after(0.5):  # taken at once: not held up by the log's room (virtual time: the writer
+            again = await h.user("mover")  # retries every second)
+            phone = await device_login(h, "multi", "phone")
+            back = await h.user("returning")
+        assert await mover.expect_error(ErrorCode.KICKED)  # newest wins, as ever
+        refused = await answer_to_login(h, "newcomer")  # it would come online: an event the log cannot take
+        assert isinstance(refused, Error) and refused.code == ErrorCode.UNAVAILABLE
+        assert h.next_seq == seq and h.server.status()["events_held"] == held  # nothing added
+        assert not presence.in_grace("returning") and presence.keys_of("multi") == ("multi", ("multi", "phone"))
+        for peer in (again, phone, back):  # kept, like every session online
+            await peer.send(PING)
+            assert await peer.recv() is PONG
+
+        disk.full = False
+        await until(lambda: h.server.degraded.reason is None and h.server.status()["events_held"] == 0)
+        assert presence.is_online("mover") and presence.owner_of("mover") is not None
+    assert their_records(assert_gap_free(h), "mover", "multi", "returning") == ONLINE_THEN_SHUTDOWN
+
+
+async def test_a_gateway_attach_that_adds_no_event_is_taken_while_degraded(
+    tmp_path: Path, disk: FullDisk, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with running(tmp_path, offline_grace=60.0) as h:
+        presence = h.server.presence
+        assert presence is not None
+        direct = await h.user("direct")  # moves from its direct connection to the edge
+        await h.user("multi")  # gets a second device through the edge
+        returning = await h.user("returning")
+        await returning.stream.aclose()  # closed without bye: in grace
+        edge = await h.connect()
+        await edge.send(Login("gateway", "edge-like", ended=True))
+        await edge.expect(Welcome)
+        plain = await h.gateway("plain")  # takes no notices: a refusal would be its error frame
+        await until(lambda: len(h.records()) == 3 and presence.in_grace("returning"))
+        disk.full = True
+        await h.user("bob")  # accepted: its online is what finds the disk full
+        await until(lambda: h.server.degraded.reason is not None)
+        seq = h.next_seq
+
+        await edge.send(Attach(("direct", ("multi", "phone"), "returning", "newcomer")))
+        assert await edge.expect(Ended) == Ended(("newcomer",), "unavailable")  # only the new user is refused
+        assert await direct.expect_error(ErrorCode.KICKED)
+        await plain.send(Attach((("multi", "tablet"),)))
+        await plain.send(PING)
+        assert await plain.recv() is PONG  # taken: no error frame
+        assert h.next_seq == seq
+        gateway = presence.owner_of("direct")
+        assert gateway is presence.owner_of("returning") is presence.owner_of(("multi", "phone")) is not None
+        assert presence.owner_of(("multi", "tablet")) is not None and not presence.in_grace("returning")
+
+        disk.full = False
+        await until(lambda: h.server.degraded.reason is None and h.server.status()["events_held"] == 0)
+    assert their_records(assert_gap_free(h), "direct", "multi", "returning") == ONLINE_THEN_SHUTDOWN
