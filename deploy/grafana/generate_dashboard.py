@@ -102,7 +102,7 @@ ts("fsync duration", [(q("idled_eventlog_fsync_duration_seconds", 0.5), "p50"), 
    16, y, unit="s")
 y += 8
 ts("Degraded (disk full)", [(f'idled_eventlog_degraded{{{SEL}}}', "{{instance}}")], 0, y, w=12,
-   desc="1 while the event log cannot be written (a full disk): new logins, attaches and kicks are refused (unavailable).")
+   desc="1 while the event log cannot be written (a full disk): logins and attaches that would bring a user online, and kicks, are refused (unavailable).")
 ts("Events held in memory", [(f'idled_eventlog_held_events{{{SEL}}}', "{{instance}}")], 12, y, w=12,
    desc="Events not yet written to the event log: they wait in memory, in seq order, while the disk is full.")
 y += 8
