@@ -29,6 +29,7 @@ __all__ = ["add_arguments", "run", "fetch_status", "format_status"]
 
 PROG = "idled status"
 MAX_DOCUMENT = 1 << 20  # bytes read from /status at most
+MISDIRECTED = 421  # the endpoint's answer to a Host that is not an IP address or localhost, with auth off
 TOKEN_TTL = 60.0  # seconds an API token minted from --secret-file is valid: this one request
 TOKEN_NAME = "idled-status"  # the name it is minted for
 REDACTED_NOTE = "redacted         names and paths need an API token: --token TOKEN or --secret-file FILE"
@@ -168,6 +169,9 @@ def run(args: argparse.Namespace) -> int:
     except urllib.error.HTTPError as exc:
         if exc.code == 401:
             print(f"{PROG}: {args.metrics} refused the token: {_refusal(exc)}", file=sys.stderr)
+        elif exc.code == MISDIRECTED:  # auth off: the endpoint answers only an IP address or localhost (Host)
+            print(f"{PROG}: {args.metrics} answered {exc.code}: with auth off, give --metrics as an IP address or "
+                  "localhost (HOST:PORT), not a DNS name", file=sys.stderr)
         else:
             print(f"{PROG}: {args.metrics}/status answered {exc.code} {exc.reason} (an idled older than /status?)",
                   file=sys.stderr)

@@ -5,7 +5,13 @@ Theory of operation
 The endpoint (:func:`serve_metrics`) is a deliberately tiny HTTP/1.1 responder: one request per
 connection, ``GET``/``HEAD /metrics`` -> 200 with the text exposition format, other paths 404,
 other methods 405; the request head is capped (``max_request_bytes``) and must arrive within ``head_timeout``
-(2 s: a prober or scraper sends it at once), the whole exchange has a deadline (``timeout``). Its listeners
+(2 s: a prober or scraper sends it at once), the whole exchange has a deadline (``timeout``). Of the head it
+reads the request line and two headers, ``Host`` and ``Authorization``; whatever follows the head (a body, a
+pipelined request) is never read as a request: the answer says ``Connection: close``, then the connection is
+drained and closed. So that a proxy in front cannot read those headers one way and this endpoint another,
+the head is held to what RFC 9112 allows a server to insist on, ``400`` otherwise, at once: every line ends
+with CR LF (a bare LF or a bare CR is refused as soon as it arrives, not at the head deadline), no line begins
+with a space or tab (obs-fold, 5.2), at most one ``Host`` (3.2). Its listeners
 come from the door (``idled.door``), and every connection passes the door's gate first: a few connections per
 address, and when the endpoint is full the oldest that has not been answered makes room, so a flood of idle
 connections cannot keep a liveness probe out. Each client is handled in the server's nursery and any error
@@ -31,6 +37,14 @@ request's ``Authorization`` header is read from its head and judged by ``Health.
 door's gate the connection is authenticated: it no longer counts against its address's share, and is not
 evicted to make room.
 
+With auth off (no ``Health``, or one without a secret: the endpoint is on loopback), DNS rebinding is what is
+left to fear: a web page whose own name was made to resolve to 127.0.0.1 reads what this port answers, as
+its same origin. So the ``Host`` must then be an IP literal or ``localhost`` (`idled.ops.origin`), any port,
+else ``421 Misdirected Request`` -- on every path but ``/healthz`` and ``/metrics``, which answer anyone with
+auth on as well (a Prometheus target or a probe by DNS name keeps working). The status page and its data stay
+same-origin at ``http://127.0.0.1:9878/``, ``http://localhost:9878/`` and through an SSH tunnel to localhost.
+With auth on the token guards the data and operators reach the port by name: the Host is not checked.
+
 And always ``/``, the status page (`idled.ops.statuspage`: three files served from memory, with their
 security headers; without a ``Health`` -- an edge -- a note that the page is the core's). Every response
 carries ``X-Content-Type-Options: nosniff``.
@@ -39,8 +53,10 @@ carries ``X-Content-Type-Options: nosniff``.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
 from typing import Final, Protocol
 
 import trio
@@ -48,6 +64,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from idled.ops.health import Health, health_response
 from idled.ops.metrics import CONTENT_TYPE
+from idled.ops.origin import local_host
 from idled.ops.statuspage import LIVE_PATH, PAGE_HEADERS, Asset, load_assets
 
 __all__ = ["HEAD_TIMEOUT", "Admitted", "Gate", "serve_metrics"]
@@ -55,6 +72,7 @@ __all__ = ["HEAD_TIMEOUT", "Admitted", "Gate", "serve_metrics"]
 log = logging.getLogger("idled.ops.metrics")
 
 HEAD_TIMEOUT: Final = 2.0  # seconds a client has to send its whole request head (probes and scrapes: at once)
+PLAIN: Final = "text/plain; charset=utf-8"
 
 _REASONS = {
     200: "OK",
@@ -62,6 +80,7 @@ _REASONS = {
     401: "Unauthorized",
     404: "Not Found",
     405: "Method Not Allowed",
+    421: "Misdirected Request",
     431: "Request Header Fields Too Large",
     500: "Internal Server Error",
     503: "Service Unavailable",
@@ -73,8 +92,13 @@ class _HttpError(Exception):
         self.status = status
 
 
+_BARE: Final = re.compile(rb"(?<!\r)\n|\r(?=[^\n])")  # an LF not after a CR; a CR before anything but an LF
+FOLD: Final = (b" ", b"\t")  # a header line beginning with one is obs-fold
+
+
 async def _read_head(stream: trio.abc.Stream, limit: int) -> bytes | None:
-    """Bytes up to the blank line ending the request head; None if the client closed first."""
+    """Bytes up to the blank line ending the request head; None if the client closed first. ``_HttpError``:
+    431 beyond ``limit``, 400 for a bare LF or CR as soon as it is read (a head of bare LFs never ends)."""
     buffer = bytearray()
     while True:
         chunk = await stream.receive_some(limit - len(buffer) + 4)
@@ -83,6 +107,8 @@ async def _read_head(stream: trio.abc.Stream, limit: int) -> bytes | None:
         start = max(0, len(buffer) - 3)  # the terminator may straddle two reads
         buffer += chunk
         end = buffer.find(b"\r\n\r\n", start)
+        if _BARE.search(buffer, 0, len(buffer) if end < 0 else end + 4):
+            raise _HttpError(400)
         if end >= 0:
             return bytes(buffer[:end])
         if len(buffer) > limit:
@@ -124,28 +150,71 @@ def _response(status: int, body: bytes, content_type: str, *, head_only: bool = 
 
 
 _HEALTH_PATHS = ("/healthz", "/readyz", "/status", LIVE_PATH)
+OPEN_PATHS: Final = ("/healthz", "/metrics")  # answered to any Host: they say nothing of users or paths
+MISDIRECTED: Final = (b"Misdirected Request: with auth off this endpoint answers only a Host that is an IP address or "
+                      b"localhost (DNS rebinding): use one, or turn auth on\n")
 
 
-def _authorizations(head: bytes) -> list[str]:
-    """The values of the request's ``Authorization`` headers (``Health.access`` refuses more than one)."""
-    fields = (line.partition(b":") for line in head.split(b"\r\n")[1:])
-    return [value.strip().decode("latin-1") for name, _, value in fields if name.strip().lower() == b"authorization"]
+@dataclass(frozen=True, slots=True)
+class _Request:
+    """What the endpoint reads of a request head: its request line and its header fields."""
+
+    method: str
+    path: str
+    query: str
+    fields: tuple[tuple[bytes, bytes], ...]  # (lower-case name, value without surrounding whitespace)
+
+    def values(self, name: bytes) -> list[str]:
+        """The values of the header ``name`` (lower case), in order."""
+        return [value.decode("latin-1") for field, value in self.fields if field == name]
 
 
-def _route(head: bytes, paths: Collection[str]) -> tuple[int, str, str, str]:
-    """(status, method, path, query) for a request head: 404 for a path not in ``paths``, 405 for a method
-    other than GET and HEAD."""
-    request_line = head.split(b"\r\n", 1)[0]
+def _parse(head: bytes) -> _Request:
+    """The request in a head (CR LF lines already checked by ``_read_head``); ``_HttpError(400)``: a request line
+    that is not ``METHOD TARGET HTTP/1.x``, obs-fold, a header line without a colon, more than one Host."""
+    request_line, *lines = head.split(b"\r\n")
     parts = request_line.split(b" ")
     if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
         raise _HttpError(400)
+    fields = []
+    for line in lines:
+        name, colon, value = line.partition(b":")
+        if line[:1] in FOLD or not colon:  # (a name never begins with a space: h11 refuses that too)
+            raise _HttpError(400)
+        fields.append((name.strip().lower(), value.strip()))
     method, target = parts[0].decode("ascii", "replace"), parts[1].decode("ascii", "replace")
     path, _, query = target.partition("?")
-    if path not in paths:
-        return 404, method, path, query
-    if method not in ("GET", "HEAD"):
-        return 405, method, path, query
-    return 200, method, path, query
+    request = _Request(method, path, query, tuple(fields))
+    if len(request.values(b"host")) > 1:
+        raise _HttpError(400)
+    return request
+
+
+def _route(request: _Request, paths: Collection[str], check_host: bool) -> int:
+    """The status a request gets before its path is served: 404 for a path not in ``paths``, 405 for a method
+    other than GET and HEAD, 421 (``check_host``: auth is off) for a Host that is not an IP literal or
+    localhost, on every path but those that answer anyone; else 200."""
+    if request.path not in paths:
+        return 404
+    if request.method not in ("GET", "HEAD"):
+        return 405
+    hosts = request.values(b"host")
+    if check_host and request.path not in OPEN_PATHS and hosts and not local_host(hosts[0]):
+        return 421
+    return 200
+
+
+async def _receive(stream: trio.abc.Stream, head_deadline: float, limit: int) -> _Request | None:
+    """The request whose head arrives by ``head_deadline``; None when the client closed or stayed silent, or
+    when its head broke a rule (answered here: 400, 431)."""
+    try:
+        head = None
+        with trio.move_on_at(head_deadline):
+            head = await _read_head(stream, limit)
+        return None if head is None else _parse(head)
+    except _HttpError as exc:
+        await stream.send_all(_response(exc.status, f"{_REASONS[exc.status]}\n".encode(), PLAIN))
+        return None
 
 
 class Admitted(Protocol):
@@ -184,24 +253,22 @@ async def serve_metrics(
     ``head_timeout`` (a prober sends it at once: a silent connection is dropped soon, not held), the whole
     exchange within ``timeout``."""
     renderer = trio.CapacityLimiter(1)  # concurrent scrapes queue for one worker thread, not forty
-    plain = "text/plain; charset=utf-8"
+    plain = PLAIN
     assets: dict[str, Asset] = load_assets(full=health is not None)
     paths = {"/metrics", *assets, *(_HEALTH_PATHS if health is not None else ())}
+    # auth off: the Host rule (module docstring). Without a Health (an edge, idled hook) there is nothing to
+    # read but /metrics and a static note, so nothing to check.
+    check_host = health is not None and health.secret is None
 
     async def respond(stream: trio.abc.Stream, head_deadline: float, authenticated: Callable[[], None]) -> None:
-        try:
-            head = None
-            with trio.move_on_at(head_deadline):
-                head = await _read_head(stream, max_request_bytes)
-            if head is None:
-                return
-            status, method, path, query = _route(head, paths)
-        except _HttpError as exc:
-            await stream.send_all(_response(exc.status, f"{_REASONS[exc.status]}\n".encode(), plain))
+        request = await _receive(stream, head_deadline, max_request_bytes)
+        if request is None:
             return
-        head_only = method == "HEAD"
+        head_only, path = request.method == "HEAD", request.path
+        status = _route(request, paths, check_host)
         if status != 200:
-            await stream.send_all(_response(status, f"{_REASONS[status]}\n".encode(), plain, head_only=head_only))
+            body = MISDIRECTED if status == 421 else f"{_REASONS[status]}\n".encode()
+            await stream.send_all(_response(status, body, plain, head_only=head_only))
             return
         asset = assets.get(path)
         if asset is not None:
@@ -209,10 +276,10 @@ async def serve_metrics(
                                             headers=PAGE_HEADERS))
             return
         if health is not None and path != "/metrics":
-            access = health.access(_authorizations(head))
+            access = health.access(request.values(b"authorization"))
             if access.token:
                 authenticated()
-            code, body, kind, headers = await health_response(health, path, query, access)
+            code, body, kind, headers = await health_response(health, path, request.query, access)
             await stream.send_all(_response(code, body, kind, head_only=head_only, headers=headers))
             return
         try:

@@ -150,10 +150,14 @@ class Serve(Daemon):
         return sock
 
 
+REBOUND = "evil.example"  # a name Chromium resolves to 127.0.0.1, as a rebinding DNS server's second answer does
+
+
 @pytest.fixture(scope="module")
 def chromium(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     try:
-        driver = start_chromium(tmp_path_factory.mktemp("chromium-profile"))
+        driver = start_chromium(tmp_path_factory.mktemp("chromium-profile"),
+                                flags=(f"--host-resolver-rules=MAP {REBOUND} 127.0.0.1",))
     except BrowserUnavailable as exc:
         pytest.skip(f"no headless Chromium: {exc}")
     try:
@@ -262,6 +266,51 @@ def test_the_page_of_a_core_with_workers_shows_them(browser: Any, tmp_path: Path
         until(lambda: sorted(cells(browser, "#workers td:nth-child(5)")) == ["0", "1"], 5, "the user's session")
         assert problems(browser) == []
         screenshot(browser, "status-page-workers.png")
+    finally:
+        for user in users:
+            user.close()
+        serve.stop()
+
+
+FETCH = """
+const [url, options, done] = arguments;
+fetch(url, options).then(r => r.text().then(t => done([r.status, t])), e => done([0, String(e)]));
+"""
+
+
+def presence_of(api_port: int, uid: str) -> bool:
+    request = urllib.request.Request(f"http://127.0.0.1:{api_port}/v1/presence?uid={uid}")
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(request, timeout=10) as response:
+        return bool(json.loads(response.read())["users"][0]["online"])
+
+
+@pytest.mark.slow
+def test_a_page_of_another_site_can_neither_read_the_status_nor_kick(browser: Any, tmp_path: Path) -> None:
+    """The attacker's page in a real browser, auth off (the default). Its name, rebound to 127.0.0.1, puts it on
+    the metrics port's origin: before, its script read ``/status/live`` (alice, her events) as its own; now 421.
+    And its script POSTs a kick to the API as a ``no-cors`` ``text/plain`` request, which needs no preflight:
+    before, alice was kicked; now refused (its Origin, its media type), alice stays. The real page keeps
+    working at ``localhost`` (an SSH tunnel's address)."""
+    api_port = peers.free_port()
+    serve = Serve(tmp_path, "--api-port", str(api_port))
+    users: list[socket.socket] = []
+    try:
+        users.append(serve.login("alice", keepalive=60))
+        browser.get(f"http://{REBOUND}:{serve.metrics_port}/nothing")  # any page of that origin will do
+        status, text = browser.execute_async_script(FETCH, "/status/live", {})
+        assert status == 421 and "alice" not in text, (status, text[:300])
+        kick = {"method": "POST", "mode": "no-cors", "headers": {"Content-Type": "text/plain;charset=UTF-8"},
+                "body": '{"uid":"alice"}'}
+        status, text = browser.execute_async_script(FETCH, f"http://127.0.0.1:{api_port}/v1/kick", kick)
+        assert status == 0  # opaque: the page learns nothing of the answer, which is not the point
+        time.sleep(0.3)
+        assert presence_of(api_port, "alice"), "a page of another site kicked alice"
+        browser.get_log("browser")  # (the refusals above, logged by the console)
+        browser.get(f"http://localhost:{serve.metrics_port}/")
+        until(lambda: browser.find_elements("css selector", "#events tr[data-uid='alice'][data-kind='online']"), 10,
+              "alice's login on the page at localhost")
+        assert problems(browser) == []
     finally:
         for user in users:
             user.close()

@@ -7,19 +7,21 @@ request at a time:
 
 * **What h11 sees.** Received bytes wait in an ``inbox.Inbox``; h11 is handed one whole request head, then
   exactly the body its Content-Length announces -- never the next request, which stays in the inbox. So
-  every head is checked there before h11 parses it (CRLF line ends only: a bare LF is ``400``; the head
-  limit), and pipelining is the inbox's next head: a client that sent many requests at once gets every
-  answer, in order, on the one connection.
+  every head is checked there before h11 parses it (CRLF line ends only: a bare LF is ``400``; no obs-fold:
+  ``400``; the head limit), and pipelining is the inbox's next head: a client that sent many requests at
+  once gets every answer, in order, on the one connection.
 * **The head first** (RFC 9112). A head with both Content-Length and Transfer-Encoding is ``400`` and the
   connection closes (6.1: a proxy in front may have framed it by the other header, and what follows would be
   a request it never saw); Transfer-Encoding without Content-Length is ``411 length_required`` and closes
   (6.3 lets a server ask for a length: every body here is a small JSON document, and a length known from the
   head is a limit checked before any of it is read). Then the router (``routes.Router.admit``) judges the
-  head: route, rate limit, bearer token. Refused, the answer goes at once and the body is never read: a
-  request without a body keeps the connection, one with a body closes it (its bytes are not read to find
-  the next request), and a ``401`` always closes it. Admitted, ``authenticated()`` tells the door's gate the
-  connection showed a good token (with auth off: once a whole request has arrived), and only then is the
-  body read -- ``100 Continue`` first when the client waits for it.
+  head: route, browsers, rate limit, bearer token, media type. Refused, the answer goes at once and the body
+  is never read: a request without a body keeps the connection, one with a body closes it (its bytes are not
+  read to find the next request), and so does a refusal that says ``Connection: close`` (with auth on, every
+  refusal of a request that showed no good token: one answer per unauthenticated connection, whatever its
+  status). Admitted, ``authenticated()`` tells the door's gate the connection showed a good token (with auth
+  off: once a whole request has arrived), and only then is the body read -- ``100 Continue`` first when the
+  client waits for it.
 * **HEAD** is answered like GET (the router runs GET's handler): same status and headers, the Content-Length
   of the body GET would send, no body. HEAD on a route without GET is ``405`` with ``Allow``.
 * **Limits**, exact: the head ``MAX_HEAD`` bytes, request line to the empty line (beyond: ``431``; a GET
@@ -59,7 +61,6 @@ RECEIVE_BYTES: Final = 65536  # one read of an admitted body
 LINGER: Final = 1.0  # seconds a connection closed after an answer still reads (see _linger)
 LINGER_BYTES: Final = 4 << 20
 SERVER_HEADER: Final = (b"Server", b"idled")
-UNAUTHORIZED: Final = 401
 
 Observe = Callable[[str, int, float], None]
 
@@ -165,7 +166,7 @@ class HttpConnection:
         verdict = self.dispatcher.admit(request.method.decode("ascii", "replace"), request.target, request.headers,
                                         self.client)
         if not isinstance(verdict, Ticket):  # refused from its head: the body is not read
-            if length or verdict[1] == UNAUTHORIZED:
+            if length or _closes(verdict[3]):
                 return verdict, False, trio.current_time()
             await self._body(0)  # (nothing to read: the end of the request, for h11)
             return verdict, True, trio.current_time()
@@ -242,7 +243,7 @@ class HttpConnection:
         body = encode_json(document)
         head = [(b"Content-Type", b"application/json"), (b"Content-Length", str(len(body)).encode()), SERVER_HEADER,
                 *((name.encode(), value.encode("latin-1")) for name, value in headers)]
-        if not keep:
+        if not keep and not _closes(headers):  # (the refusal may say so already)
             head.append((b"Connection", b"close"))
         conn = self.conn
         data = conn.send(h11.Response(status_code=status, headers=head)) or b""
@@ -263,6 +264,11 @@ async def _drain(stream: trio.abc.Stream) -> int:
     if isinstance(stream, trio.SocketStream):
         return await stream.socket.recv_into(_SCRATCH)
     return len(await stream.receive_some(RECEIVE_BYTES))
+
+
+def _closes(headers: tuple[tuple[str, str], ...]) -> bool:
+    """Whether an answer's extra headers end the connection (``Connection: close``, from the router)."""
+    return any(name.lower() == "connection" and value.lower() == "close" for name, value in headers)
 
 
 def _body_length(request: h11.Request) -> int:

@@ -11,6 +11,10 @@ at a time from a slowloris: ``head()`` resumes where it stopped, no rescanning):
 * **CRLF only.** A line of the head ends with CR LF; an LF not preceded by CR (a bare LF, which h11 0.16
   accepts as a line end, as some proxies do and others do not: a way to make two parsers disagree on where
   a header or the head ends) is ``400 bad_request``.
+* **No obs-fold.** A header line that begins with a space or a tab continues the line before it in HTTP/1.0's
+  grammar (obs-fold, RFC 9112 5.2): h11 joins the two, a proxy may read the second as a header of its own
+  (``X-Pad: y`` then `` Transfer-Encoding: chunked``: framed by chunks there, by Content-Length here) --
+  the same disagreement as a bare LF. RFC 9112 5.2 lets a server refuse it: ``400 bad_request``.
 * **The head limit, to the byte.** ``limit`` bytes of request line, headers and the empty line are accepted,
   one more is ``431 headers_too_large`` -- however the bytes arrive (h11's own limit counts only what it
   holds of an incomplete head, so a head that arrived whole in one read passed at any size). While the head
@@ -34,6 +38,7 @@ from idled.server.api.errors import ApiError
 __all__ = ["Inbox"]
 
 CR, LF = 0x0D, 0x0A
+FOLD = (0x20, 0x09)  # SP, HTAB: a line beginning with one is obs-fold
 FIRST_REQUEST_BYTE = 0x21  # a request line begins with a method: a visible character
 
 
@@ -54,15 +59,20 @@ class Inbox:
 
     def head(self) -> bytes | None:
         """The next request head, taken out of the inbox (from its first byte to its empty line's LF), or None
-        while it is incomplete. ``ApiError``: a bare LF (400), a first byte no request begins with (400), a
-        head beyond ``limit`` (431)."""
+        while it is incomplete. ``ApiError``: a bare LF (400), obs-fold (400), a first byte no request begins
+        with (400), a head beyond ``limit`` (431)."""
         data = self.data
         if not data:
             return None
         if data[0] < FIRST_REQUEST_BYTE:
             raise ApiError("bad_request", "not an HTTP request line")
         pos, end = self._scanned, min(len(data), self.limit)
-        while (lf := data.find(b"\n", pos, end)) >= 0:
+        while True:
+            if self._line < end and data[self._line] in FOLD:  # (the current line's first byte is in: line > 0)
+                raise ApiError("bad_request", "a header line begins with a space or tab (obs-fold, RFC 9112 5.2)")
+            lf = data.find(b"\n", pos, end)
+            if lf < 0:
+                break
             if data[lf - 1] != CR:  # (lf > 0: the first byte is not an LF)
                 raise ApiError("bad_request", "a bare LF in the request head: its lines must end with CR LF")
             if lf - 1 == self._line:  # an empty line: the head ends with it

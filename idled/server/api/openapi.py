@@ -86,8 +86,8 @@ def _errors(*codes: int) -> dict[str, Any]:
             for code in codes}
 
 
-_COMMON: Final = (400, 401, 408, 413, 429, 431, 500, 503)
-_WITH_BODY: Final = (*_COMMON, 405, 411)  # a body needs a Content-Length
+_COMMON: Final = (400, 401, 403, 408, 413, 421, 429, 431, 500, 503)  # 403, 421: browsers (docs/api.md)
+_WITH_BODY: Final = (*_COMMON, 405, 411, 415)  # a body needs a Content-Length and Content-Type: application/json
 
 OPENAPI: Final[dict[str, Any]] = {
     "openapi": "3.1.0",

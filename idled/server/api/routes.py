@@ -4,14 +4,30 @@ Theory of operation
 -------------------
 ``Router.admit`` is what the HTTP loop (``idled.server.api.http``) calls as soon as a request head is in,
 before a byte of its body is read. In order: the route (unknown path: ``not_found``; known path, other
-method: ``method_not_allowed`` with ``Allow``; HEAD is served wherever GET is, by GET's handler), the rate
-limit (``ratelimit.RateLimiter``, per client address: ``rate_limited`` with ``Retry-After``), the bearer token
-(with a secret: ``Authorization: Bearer <api token>``, checked in constant time by
-``idled.protocol.tokens.verify_bearer``: ``unauthorized`` with ``WWW-Authenticate: Bearer``). It answers a
-refusal, or hands back a ``Ticket``: the loop reads the body (only now: a client without a token never gets
-its body read, nor held) and calls ``Router.run``, which runs the handler. A handler signals a client error
-with ``ApiError``; any other exception is a bug: logged with its traceback and answered ``500 internal``,
-never raised into the server.
+method: ``method_not_allowed`` with ``Allow``; HEAD is served wherever GET is, by GET's handler), whether a
+browser sent it (below: ``misdirected_request``, ``forbidden``), the rate limit (``ratelimit.RateLimiter``,
+per client address: ``rate_limited`` with ``Retry-After``), the bearer token (with a secret: exactly one
+``Authorization: Bearer <api token>``, checked in constant time by ``idled.protocol.tokens.verify_bearer``:
+``unauthorized`` with ``WWW-Authenticate: Bearer``), and a POST's media type (``application/json``, with any
+parameters: else ``unsupported_media_type``). It answers a refusal, or hands back a ``Ticket``: the loop reads
+the body (only now: a client without a token never gets its body read, nor held) and calls ``Router.run``,
+which runs the handler. A handler signals a client error with ``ApiError``; any other exception is a bug:
+logged with its traceback and answered ``500 internal``, never raised into the server.
+
+**Browsers** (``idled.ops.origin``). The API is for backends: there is no CORS, and a request a browser marks
+as another site's -- an ``Origin`` that is not the request's own, ``Sec-Fetch-Site: cross-site`` or
+``same-site`` -- is ``403 forbidden``. The media type forces what is left, a page's POST, into a CORS
+preflight, which is never answered: a page can send a form or ``text/plain`` without one. With auth off (the
+API on loopback), the ``Host`` must be an IP literal or ``localhost``, else ``421 misdirected_request``: a
+page whose name was rebound to 127.0.0.1 is same-origin to its browser and sends no ``Origin`` on a GET.
+421 rather than 403: the request is not forbidden to its sender but addressed by a name this server does
+not answer to -- the same request by IP is served (RFC 9110 15.5.20). With auth on, operators reach the API
+by DNS names and the token guards it (a page cannot make its browser send one): the Host is not checked.
+
+**Unauthenticated connections.** With auth on, every refusal of a request that did not show a good token
+says ``Connection: close`` (the loop closes after it), whatever its status: an unauthenticated client gets
+one answer per connection, so it cannot hold a connection by sending cheap requests (a ``404``, a ``429``).
+The token is therefore judged for every request, before the refusals that come ahead of it in the order.
 """
 
 from __future__ import annotations
@@ -25,6 +41,7 @@ from typing import Any, Final
 import trio
 
 from idled.ops.config import Config
+from idled.ops.origin import local_host, same_origin
 from idled.protocol.tokens import API_ROLE, AuthError, verify_bearer
 from idled.server.api.backend import Backend
 from idled.server.api.errors import ApiError
@@ -42,6 +59,11 @@ log = logging.getLogger("idled.server.api")
 ROUTES: Final = {"/v1/presence": ("GET", "HEAD", "POST"), "/v1/stats": ("GET", "HEAD"), "/v1/kick": ("POST",),
                  "/v1/openapi.json": ("GET", "HEAD")}  # HEAD: GET's answer without its body
 OTHER_ROUTE: Final = "other"  # the route label of every path not served (a bounded metric label)
+
+CHALLENGE: Final = (("WWW-Authenticate", 'Bearer realm="idled"'),)
+CLOSE: Final = ("Connection", "close")  # in a refusal's headers: the connection ends after it (idled.server.api.http)
+JSON_TYPE: Final = b"application/json"
+REFUSED_SITES: Final = (b"cross-site", b"same-site")  # Sec-Fetch-Site values of another site's page
 
 # (route label, status, JSON document, extra headers)
 Answer = tuple[str, int, Any, tuple[tuple[str, str], ...]]
@@ -83,6 +105,7 @@ class Router:
 
     def admit(self, method: str, target: bytes, headers: Sequence[tuple[bytes, bytes]], client: str) -> Ticket | Answer:
         """The request's head judged (see the module docstring): a ticket to run it, or the answer refusing it."""
+        refusal = self._token_refusal(headers)  # None: a good token, or auth off
         route = OTHER_ROUTE
         try:
             path, query = split_target(target)
@@ -93,12 +116,17 @@ class Router:
             if method not in methods:
                 raise ApiError("method_not_allowed", f"{path} allows {', '.join(methods)}",
                                (("Allow", ", ".join(methods)),))
+            self._browser(headers)
             self._admit(client)
-            token = self._authorize(headers)
+            if refusal is not None:
+                raise ApiError("unauthorized", refusal, CHALLENGE)
+            if method == "POST":
+                _json_media_type(headers)
             runs = "GET" if method == "HEAD" else method
-            return Ticket(route, self.handlers[runs, path], query, runs, token)
+            return Ticket(route, self.handlers[runs, path], query, runs, self.secret is not None)
         except ApiError as exc:
-            return route, exc.status, exc.document(), exc.headers
+            close = (CLOSE,) if self.secret is not None and refusal is not None else ()
+            return route, exc.status, exc.document(), exc.headers + close
 
     async def run(self, ticket: Ticket, body: bytes) -> Answer:
         """Run an admitted request's handler on its body."""
@@ -116,22 +144,39 @@ class Router:
             raise ApiError("rate_limited", f"more than {self.config.api_rate:g} requests/s",
                            (("Retry-After", str(max(1, math.ceil(wait)))),))
 
-    def _authorize(self, headers: Sequence[tuple[bytes, bytes]]) -> bool:
-        """True: a good api token; False: auth is off. Else ``unauthorized``."""
+    def _token_refusal(self, headers: Sequence[tuple[bytes, bytes]]) -> str | None:
+        """None: one good api token, or auth is off; else why the request's token is refused."""
         if self.secret is None:
-            return False  # auth off: the API listens on a loopback address only (or --insecure)
-        value = next((v for name, v in headers if name == b"authorization"), None)
-        challenge = (("WWW-Authenticate", 'Bearer realm="idled"'),)
-        if value is None:
-            raise ApiError("unauthorized", "Authorization: Bearer <api token> is required", challenge)
-        scheme, _, token = value.decode("latin-1").partition(" ")
+            return None  # auth off: the API listens on a loopback address only (or --insecure)
+        values = [value for name, value in headers if name == b"authorization"]
+        if not values:
+            return "Authorization: Bearer <api token> is required"
+        if len(values) > 1:  # a proxy in front may keep the first, or the last: which one counts is no guess
+            return "more than one Authorization header"
+        scheme, _, token = values[0].decode("latin-1").partition(" ")
         if scheme.lower() != "bearer":
-            raise ApiError("unauthorized", "the Authorization scheme must be Bearer", challenge)
+            return "the Authorization scheme must be Bearer"
         try:
             verify_bearer(self.secret, token.strip(), API_ROLE, self.backend.sessions.clock.tokens())
         except AuthError as exc:
-            raise ApiError("unauthorized", exc.reason, challenge) from None
-        return True
+            return exc.reason
+        return None
+
+    def _browser(self, headers: Sequence[tuple[bytes, bytes]]) -> None:
+        """Refuse what a browser sends for another site, and (auth off) a Host this machine is not (see the module
+        docstring)."""
+        hosts = [value for name, value in headers if name == b"host"]
+        host = hosts[0].decode("latin-1") if hosts else None  # (h11 refused two; HTTP/1.0 may send none)
+        if self.secret is None and host is not None and not local_host(host):
+            raise ApiError("misdirected_request", "with auth off the API answers only a Host that is an IP address "
+                           "or localhost (DNS rebinding): use one, or turn auth on")
+        for name, value in headers:
+            if name == b"origin" and (host is None or not same_origin(value.decode("latin-1"), host)):
+                raise ApiError("forbidden", "a request from another origin: the API is for backends, not browsers "
+                               "(no CORS)")
+            if name == b"sec-fetch-site" and value.strip().lower() in REFUSED_SITES:
+                raise ApiError("forbidden", "a browser's request for another site: the API is for backends, not "
+                               "browsers (no CORS)")
 
     # -- handlers -------------------------------------------------------------------------------------------
 
@@ -149,3 +194,11 @@ class Router:
 
     async def _openapi(self, query: str, method: str, body: bytes) -> Any:
         return OPENAPI
+
+
+def _json_media_type(headers: Sequence[tuple[bytes, bytes]]) -> None:
+    """A POST's body must say it is JSON: ``Content-Type: application/json``, parameters allowed (a page cannot
+    send that without a CORS preflight, which is never answered); ``unsupported_media_type`` otherwise."""
+    types = [value for name, value in headers if name == b"content-type"]
+    if len(types) != 1 or types[0].partition(b";")[0].strip().lower() != JSON_TYPE:
+        raise ApiError("unsupported_media_type", "a request body must be sent as Content-Type: application/json")

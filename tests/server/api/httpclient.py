@@ -27,7 +27,7 @@ class Response:
 
 def request(method: str, target: str, body: Any = None, headers: tuple[Header, ...] = ()) -> h11.Request:
     data = b"" if body is None else body if isinstance(body, bytes) else json.dumps(body).encode()
-    head = [("Host", "idled"), *headers]
+    head = [("Host", "127.0.0.1"), *headers]
     if method == "POST":
         head += [("Content-Type", "application/json"), ("Content-Length", str(len(data)))]
     return h11.Request(method=method, target=target, headers=head)

@@ -12,7 +12,7 @@ from idled.protocol import Error, Login, Welcome
 from idled.protocol.tokens import mint
 from idled.server.api import routes
 from tests.server.api.conftest import api_server
-from tests.server.api.httpclient import HttpClient, raw_exchange
+from tests.server.api.httpclient import HttpClient, raw_exchange, statuses, talk
 
 SECRET = b"s" * 32
 
@@ -24,9 +24,9 @@ async def test_body_too_large_and_head_too_large(tmp_path: Path) -> None:
         async with await HttpClient.connect(port) as c:
             r = await c.post("/v1/presence", {"uids": ["x" * 200] * 40})
             assert r.status == 413 and r.json()["error"]["code"] == "too_large" and r.headers["connection"] == "close"
-        chunked = b"POST /v1/presence HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + b"1000\r\n" + b"x" * 4096 + b"\r\n" + b"1000\r\n" + b"x" * 4096 + b"\r\n0\r\n\r\n"
+        chunked = b"POST /v1/presence HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n" + b"1000\r\n" + b"x" * 4096 + b"\r\n" + b"1000\r\n" + b"x" * 4096 + b"\r\n0\r\n\r\n"
         assert (await raw_exchange(port, chunked)).startswith(b"HTTP/1.1 411")  # a length first: then 413 unread
-        huge = b"GET /v1/stats HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 200_000 + b"\r\n\r\n"
+        huge = b"GET /v1/stats HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 200_000 + b"\r\n\r\n"
         assert (await raw_exchange(port, huge)).startswith(b"HTTP/1.1 431")
         assert (await raw_exchange(port, b"NOT HTTP AT ALL\r\n\r\n")).startswith(b"HTTP/1.1 400")
         async with await HttpClient.connect(port) as c:  # nothing above affected anyone else
@@ -151,7 +151,7 @@ async def test_no_token_is_a_401_before_a_byte_of_the_body(tmp_path: Path) -> No
             stream = await trio.open_tcp_stream("127.0.0.1", port)
             out = b""
             async with stream:
-                await stream.send_all(b"POST /v1/presence HTTP/1.1\r\nHost: x\r\nContent-Length: 1048576\r\n"
+                await stream.send_all(b"POST /v1/presence HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1048576\r\n"
                                       + headers + b"\r\n" + b"x" * 1000)
                 with trio.fail_after(3):  # the request timeout (10 s) is far
                     try:
@@ -187,3 +187,54 @@ async def test_a_good_token_gives_its_source_share_back(tmp_path: Path) -> None:
                         with trio.fail_after(3):
                             assert await other.stream.receive_some(100) == b""  # a 401 ends the connection
                 assert (await c.get("/v1/stats")).status == (401 if settings else 200)
+
+
+async def test_two_authorization_headers_are_refused_whichever_comes_first(tmp_path: Path) -> None:
+    """Before: the first was used (a good one first: 200), while the metrics port refused both. A proxy in front
+    may add its own or keep the last: which one counts must not be a guess."""
+    secret_file = tmp_path / "secret"
+    secret_file.write_bytes(SECRET)
+    async with api_server(tmp_path, secret_file=str(secret_file)) as h:
+        assert h.server.api is not None
+        good = "Authorization: Bearer " + mint(SECRET, "api", "ops", time.time() + 60)
+        for first, second in ((good, "Authorization: Bearer nope"), ("Authorization: Bearer nope", good), (good, good)):
+            head = f"GET /v1/stats HTTP/1.1\r\nHost: 127.0.0.1\r\n{first}\r\n{second}\r\n\r\n".encode()
+            raw, closed = await talk(h.server.api.port, head)
+            assert raw.startswith(b"HTTP/1.1 401 ") and closed, (first, second, raw)
+            assert b"more than one Authorization header" in raw and b"www-authenticate: bearer" in raw.lower()
+        raw, _ = await talk(h.server.api.port, f"GET /v1/stats HTTP/1.1\r\nHost: 127.0.0.1\r\n{good}\r\n"
+                                               "Connection: close\r\n\r\n".encode())
+        assert raw.startswith(b"HTTP/1.1 200 "), raw
+
+
+async def test_with_auth_on_a_request_without_a_good_token_ends_its_connection(tmp_path: Path) -> None:
+    """Before: only a 401 closed; a 404, 405 or 429 kept an unauthenticated connection alive for as long as it
+    sent cheap requests (holding a slot of api_max_clients and its address's share). Now any answer to a
+    request that showed no good token closes; a token holder keeps its keep-alive through the same answers."""
+    secret_file = tmp_path / "secret"
+    secret_file.write_bytes(SECRET)
+    async with api_server(tmp_path, secret_file=str(secret_file), api_rate=1.0, api_burst=2) as h:
+        api = h.server.api
+        assert api is not None
+        good = "Authorization: Bearer " + mint(SECRET, "api", "ops", time.time() + 60)
+        cheap = ("GET /nope", "DELETE /v1/stats", "POST /v1/stats")
+        for request in cheap:
+            for token in ("", "Authorization: Bearer forged\r\n"):
+                head = f"{request} HTTP/1.1\r\nHost: 127.0.0.1\r\n{token}\r\n".encode()
+                raw, closed = await talk(api.port, head + head, source="127.0.0.2")
+                assert statuses(raw) in ([404], [405]) and closed, (request, token, raw)
+                assert b"connection: close" in raw.lower()
+        with trio.fail_after(5):
+            while api.gate.waiting:  # the connections above are gone from the gate
+                await trio.sleep(0.01)
+        async with await HttpClient.connect(api.port, source="127.0.0.3") as c:  # with the token: kept alive
+            auth = (("Authorization", good[len("Authorization: "):]),)
+            assert [(await c.get(target, headers=auth)).status for target in ("/nope", "/v1/stats")] == [404, 200]
+            assert (await c.call("DELETE", "/v1/stats", headers=auth)).status == 405
+            assert (await c.get("/v1/stats", headers=auth)).status == 200
+            r = await c.get("/v1/stats", headers=auth)
+            assert r.status == 429 and "connection" not in r.headers  # the bucket (2) is empty: still kept
+            assert (await c.get("/v1/stats", headers=auth)).status == 429
+        # rate limited without a token: closes too
+        raw, closed = await talk(api.port, b"GET /v1/stats HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" * 2, source="127.0.0.3")
+        assert statuses(raw) == [429] and closed, raw
