@@ -83,12 +83,17 @@ async def test_with_auth_off_a_rebound_name_reads_nothing(tmp_path: Path) -> Non
         await alice.stream.aclose()
 
 
+def secret(tmp_path: Path) -> str:
+    """A secret file for the daemon (auth on)."""
+    path = tmp_path / "secret"
+    path.write_bytes(SECRET + b"\n")
+    os.chmod(path, 0o600)
+    return str(path)
+
+
 async def test_with_auth_on_any_host_passes_and_the_token_guards(tmp_path: Path) -> None:
-    secret_file = tmp_path / "secret"
-    secret_file.write_bytes(SECRET + b"\n")
-    os.chmod(secret_file, 0o600)
     port = peers.free_port()
-    async with running(tmp_path, listen=True, metrics_port=port, secret_file=str(secret_file), settle=False) as h:
+    async with running(tmp_path, listen=True, metrics_port=port, secret_file=secret(tmp_path), settle=False) as h:
         alice = await h.user(ALICE, keepalive=10, token=mint(SECRET, "uid", ALICE, time.time() + 60))
         token = "Authorization: Bearer " + mint(SECRET, API_ROLE, "ops", time.time() + 60)
         raw = await answer(port, get("/status/live", f"idled.example.com:{port}", token))
@@ -106,11 +111,8 @@ async def test_the_head_is_read_one_way_only(tmp_path: Path) -> None:
     before it, to others) are 400 at once. Before: a bare LF ending the request line was served (200), a head
     of bare LFs alone waited out the head deadline unanswered, and a folded ``Authorization`` line was read as
     a header of its own, so the token counted where a proxy saw none."""
-    secret_file = tmp_path / "secret"
-    secret_file.write_bytes(SECRET + b"\n")
-    os.chmod(secret_file, 0o600)
     port = peers.free_port()
-    async with running(tmp_path, listen=True, metrics_port=port, secret_file=str(secret_file), settle=False) as h:
+    async with running(tmp_path, listen=True, metrics_port=port, secret_file=secret(tmp_path), settle=False) as h:
         alice = await h.user(ALICE, keepalive=10, token=mint(SECRET, "uid", ALICE, time.time() + 60))
         token = "Bearer " + mint(SECRET, API_ROLE, "ops", time.time() + 60)
         bad = (
