@@ -25,6 +25,7 @@ holds every module to that), so a new process kind or protocol cannot forget the
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import logging
 import os
@@ -207,12 +208,13 @@ def client_gate(config: Config, *, public: bool = True) -> Gate:
     """The client port's gate: ``max_pending_per_address``, and PROXY/TLS as configured (``public`` False:
     the core's internal unix socket behind ``--workers``, whose edges terminate those)."""
     front = Front(config) if public else None
-    return Gate(Limits(config.max_pending_per_address), front if front is not None and front.active else None)
+    limits = Limits(config.max_pending_per_address, evict_after=config.login_timeout / 2)
+    return Gate(limits, front if front is not None and front.active else None)
 
 
 def api_gate(config: Config) -> Gate:
     """The HTTP API's gate: connections that have not made an authenticated request, per address."""
-    return Gate(Limits(config.max_pending_per_address))
+    return Gate(Limits(config.max_pending_per_address, evict_after=config.api_request_timeout / 2))
 
 
 def metrics_gate() -> Gate:
@@ -221,7 +223,9 @@ def metrics_gate() -> Gate:
     return Gate(Limits(METRICS_PER_ADDRESS, METRICS_MAX_CLIENTS, evict=True))
 
 
-def reload_gate(gate: Gate, config: Config) -> None:
-    """SIGHUP: the new per-address share for new connections (those in progress keep their counts)."""
-    gate.limits = Limits(config.max_pending_per_address, gate.limits.max_pending, gate.limits.evict)
+def reload_gate(gate: Gate, config: Config, *, deadline: float | None = None) -> None:
+    """SIGHUP: the new per-address share for new connections (those in progress keep their counts); with
+    ``deadline`` (a reloaded login deadline), the wait before a connection may be evicted: half of it."""
+    evict_after = gate.limits.evict_after if deadline is None else deadline / 2
+    gate.limits = dataclasses.replace(gate.limits, per_address=config.max_pending_per_address, evict_after=evict_after)
 

@@ -21,8 +21,10 @@ the gate turned the connection away (a ``Refused``, already counted; the handler
    addresses only ever holds connections that have not said anything yet. The client port and the HTTP API
    evict the same way at their own connection limit (``evict_oldest``): many sources each within their share
    (three addresses, or an IPv6 /48's worth of /64s) cannot fill every slot with connections that never
-   authenticate either -- the newest connection takes the slot of the oldest that has not shown a token,
-   which, under attack, is the attacker's (a real login takes milliseconds).
+   authenticate either -- the newest connection takes the slot of the oldest that has not shown a token and
+   has waited ``evict_after`` (half its login or request deadline), which, under attack, is the attacker's:
+   a real login takes milliseconds, and one still within its time is never cut short (at the limit under a
+   storm of real logins the newcomer is refused busy, as before).
 4. **TLS** (``front.context``): the first byte is peeked: a client that does not begin with a TLS handshake
    record is refused in plain text (``Refused("tls_required")``: its protocol can say so, instead of a
    handshake that fails silently), else the handshake runs (``Refused("tls_handshake")`` if it fails).
@@ -74,20 +76,25 @@ class Limits:
     per_address: int
     max_pending: int | None = None
     evict: bool = False
+    # Seconds a connection must have waited without authenticating before a newcomer may evict it: a login in
+    # progress is never cut short (at the limit under a storm of real logins the newcomer is refused, not
+    # every login in turn), a connection lingering to hold a slot is.
+    evict_after: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.per_address < 1 or (self.max_pending is not None and self.max_pending < 1):
-            raise ValueError("per_address and max_pending must be at least 1")
+        if self.per_address < 1 or (self.max_pending is not None and self.max_pending < 1) or self.evict_after < 0:
+            raise ValueError("per_address and max_pending must be at least 1, evict_after not negative")
 
 
 class Entry:
     """A connection through the gate: its stream (TLS or not), its client's address, what is left of its
     deadline, and ``authenticated()`` to give back its source's share."""
 
-    __slots__ = ("stream", "address", "key", "deadline", "scope", "refused", "_gate", "_counted")
+    __slots__ = ("stream", "address", "key", "deadline", "since", "scope", "refused", "_gate", "_counted")
 
     def __init__(self, gate: Gate, stream: trio.abc.Stream, address: str, key: str | None, deadline: float) -> None:
         self._gate = gate
+        self.since = trio.current_time()
         self.stream = stream
         self.address = address
         self.key = key
@@ -162,10 +169,10 @@ class Gate:
 
     def evict_oldest(self, sparing: Entry | None = None) -> bool:
         """Make room for a newcomer at its listener's connection limit: cancel the oldest connection that has
-        not authenticated yet (True), if there is one but ``sparing`` (False: every other connection has shown
-        who it is)."""
+        not authenticated yet and has waited ``evict_after`` at least (True), if there is one but ``sparing``
+        (False: every other connection has shown who it is, or is still within its time to)."""
         oldest = next(iter(self._entries), None)
-        if oldest is None or oldest is sparing:
+        if oldest is None or oldest is sparing or trio.current_time() - oldest.since < self.limits.evict_after:
             return False
         self._leave(oldest)
         oldest.scope.cancel()  # counted as evicted when its body unwinds

@@ -169,7 +169,7 @@ class Doorway:
         """SIGHUP: serve new connections with ``config``, and re-read the TLS certificate files (which may have
         been replaced even when no setting changed; on failure the previous certificate stays, logged)."""
         self.config = config
-        reload_gate(self.gate, config)
+        reload_gate(self.gate, config, deadline=config.login_timeout)
         if self.gate.front is not None:
             self.gate.front.reload()
 
@@ -211,6 +211,10 @@ class Doorway:
                     self.reject(exc.code)
                     peer_log.debug("reject", "reject %s from %s: %s", exc.code, address, exc.reason)
                     await close_with(stream, exc.code, exc.reason, exc.leader)  # leader: a not_leader's hint
+            if entry.scope.cancelled_caught:  # evicted at the limit, for a newer connection (idled.door.gate)
+                self.reject("evicted")
+                await close_with(stream, ErrorCode.BUSY, "too many connections: this one had not logged in "
+                                 f"within {self.gate.limits.evict_after:g} s and made room for a newer one")
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the peer went away: its session (if any) was ended where it was read
         except Exception:

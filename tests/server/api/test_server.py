@@ -21,10 +21,11 @@ async def test_slow_connections_from_one_address_leave_the_others_served(tmp_pat
     secret_file.write_bytes(SECRET)
     auth = (("Authorization", "Bearer " + mint(SECRET, "api", "ops", time.time() + 60)),)
     async with api_server(tmp_path, secret_file=str(secret_file), max_pending_per_address=100,
-                          api_max_clients=256) as h:
+                          api_max_clients=256, api_request_timeout=4.0) as h:
         api = h.server.api
         assert api is not None
         port = api.port
+        started = trio.current_time()
         slow = [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(300)]  # silent, or a slow head
         for stream in slow[::2]:
             await stream.send_all(b"GET /v1/sta")
@@ -56,6 +57,8 @@ async def test_slow_connections_from_one_address_leave_the_others_served(tmp_pat
             more = [await HttpClient.connect(port, source="127.0.0.4") for _ in range(36)]
             for c in more:
                 assert (await c.get("/v1/stats", headers=auth)).status == 200
+            # (once they have waited half the request deadline: a request within it is never cut short)
+            await trio.sleep(max(0.0, started + 2.1 - trio.current_time()))
             evicting = [await HttpClient.connect(port, source="127.0.0.5") for _ in range(10)]
             for c in evicting:
                 assert (await c.get("/v1/stats", headers=auth)).status == 200
