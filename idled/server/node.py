@@ -40,7 +40,7 @@ from typing import Any
 
 import trio
 
-from idled.door.door import Door, Listening, close_all, daemon_endpoints
+from idled.door.door import Door, Listening, daemon_endpoints
 from idled.door.outbound import LinkPolicy
 from idled.ops import systemd
 from idled.ops.config import Config
@@ -82,21 +82,14 @@ class Node:
         self._switching = False  # the loop itself is stopping the role (a role change, not a signal)
 
     async def _open_listeners(self) -> Listening:
-        """The client port (systemd's sockets, else ours) and the metrics endpoint, opened through the door once
-        for the process (the roles get copies); the rule is judged on every endpoint first, the API's too (the
-        leader opens that one itself, through its own door)."""
+        """The client port (systemd's sockets, else ours), opened through the door once for the process: the
+        roles get copies, so connections wait in its backlog while the roles change. The rule is judged on
+        every endpoint first; each role opens its metrics endpoint (and a leader its API) through its own door,
+        so that between two roles they refuse at once rather than leave a probe hanging on a backlog."""
         door = Door(daemon_endpoints(self.config), secret=auth_secret(self.config) is not None,
                     insecure=self.config.insecure, env=self.env)
         door.check()
-        held = [name for name in ("client", "metrics") if name in door.endpoints]
-        opened: Listening = {}
-        try:
-            for name in held:
-                opened[name] = await door.open(name)
-        except BaseException:
-            close_all(opened)
-            raise
-        return opened
+        return {"client": await door.open("client")}
 
     def stop(self) -> None:
         self._stop.set()
