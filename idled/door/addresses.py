@@ -15,11 +15,11 @@ Three small answers every listener needs, in one place so that they agree:
 from __future__ import annotations
 
 import ipaddress
-from typing import Any, Final
+from typing import Final
 
 import trio
 
-__all__ = ["IPV6_PREFIX", "address_key", "bound_address", "display", "host_of", "is_local", "peer_host"]
+__all__ = ["IPV6_PREFIX", "address_key", "bound_address", "display", "host_of", "is_local"]
 
 IPV6_PREFIX: Final = 64  # an IPv6 source counts as its /64 (see the module docstring)
 
@@ -54,6 +54,8 @@ def address_key(host: str | None) -> str | None:
     """The source ``host`` counts against (see the module docstring); None: not counted (a unix socket)."""
     if host is None:
         return None
+    if host.count(".") == 3 and host.replace(".", "").isdigit():
+        return host  # IPv4 as getpeername gives it (dotted quad, canonical): the per-login path skips the parse
     address = _ip(host)
     if address is None:
         return host  # not an IP address (a test's memory stream): itself
@@ -68,16 +70,6 @@ def bound_address(listener: trio.SocketListener) -> tuple[str, int | None]:
     if isinstance(name, tuple):
         return str(name[0]), int(name[1])
     return (name.decode(errors="replace") if isinstance(name, bytes) else str(name)), None
-
-
-def peer_host(stream: Any) -> str | None:
-    """The IP address of a socket stream's peer; None for a unix socket or anything without a socket."""
-    sock = getattr(stream, "socket", None)
-    try:
-        peer = sock.getpeername() if sock is not None else None
-    except OSError:
-        return None
-    return str(peer[0]) if isinstance(peer, tuple) and len(peer) >= 2 else None
 
 
 def host_of(address: str) -> str:

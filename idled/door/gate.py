@@ -49,7 +49,7 @@ from typing import Final, NoReturn
 
 import trio
 
-from idled.door.addresses import address_key, display, host_of, peer_host
+from idled.door.addresses import address_key, display, host_of
 from idled.door.tls import Front, HandshakeFailed, Replay
 from idled.protocol.proxy import ProxyError
 
@@ -131,8 +131,7 @@ class Gate:
         connection (and before TLS): then the oldest connection not authenticated yet makes room, or -- none
         left but this one -- it is refused ``busy``."""
         deadline = trio.current_time() + timeout
-        host = peer_host(stream)
-        address = _address(stream, host)
+        host, address = _peer(stream)
         front = self.front
         proxied = front is not None and front.proxy and host is not None
         entry = Entry(self, stream, address, None if proxied else address_key(host), deadline)
@@ -236,14 +235,18 @@ class Gate:
         raise Refused(reason, message, stream)
 
 
-def _address(stream: trio.abc.Stream, host: str | None) -> str:
+def _peer(stream: trio.abc.Stream) -> tuple[str | None, str]:
+    """(the peer's IP address -- None for a unix socket or anything without a socket --, ``host:port`` as logs
+    show it), from one ``getpeername``."""
     sock = getattr(stream, "socket", None)
-    if host is None or sock is None:
-        return "-"
     try:
-        return display(host, sock.getpeername()[1])
+        peer = sock.getpeername() if sock is not None else None
     except OSError:
-        return "-"
+        return None, "-"
+    if not isinstance(peer, tuple) or len(peer) < 2:
+        return None, "-"
+    host = str(peer[0])
+    return host, display(host, peer[1])
 
 
 async def _peek(stream: trio.abc.Stream) -> int | None:
