@@ -4,8 +4,8 @@ Theory of operation
 -------------------
 A process names what it listens on as ``Endpoint``s -- the client port, the HTTP API, the metrics endpoint
 (``daemon_endpoints(config)`` reads them off the daemon's configuration; ``idled edge`` and ``idled hook``
-name their own) -- and builds one ``Door`` over them. Nothing else in idled binds a listening socket (a test
-holds every module to that), so a new process kind or protocol cannot forget the rule, the limits or TLS:
+name their own) -- and builds one ``Door`` over them. Nothing else in idled makes a socket listen
+(``tests/door/test_one_door.py`` holds every module to that), so a new process kind or protocol cannot forget the rule, the limits or TLS:
 
 * **The rule** (``check``): no listener that is not local (``idled.door.addresses.is_local``) without a secret,
   unless ``insecure`` says the operator accepts that anyone who can connect is trusted (Redis's protected
@@ -19,8 +19,9 @@ holds every module to that), so a new process kind or protocol cannot forget the
   0.0.0.0 serves the world exactly like ``--host 0.0.0.0``. A failure is one ``Fatal`` line naming the
   endpoint and the address: exit 4 for a bind that fails, 2 for the rule; sockets already opened are closed.
 * **Gates** (``client_gate``, ``api_gate``, ``metrics_gate``): what each listener's handler runs every
-  connection through (``idled.door.gate``): the per-address share of connections not yet authenticated, and
-  for the client port PROXY and TLS as configured.
+  connection through (``idled.door.gate``): the per-address share of connections not yet authenticated, at
+  the listener's limit the eviction of the oldest of them, and for the client port PROXY and TLS as configured.
+  The core's internal unix socket behind ``--workers`` is opened here too (``open_unix_listener``).
 """
 
 from __future__ import annotations
@@ -70,14 +71,15 @@ class Endpoint:
     def what(self) -> str:
         return WHAT.get(self.name, self.name)
 
-    def where(self, host: str | None = None, port: int | None = -1) -> str:
-        return f"{self.what} {display(self.host if host is None else host, self.port if port == -1 else port)}"
+    def where(self) -> str:
+        """``client port 127.0.0.1:7878``: the endpoint as an error line names it."""
+        return f"{self.what} {display(self.host, self.port)}"
 
 
-def daemon_endpoints(config: Config, *, client: bool = True) -> list[Endpoint]:
-    """The daemon's endpoints as configured: the client port (unless ``client`` is False), and the metrics
-    endpoint and the HTTP API when their ports are not 0."""
-    endpoints = [Endpoint("client", config.host, config.port)] if client else []
+def daemon_endpoints(config: Config) -> list[Endpoint]:
+    """The daemon's endpoints as configured: the client port, and the metrics endpoint and the HTTP API when
+    their ports are not 0."""
+    endpoints = [Endpoint("client", config.host, config.port)]
     if config.metrics_port:
         endpoints.append(Endpoint("metrics", config.metrics_host, config.metrics_port))
     if config.api_port:
