@@ -26,14 +26,13 @@ moves past a batch it must dead-letter (`idled.hook.deliver`). A write that fail
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 from typing import Final
 
 from idled.hook.batch import Batch
 from idled.log import dirlock
-from idled.log.errors import LogLocked
+from idled.log.errors import DISK_FULL_ERRNOS, LogLocked
 
 __all__ = ["StateDir", "StateError", "CHECKPOINT", "DEAD_LETTER"]
 
@@ -53,7 +52,14 @@ class StateError(Exception):
     @property
     def disk_full(self) -> bool:
         """The state directory's disk (or quota) is full: trying again later may succeed."""
-        return self.errno in (errno.ENOSPC, errno.EDQUOT)
+        return self.errno in DISK_FULL_ERRNOS
+
+
+def _cut(fd: int, size: int) -> None:
+    try:
+        os.ftruncate(fd, size)
+    except OSError:
+        pass  # the torn line stays (the retry appends the whole line after it)
 
 
 class StateDir:
@@ -126,9 +132,14 @@ class StateDir:
             created = not os.path.exists(path)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
             try:
-                view = memoryview(line)
-                while view:
-                    view = view[os.write(fd, view):]
+                start = os.lseek(fd, 0, os.SEEK_END)
+                try:
+                    view = memoryview(line)
+                    while view:
+                        view = view[os.write(fd, view):]
+                except OSError:
+                    _cut(fd, start)  # a line a full disk tore goes: the retry appends it whole
+                    raise
                 os.fsync(fd)
             finally:
                 os.close(fd)

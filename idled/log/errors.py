@@ -12,10 +12,9 @@ __all__ = ["DISK_FULL_ERRNOS", "EventLogError", "FsyncFailed", "WriteFailed", "D
 DISK_FULL_ERRNOS: Final = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
-def is_disk_full(exc: BaseException) -> bool:
-    """Whether ``exc`` (an OSError, or an error caused by one) is a full disk or quota."""
-    cause = exc if isinstance(exc, OSError) else exc.__cause__
-    return isinstance(cause, OSError) and cause.errno in DISK_FULL_ERRNOS
+def is_disk_full(exc: OSError) -> bool:
+    """Whether ``exc`` is a full disk or quota."""
+    return exc.errno in DISK_FULL_ERRNOS
 
 class EventLogError(Exception):
     """Base of every error this module raises on purpose; `code` is machine-readable, `reason` for humans."""

@@ -222,15 +222,17 @@ class EventLog:
         reports = scan.reports
         corrupt, skipped = damage_totals(reports)
         next_seq = max(scan.max_seq + 1, scan.snapshot.seq)
-        truncated = 0
+        truncated = tail = 0
         quarantined: tuple[str, ...] = ()
         if scan.segments:
             last_first, last_path = scan.segments[-1]
             next_seq = max(next_seq, last_first)
             fd = self._fd = os.open(last_path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
             self._active_path = last_path
-            keep = self._size = self._space.reserved = reports[-1].tail_offset
-            if os.fstat(fd).st_size > keep:
+            keep = self._size = reports[-1].tail_offset
+            self._space.reset(keep)
+            tail = os.fstat(fd).st_size - keep
+            if tail > 0:
                 corrupt += reports[-1].tail_records
                 self._torn_tail = True
                 try:
@@ -253,7 +255,7 @@ class EventLog:
             records=scan.records, segments=len(scan.segments), skipped_bytes=skipped, quarantined=quarantined,
             damaged_segments=tuple(report for report in reports if report.damaged), snapshot_seq=scan.snapshot.seq,
             damaged_snapshots=tuple(scan.snapshot.damaged), last_seen=len(self._last_seen), last_ts=scan.max_ts,
-            tail_deferred=os.fstat(self._fd).st_size - self._size if self._torn_tail and self._fd else 0,
+            tail_deferred=tail if self._torn_tail else 0,
         )
 
     # ------------------------------------------------------------------------------------------ writing
@@ -448,15 +450,16 @@ class EventLog:
     def _snapshot(self) -> bool:
         """Durably snapshot the open sessions as of last_seq + 1. False (counted) if it could not be (not
         recovered: the open sessions are unknown; or no room: write_snapshot leaves nothing behind)."""
+        if self._state != "open":
+            self.snapshot_failures += 1  # not recovered: the open sessions are unknown
+            return False
         seq, last_seen = self._last_seq + 1, self._last_seen
+        if last_seen.enabled:
+            last_seen.prune(self.clock())
         try:
-            if self._state != "open":
-                raise LogStateError("not recovered")
-            if last_seen.enabled:
-                last_seen.prune(self.clock())
             write_snapshot(self.directory, seq, self._sessions.sessions, self._dir_fd,
                            last_seen.seen if last_seen.enabled else None)
-        except (OSError, LogStateError):
+        except OSError:
             self.snapshot_failures += 1
             return False
         self._snapshot_seq, self.snapshots = seq, self.snapshots + 1

@@ -29,7 +29,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Final
 
-from idled.log.errors import EventLogError
+from idled.log.errors import DiskFull, EventLogError
 from idled.log.eventlog import EventLog
 from idled.log.records import _BAD, _GOOD, _probe, _resync, decode_buffer
 from idled.log.segments import READ_CHUNK_BYTES, fsync_directory, list_segments, segments_from
@@ -154,14 +154,20 @@ def record_seqs(raws: Sequence[bytes]) -> list[int]:
     return [record["seq"] for record in decode_raw(raws)]
 
 
-def append_raw(log: EventLog, raws: Sequence[bytes]) -> list[dict[str, Any]]:
-    """Append records received as bytes, byte for byte (see the module docstring); returns them decoded.
-    Raises ShippedRecordsBad if they are not exactly good records, and what `EventLog.append` raises."""
+def append_raw(log: EventLog, raws: Sequence[bytes]) -> tuple[list[dict[str, Any]], DiskFull | None]:
+    """Append records received as bytes, byte for byte (see the module docstring): (the records written,
+    decoded; a full disk that stopped the append part-way, or None). A full disk is returned, not raised, with
+    the records that fitted before it (the log's ``last_seq`` says which), so that the caller passes those on
+    before it retries the rest. Raises ShippedRecordsBad if they are not exactly good records, and whatever
+    else `EventLog.append` raises."""
     if not raws:
-        return []
+        return [], None
     records = decode_raw(raws)
-    log.append(records, encoded=raws)
-    return records
+    try:
+        log.append(records, encoded=raws)
+    except DiskFull as exc:
+        return [record for record in records if record["seq"] <= log.last_seq], exc
+    return records, None
 
 
 def move_aside(directory: str) -> tuple[str, int]:

@@ -30,8 +30,8 @@ blocks past the new size, so after a failed write is cut back the mark returns t
 
 from __future__ import annotations
 
-import ctypes
 import errno
+import functools
 import os
 from typing import Any, Final
 
@@ -42,8 +42,13 @@ RESERVE_AHEAD: Final = 16 * 1024 * 1024  # bytes reserved past the write positio
 _UNSUPPORTED: Final = frozenset({errno.EOPNOTSUPP, errno.ENOSYS})
 
 
+@functools.cache
 def _libc_fallocate() -> Any:
-    """libc's fallocate64, or None where there is none (not Linux)."""
+    """libc's fallocate64, or None where there is none (not Linux); looked up when a log is made (a
+    ``Reservation``), so that a command that only imports the log (``idled token``, ``idled status``) does not
+    load ctypes."""
+    import ctypes
+
     try:
         function = ctypes.CDLL(None, use_errno=True).fallocate64  # the 64-bit offsets on every glibc/musl
     except (OSError, AttributeError):
@@ -53,14 +58,14 @@ def _libc_fallocate() -> Any:
     return function
 
 
-_FALLOCATE = _libc_fallocate()
-
-
 def fallocate_keep_size(fd: int, offset: int, length: int) -> None:
     """Allocate ``length`` bytes of ``fd`` from ``offset`` without changing its size. Raises OSError."""
-    if _FALLOCATE is None:
+    fallocate = _libc_fallocate()
+    if fallocate is None:
         raise OSError(errno.ENOSYS, os.strerror(errno.ENOSYS))
-    if _FALLOCATE(fd, FALLOC_FL_KEEP_SIZE, offset, length) != 0:
+    if fallocate(fd, FALLOC_FL_KEEP_SIZE, offset, length) != 0:
+        import ctypes  # (loaded already: _libc_fallocate imported it)
+
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code))
 
@@ -79,6 +84,8 @@ class Reservation:
         self.reserved = 0
         self.enabled = ahead > 0
         self.fallocates = 0
+        if self.enabled:
+            _libc_fallocate()  # looked up now, with the log: not later, when descriptors may have run out
 
     def reset(self, size: int) -> None:
         """A new active segment, or one just cut back to ``size``: nothing is known to be reserved past it."""

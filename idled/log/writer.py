@@ -228,7 +228,7 @@ class _Writer:
         """A full disk: keep what was not written, retry until it is (see the module docstring)."""
         log, held = self.log, self.held
         rest = self._unwritten(batch, exc)
-        if self.dirty or log.last_seq > log.durable_seq and not self.never:
+        if self.dirty:  # (_unwritten reported what did fit as written: dirty unless the policy is never)
             await self.sync_now()  # what did fit goes to durable observers now, not when the disk has room
         held.reason, held.events = exc.reason, len(rest)
         if self.on_degraded is not None:

@@ -28,22 +28,20 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 import trio
 
 from idled import __version__
 from idled.ops.redact import redact_status, scrub_paths
 from idled.ops.statuspage import JSON_HEADERS, LIVE_PATH, live_query
-from idled.protocol.tokens import API_ROLE, AuthError, verify_bearer
+from idled.protocol.tokens import BEARER_CHALLENGE, BEARER_REQUIRED, bearer_refusal
 
-__all__ = ["CHALLENGE", "PROBE_NAME", "Access", "Health", "health_response", "probe_directory"]
+__all__ = ["PROBE_NAME", "Access", "Health", "health_response", "probe_directory"]
 
 PROBE_NAME = ".readyz-probe"  # the file /readyz writes and removes in the data directory
 JSON_SEPARATORS = (",", ":")  # compact: the status page polls it every second
 LIVE_PROBE_AGE = 5.0  # seconds: an open status page makes the readiness probe write at most this seldom
-CHALLENGE: Final = (("WWW-Authenticate", 'Bearer realm="idled"'),)  # the HTTP API's, on every 401
-TOKEN_REQUIRED: Final = "Authorization: Bearer <api token> is required"
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,16 +123,8 @@ class Health:
             return Access(full=True)
         if not authorizations:
             return Access(full=False)
-        if len(authorizations) > 1:
-            return Access(full=False, refused="more than one Authorization header")
-        scheme, _, token = authorizations[0].strip().partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            return Access(full=False, refused="the Authorization scheme must be Bearer")
-        try:
-            verify_bearer(self.secret, token.strip(), API_ROLE, self.wall())
-        except AuthError as exc:
-            return Access(full=False, refused=exc.reason)
-        return Access(full=True, token=True)
+        refusal = bearer_refusal(self.secret, authorizations, self.wall())
+        return Access(full=False, refused=refusal) if refusal is not None else Access(full=True, token=True)
 
     def known_paths(self) -> tuple[str, ...]:
         """The paths a redacted answer must not show by name: the data directory, as given and resolved."""
@@ -204,8 +194,8 @@ async def health_response(health: Health, path: str, query: str, access: Access)
             reason = scrub_paths(reason, health.known_paths())
         return (200 if ready else 503), f"{reason}\n".encode(), plain, ()
     if access.refused is not None or (path == LIVE_PATH and not access.full):
-        refusal = {"error": {"code": "unauthorized", "message": access.refused or TOKEN_REQUIRED}}
-        return 401, _json(refusal), "application/json", JSON_HEADERS + CHALLENGE
+        refusal = {"error": {"code": "unauthorized", "message": access.refused or BEARER_REQUIRED}}
+        return 401, _json(refusal), "application/json", JSON_HEADERS + BEARER_CHALLENGE
     if path == LIVE_PATH:
         try:
             after, since = live_query(query)

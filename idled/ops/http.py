@@ -53,7 +53,6 @@ carries ``X-Content-Type-Options: nosniff``.
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
@@ -62,6 +61,7 @@ from typing import Final, Protocol
 import trio
 from prometheus_client import CollectorRegistry, generate_latest
 
+from idled.protocol.httphead import HeadError, Inbox
 from idled.ops.health import Health, health_response
 from idled.ops.metrics import CONTENT_TYPE
 from idled.ops.origin import local_host
@@ -92,27 +92,20 @@ class _HttpError(Exception):
         self.status = status
 
 
-_BARE: Final = re.compile(rb"(?<!\r)\n|\r(?=[^\n])")  # an LF not after a CR; a CR before anything but an LF
-FOLD: Final = (b" ", b"\t")  # a header line beginning with one is obs-fold
-
-
 async def _read_head(stream: trio.abc.Stream, limit: int) -> bytes | None:
-    """Bytes up to the blank line ending the request head; None if the client closed first. ``_HttpError``:
-    431 beyond ``limit``, 400 for a bare LF or CR as soon as it is read (a head of bare LFs never ends)."""
-    buffer = bytearray()
-    while True:
-        chunk = await stream.receive_some(limit - len(buffer) + 4)
-        if not chunk:
-            return None
-        start = max(0, len(buffer) - 3)  # the terminator may straddle two reads
-        buffer += chunk
-        end = buffer.find(b"\r\n\r\n", start)
-        if _BARE.search(buffer, 0, len(buffer) if end < 0 else end + 4):
-            raise _HttpError(400)
-        if end >= 0:
-            return bytes(buffer[:end])
-        if len(buffer) > limit:
-            raise _HttpError(431)
+    """The request head up to its empty line (``idled.protocol.httphead.Inbox``: CR LF lines only, no obs-fold,
+    at most ``limit`` bytes, each byte scanned once); None if the client closed first. ``_HttpError``: 400 or
+    431 as the inbox says, as soon as it is read."""
+    inbox = Inbox(limit)
+    try:
+        while (head := inbox.head()) is None:
+            chunk = await stream.receive_some(inbox.room())
+            if not chunk:
+                return None
+            inbox.data += chunk
+    except HeadError as exc:
+        raise _HttpError(exc.status) from None
+    return head[:-4]  # (without the empty line's CR LF CR LF)
 
 
 async def _linger(stream: trio.SocketStream, *, seconds: float = 1.0, max_bytes: int = 65536) -> None:
@@ -170,16 +163,19 @@ class _Request:
 
 
 def _parse(head: bytes) -> _Request:
-    """The request in a head (CR LF lines already checked by ``_read_head``); ``_HttpError(400)``: a request line
-    that is not ``METHOD TARGET HTTP/1.x``, obs-fold, a header line without a colon, more than one Host."""
+    """The request in a head (CR LF lines and no obs-fold: checked by ``_read_head``); ``_HttpError(400)``: a
+    request line that is not ``METHOD TARGET HTTP/1.x``, a bare CR, a header line without a colon, more than
+    one Host."""
     request_line, *lines = head.split(b"\r\n")
     parts = request_line.split(b" ")
+    if b"\r" in request_line:
+        raise _HttpError(400)
     if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
         raise _HttpError(400)
     fields = []
     for line in lines:
         name, colon, value = line.partition(b":")
-        if line[:1] in FOLD or not colon:  # (a name never begins with a space: h11 refuses that too)
+        if b"\r" in line or not colon:  # (a CR left in a line once split at CR LF is a bare one)
             raise _HttpError(400)
         fields.append((name.strip().lower(), value.strip()))
     method, target = parts[0].decode("ascii", "replace"), parts[1].decode("ascii", "replace")

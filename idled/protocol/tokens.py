@@ -38,6 +38,7 @@ import hashlib
 import hmac
 import math
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
@@ -45,7 +46,8 @@ from idled.protocol import MAX_TOKEN_CHARS, MAX_UID_BYTES, ROLES, ErrorCode
 
 __all__ = [
     "ROLES", "MIN_SECRET_BYTES", "MAX_SECRET_BYTES", "MAX_TOKEN_CHARS", "DEFAULT_TTL",
-    "API_ROLE", "AuthError", "SecretError", "canonical_name", "mint", "verify", "verify_bearer", "load_secret",
+    "API_ROLE", "BEARER_CHALLENGE", "BEARER_REQUIRED", "AuthError", "SecretError", "bearer_refusal", "canonical_name",
+    "mint", "verify", "verify_bearer", "load_secret",
 ]
 
 MIN_SECRET_BYTES: Final = 16
@@ -132,6 +134,28 @@ def verify_bearer(secret: bytes, token: str, role: str, now: float) -> str:
     """The name `token` was minted for, if it is a valid `role` token at `now` (any name); AuthError otherwise."""
     canonical_name(role, "-")  # ValueError for an unknown role: a caller bug
     return _check(secret, token, role, now, None)
+
+
+BEARER_REQUIRED: Final = "Authorization: Bearer <api token> is required"
+BEARER_CHALLENGE: Final = (("WWW-Authenticate", 'Bearer realm="idled"'),)  # the header every 401 carries
+
+
+def bearer_refusal(secret: bytes, authorizations: Sequence[str], now: float) -> str | None:
+    """Why a request's ``Authorization`` header values do not carry one good api token (None: they do) -- the
+    HTTP API's and the metrics endpoint's one rule: exactly one header (two: a proxy in front may keep either,
+    so neither is picked), the Bearer scheme, a token ``verify_bearer`` accepts for role ``api`` at ``now``."""
+    if not authorizations:
+        return BEARER_REQUIRED
+    if len(authorizations) > 1:
+        return "more than one Authorization header"
+    scheme, _, token = authorizations[0].strip().partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return "the Authorization scheme must be Bearer"
+    try:
+        verify_bearer(secret, token.strip(), API_ROLE, now)
+    except AuthError as exc:
+        return exc.reason
+    return None
 
 
 def _check(secret: bytes, token: str, role: str, now: float, expected_name: str | None) -> str:

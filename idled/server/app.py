@@ -255,7 +255,7 @@ class Server:
         )
         if self.gc_policy is not None:
             self.gc_policy.start()  # after the session maps exist: see idled.ops.gcpolicy
-        self._sessions = sessions = Sessions(presence, self.bus, self.clock, self.seqs, self.degraded)
+        self._sessions = sessions = Sessions(presence, self.bus, self.clock, self.seqs)
         self._gateways = Gateways(sessions, self._peers, max_frame=cfg.max_gateway_frame, grace=cfg.gateway_grace)
         queries = Queries(presence, self.bus, self.log, first_seq=self.seqs.first, clock=self.clock.now,
                           wall=self.clock.wall)

@@ -170,14 +170,12 @@ class Subscription:
 
 
 class EventBus:
-    """``max_backlog``: records awaiting the writer beyond which producers wait in ``room()`` (default
-    ``LOG_BACKLOG_LIMIT``). Keep it below ``RECENT_EVENTS``, so an observer behind the window reads what is
-    already written."""
+    """``max_backlog`` (``LOG_BACKLOG_LIMIT``, read when the bus is made, so tests can shrink it): records
+    awaiting the writer beyond which producers wait in ``room()``. It stays below ``RECENT_EVENTS``, so an
+    observer behind the window reads what is already written."""
 
-    def __init__(self, *, on_event: Callable[[PresenceEvent], None] | None = None, max_backlog: int | None = None) -> None:
-        self.max_backlog = LOG_BACKLOG_LIMIT if max_backlog is None else max_backlog
-        if self.max_backlog < 1:
-            raise ValueError("max_backlog must be >= 1")
+    def __init__(self, *, on_event: Callable[[PresenceEvent], None] | None = None) -> None:
+        self.max_backlog = LOG_BACKLOG_LIMIT
         self.log_stalled = False  # the writer cannot write now (a full disk): nothing waits for it to catch up
         self.log_send, self.log_receive = trio.open_memory_channel[dict[str, Any]](math.inf)
         self._size = RECENT_EVENTS  # read here, so tests can shrink the module constant before a server starts
@@ -278,7 +276,7 @@ class EventBus:
 
     async def room(self) -> None:
         """Wait while the log writer is too far behind (backpressure on whoever changes presence)."""
-        while not self._closed and self.backlog() > self.max_backlog:
+        while not self._closed and self.full():
             await trio.sleep(0.005)
 
     def close_log(self) -> None:

@@ -49,12 +49,11 @@ log = logging.getLogger("idled.server.degraded")
 class Degraded:
     """The standing reasons, by source (see the module docstring). ``clock``: seconds, for the duration logged."""
 
-    __slots__ = ("reasons", "since", "episodes", "clock")
+    __slots__ = ("reasons", "since", "clock")
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.reasons: dict[str, str] = {}
         self.since: float | None = None  # when the current episode began
-        self.episodes = 0  # how many times the server became degraded
         self.clock = clock
 
     @property
@@ -65,7 +64,6 @@ class Degraded:
     def set(self, source: str, reason: str) -> None:
         if not self.reasons:
             self.since = self.clock()
-            self.episodes += 1
             log.warning("degraded: %s; logins and attaches of users not online, and kicks, are refused "
                         "(unavailable) until it clears; sessions online are kept, their events held in memory",
                         reason)

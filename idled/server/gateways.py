@@ -280,7 +280,7 @@ class Gateways:
     async def attach(self, gateway: Gateway, message: Attach) -> None:
         sessions = self.sessions
         presence, clock = sessions.presence, sessions.clock
-        await self._room()
+        await sessions.room_unless_degraded()
         sessions.refuse_if_stopping()
         now, wall = clock.now(), clock.wall()
         refusing = bool(sessions.degraded.reasons)
@@ -297,29 +297,24 @@ class Gateways:
             if index % ATTACH_CHUNK == 0:  # a 1 MiB attach is ~100k uids: don't hold the loop for all of them
                 sessions.wake_ticker()
                 await trio.lowlevel.checkpoint()
-                await self._room()
+                await sessions.room_unless_degraded()
                 sessions.refuse_if_stopping()
                 now, wall = clock.now(), clock.wall()
                 refusing = bool(sessions.degraded.reasons)
         sessions.wake_ticker()
 
-    async def _room(self) -> None:
-        """The log's room before a chunk of a gateway's frame -- not while degraded (see the module docstring)."""
-        if not self.sessions.degraded.reasons:
-            await self.sessions.room()
-
     def _refuse(self, gateway: Gateway, uid: SessionKey) -> None:
         """A degraded server does not start ``uid``'s session (see the module docstring)."""
         link = gateway.link
         if link is None or link.outbox is None or not link.outbox.notices:
-            self.sessions.refuse_if_unavailable()  # the error frame: the only way to tell this gateway
+            self.sessions.degraded.refuse()  # the error frame: the only way to tell this gateway
             return
         link.outbox.add(uid, ErrorCode.UNAVAILABLE)
 
     async def detach(self, gateway: Gateway, message: Detach) -> None:
         sessions = self.sessions
         clock = sessions.clock
-        await self._room()
+        await sessions.room_unless_degraded()
         now, wall = clock.now(), clock.wall()
         reason = message.reason or "detach"  # an edge says what its user did (logout, closed)
         for index, uid in enumerate(message.uids, 1):
@@ -327,7 +322,7 @@ class Gateways:
             gateway.uids.pop(uid, None)
             if index % ATTACH_CHUNK == 0:  # like attach: a 1 MiB detach must not hold the loop for all of it
                 await trio.lowlevel.checkpoint()
-                await self._room()
+                await sessions.room_unless_degraded()
                 now, wall = clock.now(), clock.wall()
 
     async def lost(self, gateway: Gateway) -> None:

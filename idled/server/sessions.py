@@ -12,7 +12,8 @@ Every change of presence follows the same steps, and this is the one object that
    ``refuse_if_unavailable(key)`` (before the wait, and after it): while the server is degraded (a full disk:
    ``idled.server.degraded``) no user may come online either, with ``unavailable`` -- but a login of a user
    online already (another connection of the same key, another device, a user within its offline grace) adds
-   no event, and is taken, without the wait (*A login that adds nothing*, below);
+   no event, and is taken, without the wait (*A login that adds nothing*, below). ``admit(key)`` is steps 1
+   and 2 in their order, for a login or an API kick; a gateway's frame waits with ``room_unless_degraded``;
 3. the change itself on ``presence``, at ``clock.now()`` (read once per burst; per packet for a user);
 4. ``publish`` the event it returned (in seq order: no checkpoint between the change and the publish), tell a
    replaced owner (``take_over``: ``kicked``), and ``wake_ticker`` if a new deadline may come sooner.
@@ -31,7 +32,7 @@ rest goes on in the background and logins are refused (``unavailable``) until it
 wait in memory: once the backlog is over its limit (``EventBus.full``) -- or, degraded or not, if the next seq
 is not reserved durably (``SeqBlocks.issuable``) -- ``logout`` leaves the session where it is instead -- its connection is gone,
 so its deadline comes, and the tick task (which waits for room) ends it then: late, with reason ``idle``,
-never lost and never early. So what a full disk holds in memory is bounded by ``max_backlog`` (plus one chunk
+never lost and never early. So what a full disk holds in memory is bounded by the bus's backlog limit (plus one chunk
 per waiting producer and the writer's batch), and no seq is ever issued past the durable mark.
 
 *A login that adds nothing.* A degraded server refuses new work because what it would write can only wait in
@@ -63,7 +64,6 @@ from idled.ops.logs import plural
 from idled.protocol import ErrorCode, ProtocolError
 from idled.server.bus import EventBus
 from idled.server.clock import Clock
-from idled.server.degraded import Degraded
 from idled.server.seqs import SeqBlocks
 
 __all__ = ["Sessions"]
@@ -81,13 +81,12 @@ def _no_ticker() -> None:
 class Sessions:
     __slots__ = ("presence", "bus", "clock", "seqs", "stopping", "wake_ticker", "degraded")
 
-    def __init__(self, presence: PresenceTable, bus: EventBus, clock: Clock, seqs: SeqBlocks,
-                 degraded: Degraded | None = None) -> None:
+    def __init__(self, presence: PresenceTable, bus: EventBus, clock: Clock, seqs: SeqBlocks) -> None:
         self.presence = presence
         self.bus = bus
         self.clock = clock
         self.seqs = seqs
-        self.degraded = degraded if degraded is not None else seqs.degraded
+        self.degraded = seqs.degraded  # one owner: the seq blocks and the writer report to the same one
         self.stopping = False
         # Set by whoever runs the tick task (Ticker.wake): a new session may be due before its wake-up.
         self.wake_ticker: Callable[[], None] = _no_ticker
@@ -97,6 +96,22 @@ class Sessions:
         the seq reservation has headroom (it is extended ahead of need, so this rarely waits)."""
         await self.bus.room()
         await self.seqs.headroom(self.presence)
+
+    async def room_unless_degraded(self) -> None:
+        """``room()``, but not while degraded: what may still come then (a login of a user online already, a
+        gateway's touches and detaches) adds no event that must wait, and a degraded server's room may wait
+        long -- a gateway's task waiting there would stop reading its touches."""
+        if not self.degraded.reasons:
+            await self.room()
+
+    async def admit(self, key: SessionKey | None = None) -> None:
+        """The steps before new work (a login of ``key``, an API kick: ``key`` None), in their one order: refused
+        at once while degraded (``refuse_if_unavailable``), the log's room, refused once shutdown began, and
+        degraded again after the wait."""
+        self.refuse_if_unavailable(key)
+        await self.room_unless_degraded()
+        self.refuse_if_stopping()
+        self.refuse_if_unavailable(key)
 
     def refuse_if_stopping(self) -> None:
         """No session may start once shutdown began: end_all() has run (or is running), so it would never be

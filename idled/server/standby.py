@@ -72,7 +72,7 @@ from typing import Any, Final
 import trio
 
 from idled.door.outbound import LinkFailed, LinkPolicy, broken_link, close_link, dial
-from idled.log.errors import EventLogError, FsyncFailed, LogStateError
+from idled.log.errors import DiskFull, EventLogError, FsyncFailed, LogStateError
 from idled.log.eventlog import EventLog
 from idled.log.shipping import SnapshotSink, append_raw, move_aside, read_record, record_seqs
 from idled.protocol import Error, ErrorCode, FrameDecoder, Login, ProtocolError, Role, Welcome, encode, tokens
@@ -320,21 +320,24 @@ class StandbyLink:
     async def _write(self, raws: tuple[bytes, ...]) -> None:
         now = trio.current_time()
         sync = self.fsync == "always" or (self.fsync == "interval" and now >= self._last_sync + self.fsync_interval)
-        written = await trio.to_thread.run_sync(self._commit, raws, sync)
+        written, full = await trio.to_thread.run_sync(self._commit, raws, sync)
+        if written:  # (a full disk part-way: what fitted is ours, passed on before the retry of the rest)
+            self.records += len(written)
+            self._relay(written)
+        if full is not None:
+            raise full
         if self._write_failure is not None:
             log.warning("standby: the replicated log is written again")
             self._write_failure = None
-        self.records += len(written)
-        self._relay(written)
 
-    def _commit(self, raws: tuple[bytes, ...], sync: bool) -> list[dict[str, Any]]:
+    def _commit(self, raws: tuple[bytes, ...], sync: bool) -> tuple[list[dict[str, Any]], DiskFull | None]:
         """In a worker thread: append the records as they are, and sync if the policy says so now."""
-        records = append_raw(self.log, raws)
-        if sync:
+        records, full = append_raw(self.log, raws)
+        if sync:  # (what fitted of a batch a full disk stopped too: it is relayed as durable under always)
             self.log.sync()
         elif self.fsync == "never":
             self.log.release_rotated()
-        return records
+        return records, full
 
     def _relay(self, records: list[dict[str, Any]]) -> None:
         bus = self.bus

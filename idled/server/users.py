@@ -131,11 +131,7 @@ class CoreUsers:
 
     async def begin(self, login: Login) -> Connection:
         sessions, key = self.sessions, login.key
-        sessions.refuse_if_unavailable(key)  # at once: a degraded server's room() may wait long
-        if not sessions.degraded.reasons:  # (degraded: this login adds no event; nothing to wait for)
-            await sessions.room()
-        sessions.refuse_if_stopping()  # again after the wait
-        sessions.refuse_if_unavailable(key)
+        await sessions.admit(key)
         conn = Connection()
         replaced, event = sessions.presence.login(key, conn, self.now(), self.wall(), login.keepalive)
         sessions.take_over(key, replaced, conn)

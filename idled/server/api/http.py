@@ -5,7 +5,7 @@ Theory of operation
 h11 parses and frames; this loop moves bytes, decides what h11 is handed, and enforces the limits, one
 request at a time:
 
-* **What h11 sees.** Received bytes wait in an ``inbox.Inbox``; h11 is handed one whole request head, then
+* **What h11 sees.** Received bytes wait in an ``Inbox`` (``idled.protocol.httphead``); h11 is handed one whole request head, then
   exactly the body its Content-Length announces -- never the next request, which stays in the inbox. So
   every head is checked there before h11 parses it (CRLF line ends only: a bare LF is ``400``; no obs-fold:
   ``400``; the head limit), and pipelining is the inbox's next head: a client that sent many requests at
@@ -48,8 +48,8 @@ from typing import Any, Final, Protocol
 import h11
 import trio
 
+from idled.protocol.httphead import HeadError, Inbox
 from idled.server.api.errors import ApiError
-from idled.server.api.inbox import Inbox
 from idled.server.api.routes import OTHER_ROUTE, Answer, Ticket
 
 __all__ = ["MAX_HEAD", "RECEIVE_BYTES", "Dispatcher", "HttpConnection", "encode_json"]
@@ -199,9 +199,12 @@ class HttpConnection:
 
     async def _head(self) -> h11.Request:
         """The request head, read no further than it (ApiError: bare LF, too large; h11's errors)."""
-        while (head := self.inbox.head()) is None:
-            if not await self._receive(self.inbox.room()):
-                raise ApiError("bad_request", "the connection closed in the middle of a request head")
+        try:
+            while (head := self.inbox.head()) is None:
+                if not await self._receive(self.inbox.room()):
+                    raise ApiError("bad_request", "the connection closed in the middle of a request head")
+        except HeadError as exc:
+            raise ApiError(exc.code, exc.message) from None
         self.conn.receive_data(head)
         event = self.conn.next_event()
         if not isinstance(event, h11.Request):  # (a whole head is a request, or h11 raised)

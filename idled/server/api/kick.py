@@ -30,10 +30,7 @@ __all__ = ["kick"]
 async def kick(backend: Backend, request: Kick) -> dict[str, int]:
     sessions = backend.sessions
     try:
-        sessions.refuse_if_unavailable()
-        await sessions.room()
-        sessions.refuse_if_stopping()
-        sessions.refuse_if_unavailable()
+        await sessions.admit()
     except ProtocolError as exc:
         retry = (("Retry-After", "1"),) if exc.code == ErrorCode.UNAVAILABLE else ()
         reason = exc.reason if retry else "the server is shutting down"

@@ -7,7 +7,7 @@ before a byte of its body is read. In order: the route (unknown path: ``not_foun
 method: ``method_not_allowed`` with ``Allow``; HEAD is served wherever GET is, by GET's handler), whether a
 browser sent it (below: ``misdirected_request``, ``forbidden``), the rate limit (``ratelimit.RateLimiter``,
 per client address: ``rate_limited`` with ``Retry-After``), the bearer token (with a secret: exactly one
-``Authorization: Bearer <api token>``, checked in constant time by ``idled.protocol.tokens.verify_bearer``:
+``Authorization: Bearer <api token>``, checked in constant time by ``idled.protocol.tokens.bearer_refusal``:
 ``unauthorized`` with ``WWW-Authenticate: Bearer``), and a POST's media type (``application/json``, with any
 parameters: else ``unsupported_media_type``). It answers a refusal, or hands back a ``Ticket``: the loop reads
 the body (only now: a client without a token never gets its body read, nor held) and calls ``Router.run``,
@@ -42,7 +42,7 @@ import trio
 
 from idled.ops.config import Config
 from idled.ops.origin import local_host, same_origin
-from idled.protocol.tokens import API_ROLE, AuthError, verify_bearer
+from idled.protocol.tokens import BEARER_CHALLENGE, bearer_refusal
 from idled.server.api.backend import Backend
 from idled.server.api.errors import ApiError
 from idled.server.api.kick import kick
@@ -60,7 +60,6 @@ ROUTES: Final = {"/v1/presence": ("GET", "HEAD", "POST"), "/v1/stats": ("GET", "
                  "/v1/openapi.json": ("GET", "HEAD")}  # HEAD: GET's answer without its body
 OTHER_ROUTE: Final = "other"  # the route label of every path not served (a bounded metric label)
 
-CHALLENGE: Final = (("WWW-Authenticate", 'Bearer realm="idled"'),)
 CLOSE: Final = ("Connection", "close")  # in a refusal's headers: the connection ends after it (idled.server.api.http)
 JSON_TYPE: Final = b"application/json"
 REFUSED_SITES: Final = (b"cross-site", b"same-site")  # Sec-Fetch-Site values of another site's page
@@ -119,7 +118,7 @@ class Router:
             self._browser(headers)
             self._admit(client)
             if refusal is not None:
-                raise ApiError("unauthorized", refusal, CHALLENGE)
+                raise ApiError("unauthorized", refusal, BEARER_CHALLENGE)
             if method == "POST":
                 _json_media_type(headers)
             runs = "GET" if method == "HEAD" else method
@@ -148,19 +147,8 @@ class Router:
         """None: one good api token, or auth is off; else why the request's token is refused."""
         if self.secret is None:
             return None  # auth off: the API listens on a loopback address only (or --insecure)
-        values = [value for name, value in headers if name == b"authorization"]
-        if not values:
-            return "Authorization: Bearer <api token> is required"
-        if len(values) > 1:  # a proxy in front may keep the first, or the last: which one counts is no guess
-            return "more than one Authorization header"
-        scheme, _, token = values[0].decode("latin-1").partition(" ")
-        if scheme.lower() != "bearer":
-            return "the Authorization scheme must be Bearer"
-        try:
-            verify_bearer(self.secret, token.strip(), API_ROLE, self.backend.sessions.clock.tokens())
-        except AuthError as exc:
-            return exc.reason
-        return None
+        values = [value.decode("latin-1") for name, value in headers if name == b"authorization"]
+        return bearer_refusal(self.secret, values, self.backend.sessions.clock.tokens())
 
     def _browser(self, headers: Sequence[tuple[bytes, bytes]]) -> None:
         """Refuse what a browser sends for another site, and (auth off) a Host this machine is not (see the module

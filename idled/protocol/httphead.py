@@ -1,12 +1,13 @@
-"""The bytes of one API connection not yet handed to h11, and where the next request head ends in them (pure).
+"""The bytes of one HTTP connection not yet parsed, and where the next request head ends in them (sans-IO).
 
 Theory of operation
 -------------------
-h11 parses a request head once it is whole, and is handed nothing more than that head and then exactly the
-body its Content-Length announces (``idled.server.api.http``): what a client sends beyond -- a pipelined
-request, the bytes of a body not read -- waits here. Two things follow. The next head always starts at the
-inbox's first byte, so it is checked here before h11 sees it, each byte once however the bytes arrive (one
-at a time from a slowloris: ``head()`` resumes where it stopped, no rescanning):
+Both of idled's HTTP listeners read request heads through an ``Inbox``: the HTTP API (``idled.server.api.http``,
+which hands h11 nothing more than the head, then exactly the body its Content-Length announces) and the
+metrics endpoint (``idled.ops.http``, one request per connection). What a client sends beyond the head -- a
+pipelined request, the bytes of a body not read -- waits here. The next head always starts at the inbox's
+first byte, so it is checked here before any parser sees it, each byte once however the bytes arrive (one at
+a time from a slowloris: ``head()`` resumes where it stopped, no rescanning):
 
 * **CRLF only.** A line of the head ends with CR LF; an LF not preceded by CR (a bare LF, which h11 0.16
   accepts as a line end, as some proxies do and others do not: a way to make two parsers disagree on where
@@ -33,13 +34,20 @@ request.
 
 from __future__ import annotations
 
-from idled.server.api.errors import ApiError
-
-__all__ = ["Inbox"]
+__all__ = ["HeadError", "Inbox"]
 
 CR, LF = 0x0D, 0x0A
 FOLD = (0x20, 0x09)  # SP, HTAB: a line beginning with one is obs-fold
 FIRST_REQUEST_BYTE = 0x21  # a request line begins with a method: a visible character
+
+
+class HeadError(Exception):
+    """A request head broke a rule: ``status`` (400, 431), ``code`` (``bad_request``, ``headers_too_large``) and
+    ``message`` for the client."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
 
 
 class Inbox:
@@ -59,29 +67,29 @@ class Inbox:
 
     def head(self) -> bytes | None:
         """The next request head, taken out of the inbox (from its first byte to its empty line's LF), or None
-        while it is incomplete. ``ApiError``: a bare LF (400), obs-fold (400), a first byte no request begins
+        while it is incomplete. ``HeadError``: a bare LF (400), obs-fold (400), a first byte no request begins
         with (400), a head beyond ``limit`` (431)."""
         data = self.data
         if not data:
             return None
         if data[0] < FIRST_REQUEST_BYTE:
-            raise ApiError("bad_request", "not an HTTP request line")
+            raise HeadError(400, "bad_request", "not an HTTP request line")
         pos, end = self._scanned, min(len(data), self.limit)
         while True:
             if self._line < end and data[self._line] in FOLD:  # (the current line's first byte is in: line > 0)
-                raise ApiError("bad_request", "a header line begins with a space or tab (obs-fold, RFC 9112 5.2)")
+                raise HeadError(400, "bad_request", "a header line begins with a space or tab (obs-fold, RFC 9112 5.2)")
             lf = data.find(b"\n", pos, end)
             if lf < 0:
                 break
             if data[lf - 1] != CR:  # (lf > 0: the first byte is not an LF)
-                raise ApiError("bad_request", "a bare LF in the request head: its lines must end with CR LF")
+                raise HeadError(400, "bad_request", "a bare LF in the request head: its lines must end with CR LF")
             if lf - 1 == self._line:  # an empty line: the head ends with it
                 self._scanned = self._line = 0
                 return self.take(lf + 1)
             pos = self._line = lf + 1
         self._scanned = end
         if len(data) >= self.limit:  # no empty line in the first `limit` bytes: the head is longer
-            raise ApiError("headers_too_large", f"the request head is larger than {self.limit} bytes")
+            raise HeadError(431, "headers_too_large", f"the request head is larger than {self.limit} bytes")
         return None
 
     def take(self, count: int) -> bytes:

@@ -7,8 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from idled.server.api.errors import ApiError
-from idled.server.api.inbox import Inbox
+from idled.protocol.httphead import HeadError, Inbox
 
 HEAD = b"GET /v1/stats HTTP/1.1\r\nHost: x\r\nX-A: b\r\n\r\n"
 
@@ -24,7 +23,7 @@ def feed(inbox: Inbox, parts: list[bytes]) -> list[bytes]:
 
 
 def error(inbox: Inbox, parts: list[bytes]) -> str:
-    with pytest.raises(ApiError) as info:
+    with pytest.raises(HeadError) as info:
         feed(inbox, parts)
     return info.value.code
 
@@ -88,7 +87,7 @@ def test_room_keeps_an_incomplete_head_within_the_limit() -> None:
     inbox.data += b"GET / HTTP/1.1\r\n" + b"X: " + b"a" * 50
     assert inbox.head() is None and inbox.room() == 100 - len(inbox.data)
     inbox.data += b"a" * inbox.room()
-    with pytest.raises(ApiError):
+    with pytest.raises(HeadError):
         inbox.head()
 
 
@@ -117,10 +116,10 @@ def test_any_split_finds_the_same_head(parts: list[bytes], cuts: list[int], rest
 
 
 def refused_in_pieces(head: bytes, cuts: list[int]) -> str:
-    """The code of the ApiError ``head`` raises when fed cut at ``cuts`` (every piece before it finds no head)."""
+    """The code of the HeadError ``head`` raises when fed cut at ``cuts`` (every piece before it finds no head)."""
     points = sorted({min(c, len(head)) for c in cuts} | {0, len(head)})
     inbox = Inbox(4096)
-    with pytest.raises(ApiError) as info:
+    with pytest.raises(HeadError) as info:
         for a, b in zip(points, points[1:]):
             inbox.data += head[a:b]
             assert inbox.head() is None
