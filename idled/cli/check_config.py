@@ -79,12 +79,12 @@ def run(args: argparse.Namespace) -> int:
         cfg = config_module.load(args)
         # The daemon's own checks, the very ones `serve` runs first: the secret file, then the door's rule on
         # every endpoint (client port, metrics, API: none beyond loopback with auth off), TLS files.
-        from idled.door.door import Door, client_gate, daemon_endpoints
+        from idled.door.door import Door, client_gate
         from idled.door.outbound import LinkPolicy
         from idled.server.conn import auth_secret
 
         secret = auth_secret(cfg)
-        Door(daemon_endpoints(cfg), secret=secret is not None, insecure=cfg.insecure, env=dict(os.environ)).check()
+        Door.of(cfg, secret=secret is not None, env=dict(os.environ)).check()
         client_gate(cfg)  # the TLS certificate, key and client CA load
         LinkPolicy.of(cfg)  # ... and the links' CA and certificate (idled.door.outbound)
         _check_data_dir(cfg.resolved_data_dir())

@@ -103,13 +103,14 @@ def tls_context(args: argparse.Namespace) -> ssl.SSLContext | None:
     return ctx
 
 
-def token_for(args: argparse.Namespace, role: str, name: str) -> str | None:
-    """The token to log in with: ``--token``, one minted from ``--secret-file``, or None (auth off)."""
+def token_for(args: argparse.Namespace, role: str, name: str, ttl: float = TOKEN_TTL) -> str | None:
+    """The token to log in with: ``--token``, one minted from ``--secret-file`` (valid ``ttl`` seconds), or
+    None (auth off). UsageError for a secret file that cannot be used."""
     if args.token:
         return str(args.token)
     if args.secret_file:
         try:
-            return mint(load_secret(args.secret_file), role, name, time.time() + TOKEN_TTL)
+            return mint(load_secret(args.secret_file), role, name, time.time() + ttl)
         except (SecretError, ValueError) as exc:
             raise UsageError(str(exc)) from None
     return None

@@ -7,14 +7,13 @@ import dataclasses
 import logging
 import os
 import socket
-import sys
 
-import trio
 
 from idled.ops import config as config_module
 from idled.ops import systemd
+from idled.cli.serve import fatal, run_until_stopped
 from idled.ops.config import Config, ConfigError
-from idled.ops.fatal import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, Fatal, describe
+from idled.ops.fatal import EXIT_OK, EXIT_USAGE, Fatal
 from idled.ops.gcpolicy import GcPolicy
 from idled.ops.logs import setup_logging
 from idled.ops.metrics import Metrics
@@ -71,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         cores = parse_addresses(args.core)
         occupancy = Occupancy(*parse_occupancy(args.occupancy)) if args.occupancy else None
     except (ConfigError, ValueError, OSError) as exc:
-        return _fatal(f"configuration: {exc}", EXIT_USAGE)
+        return fatal(f"configuration: {exc}", EXIT_USAGE)
     setup_logging(cfg.log_level)
     soft, hard = systemd.raise_nofile_limit()
     log.info("open-file limit %d (hard %d)", soft, hard)
@@ -86,25 +85,12 @@ def run(args: argparse.Namespace) -> int:
                     reload_config=lambda: load(args), link_secret=link_secret, gc_policy=GcPolicy(thaw_every=cfg.gc_thaw_every),
                     occupancy=occupancy, links=LinkPolicy.of(cfg))  # TLS to a TCP core (idled.door.outbound)
     except (ConfigError, tokens.SecretError, ValueError, OSError) as exc:
-        return _fatal(f"configuration: {exc}", EXIT_USAGE)
+        return fatal(f"configuration: {exc}", EXIT_USAGE)
     except Fatal as exc:  # a TLS file that does not load
-        return _fatal(str(exc), exc.status)
-    try:
-        trio.run(edge.serve)
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
-    except Exception as exc:
-        # The door's rule, a link the core cannot speak at start...: one line and the status of its kind (the
-        # traceback at debug level), as `idled serve` does.
-        line, status = describe(exc)
-        log.debug("fatal error", exc_info=exc)
-        return _fatal(line, status)
-    log.info("stopped")
-    return EXIT_OK
-
-
-def _fatal(line: str, status: int) -> int:
-    print(f"idled: fatal: {line}", file=sys.stderr, flush=True)
+        return fatal(str(exc), exc.status)
+    status = run_until_stopped(edge.serve)
+    if status == EXIT_OK:
+        log.info("stopped")
     return status
 
 

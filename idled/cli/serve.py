@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg = config_module.load(args)
     except ConfigError as exc:
-        return _fatal(f"configuration: {exc}", EXIT_USAGE)
+        return fatal(f"configuration: {exc}", EXIT_USAGE)
     setup_logging(cfg.log_level)
     if cfg.workers and not args.core_of_workers:
         return _run_root(cfg, args)
@@ -69,8 +69,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             server = make_role(cfg, None)
     except (ConfigError, tokens.SecretError, ValueError, OSError) as exc:
-        return _fatal(f"configuration: {exc}", EXIT_USAGE)
-    status = _run_until_stopped(server.run if isinstance(server, Node) else server.serve)
+        return fatal(f"configuration: {exc}", EXIT_USAGE)
+    status = run_until_stopped(server.run if isinstance(server, Node) else server.serve)
     if status == EXIT_OK:
         log.info("stopped; largest event-loop stall %.1f ms", 1000 * server.largest_stall)
     return status
@@ -107,17 +107,18 @@ def _run_root(cfg: Config, args: argparse.Namespace) -> int:
     try:
         secret = tokens.load_secret(cfg.secret_file) if cfg.secret_file else None
     except tokens.SecretError as exc:
-        return _fatal(f"configuration: {exc}", EXIT_USAGE)
+        return fatal(f"configuration: {exc}", EXIT_USAGE)
     root = Root(cfg, _given_flags(args), secret=secret, config_file=args.config or os.environ.get("IDLED_CONFIG"),
                 reload_config=lambda: config_module.load(args))
-    status = _run_until_stopped(root.run)
+    status = run_until_stopped(root.run)
     if status == EXIT_OK:
         log.info("stopped")
     return status
 
 
-def _run_until_stopped(main: Callable[[], Awaitable[object]]) -> int:
-    """Run ``main`` under trio: EXIT_OK, or the exit status of what ended it."""
+def run_until_stopped(main: Callable[[], Awaitable[object]]) -> int:
+    """Run ``main`` under trio: EXIT_OK, or the exit status of what ended it (one fatal line on stderr; the
+    daemon's processes share it: ``idled serve`` and ``idled edge``)."""
     try:
         trio.run(main)
     except KeyboardInterrupt:
@@ -128,7 +129,7 @@ def _run_until_stopped(main: Callable[[], Awaitable[object]]) -> int:
         # supervisor restart us onto a recovered log. The traceback is for --log-level debug.
         line, status = describe(exc)
         log.debug("fatal error", exc_info=exc)
-        return _fatal(line, status)
+        return fatal(line, status)
     return EXIT_OK
 
 
@@ -146,7 +147,8 @@ def _given_flags(args: argparse.Namespace) -> list[str]:
     return flags
 
 
-def _fatal(line: str, status: int) -> int:
+def fatal(line: str, status: int) -> int:
+    """Print the one fatal line and return ``status``."""
     print(f"idled: fatal: {line}", file=sys.stderr, flush=True)
     return status
 

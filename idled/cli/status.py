@@ -16,14 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 import urllib.error
 import urllib.request
 from typing import Any
 
 from idled.ops.fatal import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from idled.ops.logs import plural
-from idled.protocol.tokens import API_ROLE, SecretError, load_secret, mint
+from idled.cli.clientflags import UsageError, token_for
+from idled.protocol.tokens import API_ROLE
 
 __all__ = ["add_arguments", "run", "fetch_status", "format_status"]
 
@@ -134,18 +134,6 @@ def _vitals_lines(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _token(args: argparse.Namespace) -> str | None:
-    """``--token``, or one minted from ``--secret-file``, or None; ValueError (a usage error) for a bad file."""
-    if args.token:
-        return str(args.token)
-    if args.secret_file:
-        try:
-            return mint(load_secret(args.secret_file), API_ROLE, TOKEN_NAME, time.time() + TOKEN_TTL)
-        except SecretError as exc:
-            raise ValueError(str(exc)) from None
-    return None
-
-
 def _refusal(exc: urllib.error.HTTPError) -> str:
     """The daemon's reason for a 401 (its JSON error's message), or its status line."""
     try:
@@ -160,8 +148,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"{PROG}: --metrics must be HOST:PORT, got {args.metrics!r}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        token = _token(args)
-    except ValueError as exc:
+        token = token_for(args, API_ROLE, TOKEN_NAME, ttl=TOKEN_TTL)
+    except UsageError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:

@@ -98,6 +98,13 @@ class Door:
         self.insecure = insecure
         self.env = env
 
+    @classmethod
+    def of(cls, config: Config, *, secret: bool, env: MutableMapping[str, str], api: bool = True) -> Door:
+        """The door of a daemon process: its configured endpoints (``daemon_endpoints``; without the HTTP API when
+        ``api`` is False: an edge's configuration may share a file that names one)."""
+        endpoints = daemon_endpoints(config if api else dataclasses.replace(config, api_port=0))
+        return cls(endpoints, secret=secret, insecure=config.insecure, env=env)
+
     def check(self) -> None:
         """The rule on every endpoint as configured (``Fatal``, exit 2, naming the first that breaks it)."""
         if self.secret or self.insecure:
@@ -121,8 +128,7 @@ class Door:
         try:
             self.judge(endpoint, listeners)
         except BaseException:
-            for listener in listeners:
-                listener.socket.close()
+            close_all({name: listeners})
             raise
         return listeners
 

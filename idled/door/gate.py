@@ -92,9 +92,10 @@ class Entry:
 
     __slots__ = ("stream", "address", "key", "deadline", "since", "scope", "refused", "_gate", "_counted")
 
-    def __init__(self, gate: Gate, stream: trio.abc.Stream, address: str, key: str | None, deadline: float) -> None:
+    def __init__(self, gate: Gate, stream: trio.abc.Stream, address: str, key: str | None, since: float,
+                 deadline: float) -> None:
         self._gate = gate
-        self.since = trio.current_time()
+        self.since = since  # when it came (eviction spares it for a while)
         self.stream = stream
         self.address = address
         self.key = key
@@ -130,11 +131,11 @@ class Gate:
         whether the listener is at its connection limit, asked once the source's share is known to allow the
         connection (and before TLS): then the oldest connection not authenticated yet makes room, or -- none
         left but this one -- it is refused ``busy``."""
-        deadline = trio.current_time() + timeout
+        now = trio.current_time()
         host, address = _peer(stream)
         front = self.front
         proxied = front is not None and front.proxy and host is not None
-        entry = Entry(self, stream, address, None if proxied else address_key(host), deadline)
+        entry = Entry(self, stream, address, None if proxied else address_key(host), now, now + timeout)
         try:
             with entry.scope:
                 try:

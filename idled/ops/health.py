@@ -110,6 +110,7 @@ class Health:
         self._probed_at = -float("inf")
         self._log_problem: str | None = None
         self._lock: trio.Lock | None = None  # created on the loop, at the first probe
+        self._known_paths: tuple[str, ...] | None = None
 
     def _probe_log(self) -> str | None:
         """In a worker thread: None if a file can be created, written, synced and removed in the directory."""
@@ -127,8 +128,11 @@ class Health:
         return Access(full=False, refused=refusal) if refusal is not None else Access(full=True, token=True)
 
     def known_paths(self) -> tuple[str, ...]:
-        """The paths a redacted answer must not show by name: the data directory, as given and resolved."""
-        return (str(self.data_dir), str(self.data_dir.absolute()), str(self.data_dir.resolve()))
+        """The paths a redacted answer must not show by name: the data directory, as given and resolved (looked
+        up once, at the first unauthenticated answer: not a file-system walk per request)."""
+        if self._known_paths is None:
+            self._known_paths = (str(self.data_dir), str(self.data_dir.absolute()), str(self.data_dir.resolve()))
+        return self._known_paths
 
     def redacted(self, document: Mapping[str, Any]) -> dict[str, Any]:
         """``document`` as an unauthenticated client may read it (`idled.ops.redact`)."""

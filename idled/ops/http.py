@@ -64,7 +64,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from idled.protocol.httphead import HeadError, Inbox
 from idled.ops.health import Health, health_response
 from idled.ops.metrics import CONTENT_TYPE
-from idled.ops.origin import local_host
+from idled.ops.origin import misdirected, misdirected_text
 from idled.ops.statuspage import LIVE_PATH, PAGE_HEADERS, Asset, load_assets
 
 __all__ = ["HEAD_TIMEOUT", "Admitted", "Gate", "serve_metrics"]
@@ -144,8 +144,7 @@ def _response(status: int, body: bytes, content_type: str, *, head_only: bool = 
 
 _HEALTH_PATHS = ("/healthz", "/readyz", "/status", LIVE_PATH)
 OPEN_PATHS: Final = ("/healthz", "/metrics")  # answered to any Host: they say nothing of users or paths
-MISDIRECTED: Final = (b"Misdirected Request: with auth off this endpoint answers only a Host that is an IP address or "
-                      b"localhost (DNS rebinding): use one, or turn auth on\n")
+MISDIRECTED: Final = f"Misdirected Request: {misdirected_text('this endpoint')}\n".encode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,7 +194,7 @@ def _route(request: _Request, paths: Collection[str], check_host: bool) -> int:
     if request.method not in ("GET", "HEAD"):
         return 405
     hosts = request.values(b"host")
-    if check_host and request.path not in OPEN_PATHS and hosts and not local_host(hosts[0]):
+    if check_host and request.path not in OPEN_PATHS and misdirected(hosts[0] if hosts else None):
         return 421
     return 200
 
@@ -249,7 +248,6 @@ async def serve_metrics(
     ``head_timeout`` (a prober sends it at once: a silent connection is dropped soon, not held), the whole
     exchange within ``timeout``."""
     renderer = trio.CapacityLimiter(1)  # concurrent scrapes queue for one worker thread, not forty
-    plain = PLAIN
     assets: dict[str, Asset] = load_assets(full=health is not None)
     paths = {"/metrics", *assets, *(_HEALTH_PATHS if health is not None else ())}
     # auth off: the Host rule (module docstring). Without a Health (an edge, idled hook) there is nothing to
@@ -264,7 +262,7 @@ async def serve_metrics(
         status = _route(request, paths, check_host)
         if status != 200:
             body = MISDIRECTED if status == 421 else f"{_REASONS[status]}\n".encode()
-            await stream.send_all(_response(status, body, plain, head_only=head_only))
+            await stream.send_all(_response(status, body, PLAIN, head_only=head_only))
             return
         asset = assets.get(path)
         if asset is not None:
@@ -282,7 +280,7 @@ async def serve_metrics(
             body = await trio.to_thread.run_sync(generate_latest, registry, limiter=renderer)
         except Exception:
             log.exception("rendering metrics failed")
-            await stream.send_all(_response(500, b"Internal Server Error\n", plain))
+            await stream.send_all(_response(500, b"Internal Server Error\n", PLAIN))
             return
         await stream.send_all(_response(200, body, CONTENT_TYPE, head_only=head_only))
 

@@ -33,7 +33,7 @@ import functools
 import ipaddress
 from typing import Final
 
-__all__ = ["LOCAL_NAME", "local_host", "same_origin"]
+__all__ = ["LOCAL_NAME", "local_host", "misdirected", "misdirected_text", "same_origin"]
 
 LOCAL_NAME: Final = "localhost"  # browsers resolve it to loopback themselves (RFC 6761): it cannot be rebound
 MAX_PORT_DIGITS: Final = 5
@@ -63,6 +63,18 @@ def local_host(host: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def misdirected(host: str | None) -> bool:
+    """The Host rule, for a listener with auth off: a ``Host`` (the first, when there are several) that names this
+    machine some other way than ``local_host`` -- a rebound name. No ``Host`` at all is no browser's request."""
+    return host is not None and not local_host(host)
+
+
+def misdirected_text(listener: str) -> str:
+    """What a refused request is told (``listener``: "the API", "this endpoint")."""
+    return (f"with auth off {listener} answers only a Host that is an IP address or localhost (DNS rebinding): use "
+            "one, or turn auth on")
 
 
 def same_origin(origin: str, host: str) -> bool:

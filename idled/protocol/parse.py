@@ -35,7 +35,7 @@ from idled.protocol.messages import (
     EventKind, Ended, Login, Mark, Marked, Msg, Ping, ProtocolError, Query, Role, ServerMessage, SessionKey, Status, Subscribe, Touch,
     Uid, Welcome,
 )
-from idled.protocol.messages import Replicate, Unwatch, Watch
+from idled.protocol.messages import ROLES, Replicate, Unwatch, Watch
 from idled.protocol.replicate import parse_replicate
 
 __all__ = ["parse_client_message", "parse_server_message", "check_uid", "check_device", "check_key"]
@@ -192,7 +192,7 @@ def _only(obj: dict[Any, Any], allowed: frozenset[str], op: str) -> None:
             raise _bad(f"unknown field {_short(key)} in {op}")
 
 
-_IDENTITY_KEYS: Final = ("uid", "gateway", "observer", "standby")
+_IDENTITY_KEYS: Final = ROLES  # a login names itself by its role: {"uid": U}, {"gateway": NAME}...
 _LOGIN_KEYS: Final = frozenset({"op", *_IDENTITY_KEYS, "token", "keepalive", "ended", "marks", "device"})
 _MARK_KEYS: Final = frozenset({"op", "t"})
 _DETACH_KEYS: Final = frozenset({"op", "uids", "reason"})
@@ -208,7 +208,7 @@ def _identity(obj: dict[str, Any], op: str) -> tuple[Role, Uid]:
     present = [key for key in _IDENTITY_KEYS if obj.get(key) is not None]
     if len(present) != 1:
         raise _bad(f"{op} needs exactly one of {', '.join(_IDENTITY_KEYS)} (got {len(present)})")
-    role: Role = present[0]  # type: ignore[assignment]
+    role: Role = present[0]
     value = obj[role]
     return role, (check_uid(value) if role == "uid" else _name(value, role))
 

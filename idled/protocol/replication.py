@@ -55,7 +55,7 @@ from idled.protocol.replicate import ReplicateChecked, bad_message, checked_seq,
 
 __all__ = [
     "HEARTBEAT", "LINK_TIMEOUT", "MAX_BATCH_BYTES", "MAX_BATCH_RECORDS", "MAX_FRAME", "PART_BYTES",
-    "MAX_SNAPSHOT_BYTES", "MAX_STANDBY_FRAME", "Ack", "Records", "ReplicateChecked", "Resync", "SnapshotPart",
+    "MAX_SNAPSHOT_BYTES", "MAX_STANDBY_FRAME", "REPLICATE_NEEDS_STANDBY", "Ack", "Records", "ReplicateChecked", "Resync", "SnapshotPart",
     "ReplicationMessage", "StandbyMessage", "encode_ack", "encode_records", "encode_replicate", "encode_resync",
     "encode_snapshot_part", "parse_replicate", "parse_replication_message", "parse_standby_message", "record_crc",
 ]
@@ -67,6 +67,9 @@ MAX_BATCH_BYTES: Final = 256 * 1024  # record bytes in one `records` frame (plus
 PART_BYTES: Final = 256 * 1024  # snapshot bytes in one `snapshot_part` frame
 MAX_FRAME: Final = MAX_BATCH_BYTES + 2 * 65_536 + 64 * 1024  # a standby's frame limit: a batch and slack
 MAX_SNAPSHOT_BYTES: Final = 4 << 30  # a larger snapshot is refused (a 1M-session snapshot is ~28 MB)
+# How an active core refuses a ``replicate`` from an observer login (the start of its reason): an older
+# standby's; a standby that reads it logs in as a standby instead (idled.server.standby, *Older actives*).
+REPLICATE_NEEDS_STANDBY: Final = "replicate needs a standby login"
 MAX_STANDBY_FRAME: Final = 256  # the active's frame limit for what a standby sends after replicate (an ack: ~20 B)
 
 _packb = msgpack.packb

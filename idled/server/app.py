@@ -80,7 +80,7 @@ from idled.server.lifecycle import (
 from idled.door.accept import Shortage, accept_all
 from idled.door.addresses import bound_address, display
 from idled.door.door import (
-    Door, Listening, api_gate, client_gate, close_all, daemon_endpoints, http_connections, metrics_gate, reload_gate,
+    Door, Listening, api_gate, client_gate, close_all, http_connections, metrics_gate, reload_gate,
 )
 from idled.server.monitor import Monitor
 from idled.server.observers import Observers
@@ -168,7 +168,7 @@ class Server:
         self.addresses: list[tuple[str, int | None]] = []  # what each listener is bound to (getsockname)
         self.budget: Budget | None = None  # set by serve() once the listeners are known
         # Every listener through the door (idled.door): the rule, the gates; what serve() opened, by endpoint.
-        self.door = Door(daemon_endpoints(config), secret=self.secret is not None, insecure=config.insecure, env=self.env)
+        self.door = Door.of(config, secret=self.secret is not None, env=self.env)
         self.listening: Listening = {}
         self.shortage = Shortage(lambda: str(self.budget))
         # --workers N (``workers``: adopts what the root passed): the edges take the public port, the core

@@ -40,7 +40,7 @@ from typing import Any
 
 import trio
 
-from idled.door.door import Door, Listening, daemon_endpoints
+from idled.door.door import Door, Listening
 from idled.door.outbound import LinkPolicy
 from idled.ops import systemd
 from idled.ops.config import Config
@@ -86,8 +86,7 @@ class Node:
         roles get copies, so connections wait in its backlog while the roles change. The rule is judged on
         every endpoint first; each role opens its metrics endpoint (and a leader its API) through its own door,
         so that between two roles they refuse at once rather than leave a probe hanging on a backlog."""
-        door = Door(daemon_endpoints(self.config), secret=auth_secret(self.config) is not None,
-                    insecure=self.config.insecure, env=self.env)
+        door = Door.of(self.config, secret=auth_secret(self.config) is not None, env=self.env)
         door.check()
         return {"client": await door.open("client")}
 

@@ -81,6 +81,7 @@ from idled.protocol import (
     encode,
     receive_message,
 )
+from idled.protocol.replication import REPLICATE_NEEDS_STANDBY
 from idled.server import watchlists
 from idled.server.bus import EventBus, Subscription, event_frame
 from idled.server.conn import SEND_ERROR_TIMEOUT, Connection, close_with
@@ -100,7 +101,7 @@ OBSERVER_STALL = 5.0  # seconds an observer may take no byte while data waits fo
 REPLAY_BATCH = 1000  # records per disk read
 DISK_CATCH_UP_POLL = 0.01  # seconds between two looks at the log while waiting for the writer
 # What an observer's ``replicate`` is told: an older standby (it logged in as an observer) against this core.
-REPLICATE_REFUSED = ('replicate needs a standby login ({"op":"login","standby":NAME}), not an observer\'s: '
+REPLICATE_REFUSED = (REPLICATE_NEEDS_STANDBY + ' ({"op":"login","standby":NAME}), not an observer\'s: '
                      "this standby is older than this core; upgrade it (docs/ha.md#upgrades)")
 
 

@@ -147,14 +147,13 @@ class Replicas:
         try:
             with peer.scope:
                 await stream.send_all(encode(Welcome("standby", login.name)))
-                message = None
-                with trio.move_on_after(FIRST_REQUEST_TIMEOUT):
+                with trio.move_on_after(FIRST_REQUEST_TIMEOUT) as wait:
                     message = await receive_message(stream, decoder)
-                    if message is None:
-                        return  # it went away before asking
-                if message is None:
+                if wait.cancelled_caught:
                     raise ProtocolError(ErrorCode.IDLE_TIMEOUT,
                                         f"no replicate within {FIRST_REQUEST_TIMEOUT:g} s of the standby's login")
+                if message is None:
+                    return  # it went away before asking
                 if not isinstance(message, Replicate):  # (or its subclass with the check)
                     raise ProtocolError(ErrorCode.NOT_ALLOWED, f"{type(message).__name__.lower()} is not for standbys: "
                                         "a standby login's one request is replicate")
@@ -165,7 +164,7 @@ class Replicas:
             await close_with(stream, *peer.end)
 
     async def run(self, stream: trio.abc.Stream, decoder: FrameDecoder, message: Replicate, writer: FrameWriter,
-                  name: str = "standby") -> None:
+                  name: str) -> None:
         reader = await self._start(message, writer, name)
         subscription = Subscription()
         self.bus.subscribe(subscription, reader.next, feed=True)

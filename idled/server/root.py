@@ -55,7 +55,7 @@ from pathlib import Path
 import trio
 
 from idled.door.addresses import bound_address, display
-from idled.door.door import Door, daemon_endpoints
+from idled.door.door import Door
 from idled.ops import systemd
 from idled.ops.config import Config, ConfigError
 from idled.ops.fatal import EXIT_FAILURE, EXIT_LOG, EXIT_USAGE, Fatal
@@ -166,7 +166,7 @@ class Root:
         endpoint and API too (the core opens those itself, through its own door), so that a refused
         configuration stops here, before a child starts."""
         cfg = self.config
-        door = Door(daemon_endpoints(cfg), secret=self.secret is not None, insecure=cfg.insecure, env=self.env)
+        door = Door.of(cfg, secret=self.secret is not None, env=self.env)
         door.check()
         listeners = await door.open("client")
         self.public = [listener.socket for listener in listeners]

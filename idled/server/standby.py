@@ -77,8 +77,8 @@ from idled.log.eventlog import EventLog
 from idled.log.shipping import SnapshotSink, append_raw, move_aside, read_record, record_seqs
 from idled.protocol import Error, ErrorCode, FrameDecoder, Login, ProtocolError, Role, Welcome, encode, tokens
 from idled.protocol.replication import (
-    LINK_TIMEOUT, MAX_FRAME, Records, Resync, SnapshotPart, encode_ack, encode_replicate, parse_replication_message,
-    record_crc,
+    LINK_TIMEOUT, MAX_FRAME, REPLICATE_NEEDS_STANDBY, Records, Resync, SnapshotPart, encode_ack, encode_replicate,
+    parse_replication_message, record_crc,
 )
 from idled.protocol.stream import receive_message
 from idled.server.bus import EventBus
@@ -95,7 +95,6 @@ TOKEN_TTL: Final = 3600.0
 # The refusals that switch the login (see *Older actives*): an active older than the standby role (its parser's
 # words), and an active of this version refusing an observer's replicate (idled.server.observers).
 OLD_ACTIVE_REFUSAL: Final = "unknown field 'standby' in login"
-NEW_ACTIVE_REFUSAL: Final = "replicate needs a standby login"
 
 
 class LinkStopped(Exception):
@@ -286,7 +285,7 @@ class StandbyLink:
             log.warning("standby: the active at %s:%d predates the standby login (%s); logging in as an observer "
                         "until it is upgraded (docs/ha.md#upgrades)", self.host, self.port, message.reason)
             raise _Reconnect("the active is older than this standby: logging in as an observer")
-        if self.legacy and message.code == ErrorCode.NOT_ALLOWED and NEW_ACTIVE_REFUSAL in message.reason:
+        if self.legacy and message.code == ErrorCode.NOT_ALLOWED and REPLICATE_NEEDS_STANDBY in message.reason:
             self.legacy = False
             log.warning("standby: the active at %s:%d now takes the standby login: logging in as a standby",
                         self.host, self.port)

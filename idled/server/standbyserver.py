@@ -28,7 +28,6 @@ same directory, which recovers it as after any restart.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import os
@@ -44,7 +43,7 @@ from prometheus_client.registry import Collector
 from idled.door.accept import Shortage, accept_all
 from idled.door.addresses import bound_address, display
 from idled.door.outbound import LinkPolicy
-from idled.door.door import Door, Listening, client_gate, close_all, daemon_endpoints, metrics_gate
+from idled.door.door import Door, Listening, client_gate, close_all, metrics_gate
 from idled.log.eventlog import EventLog
 from idled.ops import systemd
 from idled.ops.config import Config, split_address
@@ -127,8 +126,7 @@ class StandbyServer:
         self.secret = auth_secret(config)
         self.active = split_address(config.standby_of, "standby_of")
         # Every listener through the door (idled.door): a standby serves no HTTP API.
-        self.door = Door(daemon_endpoints(dataclasses.replace(config, api_port=0)), secret=self.secret is not None,
-                         insecure=config.insecure, env=self.env)
+        self.door = Door.of(config, secret=self.secret is not None, env=self.env)
         self.log = self._make_log()
         self.bus = EventBus()
         self.connections = connection_counts()

@@ -94,12 +94,15 @@ function niceCeiling(v) {
   return 10 * p;
 }
 
+// Logged-in connections of every role (not those still logging in).
+function loggedIn(c) {
+  return (c.user || 0) + (c.gateway || 0) + (c.observer || 0) + (c.standby || 0);
+}
+
 function drawHistory(now) {
   const h = state.history;
-  const total = s => (s.connections.user || 0) + (s.connections.gateway || 0) + (s.connections.observer || 0)
-    + (s.connections.standby || 0);
   lineChart($("chart-sessions"), [
-    { cls: "connections", points: h.map(s => [s.t, total(s)]) },
+    { cls: "connections", points: h.map(s => [s.t, loggedIn(s.connections)]) },
     { cls: "users", points: h.map(s => [s.t, s.users]) },
     { cls: "sessions", points: h.map(s => [s.t, s.sessions]) },
   ], now);
@@ -228,7 +231,7 @@ function drawStatus(doc) {
     text("connections", number(doc.workers.reduce((a, w) => a + w.connections, 0)));
     text("connections-by-role", `on ${doc.workers.length} workers · core: ${number(c.gateway)} links`);
   } else {
-    text("connections", number((c.user || 0) + (c.gateway || 0) + (c.observer || 0) + (c.standby || 0)));
+    text("connections", number(loggedIn(c)));
     text("connections-by-role", `${number(c.user)} user · ${number(c.gateway)} gateway · ${number(c.observer)} observer`
       + (c.standby ? ` · ${number(c.standby)} standby` : "")
       + (c.pending ? ` · ${number(c.pending)} logging in` : ""));

@@ -41,7 +41,7 @@ from typing import Any, Final
 import trio
 
 from idled.ops.config import Config
-from idled.ops.origin import local_host, same_origin
+from idled.ops.origin import misdirected, misdirected_text, same_origin
 from idled.protocol.tokens import BEARER_CHALLENGE, bearer_refusal
 from idled.server.api.backend import Backend
 from idled.server.api.errors import ApiError
@@ -155,9 +155,8 @@ class Router:
         docstring)."""
         hosts = [value for name, value in headers if name == b"host"]
         host = hosts[0].decode("latin-1") if hosts else None  # (h11 refused two; HTTP/1.0 may send none)
-        if self.secret is None and host is not None and not local_host(host):
-            raise ApiError("misdirected_request", "with auth off the API answers only a Host that is an IP address "
-                           "or localhost (DNS rebinding): use one, or turn auth on")
+        if self.secret is None and misdirected(host):
+            raise ApiError("misdirected_request", misdirected_text("the API"))
         for name, value in headers:
             if name == b"origin" and (host is None or not same_origin(value.decode("latin-1"), host)):
                 raise ApiError("forbidden", "a request from another origin: the API is for backends, not browsers "

@@ -26,7 +26,7 @@ from typing import Final, NoReturn
 
 import trio
 
-from idled.door.addresses import bound_address, display
+from idled.door.addresses import bound_address, display, host_of
 from idled.door.gate import Entry, Gate
 from idled.ops.config import Config
 from idled.server.api.backend import Backend
@@ -47,7 +47,6 @@ class Api:
                  gate: Gate) -> None:
         self.config = config
         self.gate = gate  # the door's (idled.door.door.api_gate): connections not yet authenticated, per address
-        self.secret = secret
         self.metrics = metrics
         self.router = Router(backend, config, secret, api_connections=lambda: self.open)
         self.open = 0  # connections being served
@@ -81,19 +80,21 @@ class Api:
                 connection.idle.cancel()
 
     async def _handle(self, stream: trio.SocketStream) -> None:
-        async with self.gate.enter(stream, self.config.api_request_timeout) as entry:
-            if entry.refused is not None:
+        # The gate (idled.door.gate): the source's share; at api_max_clients the oldest connection without an
+        # authenticated request makes room, and when every one has shown a token the newcomer is answered 503.
+        async with self.gate.enter(stream, self.config.api_request_timeout, self._full) as entry:
+            client = host_of(entry.address)
+            if entry.refused is None:
+                await self._serve(stream, entry, client)
+            elif entry.refused.reason == "busy":
+                await self._refuse(stream, client)
+            else:
                 await trio.aclose_forcefully(stream)  # one address's share is full: not even read
-                return
-            await self._serve(stream, entry)
 
-    async def _serve(self, stream: trio.SocketStream, entry: Entry) -> None:
-        client = _client(stream)
-        if self.open >= self.config.api_max_clients and not self.gate.evict_oldest(sparing=entry):
-            # At the limit the oldest connection without an authenticated request made room (idled.door.gate);
-            # when every one has shown a token, the newcomer is answered 503.
-            await self._refuse(stream, client)
-            return
+    def _full(self) -> bool:
+        return self.open >= self.config.api_max_clients
+
+    async def _serve(self, stream: trio.SocketStream, entry: Entry, client: str) -> None:
         connection = HttpConnection(stream, client, self.router, max_body=self.config.api_max_body,
                                     timeout=self.config.api_request_timeout, observe=self.metrics.observe,
                                     closing=lambda: self.closing, authenticated=entry.authenticated)
@@ -135,12 +136,3 @@ class _Busy:
 
     async def run(self, ticket: Ticket, body: bytes) -> NoReturn:
         raise AssertionError("never admitted")
-
-
-def _client(stream: trio.SocketStream) -> str:
-    """The client's address (the rate limiter's key)."""
-    try:
-        peer = stream.socket.getpeername()
-    except OSError:
-        return "?"
-    return str(peer[0]) if isinstance(peer, tuple) else str(peer)

@@ -34,7 +34,6 @@ doorway's limits (``max_connections``, ``login_timeout``, ``max_frame``) and TLS
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import socket
@@ -44,7 +43,7 @@ from collections.abc import Callable, Sequence
 import trio
 
 from idled.door.accept import Shortage, accept_all
-from idled.door.door import Door, client_gate, close_all, daemon_endpoints, metrics_gate
+from idled.door.door import Door, client_gate, close_all, metrics_gate
 from idled.door.outbound import LinkPolicy
 from idled.ops.config import Config
 from idled.ops.fdbudget import Budget, open_file_limit
@@ -104,8 +103,7 @@ class Edge:
         self.connections = connection_counts()
         relay = self.users.relay
         self.plane = user_plane(self.users, self.connections, lambda code: self.doorway.reject(code))
-        self.door = Door(daemon_endpoints(dataclasses.replace(config, api_port=0)), secret=self.secret is not None,
-                         insecure=config.insecure, env={})
+        self.door = Door.of(config, secret=self.secret is not None, env={}, api=False)
         self.doorway = Doorway(
             config, sessions=self.users, roles=roles(self.users, gateway=relay, observer=relay, standby=relay),
             secret=self.secret, metrics=self.metrics, connections=self.connections, gate=client_gate(config),
