@@ -23,19 +23,21 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "idled"
 PAGE = ROOT / "docs" / "architecture.md"
 COLUMN = "may import (of idled)"
+SERVER = PACKAGE / "server"
+SERVER_COLUMN = "may import (of idled.server)"
 
 _CODE = re.compile(r"`([a-z_]+)/?`")
 
 
-def allowed_imports(page: str) -> dict[str, set[str]]:
-    """package -> the packages it may import, from the layer table's last column."""
+def allowed_imports(page: str, column: str = COLUMN) -> dict[str, set[str]]:
+    """package -> the packages it may import, from the last column of the table headed ``column``."""
     rows: dict[str, set[str]] = {}
     lines = iter(page.splitlines())
     for line in lines:
-        if line.startswith("|") and COLUMN in line:
+        if line.startswith("|") and line.rstrip().rstrip("|").rstrip().endswith(column):
             break
     else:
-        raise AssertionError(f"no table with a {COLUMN!r} column in {PAGE.name}")
+        raise AssertionError(f"no table with a {column!r} column in {PAGE.name}")
     next(lines)  # the |---| line
     for line in lines:
         if not line.startswith("|"):
@@ -50,9 +52,11 @@ def allowed_imports(page: str) -> dict[str, set[str]]:
     return rows
 
 
-def imported_packages(module: str, source: str) -> Iterator[tuple[int, str]]:
-    """(line, top-level package) for every idled import in a module's source (``module``: its dotted name,
-    ``idled.server.app``; for a package's ``__init__``, the package's name plus ``.__init__``)."""
+def imported_packages(module: str, source: str, within: str = "idled") -> Iterator[tuple[int, str]]:
+    """(line, top-level package) for every import of ``within`` in a module's source (``module``: its dotted
+    name, ``idled.server.app``; for a package's ``__init__``, the package's name plus ``.__init__``): for
+    ``within="idled.server"``, the sub-package or module of the server it names."""
+    depth = within.count(".") + 1
     parts = module.split(".")
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
@@ -67,8 +71,8 @@ def imported_packages(module: str, source: str) -> Iterator[tuple[int, str]]:
             continue
         for name in names:
             top = name.split(".")
-            if top[0] == "idled":
-                yield node.lineno, top[1] if len(top) > 1 else "idled"
+            if top[:depth] == within.split("."):
+                yield node.lineno, top[depth] if len(top) > depth else within
 
 
 def violations(rows: Mapping[str, set[str]], module: str, source: str) -> list[str]:
@@ -104,7 +108,10 @@ def test_the_table_lists_every_package_and_only_those() -> None:
 
 
 def test_the_table_allows_no_cycle() -> None:
-    rows = allowed_imports(PAGE.read_text(encoding="utf-8"))
+    assert_acyclic(allowed_imports(PAGE.read_text(encoding="utf-8")))
+
+
+def assert_acyclic(rows: Mapping[str, set[str]]) -> None:
     done: set[str] = set()
 
     def visit(package: str, path: tuple[str, ...]) -> None:
@@ -116,6 +123,40 @@ def test_the_table_allows_no_cycle() -> None:
 
     for package in rows:
         visit(package, ())
+
+
+def server_violations(rows: Mapping[str, set[str]], module: str, source: str) -> list[str]:
+    """The imports of one module of a sub-package of ``idled.server`` that its row does not allow: another
+    sub-package not listed, or a module directly in ``idled.server`` (the process entry points, above all)."""
+    own = module.split(".")[2]
+    if own not in rows:
+        return [f"{module}: sub-package {own!r} has no row in the server's table"]
+    return [
+        f"{module}:{line} imports idled.server.{target} ({own} may import only "
+        f"{', '.join(sorted(rows[own])) or 'nothing'} of the server)"
+        for line, target in sorted(imported_packages(module, source, "idled.server"))
+        if target != own and target not in rows[own]
+    ]
+
+
+def server_packages() -> set[str]:
+    return {p.name for p in SERVER.iterdir() if (p / "__init__.py").is_file()}
+
+
+def test_every_import_in_the_server_keeps_its_table() -> None:
+    """Inside idled/server/, the sub-packages are layered too (the entry points -- app, standby, node --
+    sit on top and import any of them; no sub-package imports an entry point)."""
+    rows = allowed_imports(PAGE.read_text(encoding="utf-8"), SERVER_COLUMN)
+    found = [v for name, path in modules() if name.count(".") >= 3 and name.split(".")[1] == "server"
+             for v in server_violations(rows, name, path.read_text(encoding="utf-8"))]
+    assert found == []
+
+
+def test_the_server_table_lists_every_sub_package_and_allows_no_cycle() -> None:
+    rows = allowed_imports(PAGE.read_text(encoding="utf-8"), SERVER_COLUMN)
+    assert set(rows) == server_packages()
+    assert all(targets <= set(rows) for targets in rows.values()), rows
+    assert_acyclic(rows)
 
 
 # -- the checker itself --------------------------------------------------------------------------------------
@@ -144,3 +185,19 @@ def test_the_parser_reads_the_last_column() -> None:
         "| `cli/` | argv | `core`, `ops` |\n\nafter the table\n"
     )
     assert allowed_imports(page) == {"core": set(), "ops": {"core", "log"}, "cli": {"core", "ops"}}
+
+
+def test_the_server_checker_catches_a_sub_package_reaching_up() -> None:
+    rows = {"runtime": set(), "engine": {"runtime"}, "roles": {"runtime", "engine"}}
+    source = (
+        "from idled.server.runtime.clock import Clock\n"
+        "from idled.server.engine.bus import EventBus\n"
+        "def later():\n"
+        "    from idled.server.roles.users import run_user\n"
+        "    from idled.server.app import Server\n"
+        "from idled.ops.config import Config\n"
+    )
+    found = server_violations(rows, "idled.server.engine.sessions", source)
+    assert [v.split(" imports ")[1].split(" ")[0] for v in found] == ["idled.server.roles", "idled.server.app"]
+    assert server_violations(rows, "idled.server.nope.x", "") == [
+        "idled.server.nope.x: sub-package 'nope' has no row in the server's table"]

@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         # every endpoint (client port, metrics, API: none beyond loopback with auth off), TLS files.
         from idled.door.door import Door, client_gate
         from idled.door.outbound import LinkPolicy
-        from idled.server.conn import auth_secret
+        from idled.server.roles.doorway import auth_secret
 
         secret = auth_secret(cfg)
         Door.of(cfg, secret=secret is not None, env=dict(os.environ)).check()

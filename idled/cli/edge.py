@@ -21,7 +21,7 @@ from idled.door.outbound import LinkPolicy
 from idled.protocol import tokens
 from idled.server.edge import Edge
 from idled.server.edge.link import parse_addresses
-from idled.server.edge.occupancy import Occupancy, parse_occupancy
+from idled.server.workers.occupancy import Occupancy, parse_occupancy
 
 log = logging.getLogger("idled.server.edge")
 

@@ -25,7 +25,7 @@ log = logging.getLogger("idled.server")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     config_module.add_arguments(parser)
-    # Set by the root of `idled serve --workers N` on the core it starts (idled.server.root): not for people.
+    # Set by the root of `idled serve --workers N` on the core it starts (idled.server.workers.root): not for people.
     parser.add_argument("--core-of-workers", metavar="FDS", help=argparse.SUPPRESS)
 
 
@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from idled.ops.metrics import Metrics
     from idled.server.app import Server  # not in the root: it runs no presence machinery
     from idled.server.node import Node
-    from idled.server.standbyserver import StandbyServer
+    from idled.server.standby import StandbyServer
 
     node = cfg.election is not None or cfg.standby_of is not None  # a role that may change (docs/ha.md)
     # Under a node, the roles do not talk to systemd: the node says READY/STATUS/STOPPING, pings the watchdog
@@ -90,16 +90,16 @@ def _workers(spec: str | None) -> Any:
     """The core of ``--workers``: a factory of its view of the edges, from the descriptors the root passed."""
     if not spec:
         return None
-    from idled.server.root import parse_core_fds
-    from idled.server.workers import Workers
+    from idled.server.workers.root import parse_core_fds
+    from idled.server.workers.edges import Workers
 
     internal, roster, occupancy, public = parse_core_fds(spec)
     return lambda peers: Workers.from_fds(internal, roster, occupancy, public, peers=peers)
 
 
 def _run_root(cfg: Config, args: argparse.Namespace) -> int:
-    """``--workers N``: this process is the root (``idled.server.root``); the core is its child."""
-    from idled.server.root import Root
+    """``--workers N``: this process is the root (``idled.server.workers.root``); the core is its child."""
+    from idled.server.workers.root import Root
 
     log.info("%s", config_summary(cfg, listen="inherited sockets (LISTEN_FDS)" if "LISTEN_FDS" in os.environ else None))
     soft, hard = systemd.raise_nofile_limit()  # the children inherit it

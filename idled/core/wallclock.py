@@ -32,7 +32,7 @@ Worked by hand, slew 0.1 for round numbers: ``read(1000, 0)`` -> 1000 (offset 10
 900, and our time is the system's again. ``steps`` counts the readings where the system's offset moved
 by more than ``jitter`` since the previous reading (``last_step``: by how much, signed), for the server's log.
 
-Pure: no clock is read here (``idled.server.clock.WallClock`` reads them); plain floats in, a float out.
+Pure: no clock is read here (``idled.server.runtime.clock.WallClock`` reads them); plain floats in, a float out.
 """
 
 from __future__ import annotations

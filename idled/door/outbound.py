@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 A *link* is a connection one idled process opens to another core: a standby's to its active
-(``idled.server.standby``), an elected follower's to its leader (the same code, run by ``idled.server.node``),
+(``idled.server.ha.follow``), an elected follower's to its leader (the same code, run by ``idled.server.node``),
 an edge's to its core (``idled.server.edge.link``) and each gateway or observer connection the edge relays
 (``idled.server.edge.users``). What the door is for listeners, this module is for links: one place that
 opens them, so no link kind can forget TLS.

@@ -41,7 +41,7 @@ login)`` then decides whether a verified certificate stands in for a token. The 
 ``subjectAltName`` URI ``idled:<role>:<name>`` (e.g. ``idled:gateway:push-eu1``) or, for a certificate with
 no URI names at all, a subject commonName exactly ``<role>:<name>``. DNS names are not consulted: they name
 hosts, and a host name is not a gateway's identity. A login that carries a token is still checked as a token.
-The doorway (``idled.server.conn``) gives a certified login a short-lived token of its own, so an edge that
+The doorway (``idled.server.roles.doorway``) gives a certified login a short-lived token of its own, so an edge that
 relays it makes the core accept it.
 """
 

@@ -31,7 +31,7 @@ class SeqReservation:
     One writer at a time: ``record`` holds a lock from the temp file's creation to the directory's fsync.
     Two threads writing the one temp file together left it holding both marks run together (``600\\n000000``,
     which ``load`` rejects: the next start failed), or renamed it away under the other (FileNotFoundError).
-    The lock makes the writes whole; *which* mark wins is the caller's to order (``idled.server.seqs``).
+    The lock makes the writes whole; *which* mark wins is the caller's to order (``idled.server.engine.seqs``).
     """
 
     def __init__(self, directory: str | os.PathLike[str]) -> None:

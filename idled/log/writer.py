@@ -47,7 +47,7 @@ again every ``retry_interval`` seconds (a failed attempt writes nothing, so retr
 one write). Once they are written it reports ``on_degraded(None)`` and goes on draining the channel as
 usual: nothing is lost, reordered or skipped, and observers get everything as they would have. The bound on
 what waits is the caller's: the server's producers wait in ``EventBus.room()`` once the backlog is over its
-limit (``idled.server.sessions``). A failed *fsync* stays fatal, full disk or not (fsyncgate).
+limit (``idled.server.engine.sessions``). A failed *fsync* stays fatal, full disk or not (fsyncgate).
 
 Stopping: close the send side(s). The writer drains what is queued, writes it, syncs (except ``never``) and
 returns (still holding events on a full disk, it keeps trying until it is cancelled). If the writer is

@@ -98,7 +98,7 @@ class Config:
     # Stall guard: a loop that could not run for this many ticks was paused; see Server.now.
     stall_ticks: float = 2.0
     # Seconds an edge (a gateway that reports watermarks) keeps its sessions after losing its connection
-    # without bye, so a reconnect resumes them with no event (idled.server.gateways); 0 = lost at once.
+    # without bye, so a reconnect resumes them with no event (idled.server.roles.gateways); 0 = lost at once.
     gateway_grace: float = 15.0
     # Seconds a query with last_seen still answers when an offline user was last seen (the event log keeps
     # uid -> last_seen, snapshotted beside the open sessions: idled.log.lastseen); 0 disables the store.
@@ -121,7 +121,7 @@ class Config:
     # PROXY protocol v1/v2 from the balancers in proxy_allow (comma-separated CIDRs).
     proxy_protocol: bool = False
     proxy_allow: str = "127.0.0.0/8,::1"
-    # Uids in one observer's watchlist (subscribe uids / watch); beyond it: not_allowed (idled.server.watchlists).
+    # Uids in one observer's watchlist (subscribe uids / watch); beyond it: not_allowed (idled.server.roles.watchlists).
     max_watch: int = 100_000
     # The HTTP presence API (idled.server.api, docs/api.md), on its own listener; api_port 0 = off.
     api_host: str = "127.0.0.1"
@@ -132,7 +132,7 @@ class Config:
     api_rate: float = 1000.0
     api_burst: int = 2000
     api_request_timeout: float = 10.0
-    # Run as a hot standby of the active core at HOST:PORT (idled.server.standby, docs/ha.md); None: active.
+    # Run as a hot standby of the active core at HOST:PORT (idled.server.ha.follow, docs/ha.md); None: active.
     standby_of: str | None = None
     # Leader election in etcd (idled.server.node, docs/ha.md): etcd://HOST:PORT[,...]/prefix; None: no election.
     election: str | None = None

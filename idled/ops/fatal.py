@@ -16,7 +16,7 @@ Exit statuses (documented in docs/operations.md and in `idled --help`):
 3     ran, but a target FAILED (`idled bench`, `idled loadtest`)
 4     cannot listen: address in use, permission denied, address not available (client or metrics port)
 5     event log unusable: permission denied, locked by another daemon, fsync failed, damaged state (a full
-      disk degrades the daemon instead: idled.server.degraded; only a data directory it cannot create ends it)
+      disk degrades the daemon instead: idled.server.engine.degraded; only a data directory it cannot create ends it)
 6     out of resources: open-file limit (EMFILE/ENFILE) or memory
 130   interrupted (a second Ctrl-C during shutdown)
 ====  =====================================================================================================

@@ -5,7 +5,7 @@ directory with a real write -- create, lock, write, fsync, unlink a small file (
 `idled check-config` runs too), in a worker thread -- because
 ``os.access`` says nothing about a full disk, a read-only remount, an immutable or removed directory; the
 answer is cached for ``cache_seconds`` so a probe storm costs one write per second. A server that runs
-degraded (its event log's disk is full: ``idled.server.degraded``) is not ready either, and says why first:
+degraded (its event log's disk is full: ``idled.server.engine.degraded``) is not ready either, and says why first:
 the probe's small write may fit where the log's next batch does not.
 
 Who gets what (``Health.access``, given the request's ``Authorization`` header): with auth off (no ``secret``:

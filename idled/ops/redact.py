@@ -45,11 +45,11 @@ ALLOWED: Final[Mapping[str, Any]] = {
     "next_seq": KEEP, "ports": KEEP, "stopping": KEEP, "role": KEEP,
     "replication": {"sync_standby": KEEP, "sync_attached": KEEP, "durable_seq": KEEP, "log_durable_seq": KEEP,
                     "records_sent": KEEP, "standbys": [{"acked": KEEP, "sent": KEEP, "sync": KEEP}]},
-    # idled.server.overview.status_part: the config summary holds settings only (no path, no secret)
+    # idled.server.status.overview.status_part: the config summary holds settings only (no path, no secret)
     "config": KEEP, "events_per_second": KEEP, "lateness": KEEP,
     "workers": [{"name": KEEP, "pid": KEEP, "up": KEEP, "restarts": KEEP, "sessions": KEEP, "connections": KEEP}],
     "election": {"lease_left": KEEP},  # not the etcd target nor the advertised address
-    # a standby's link (idled.server.standby.Link.status): not the active's address
+    # a standby's link (idled.server.ha.follow.Link.status): not the active's address
     "standby": {"state": KEEP, "connected": KEEP, "last_seq": KEEP, "active_durable_seq": KEEP, "lag_records": KEEP,
                 "lag_seconds": KEEP, "records": KEEP, "resyncs": KEEP, "reconnects": KEEP, "synced": KEEP,
                 "error": SCRUB, "tls": KEEP},

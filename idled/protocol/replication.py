@@ -68,7 +68,7 @@ PART_BYTES: Final = 256 * 1024  # snapshot bytes in one `snapshot_part` frame
 MAX_FRAME: Final = MAX_BATCH_BYTES + 2 * 65_536 + 64 * 1024  # a standby's frame limit: a batch and slack
 MAX_SNAPSHOT_BYTES: Final = 4 << 30  # a larger snapshot is refused (a 1M-session snapshot is ~28 MB)
 # How an active core refuses a ``replicate`` from an observer login (the start of its reason): an older
-# standby's; a standby that reads it logs in as a standby instead (idled.server.standby, *Older actives*).
+# standby's; a standby that reads it logs in as a standby instead (idled.server.ha.follow, *Older actives*).
 REPLICATE_NEEDS_STANDBY: Final = "replicate needs a standby login"
 MAX_STANDBY_FRAME: Final = 256  # the active's frame limit for what a standby sends after replicate (an ack: ~20 B)
 

@@ -5,15 +5,17 @@ Theory of operation
 Everything below the server package is pure; the server package is the only place that reads clocks,
 touches sockets and handles signals, and this module wires its pieces together rather than being them:
 
-* ``clock.Clock``: the pause-adjusted monotonic clock (the stall guard) every deadline is measured on;
-* ``seqs.SeqBlocks``: the durable seq reservation, extended ahead of need;
-* ``sessions.Sessions``: the presence table as connections and the tick task change it (room, publish,
+* ``runtime.clock.Clock``: the pause-adjusted monotonic clock (the stall guard) every deadline is measured on;
+* ``engine.seqs.SeqBlocks``: the durable seq reservation, extended ahead of need;
+* ``engine.sessions.Sessions``: the presence table as connections and the tick task change it (room, publish,
   take-over, the shutdown flag);
-* ``conn.Doorway``: admission, login and dispatch of each connection to its role -- ``users.run_user`` (the
-  user loop, on the presence table through ``users.CoreUsers``), ``gateways.Gateways``, ``observers.Observers``;
-  wired, limited and reloaded as an edge's is (``lifecycle``: the parts the two processes share);
-* ``ticker.Ticker``: expiry; ``monitor.Monitor``: loop lag, the watchdog, periodic hooks;
-* ``logtask.LogTask``: the log writer (``idled.log.writer.run_writer``), which group-commits the records the
+* ``roles.doorway.Doorway``: admission, login and dispatch of each connection to its role --
+  ``roles.users.run_user``
+  (the user loop, on the presence table through ``roles.users.CoreUsers``), ``roles.gateways.Gateways``,
+  ``roles.observers.Observers``;
+  wired, limited and reloaded as an edge's is (``idled.server.roles.table``: the parts the two processes share);
+* ``engine.ticker.Ticker``: expiry; ``runtime.monitor.Monitor``: loop lag, the watchdog, periodic hooks;
+* ``engine.logtask.LogTask``: the log writer (``idled.log.writer.run_writer``), which group-commits the records the
   bus queues.
 
 ``serve()`` goes through the door first (``idled.door``: the rule on every endpoint -- client port, metrics,
@@ -24,11 +26,11 @@ so descriptors never run out under the log's feet. Then it recovers the log (whi
 builds the presence table and the pieces above, and runs one nursery: the writer, the /metrics endpoint, the
 tick task, one accept loop per listener (``idled.door.accept.accept_all``; handlers run in this nursery, under the
 accept loops' own scope so stopping to accept leaves them running), the monitor.
-With ``--workers N`` the core is a child of the root (``root``), which runs N ``idled edge`` children on the
+With ``--workers N`` the core is a child of the root (``workers.root``), which runs N ``idled edge`` children on the
 public port and restarts the core if it dies: the core accepts only on the internal unix socket the root
-passed (``workers.Workers``: the sockets, the edges' pids and counts), and the root speaks to systemd.
+passed (``workers.edges.Workers``: the sockets, the edges' pids and counts), and the root speaks to systemd.
 Then it waits for SIGTERM/SIGINT or ``stop()``. A full disk does not end it: it runs *degraded*
-(``idled.server.degraded``: new work refused with ``unavailable``, sessions kept, events held in memory and
+(``idled.server.engine.degraded``: new work refused with ``unavailable``, sessions kept, events held in memory and
 written in seq order once there is room, by itself), whether the disk fills while it runs or was full when it
 started. Any other failure of the log (fsync failed, EIO, a damaged state) ends the daemon as one ``Fatal``
 naming the log's directory (``idled.ops.fatal``): systemd restarts it onto a recovered log. Shutdown is a
@@ -65,37 +67,38 @@ from idled.ops.http import serve_metrics
 from idled.ops.metrics import Metrics, NullMetrics
 from idled.protocol import ErrorCode
 from idled.server.api import Api, ApiMetrics, Backend
-from idled.server.bus import EventBus
-from idled.server.clock import Clock, floor_wall
-from idled.server.conn import Connection, Doorway, auth_secret, refuse_out_of_descriptors
-from idled.server.degraded import Degraded, LogHold
+from idled.server.engine.bus import EventBus
+from idled.server.runtime.clock import Clock, floor_wall
+from idled.server.roles.doorway import Connection, Doorway, auth_secret, refuse_out_of_descriptors
+from idled.server.engine.degraded import Degraded, LogHold
 from idled.server.election import Election
-from idled.server.fence import Fence
-from idled.server.gateways import Gateways
-from idled.server.lagwatch import LagWatch
-from idled.server.logtask import LogTask
-from idled.server.lifecycle import (
-    DOOR_RELOADABLE, connection_counts, connection_limit, reload, reload_door, roles, user_plane,
+from idled.server.election.fence import Fence
+from idled.server.roles.gateways import Gateways
+from idled.server.status.lagwatch import LagWatch
+from idled.server.engine.logtask import LogTask
+from idled.server.runtime.reload import reload
+from idled.server.roles.table import (
+    DOOR_RELOADABLE, connection_counts, connection_limit, reload_door, roles, user_plane,
 )
 from idled.door.accept import Shortage, accept_all
 from idled.door.addresses import bound_address, display
 from idled.door.door import (
     Door, Listening, api_gate, client_gate, close_all, http_connections, metrics_gate, reload_gate,
 )
-from idled.server.monitor import Monitor
-from idled.server.observers import Observers
-from idled.server.overview import status_part
-from idled.server.plane import UserPlane
-from idled.server.queries import Queries
-from idled.server.replication import Replicas
-from idled.server.seqs import SeqBlocks
-from idled.server.sessions import Sessions
-from idled.server.signals import SIGNALS, until_stopped
-from idled.server.workermetrics import WorkerCollector
-from idled.server.workers import Workers
-from idled.server.ticker import Ticker
-from idled.server.users import CoreUsers
-from idled.server.vitals import Sample, Vitals, histogram_source
+from idled.server.runtime.monitor import Monitor
+from idled.server.roles.observers import Observers
+from idled.server.status.overview import status_part
+from idled.server.roles.plane import UserPlane
+from idled.server.engine.queries import Queries
+from idled.server.ha.feed import Replicas
+from idled.server.engine.seqs import SeqBlocks
+from idled.server.engine.sessions import Sessions
+from idled.server.runtime.signals import SIGNALS, until_stopped
+from idled.server.workers.metrics import WorkerCollector
+from idled.server.workers.edges import Workers
+from idled.server.engine.ticker import Ticker
+from idled.server.roles.users import CoreUsers
+from idled.server.status.vitals import Sample, Vitals, histogram_source
 
 __all__ = ["RELOADABLE", "Server"]
 
@@ -140,7 +143,7 @@ class Server:
         # server before its first write once the lease is lost.
         self.election = election
         self.fence = Fence(election) if election is not None else None
-        self.degraded = Degraded()  # a full disk: why new work is refused now (idled.server.degraded)
+        self.degraded = Degraded()  # a full disk: why new work is refused now (idled.server.engine.degraded)
         self.seqs = SeqBlocks(SeqReservation(self.log.directory), election, self.degraded)
         self._event_counters: dict[tuple[str, str], Any] = {}
         self.bus = EventBus(on_event=self._count_event)
@@ -161,7 +164,7 @@ class Server:
         self._damage = (0, 0)  # (bytes, records) the recovery found damaged: exported as gauges
         self._accept_scope = trio.CancelScope()
         self._stop_event = trio.Event()
-        self.writer: LogTask | None = None  # the log-writer task (idled.server.logtask), started by _start
+        self.writer: LogTask | None = None  # the log-writer task (idled.server.engine.logtask), started by _start
         self.stopped = trio.Event()  # set once serve() has returned (or failed)
         self._peers: set[Connection] = set()  # gateways, observers and standbys, told when the server stops
         self.ports: list[int] = []
@@ -175,7 +178,7 @@ class Server:
         # serves them on the internal socket.
         self.workers = workers(self._peers) if workers is not None else None
         self.api: Api | None = None  # the HTTP API (idled.server.api), with api_port
-        self.replicas: Replicas | None = None  # standbys (idled.server.replication), built by _recover
+        self.replicas: Replicas | None = None  # standbys (idled.server.ha.feed), built by _recover
 
     @property
     def stopping(self) -> bool:
@@ -267,7 +270,7 @@ class Server:
                                  peers=self._peers, wall=self.clock.wall)
         self._damage = (recovery.skipped_bytes + recovery.truncated_bytes, recovery.corrupt_records)
         users = CoreUsers(sessions)
-        # Logged-in plain TCP users are served by one task (idled.server.plane), not one each.
+        # Logged-in plain TCP users are served by one task (idled.server.roles.plane), not one each.
         self._plane = user_plane(users, self.connections, self._reject)
         self._doorway = Doorway(
             cfg, sessions=users, roles=roles(users, gateway=self._gateways.run, observer=observers.run,
@@ -372,7 +375,7 @@ class Server:
         self._stop_event.set()
 
     def _reload(self) -> None:
-        """SIGHUP: apply what can change without a restart (``RELOADABLE``), report the rest (``lifecycle.reload``)."""
+        """SIGHUP: apply what can change without a restart (``RELOADABLE``), report the rest (``idled.server.runtime.reload``)."""
         reload(self.config, self._reload_config, RELOADABLE, self._apply, log, env=self.env)
 
     def _apply(self, config: Config) -> None:

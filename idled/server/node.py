@@ -9,7 +9,7 @@ hand) what this process is, and runs that role until the answer changes:
 * **leader** (the election says so *and* its lease deadline has not passed): a `Server` on the data
   directory, which recovers the log as after any restart -- open sessions it finds end with reason
   ``restart``, then edges re-attach theirs -- and starts its seqs past the mark kept in etcd
-  (``idled.server.seqs``). It runs fenced (``idled.server.fence``): once the lease is lost it stops before its
+  (``idled.server.engine.seqs``). It runs fenced (``idled.server.election.fence``): once the lease is lost it stops before its
   next write, and the loop goes on to follow the new leader.
 * **follower** (another core's address is known): a `StandbyServer` following that address, which refuses
   user and gateway logins with ``not_leader`` naming it, and serves observers from its copy. When the leader
@@ -45,12 +45,12 @@ from idled.door.outbound import LinkPolicy
 from idled.ops import systemd
 from idled.ops.config import Config
 from idled.server.app import Server
-from idled.server.conn import auth_secret
+from idled.server.roles.doorway import auth_secret
 from idled.server.election import Election, ManualElection
 from idled.server.election.base import Status
-from idled.server.fence import stepped_down
-from idled.server.signals import SIGNALS
-from idled.server.standbyserver import StandbyServer
+from idled.server.election.fence import stepped_down
+from idled.server.runtime.signals import SIGNALS
+from idled.server.standby import StandbyServer
 
 __all__ = ["Node", "RoleFactory"]
 

@@ -7,7 +7,7 @@ import pytest
 from idled.cli import edge as edge_cli
 from idled.cli import main as cli
 from idled.ops.config import Config, ConfigError
-from idled.server.children import edge_command
+from idled.server.workers.children import edge_command
 
 
 def test_serve_passes_it_to_every_edge_it_starts() -> None:

@@ -1,5 +1,5 @@
 """`idled watch --uid U` (repeatable) and `--int`: the watchlist the command asks for (the daemon side is in
-tests/server/test_watchlists_e2e.py)."""
+tests/server/roles/test_watchlists_e2e.py)."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from idled.client import AuthFailed, Busy, ConnectionLost, Gone, Kicked, Observe
 from idled.client.core import Backoff
 from idled.protocol import Event
 from idled.protocol.tokens import mint
-from idled.server.observers import OBSERVER_STALL
+from idled.server.roles.observers import OBSERVER_STALL
 
 from tests.client.support import HOST, Idled
 

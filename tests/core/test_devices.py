@@ -389,7 +389,7 @@ def test_model_devices_cap_and_grace(ops: list[tuple[Any, ...]], max_devices: in
             online_before = p.is_online(uid)
             replaced, event = p.login(key, owner, now, wall(now), arg)
             # A login adds an event exactly when its user was not online: what a degraded server's rule relies
-            # on (idled.server.sessions.Sessions.brings_online).
+            # on (idled.server.engine.sessions.Sessions.brings_online).
             assert (event is not None) == (not online_before)
             expected_replaced, expected = ref.login(key, owner, now, arg)
             assert replaced == expected_replaced

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import trio
 
-from idled.server.conn import refuse, refuse_out_of_descriptors
+from idled.server.roles.doorway import refuse, refuse_out_of_descriptors
 from idled.door.accept import OVERFLOW_PATIENCE, OVERFLOW_WAIT, Shortage, accept_loop
 from tests.peers import Client
 

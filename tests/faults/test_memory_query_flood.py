@@ -16,7 +16,7 @@ import pytest
 import trio
 
 from idled.protocol import Login, Query, encode
-from idled.server.observers import OBSERVER_STALL
+from idled.server.roles.observers import OBSERVER_STALL
 
 from tests import peers
 

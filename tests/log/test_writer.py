@@ -218,7 +218,7 @@ async def test_bad_arguments_are_rejected(tmp_path: Path) -> None:
 
 
 async def test_before_write_raising_ends_the_writer_with_nothing_of_that_batch_written(tmp_path: Path) -> None:
-    # An elected core's fence (idled.server.fence): once leadership is gone, not one more batch is written.
+    # An elected core's fence (idled.server.election.fence): once leadership is gone, not one more batch is written.
     log = open_log(tmp_path)
     leading = True
 

@@ -190,9 +190,9 @@ async def test_with_auth_off_everything_is_open(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_standby_and_its_active_redact_the_same_way(tmp_path: Path, secret_file: Path) -> None:
-    """The standby core serves the same endpoint (idled.server.standbyserver): with auth on, neither it nor its
+    """The standby core serves the same endpoint (idled.server.standby): with auth on, neither it nor its
     active names the other (the standby's link, the active's list of standbys) or a path without the token."""
-    from tests.server.standby_support import active, standby, wait_for
+    from tests.server.ha.standby_support import active, standby, wait_for
 
     flags = ("--secret-file", str(secret_file))
     act_metrics = peers.free_port()

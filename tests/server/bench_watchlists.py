@@ -53,8 +53,8 @@ from idled.core.presence import PresenceEvent, PresenceTable
 from idled.log.eventlog import EventLog
 from idled.protocol import PING, PONG, Event, FrameDecoder, Login, Subscribe, Welcome, encode, parse_server_message
 from idled.protocol import Watch, receive_message
-from idled.server.bus import EventBus
-from idled.server.observers import Observers
+from idled.server.engine.bus import EventBus
+from idled.server.roles.observers import Observers
 
 WARMUP = 1.0  # seconds published before the CPU is measured
 CONFIGS = ("nothing", "full", "watchlist", "both", "silent")
@@ -156,7 +156,7 @@ async def observers_main(port: int, kinds: list[str], uids: list[str]) -> None:
 def publish_path(args: argparse.Namespace, watched: list[str], events: int = 200_000, passes: int = 5) -> None:
     """Microseconds per ``bus.publish``: no watchlist, a silent one, one of ``watched`` (queue emptied as it
     fills, as its sender would)."""
-    from idled.server.bus import Subscription
+    from idled.server.engine.bus import Subscription
 
     rng = random.Random(3)
     batch = [PresenceEvent(seq, "online", uid_of(rng.randrange(args.uids)), 1.7e9, "login", 1.7e9, 1.7e9 + 30,

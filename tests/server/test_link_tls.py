@@ -17,7 +17,7 @@ import pytest
 from idled.protocol import Attach, Detach, Login, encode, tokens
 from idled.tools.bench.daemon import Daemon
 from tests.peers import free_port
-from tests.server.standby_support import records, status, wait_for
+from tests.server.ha.standby_support import records, status, wait_for
 from tests.tlscerts import Certs
 
 pytestmark = pytest.mark.slow

@@ -17,7 +17,7 @@ import pytest
 from idled.protocol import Attach, Login, encode
 from idled.tools.bench.failover import Cluster
 from idled.tools.etcd import ETCD
-from tests.server.standby_support import wait_for
+from tests.server.ha.standby_support import wait_for
 from tests.tlscerts import Certs
 
 pytestmark = pytest.mark.slow

@@ -22,7 +22,7 @@ from idled.tools.bench.failover import Cluster, DurableObserver, history, probe
 from idled.tools.bench.gatewayload import GatewayLoad, login
 from idled.tools.etcd import ETCD
 from tests.peers import free_port
-from tests.server.standby_support import Gateway, active, records, standby, status, wait_for
+from tests.server.ha.standby_support import Gateway, active, records, standby, status, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(ETCD is None, reason="etcd not on PATH (.ci/system-deps)")]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import trio
 
-import idled.server.bus
+import idled.server.engine.bus
 from idled.protocol import Error, Event
 
 from tests import peers
@@ -48,7 +48,7 @@ async def test_resume_from_the_memory_window(tmp_path: Path) -> None:
 
 
 async def test_resume_from_disk_then_window_then_live(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(idled.server.bus, "RECENT_EVENTS", 8)
+    monkeypatch.setattr(idled.server.engine.bus, "RECENT_EVENTS", 8)
     async with running(tmp_path) as h:
         reference = await h.observer(name="reference")
         first = await h.observer()
@@ -68,7 +68,7 @@ async def test_resume_from_disk_then_window_then_live(tmp_path: Path, monkeypatc
 
 async def test_resume_while_events_keep_coming(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The seams under concurrent traffic: events published while the replay is being read from disk."""
-    monkeypatch.setattr(idled.server.bus, "RECENT_EVENTS", 16)
+    monkeypatch.setattr(idled.server.engine.bus, "RECENT_EVENTS", 16)
     async with running(tmp_path) as h:
         reference = await h.observer(name="reference")
         await h.traffic(40)  # 1..80
@@ -93,7 +93,7 @@ async def test_resume_while_events_keep_coming(tmp_path: Path, monkeypatch: pyte
 
 
 async def test_resume_across_a_restart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(idled.server.bus, "RECENT_EVENTS", 4)
+    monkeypatch.setattr(idled.server.engine.bus, "RECENT_EVENTS", 4)
     async with running(tmp_path) as h:
         reference = await h.observer(name="reference")
         await h.traffic(6)  # 1..12
@@ -118,7 +118,7 @@ async def test_from_the_next_seq_is_live_only(tmp_path: Path) -> None:
 
 
 async def test_from_older_than_retention_is_gone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(idled.server.bus, "RECENT_EVENTS", 8)
+    monkeypatch.setattr(idled.server.engine.bus, "RECENT_EVENTS", 8)
     async with running(tmp_path, segment_bytes=4096, retention_bytes=4096) as h:
         await h.traffic(60)  # ~18 KB of records in 4 KiB segments: the oldest are deleted
         with trio.fail_after(10):

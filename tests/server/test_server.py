@@ -542,9 +542,9 @@ async def test_gateway_attach_after_shutdown_began_is_refused(tmp_path: Path, au
 async def test_gone_when_from_is_older_than_retention(
     tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import idled.server.bus
+    import idled.server.engine.bus
 
-    monkeypatch.setattr(idled.server.bus, "RECENT_EVENTS", 10)
+    monkeypatch.setattr(idled.server.engine.bus, "RECENT_EVENTS", 10)
     async with running(tmp_path, segment_bytes=4096, retention_bytes=4096) as h:
         for i in range(60):  # 120 events of ~150 bytes: several 4 KiB segments, the oldest deleted
             user = await h.user(f"user-{i:03d}")

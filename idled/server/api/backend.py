@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from idled.log.eventlog import EventLog
-from idled.server.queries import Queries
-from idled.server.sessions import Sessions
-from idled.server.vitals import Vitals
+from idled.server.engine.queries import Queries
+from idled.server.engine.sessions import Sessions
+from idled.server.status.vitals import Vitals
 
 __all__ = ["Backend"]
 

@@ -7,7 +7,7 @@ owner is told (``release(key, "kicked", text)``): a direct connection gets the e
 edge gets an ``ended`` notice (reason ``kicked``) through its gateway link and closes its user's connection --
 the gateway protocol carries no text, so an edge's user reads the edge's own message.
 
-While the server is degraded (its event log's disk is full: ``idled.server.degraded``) a kick is refused with
+While the server is degraded (its event log's disk is full: ``idled.server.engine.degraded``) a kick is refused with
 ``503 unavailable`` and ``Retry-After``: it would end sessions whose events could only wait in memory.
 
 A user online only by the grace (its last connection is gone, its offline not yet due) has no session to end:

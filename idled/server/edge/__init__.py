@@ -12,19 +12,6 @@ The operator's view is docs/edge.md.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from idled.server.edge.app import Edge
+from idled.server.edge.app import Edge
 
 __all__ = ["Edge"]
-
-
-def __getattr__(name: str) -> Any:
-    # Lazily: the root of `idled serve --workers` imports idled.server.edge.occupancy, and must not load the
-    # edge's (and so the server's) machinery with it.
-    if name == "Edge":
-        from idled.server.edge.app import Edge
-
-        return Edge
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -13,7 +13,7 @@ the ``--workers`` supervisor passes the public socket to every edge and the kern
 
 *Accepting when full.* The limit is ``max_connections`` capped to the descriptor budget
 (``idled.ops.fdbudget``; a relay counts twice). Under ``--workers`` the edges share their counts
-(``idled.server.edge.occupancy``): ``max_connections`` is then the whole daemon's, and each edge is also
+(``idled.server.workers.occupancy``): ``max_connections`` is then the whole daemon's, and each edge is also
 capped to its own budget. The accept loop is the core's (``idled.door.accept``: the spare descriptor,
 ``busy`` when descriptors run out anyway), with this edge as its ``Room``: when full the edge stops
 accepting, so on a socket shared by several edges the kernel hands new connections to one with room; a
@@ -21,7 +21,7 @@ connection still waiting is left to them while one has room (up to ``OVERFLOW_PA
 when all are full -- this edge accepts it and refuses it with ``busy``, so the client learns instead of
 hanging in the backlog.
 
-Like the core, the edge runs the stall guard's clock and the monitor task (``idled.server.monitor``: loop
+Like the core, the edge runs the stall guard's clock and the monitor task (``idled.server.runtime.monitor``: loop
 lag as ``idled_event_loop_lag_seconds``, the GC policy's thaw as a hook). The link measures the core's
 silence on that clock, so a pause of the edge itself (SIGSTOP, a GC walk) never counts as the core gone.
 
@@ -29,7 +29,7 @@ SIGTERM/SIGINT drain: stop accepting, close every user with ``server_shutdown`` 
 on the link), wait for them (bounded by the grace period), send the link's pending frames and ``bye``, exit.
 SIGHUP re-reads the configuration (file and environment; flags still win) and applies the log level and the
 doorway's limits (``max_connections``, ``login_timeout``, ``max_frame``) and TLS certificates, as the core does
-(``idled.server.lifecycle``: the counts, role table, user plane, connection limit and reload they share).
+(``idled.server.roles.table``: the counts, role table, user plane, connection limit and reload they share).
 """
 
 from __future__ import annotations
@@ -51,16 +51,17 @@ from idled.ops.gcpolicy import GcPolicy
 from idled.ops.http import serve_metrics
 from idled.ops.metrics import Metrics, NullMetrics
 from idled.protocol import ErrorCode
-from idled.server.clock import Clock
-from idled.server.conn import Doorway, auth_secret, refuse, refuse_out_of_descriptors
+from idled.server.runtime.clock import Clock
+from idled.server.roles.doorway import Doorway, auth_secret, refuse, refuse_out_of_descriptors
 from idled.server.edge.link import CoreLink
-from idled.server.edge.occupancy import Occupancy
+from idled.server.workers.occupancy import Occupancy
 from idled.server.edge.users import EdgeUsers
-from idled.server.lifecycle import (
-    DOOR_RELOADABLE, connection_counts, connection_limit, reload, reload_door, roles, user_plane,
+from idled.server.runtime.reload import reload
+from idled.server.roles.table import (
+    DOOR_RELOADABLE, connection_counts, connection_limit, reload_door, roles, user_plane,
 )
-from idled.server.monitor import Monitor
-from idled.server.signals import SIGNALS, until_stopped
+from idled.server.runtime.monitor import Monitor
+from idled.server.runtime.signals import SIGNALS, until_stopped
 
 __all__ = ["Edge", "RELOADABLE"]
 
@@ -209,7 +210,7 @@ class Edge:
         return held >= self.doorway.limit or self.occupancy.total() >= self.config.max_connections
 
     def elsewhere(self) -> bool:
-        """Another edge of this daemon has room (see ``idled.server.edge.occupancy``)."""
+        """Another edge of this daemon has room (see ``idled.server.workers.occupancy``)."""
         occupancy = self.occupancy
         return (occupancy is not None and occupancy.total() < self.config.max_connections
                 and occupancy.elsewhere(self.doorway.limit))
@@ -250,7 +251,7 @@ class Edge:
             log.info("drained: closed %d users", closed)
 
     def _reload(self) -> None:
-        """SIGHUP (``lifecycle.reload``); the supervisor, not the edge, tells systemd."""
+        """SIGHUP (``idled.server.runtime.reload``); the supervisor, not the edge, tells systemd."""
         reload(self.config, self._reload_config, RELOADABLE, self._apply, log)
 
     def _apply(self, config: Config) -> None:

@@ -96,7 +96,7 @@ from idled.core.timeouts import DEFAULT_MAX_TIMEOUT, DEFAULT_TICK, DEFAULT_TIMEO
 from idled.protocol import (
     BYE_FRAME, PING_FRAME, Login, Marked, SessionKey, Welcome, encode, tokens,
 )
-from idled.server.clock import WallClock
+from idled.server.runtime.clock import WallClock
 
 __all__ = ["CoreLink", "CoreParams", "LinkMismatch", "open_core_stream", "parse_address", "parse_addresses",
            "format_core"]

@@ -2,8 +2,8 @@
 
 Theory of operation
 -------------------
-*Users.* After the doorway's login (``idled.server.conn.Doorway``: admission, login timeout, auth, error
-frames -- the server's own code), a user runs the server's own user loop (``idled.server.users.run_user``)
+*Users.* After the doorway's login (``idled.server.roles.doorway.Doorway``: admission, login timeout, auth, error
+frames -- the server's own code), a user runs the server's own user loop (``idled.server.roles.users.run_user``)
 with this object as its ``UserSink``: the login is ``link.attach``, every frame ``link.touch(uid)`` (a
 dict store), a ping is answered with a pong from here, and ``bye`` or the end of the stream ends it
 (``link.detach``). Its ``welcome`` carries the timeout the core would give (``CoreParams.timeout_for``). There
@@ -51,10 +51,10 @@ from collections.abc import Callable
 import trio
 
 from idled.protocol import ErrorCode, FrameDecoder, Login, ProtocolError, SessionKey, encode
-from idled.server.conn import Connection
+from idled.server.roles.doorway import Connection
 from idled.door.outbound import LinkFailed, close_link
 from idled.server.edge.link import MAX_ATTACHING, CoreLink, open_core_stream
-from idled.server.users import Plane
+from idled.server.roles.users import Plane
 
 __all__ = ["EdgeUser", "EdgeUsers", "RELAY_BYTES"]
 
@@ -81,7 +81,7 @@ class EdgeUser(Connection):
 
 
 class EdgeUsers:
-    """The edge's ``UserSink`` for the shared user loop (``idled.server.users.run_user``), the relay for
+    """The edge's ``UserSink`` for the shared user loop (``idled.server.roles.users.run_user``), the relay for
     the other roles (``relay``), and ``ended`` notices."""
 
     # The link stamps nothing (the core stamps a touch when it arrives): any cheap clock fills the loop's
@@ -95,14 +95,14 @@ class EdgeUsers:
         self.users: dict[SessionKey, EdgeUser] = {}  # session key (uid, or (uid, device)) -> its connection
         self.relays = 0
         self.stopping = False
-        self.plane: Plane | None = None  # set by the edge (idled.server.plane)
+        self.plane: Plane | None = None  # set by the edge (idled.server.roles.plane)
 
     def refuse_if_stopping(self) -> None:
         """What the doorway asks of its ``sessions``: no login is accepted once the edge is draining."""
         if self.stopping:
             raise ProtocolError(ErrorCode.SERVER_SHUTDOWN, "server is shutting down")
 
-    # -- the user role: run_user(self, ...) (idled.server.users) --------------------------------------------
+    # -- the user role: run_user(self, ...) (idled.server.roles.users) --------------------------------------------
 
     async def begin(self, login: Login) -> EdgeUser:
         link, users = self.link, self.users

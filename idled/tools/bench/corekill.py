@@ -98,7 +98,7 @@ def _core_pid(root: int) -> int | None:
 
 def _core_listened(daemon: Daemon) -> int:
     """How many cores the root has seen listening so far (its ``core (pid N) listening`` lines)."""
-    return sum(1 for line in daemon.stderr().splitlines() if "idled.server.root: core (pid" in line and line.endswith(") listening"))
+    return sum(1 for line in daemon.stderr().splitlines() if "idled.server.workers.root: core (pid" in line and line.endswith(") listening"))
 
 
 async def _until(predicate: Any, timeout: float = 60.0) -> float:

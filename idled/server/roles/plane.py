@@ -1,0 +1,256 @@
+"""The user plane: every logged-in plain-TCP user connection served by one task, none by a task of its own.
+
+Theory of operation
+-------------------
+A trio task per connection costs ~6.2 KiB and ~90 us of CPU per keepalive here (task switches, a cancel scope
+and three awaits per frame), and an edge holds ~19,000 of them. Once a user has logged in its connection
+does only one thing -- frames in, touch, pong out -- so the user loop (``idled.server.roles.users.run_user``) hands
+a plain ``trio.SocketStream`` over to the plane (``adopt``) right after the welcome, and its task ends. The
+login itself (admission, PROXY, TLS, auth, the welcome after the core's acknowledgement) stays on trio;
+TLS connections and test streams are never handed over: they keep their task.
+
+The plane owns one ``select.epoll`` holding every adopted socket, and one trio task awaiting that epoll's
+descriptor (``wait_readable``: a nested epoll). Each wake-up it takes *every* ready socket in one poll and
+serves them all before it yields: a socket readable when the event loop polled has been read, and its
+keepalive touched, by the end of that one step -- the rule the tick task's horizon and an edge's watermark
+answers count on (``idled.server.engine.ticker``, ``idled.server.edge.link``). The same frame rule as the task
+loop applies (``users.user_frame``): any frame is activity, ``ping`` is answered with ``pong``, ``bye`` logs
+out, anything else is a protocol error (one error frame, closed).
+
+Writes: a pong is sent at once (``send`` on a non-blocking socket). What the kernel does not take waits in
+the connection's ``out`` buffer, flushed when the socket is writable; past ``MAX_OUT`` bytes the plane stops
+reading the connection, as a task blocked in ``send_all`` would: a user that pings without reading stops
+counting as active and its session goes idle.
+
+Closing from elsewhere (idle, kicked, shutdown) is ``Connection.close``, which cancels the connection's
+``scope``; an adopted connection's scope is its ``Adopted`` record, which files the close and wakes the plane
+through an eventfd. The plane then ends the session (``users.end``), sends the error frame (best effort: a
+fresh socket's buffer takes it), closes the socket and gives the connection's count back (``release``).
+
+Memory per adopted connection: the socket object, a ``FrameDecoder`` (~80 bytes idle), one small record,
+and the epoll registration in the kernel. The record and its ``Connection`` point at each other (the
+record is ``conn.scope``); closing unties them, so all of it is freed by reference counting at once rather
+than left in a cycle for the collector (frozen by ``idled.ops.gcpolicy``: until its next thaw).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import socket
+from collections.abc import Callable
+from typing import Any, Final
+
+import trio
+
+from idled.protocol import NEED_DATA, PONG_FRAME, Error, FrameDecoder, ProtocolError, encode
+from idled.protocol.messages import ErrorCode
+from idled.server.roles.users import LOGOUT, PONG, UserSink, user_step
+
+__all__ = ["MAX_OUT", "Adopted", "UserPlane"]
+
+log = logging.getLogger("idled.server.roles.plane")
+
+MAX_OUT: Final = 65536  # bytes of pongs a user may leave unread before the plane stops reading it
+RECV_BYTES: Final = 16384
+_IN = select.EPOLLIN | select.EPOLLRDHUP
+_RETRY: Final = (BlockingIOError, InterruptedError)
+
+
+class Adopted:
+    """One adopted connection; also its connection's ``scope`` (what ``Connection.close`` cancels)."""
+
+    __slots__ = ("plane", "fd", "key", "conn", "sock", "decoder", "out", "reading")
+
+    def __init__(self, plane: UserPlane, key: Any, conn: Any, sock: socket.socket, decoder: FrameDecoder) -> None:
+        self.plane = plane
+        self.fd = sock.fileno()
+        self.key = key  # the session key (a uid, or (uid, device)): what a frame touches
+        self.conn = conn
+        self.sock = sock
+        self.decoder = decoder
+        self.out = b""  # pong bytes the kernel has not taken yet
+        self.reading = True
+
+    def cancel(self) -> None:
+        """``Connection.close`` of an adopted connection: close it at the plane's next step."""
+        self.plane.request_close(self)
+
+
+class UserPlane:
+    """See the module docstring. ``users`` is the ``UserSink`` the connections belong to; ``release`` gives
+    a closed connection's count back (the doorway's); ``reject(code)`` counts a protocol error."""
+
+    def __init__(self, users: UserSink[Any], *, release: Callable[[], None],
+                 reject: Callable[[str], None]) -> None:
+        self.users = users
+        self.release = release
+        self.reject = reject
+        self.epoll = select.epoll()
+        self.conns: dict[int, Adopted] = {}
+        self.stopped = False  # run() has ended: the epoll is closed, a late login keeps its own task
+        self._closing: dict[Adopted, None] = {}
+        self._wakeup = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self.epoll.register(self._wakeup, select.EPOLLIN)
+
+    def __len__(self) -> int:
+        return len(self.conns)
+
+    # -- entering ------------------------------------------------------------------------------------------
+
+    def adopt(self, stream: trio.abc.Stream, key: Any, conn: Any, decoder: FrameDecoder) -> bool:
+        """Take over a logged-in user's connection (True), or leave it to its task (False: not a plain socket).
+
+        The caller's task must end without touching the stream again; what the decoder still holds is served
+        at the plane's next step."""
+        if type(stream) is not trio.SocketStream or self.stopped:
+            return False
+        trio.lowlevel.notify_closing(stream.socket)  # out of trio's epoll: ours from now on
+        sock = socket.socket(fileno=stream.socket.detach())
+        sock.setblocking(False)
+        record = Adopted(self, key, conn, sock, decoder)
+        self.conns[record.fd] = record
+        conn.scope = record
+        self.epoll.register(record.fd, _IN)
+        if conn.end is not None:  # closed between the welcome and now
+            self.request_close(record)
+        elif decoder.buffered:
+            self._frames(record, self.users.now())
+        return True
+
+    def request_close(self, record: Adopted) -> None:
+        """Close ``record``'s connection at the plane's next step (its ``conn.end`` says how)."""
+        if self.conns.get(record.fd) is record and record not in self._closing:
+            self._closing[record] = None
+            os.eventfd_write(self._wakeup, 1)
+
+    # -- the task --------------------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Serve every adopted connection until cancelled; then close whatever is left."""
+        epoll, conns = self.epoll, self.conns
+        try:
+            while True:
+                await trio.lowlevel.wait_readable(epoll.fileno())
+                # Every ready socket in one poll, all served before the next checkpoint (module docstring).
+                events = epoll.poll(0, len(conns) + 1)
+                now = self.users.now()  # read after the poll: no frame here arrived after it
+                for fd, mask in events:
+                    record = conns.get(fd)
+                    if record is None:
+                        continue
+                    try:
+                        if mask & select.EPOLLOUT:
+                            self._flush(record)
+                        if mask & ~select.EPOLLOUT and record.reading:
+                            self._read(record, now)
+                    except Exception:  # a bug: that connection is closed, the others are served on
+                        log.exception("user plane: serving %r failed (bug); connection closed", record.key)
+                        self._close(record, "closed")
+                if self._closing:
+                    try:
+                        os.eventfd_read(self._wakeup)
+                    except BlockingIOError:
+                        pass
+                    for record in list(self._closing):
+                        self._close(record, "closed")
+        finally:
+            self.stopped = True  # (a login finishing during shutdown must not register in a closed epoll)
+            for fd in list(conns):
+                record = conns.pop(fd)
+                record.sock.close()
+                record.conn = None  # (the cycle, as in _close)
+                self.release()
+            epoll.close()
+            os.close(self._wakeup)
+
+    def _read(self, record: Adopted, now: float) -> None:
+        try:
+            data = record.sock.recv(RECV_BYTES)
+        except _RETRY:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            if record.decoder.buffered and record.conn.end is None:
+                self._failed(record, ProtocolError(
+                    ErrorCode.BAD_FRAME, f"end of stream inside a frame ({record.decoder.buffered} bytes pending)"))
+            self._close(record, "closed")
+            return
+        record.decoder.receive_data(data)
+        self._frames(record, now)
+
+    def _failed(self, record: Adopted, exc: ProtocolError) -> None:
+        self.reject(exc.code)
+        if record.conn.end is None:
+            record.conn.end = (exc.code, exc.reason)
+
+    def _frames(self, record: Adopted, now: float) -> None:
+        touch = self.users.touch
+        try:
+            while (message := record.decoder.next_event()) is not NEED_DATA:
+                if record.conn.end is None:  # a closed connection's last frames are not anyone's activity
+                    touch(record.key, now)
+                step = user_step(message)
+                if step == PONG:
+                    self._send(record, PONG_FRAME)
+                elif step == LOGOUT:
+                    self._close(record, "logout")
+                    return
+        except ProtocolError as exc:
+            self._failed(record, exc)
+            self._close(record, "closed")
+
+    def _send(self, record: Adopted, data: bytes) -> None:
+        if record.out:
+            record.out += data
+        else:
+            try:
+                sent = record.sock.send(data)
+            except _RETRY:
+                sent = 0
+            except OSError:
+                return  # the read side will see it go
+            if sent == len(data):
+                return
+            record.out = data[sent:]
+            self.epoll.modify(record.fd, _IN | select.EPOLLOUT)
+        if len(record.out) > MAX_OUT and record.reading:
+            record.reading = False  # it does not read: stop reading it (its session goes idle)
+            self.epoll.modify(record.fd, select.EPOLLOUT)
+
+    def _flush(self, record: Adopted) -> None:
+        try:
+            sent = record.sock.send(record.out)
+        except _RETRY:
+            return
+        except OSError:
+            record.out = b""
+            return
+        record.out = record.out[sent:]
+        if not record.out:
+            record.reading = True
+            self.epoll.modify(record.fd, _IN)
+
+    # -- leaving ---------------------------------------------------------------------------------------------
+
+    def _close(self, record: Adopted, reason: str) -> None:
+        """End the connection: its session (``users.end`` does nothing if it no longer owns it), the error
+        frame if it was closed by the server or for a protocol error (best effort: a socket's buffer takes
+        it), the socket, and its count."""
+        self._closing.pop(record, None)
+        if self.conns.get(record.fd) is not record:
+            return
+        del self.conns[record.fd]
+        self.users.end(record.key, record.conn, reason)
+        end = record.conn.end
+        if end is not None:
+            try:
+                record.sock.send(record.out + encode(Error(str(end[0]), end[1])))
+            except OSError:
+                pass
+        self.epoll.unregister(record.fd)
+        record.sock.close()
+        record.conn = None  # conn.scope is this record: a cycle the collector (frozen: a thaw) would have to free
+        self.release()

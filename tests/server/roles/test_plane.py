@@ -1,0 +1,170 @@
+"""The user plane (idled.server.roles.plane): logged-in plain TCP users served by one task, in-process, real sockets.
+
+Every behaviour a user sees from its own task must be the same from the plane: pong, bye, the error frame
+of a protocol error or of a close by the server, the end of its session, its connection count.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any, cast
+from pathlib import Path
+
+import msgpack
+import trio
+import trio.testing
+
+from idled.protocol import BYE, PING, PONG, Attach, Error, ErrorCode, Event, Msg, Welcome
+from idled.server.roles.plane import MAX_OUT
+from tests.peers import Client, Harness, running
+
+
+async def user(h: Harness, uid: str, keepalive: float = 30.0) -> Client:
+    client = await Client.login(h.port, "uid", uid, keepalive=keepalive)
+    with trio.fail_after(5):
+        while h.server._plane is None or not any(r.key == uid for r in h.server._plane.conns.values()):
+            await trio.sleep(0.01)  # handed over right after the welcome
+    return client
+
+
+async def test_pings_messages_and_bye_through_the_plane(tmp_path: Path) -> None:
+    async with running(tmp_path, listen=True) as h:
+        observer = await h.observer()
+        alice = await user(h, "alice")
+        assert h.server.connections["user"] == 1
+        for _ in range(3):
+            await alice.send(PING)
+            assert await alice.recv() is PONG
+        await alice.send(Msg({"hello": 1}))
+        await alice.send(BYE)
+        assert await alice.recv() is None  # closed after bye, no frame
+        events = [await observer.expect(Event) for _ in range(2)]
+        assert [(e.kind, e.reason) for e in events] == [("online", "login"), ("offline", "logout")]
+        with trio.fail_after(5):
+            while h.server.connections["user"]:
+                await trio.sleep(0.01)  # the plane gave the count back
+
+
+async def test_a_protocol_error_closes_that_connection_with_its_frame(tmp_path: Path) -> None:
+    async with running(tmp_path, listen=True) as h:
+        bob, carol = await user(h, "bob"), await user(h, "carol")
+        await bob.send(Attach(("x",)))  # not for users
+        error = await bob.expect(Error)
+        assert error.code == ErrorCode.NOT_ALLOWED
+        assert await bob.recv() is None
+        assert h.metric("idled_frames_rejected_total", reason="not_allowed") == 1
+        await carol.send(PING)
+        assert await carol.recv() is PONG  # nobody else is affected
+        await carol.send_raw(struct.pack(">I", 10) + b"\x81")  # a partial frame, then the end of the stream
+        await carol.stream.send_eof()
+        assert (await carol.expect(Error)).code == ErrorCode.BAD_FRAME
+
+
+async def test_closed_by_the_server_kicked_and_idle(tmp_path: Path) -> None:
+    async with running(tmp_path, listen=True, tick=0.1) as h:
+        first = await user(h, "dave")
+        second = await Client.login(h.port, "uid", "dave", keepalive=30.0)  # newest wins
+        assert (await first.expect(Error)).code == ErrorCode.KICKED
+        assert await first.recv() is None
+        await second.send(PING)
+        assert await second.recv() is PONG
+        quiet = await user(h, "erin", keepalive=1.0)  # timeout 1.5 s, then silence
+        with trio.fail_after(5):
+            assert (await quiet.expect(Error)).code == ErrorCode.IDLE_TIMEOUT
+
+
+async def test_a_user_that_pings_without_reading_stops_being_read_and_goes_idle(tmp_path: Path) -> None:
+    async with running(tmp_path, listen=True, tick=0.1) as h:
+        greedy = await user(h, "frank", keepalive=1.0)
+        ping = struct.pack(">I", len(body := msgpack.packb({"op": "ping"}))) + body
+        sock = greedy.stream.socket
+        sent = 0
+        with trio.move_on_after(10):
+            while sent < 4 * MAX_OUT:  # pongs pile up: the client never reads them
+                sent += await sock.send(ping * 64)
+        assert h.server.presence is not None
+        with trio.fail_after(10):
+            while h.server.presence.is_online("frank"):
+                await trio.sleep(0.05)  # no longer read, so no longer active: idle
+        assert h.metric("idled_presence_events_total", kind="offline", reason="idle") == 1
+
+
+async def test_shutdown_closes_plane_connections_with_server_shutdown(tmp_path: Path) -> None:
+    async with running(tmp_path, listen=True) as h:
+        gina = await user(h, "gina")
+        h.server.stop()
+        assert (await gina.expect(Error)).code == ErrorCode.SERVER_SHUTDOWN
+        with trio.fail_after(10):
+            await h.done.wait()
+        assert h.server.connections["user"] == 0
+
+
+async def test_welcome_then_frames_already_buffered_are_served(tmp_path: Path) -> None:
+    """Frames that arrived with the login (pipelined) are in the decoder when the plane adopts it."""
+    async with running(tmp_path, listen=True) as h:
+        client = await Client.connect(h.port)
+        await client.send_raw(b"".join(
+            struct.pack(">I", len(b)) + b for b in (msgpack.packb({"op": "login", "uid": "hal"}),
+                                                    msgpack.packb({"op": "ping"}))))
+        assert isinstance(await client.recv(), Welcome)
+        assert await client.recv() is PONG
+
+
+async def test_closed_plane_connections_leave_no_cycles(tmp_path: Path) -> None:
+    # An adopted connection's Connection and its record point at each other (conn.scope is the record): the
+    # plane unties them on close, so reference counting frees both, the socket and the decoder at once --
+    # cyclic garbage would wait for a GC thaw (idled.ops.gcpolicy freezes what survives a full collection).
+    import gc
+    from collections import Counter
+
+    async with running(tmp_path, listen=True) as h:
+        gc.collect()
+        gc.disable()
+        try:
+            clients = {way: [await user(h, f"{way}{i}", keepalive=1.0) for i in range(20)]
+                       for way in ("bye", "gone", "idle", "kicked", "bad")}
+            newer = [await user(h, f"kicked{i}") for i in range(20)]
+            for client in clients["bye"]:
+                await client.send(BYE)
+            for client in clients["gone"]:
+                await client.stream.aclose()
+            for client in clients["bad"]:
+                await client.send(Attach(("x",)))
+            for client in clients["kicked"]:
+                assert (await client.expect(Error)).code == ErrorCode.KICKED
+            for client in clients["idle"]:
+                assert (await client.expect(Error)).code == ErrorCode.IDLE_TIMEOUT
+            for client in newer:
+                await client.send(BYE)
+            with trio.fail_after(10):
+                while h.server.connections["user"]:
+                    await trio.sleep(0.01)
+            for client in [c for cs in clients.values() for c in cs] + newer:
+                await client.stream.aclose()
+            gc.set_debug(gc.DEBUG_SAVEALL)
+            gc.collect()
+            kinds = Counter(type(o).__qualname__ for o in gc.garbage)
+            assert not gc.garbage, f"{len(gc.garbage)} objects in cycles after 120 sessions: {kinds.most_common(8)}"
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+            gc.enable()
+
+
+async def test_a_login_finishing_after_the_plane_stopped_keeps_its_own_task() -> None:
+    # Shutdown (e.g. a fatal disk error) cancels the plane's task while a login may still be waiting for its
+    # welcome: its hand-over must leave the connection to its task, not register in the closed epoll.
+    from idled.protocol import FrameDecoder
+    from idled.server.roles.plane import UserPlane
+
+    plane = UserPlane(cast(Any, None), release=lambda: None, reject=lambda code: None)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(plane.run)
+        await trio.testing.wait_all_tasks_blocked()  # the plane is waiting on its epoll
+        nursery.cancel_scope.cancel()
+    assert plane.stopped
+    left, right = trio.socket.socketpair()
+    with left, right:
+        stream = trio.SocketStream(left)
+        assert plane.adopt(stream, "late", object(), FrameDecoder()) is False
+        assert stream.socket.fileno() == left.fileno()  # untouched: still the task's
