@@ -192,8 +192,8 @@ class Harness:
 
     @property
     def next_seq(self) -> int:
-        assert self.server.presence is not None
-        return self.server.presence.next_seq
+        assert self.server.running.presence is not None
+        return self.server.running.presence.next_seq
 
     async def connect(self, lockstep: bool = False) -> Client:
         """A new connection; `lockstep`: the server's writes block until this end reads (a slow reader)."""

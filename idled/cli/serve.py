@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -19,6 +19,10 @@ from idled.ops.fatal import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, describe
 from idled.ops.gcpolicy import GcPolicy
 from idled.ops.logs import config_summary, setup_logging
 from idled.protocol import tokens
+
+if TYPE_CHECKING:
+    from idled.door.outbound import LinkPolicy
+    from idled.server.election import Election
 
 log = logging.getLogger("idled.server")
 
@@ -52,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     # and holds the listening sockets, once for the process (a role change must not look like a stop).
     role_env = {k: v for k, v in os.environ.items() if k not in systemd.MANAGER_VARS} if node else None
 
-    def make_role(config: Config, election: Any, link: Any = None) -> Server | StandbyServer:
+    def make_role(config: Config, election: Election | None, *, link: LinkPolicy | None = None) -> Server | StandbyServer:
         if config.standby_of is not None:  # link: the node's LinkPolicy (idled.door.outbound), one per process
             return StandbyServer(config, metrics=Metrics(_registry(), tick=config.tick), env=role_env, link=link)
         return Server(

@@ -42,6 +42,7 @@ grace period -- then cancel the rest.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -100,7 +101,7 @@ from idled.server.engine.ticker import Ticker
 from idled.server.roles.users import CoreUsers
 from idled.server.status.vitals import Sample, Vitals, histogram_source
 
-__all__ = ["RELOADABLE", "Server"]
+__all__ = ["RELOADABLE", "NotServing", "Running", "Server"]
 
 log = logging.getLogger("idled.server.app")
 peer_log = PeerLog(logging.getLogger("idled.server.peers"))  # debug lines, rate-limited per kind
@@ -109,6 +110,27 @@ peer_log = PeerLog(logging.getLogger("idled.server.peers"))  # debug lines, rate
 # new frames, the log level). The others size structures or bind sockets: they need a restart.
 RELOADABLE = (*DOOR_RELOADABLE, "max_gateway_frame", "stall_ticks")
 MIN_GRACE = 5.0  # seconds a shutdown may take at least (at least login_timeout, too)
+
+
+class NotServing(RuntimeError):
+    """What a running server has is asked for before ``serve()`` recovered the log (or after it failed to)."""
+
+
+@dataclasses.dataclass(eq=False, frozen=True)
+class Running:
+    """What a core runs on, built in one piece once the log is recovered (``Server._recover``): the presence
+    table and every part that works on it. Nothing of it exists before recovery fixed the first seq."""
+
+    presence: PresenceTable
+    sessions: Sessions
+    gateways: Gateways
+    observers: Observers
+    replicas: Replicas  # standbys (idled.server.ha.feed)
+    plane: UserPlane  # logged-in plain TCP users, one task for all (idled.server.roles.plane)
+    doorway: Doorway
+    writer: LogTask  # the log-writer task (idled.server.engine.logtask)
+    lagwatch: LagWatch
+    damage: tuple[int, int]  # (bytes, records) the recovery found damaged: exported as gauges
 
 
 class Server:
@@ -153,18 +175,9 @@ class Server:
         self.clock = Clock(config.stall_ticks * config.tick)
         self.monitor = Monitor(self.clock, tick=config.tick, env=self.env, metrics=self.metrics)
         self.connections = connection_counts()
-        # Built by serve() after recovery, which fixes the first seq:
-        self.presence: PresenceTable | None = None
-        self._sessions: Sessions | None = None
-        self._doorway: Doorway | None = None
-        self._gateways: Gateways | None = None
-        self._observers: Observers | None = None
-        self._lagwatch: LagWatch | None = None
-        self._plane: UserPlane | None = None
-        self._damage = (0, 0)  # (bytes, records) the recovery found damaged: exported as gauges
+        self._running: Running | None = None  # built by serve() after recovery, which fixes the first seq
         self._accept_scope = trio.CancelScope()
         self._stop_event = trio.Event()
-        self.writer: LogTask | None = None  # the log-writer task (idled.server.engine.logtask), started by _start
         self.stopped = trio.Event()  # set once serve() has returned (or failed)
         self._peers: set[Connection] = set()  # gateways, observers and standbys, told when the server stops
         self.ports: list[int] = []
@@ -178,12 +191,18 @@ class Server:
         # serves them on the internal socket.
         self.workers = workers(self._peers) if workers is not None else None
         self.api: Api | None = None  # the HTTP API (idled.server.api), with api_port
-        self.replicas: Replicas | None = None  # standbys (idled.server.ha.feed), built by _recover
+
+    @property
+    def running(self) -> Running:
+        """What the core runs on (see `Running`); `NotServing` until ``serve()`` has recovered the log."""
+        if self._running is None:
+            raise NotServing("the server is not serving yet: await nursery.start(server.serve, ...) first")
+        return self._running
 
     @property
     def stopping(self) -> bool:
         """Shutdown has begun: no new connection or session is accepted."""
-        return self._sessions is not None and self._sessions.stopping
+        return self._running is not None and self._running.sessions.stopping
 
     @property
     def largest_stall(self) -> float:
@@ -217,7 +236,7 @@ class Server:
                 self.budget = Budget.of(open_file_limit(), listeners=sum(len(group) for group in opened.values()),
                                         http=http_connections(self.config, opened))
                 with fatal_on_log_error(str(self.log.directory)):
-                    recovery = await self._recover()
+                    recovery, self._running = await self._recover()
             except BaseException:
                 close_all(opened)  # not served: the accept loops would have closed them
                 raise
@@ -230,15 +249,15 @@ class Server:
                 # Signals are received from before READY=1 / IDLED_LISTENING on (a SIGTERM right after is a
                 # stop) until shutdown begins: the receiver closed, a second Ctrl-C interrupts the shutdown.
                 with trio.open_signal_receiver(*SIGNALS) as signals:
-                    await self._start(nursery, recovery, listeners)
+                    await self._start(nursery, self._running, recovery, listeners)
                     del recovery  # its open sessions are closed now: not held for the whole run
                     task_status.started(self.ports)
                     await until_stopped(self._stop_event, self._hangup, signals)
-                await self._shutdown(nursery)
+                await self._shutdown(nursery, self._running)
         finally:
             self.stopped.set()
 
-    async def _recover(self) -> Recovery:
+    async def _recover(self) -> tuple[Recovery, Running]:
         """Recover the log, then build the presence table and the pieces that work on it."""
         cfg = self.config
         recovery = await trio.to_thread.run_sync(self.log.recover)  # failures: see fatal_on_log_error in serve()
@@ -246,7 +265,7 @@ class Server:
             log.warning("event log: %s", recovery.summary())
         floor_wall(self.clock.wall, recovery.last_ts, log)  # ts never below the last one logged, whatever the clock
         detector = make_detector(cfg.detector_kind, timeout=ticks_for(cfg.timeout, cfg.tick), slots=cfg.slots)
-        self.presence = presence = PresenceTable(
+        presence = PresenceTable(
             detector,
             tick=cfg.tick,
             timeout=cfg.timeout,
@@ -258,43 +277,45 @@ class Server:
         )
         if self.gc_policy is not None:
             self.gc_policy.start()  # after the session maps exist: see idled.ops.gcpolicy
-        self._sessions = sessions = Sessions(presence, self.bus, self.clock, self.seqs)
-        self._gateways = Gateways(sessions, self._peers, max_frame=cfg.max_gateway_frame, grace=cfg.gateway_grace)
+        sessions = Sessions(presence, self.bus, self.clock, self.seqs)
+        gateways = Gateways(sessions, self._peers, max_frame=cfg.max_gateway_frame, grace=cfg.gateway_grace)
         queries = Queries(presence, self.bus, self.log, first_seq=self.seqs.first, clock=self.clock.now,
                           wall=self.clock.wall)
-        self._observers = observers = Observers(
+        observers = Observers(
             presence, self.bus, self.log, first_seq=self.seqs.first, peers=self._peers, clock=self.clock.now,
             max_watch=cfg.max_watch, queries=queries,
         )
-        self.replicas = Replicas(self.bus, self.log, sync=cfg.sync_standby, registry=self.metrics.registry,
+        replicas = Replicas(self.bus, self.log, sync=cfg.sync_standby, registry=self.metrics.registry,
                                  peers=self._peers, wall=self.clock.wall)
-        self._damage = (recovery.skipped_bytes + recovery.truncated_bytes, recovery.corrupt_records)
         users = CoreUsers(sessions)
         # Logged-in plain TCP users are served by one task (idled.server.roles.plane), not one each.
-        self._plane = user_plane(users, self.connections, self._reject)
-        self._doorway = Doorway(
-            cfg, sessions=users, roles=roles(users, gateway=self._gateways.run, observer=observers.run,
-                                             standby=self.replicas.serve),
+        plane = user_plane(users, self.connections, self._reject)
+        doorway = Doorway(
+            cfg, sessions=users, roles=roles(users, gateway=gateways.run, observer=observers.run,
+                                             standby=replicas.serve),
             secret=self.secret, metrics=self.metrics, connections=self.connections,
             gate=client_gate(cfg, public=self.workers is None),
             trusts=self.workers.trusts if self.workers is not None else None,
             wall=self.clock.tokens,
         )
-        self._doorway.limit = self._connection_limit(cfg.max_connections)
-        return recovery
+        doorway.limit = self._connection_limit(cfg.max_connections)
+        writer = LogTask(self.log, self.bus, cfg, metrics=self.metrics, fence=self.fence, hold=self.hold,
+                         seqs=self.seqs, last_seq=lambda: presence.next_seq - 1)
+        # Edges that fall behind say so (the threshold: beyond a GC walk's pause and a couple of ticks).
+        lagwatch = LagWatch(presence.holds, self.clock.now, threshold=max(2.0, 2 * cfg.tick))
+        damage = (recovery.skipped_bytes + recovery.truncated_bytes, recovery.corrupt_records)
+        return recovery, Running(presence, sessions, gateways, observers, replicas, plane, doorway, writer, lagwatch,
+                                 damage)
 
     def _connection_limit(self, max_connections: int) -> int:
         return connection_limit(max_connections, self.budget, log)
 
     async def _start(
-        self, nursery: trio.Nursery, recovery: Recovery, listeners: Sequence[trio.SocketListener]
+        self, nursery: trio.Nursery, running: Running, recovery: Recovery, listeners: Sequence[trio.SocketListener]
     ) -> None:
         """Start every task of a running server in ``nursery``; returns once it listens (READY=1 sent)."""
-        cfg, presence, sessions = self.config, self.presence, self._sessions
-        assert presence is not None and sessions is not None
-        self.writer = LogTask(self.log, self.bus, cfg, metrics=self.metrics, fence=self.fence, hold=self.hold,
-                              seqs=self.seqs, last_seq=lambda: presence.next_seq - 1)
-        await nursery.start(self.writer.run)
+        cfg, presence, sessions = self.config, running.presence, running.sessions
+        await nursery.start(running.writer.run)
         if self.fence is not None:
             nursery.start_soon(self.fence.watch)
         # Sessions a crashed run left online end now, before anyone can log in again (in bounded chunks; in
@@ -314,10 +335,9 @@ class Server:
             close_all({"metrics": metrics_listeners})
         api_listeners = self.listening.pop("api", [])
         if api_listeners:
-            await nursery.start(self._start_api().serve, api_listeners)
-        assert self._gateways is not None and self._plane is not None
-        self._gateways.spawn = nursery.start_soon  # grace periods of gateways that lost their connection
-        nursery.start_soon(self._plane.run)
+            await nursery.start(self._start_api(running).serve, api_listeners)
+        running.gateways.spawn = nursery.start_soon  # grace periods of gateways that lost their connection
+        nursery.start_soon(running.plane.run)
         ticker = Ticker(sessions, tick=cfg.tick, metrics=self.metrics)
         sessions.wake_ticker = ticker.wake
         nursery.start_soon(ticker.run)
@@ -327,10 +347,8 @@ class Server:
             if port is not None:
                 print(f"IDLED_LISTENING host={host} port={port}", file=sys.stderr, flush=True)
         systemd.notify(systemd.READY, env=self.env)
-        # Edges that fall behind say so (the threshold: beyond a GC walk's pause and a couple of ticks).
-        self._lagwatch = LagWatch(presence.holds, self.clock.now, threshold=max(2.0, 2 * cfg.tick))
         hooks: list[Callable[[], object]] = [functools.partial(self.seqs.extend_ahead, presence, nursery),
-                                             self._lagwatch.check,
+                                             running.lagwatch.check,
                                              lambda: self.vitals.sample(trio.current_time(), self.clock.wall)]
         if self.gc_policy is not None:
             hooks.append(self.gc_policy.maybe_thaw)
@@ -339,23 +357,19 @@ class Server:
         # Started after READY=1, so the manager never sees WATCHDOG=1 (or STATUS=) before it.
         nursery.start_soon(self.monitor.run, self._status_line, hooks)
 
-    def _start_api(self) -> Api:
-        assert self._sessions is not None and self._observers is not None
-        backend = Backend(self._sessions, self._observers.queries, self.log, self.vitals, self.status,
+    def _start_api(self, running: Running) -> Api:
+        backend = Backend(running.sessions, running.observers.queries, self.log, self.vitals, self.status,
                           self.workers.view if self.workers is not None else None, time.monotonic())
         self.api = Api(self.config, backend, secret=self.secret, metrics=ApiMetrics(self.metrics.registry),
                        gate=api_gate(self.config))
         return self.api
 
     def _reject(self, code: str) -> None:
-        assert self._doorway is not None
-        self._doorway.reject(code)
+        self.running.doorway.reject(code)
 
     async def handle(self, stream: trio.abc.Stream) -> None:
         """Serve one connection, as the accept loop does for each it accepts (once ``serve()`` has started)."""
-        if self._doorway is None:
-            raise RuntimeError("the server is not serving yet: await nursery.start(server.serve, ...) first")
-        await self._doorway.handle(stream)
+        await self.running.doorway.handle(stream)
 
     async def _accept(
         self, listeners: Sequence[trio.SocketListener], handlers: trio.Nursery, task_status: trio.TaskStatus[None]
@@ -382,17 +396,15 @@ class Server:
         """Hand a reloaded configuration to every piece that reads a RELOADABLE setting."""
         previous, self.config = self.config, config
         self.clock.stall_limit = config.stall_ticks * config.tick
-        if self._doorway is not None:
-            reload_door(self._doorway, previous, config, self._connection_limit)
+        if self._running is not None:
+            reload_door(self._running.doorway, previous, config, self._connection_limit)
+            self._running.gateways.max_frame = config.max_gateway_frame
         if self.api is not None:
             reload_gate(self.api.gate, config)
-        if self._gateways is not None:
-            self._gateways.max_frame = config.max_gateway_frame
 
-    async def _shutdown(self, nursery: trio.Nursery) -> None:
+    async def _shutdown(self, nursery: trio.Nursery, running: Running) -> None:
         """Stop accepting, end every session (reason shutdown), flush the log, then cancel the rest."""
-        sessions = self._sessions
-        assert sessions is not None
+        sessions = running.sessions
         sessions.stopping = True
         self._accept_scope.cancel()
         if self.api is not None:
@@ -403,8 +415,7 @@ class Server:
             ended = await sessions.end_all("shutdown", ErrorCode.SERVER_SHUTDOWN, "server is shutting down")
             log.info("shutdown: ended %s", plural(ended, "session"))
             self.bus.close_log()
-            if self.writer is not None:
-                await self.writer.done.wait()
+            await running.writer.done.wait()
             # Observers get every shutdown event before their own server_shutdown.
             while self.bus.undelivered():
                 await trio.sleep(0.01)
@@ -442,39 +453,39 @@ class Server:
     def _status_line(self) -> str:
         c = self.connections
         return (
-            f"{len(self.presence or ())} online; connections: {plural(c['user'], 'user')}, "
+            f"{len(self.running.presence)} online; connections: {plural(c['user'], 'user')}, "
             f"{plural(c['gateway'], 'gateway')}, {plural(c['observer'], 'observer')}, {plural(c['standby'], 'standby')}"
         )
 
     def status(self) -> dict[str, Any]:
         """The server's part of ``GET /status`` (``idled status``); read on the event loop."""
-        assert self.presence is not None
-        return {**self.snapshot(), "next_seq": self.presence.next_seq, "ports": list(self.ports),
+        running = self.running
+        return {**self.snapshot(), "next_seq": running.presence.next_seq, "ports": list(self.ports),
                 "stopping": self.stopping, "data_dir": str(self.log.directory),
-                "replication": self.replicas.status() if self.replicas is not None else None, **self.hold.status(),
+                "replication": running.replicas.status(), **self.hold.status(),
                 **status_part(self.config, self.workers, self.vitals, self.fence)}
 
     def _sample(self, wall: float) -> Sample:
-        presence = self.presence
-        assert presence is not None
+        presence = self.running.presence
         return Sample(wall, len(presence), presence.users(), dict(self.connections), presence.next_seq - 1)
 
     def snapshot(self) -> dict[str, Any]:
         """Sizes for the scrape-time gauges (``Metrics.register_snapshot``); read on the event loop."""
-        assert self.presence is not None
-        stats = self.presence.detector_stats()
+        running = self.running
+        presence = running.presence
+        stats = presence.detector_stats()
         return {
             "connections": dict(self.connections),
-            "sessions_online": len(self.presence),
-            "users_online": self.presence.users(),
+            "sessions_online": len(presence),
+            "users_online": presence.users(),
             "detector_keys": stats.keys,
             "detector_overflow_keys": stats.overflow_keys,
-            "observer_queued_bytes": self._observers.queued_bytes() if self._observers is not None else 0,
-            "eventlog_damaged_bytes": self._damage[0],
-            "eventlog_damaged_records": self._damage[1],
+            "observer_queued_bytes": running.observers.queued_bytes(),
+            "eventlog_damaged_bytes": running.damage[0],
+            "eventlog_damaged_records": running.damage[1],
             "eventlog_rolls_deferred": self.log.deferred_rolls,
-            "sessions_held": len(self.presence.holds),
-            "gateway_watermark_lag": self._lagwatch.lags() if self._lagwatch is not None else {},
+            "sessions_held": len(presence.holds),
+            "gateway_watermark_lag": running.lagwatch.lags(),
             "wall_clock_ahead": self.clock.wall.ahead(),
             **self.hold.snapshot(),
         }

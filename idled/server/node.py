@@ -36,7 +36,7 @@ import os
 import signal
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
@@ -44,22 +44,38 @@ from idled.door.door import Door, Listening
 from idled.door.outbound import LinkPolicy
 from idled.ops import systemd
 from idled.ops.config import Config
-from idled.server.app import Server
 from idled.server.roles.doorway import auth_secret
 from idled.server.election import Election, ManualElection
 from idled.server.election.base import Status
 from idled.server.election.fence import stepped_down
 from idled.server.runtime.signals import SIGNALS
-from idled.server.standby import StandbyServer
 
-__all__ = ["Node", "RoleFactory"]
+__all__ = ["Node", "Role", "RoleFactory"]
 
 log = logging.getLogger("idled.server.node")
 
 RESIGN_TIMEOUT = 5.0  # seconds a resignation may take on the way out (the lease expires by itself anyway)
 
-# (config, election or None, link=the node's LinkPolicy) -> Server | StandbyServer
-RoleFactory = Callable[..., Any]
+
+
+class Role(Protocol):
+    """What a node runs at a time: a `Server` (the leader) or a `StandbyServer` (a follower)."""
+
+    @property
+    def largest_stall(self) -> float: ...
+
+    async def serve(self, listeners: Listening, *, task_status: trio.TaskStatus[list[int]]) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def status(self) -> dict[str, Any]: ...
+
+
+class RoleFactory(Protocol):
+    """``(config, election)`` -> a leader (`Server`, fenced by ``election``); ``(config with standby_of,
+    None, link=the node's LinkPolicy)`` -> a follower (`StandbyServer`)."""
+
+    def __call__(self, config: Config, election: Election | None, *, link: LinkPolicy | None = None) -> Role: ...
 
 
 class Node:
@@ -73,7 +89,7 @@ class Node:
         self.make_role = make_role
         self.clock = clock
         self.address = config.advertised_address() if config.election else None
-        self.role: Server | StandbyServer | None = None
+        self.role: Role | None = None
         self.links = LinkPolicy()  # replaced at start by the configuration's (idled.door.outbound)
         self.largest_stall = 0.0
         self.env = os.environ  # systemd's LISTEN_FDS are taken from here (and unset)
@@ -161,7 +177,7 @@ class Node:
         await self._run_role(self.make_role(config, None, link=self.links), status, watch=True)
         self._stopped_by_role()
 
-    async def _run_role(self, role: Server | StandbyServer, status: Status, *, watch: bool) -> None:
+    async def _run_role(self, role: Role, status: Status, *, watch: bool) -> None:
         """Serve ``role`` until it stops; with ``watch``, stop it as soon as the election's status changes."""
         self.role, self._switching = role, False
         try:
@@ -182,7 +198,7 @@ class Node:
             self.role = None
             self.largest_stall = max(self.largest_stall, role.largest_stall)
 
-    async def _stop_on_change(self, role: Server | StandbyServer, status: Status) -> None:
+    async def _stop_on_change(self, role: Role, status: Status) -> None:
         await self.election.status.next(status.version)
         self._switching = True
         role.stop()

@@ -88,7 +88,7 @@ async def bench(args: argparse.Namespace, tmp: Path) -> None:
         link.up = True
 
     async with running(tmp, fsync="never", metrics=False) as h:
-        door = h.server._doorway
+        door = h.server.running.doorway
         assert door is not None
         core_role = door.roles["uid"]
         edge_role = edge.doorway.roles["uid"]

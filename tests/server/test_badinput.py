@@ -191,7 +191,7 @@ async def test_every_bad_input_gets_its_error_and_the_server_keeps_serving(tmp_p
         fresh = await login(port, "uid", "fresh")
         await fresh.stream.send_all(encode(PING))
         assert await fresh.recv() is PONG
-        assert server.presence is not None and server.presence.is_online("good")
+        assert server.running.presence is not None and server.running.presence.is_online("good")
         rejected = {code: h.metric("idled_frames_rejected_total", reason=code) for code in {case[3] for case in CASES}}
         expected = {code: float(sum(1 for case in CASES if case[3] == code)) for code in rejected}
         assert rejected == expected

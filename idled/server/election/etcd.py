@@ -46,7 +46,7 @@ import trio
 
 from idled.server.election.base import Status, StatusBoard
 from idled.server.election.errors import FENCED, NOT_LEADER, ElectionError, EtcdError, NotLeader
-from idled.server.election.gateway import EtcdGateway, KeyValue, compare_create, compare_lease, get, put
+from idled.server.election.etcdclient import EtcdClient, KeyValue, compare_create, compare_lease, get, put
 from idled.server.election.lease import Timings
 from idled.server.election.target import EtcdTarget
 
@@ -60,12 +60,12 @@ class EtcdElection:
     followers are told to redirect to."""
 
     def __init__(self, target: EtcdTarget, address: str, *, timings: Timings | None = None,
-                 clock: Callable[[], float] = time.monotonic, gateway: EtcdGateway | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, gateway: EtcdClient | None = None) -> None:
         self.target = target
         self.address = address
         self.timings = timings or Timings.of()
         self._clock = clock
-        self._etcd = gateway or EtcdGateway(target.base_urls, timeout=self.timings.request_timeout)
+        self._etcd = gateway or EtcdClient(target.base_urls, timeout=self.timings.request_timeout)
         self._board = StatusBoard(Status(0, False, None, 0, "not campaigning yet"))
         self._lease = 0
         self._lease_deadline = -math.inf  # until when _lease may be counted on (clock time)

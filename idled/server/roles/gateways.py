@@ -50,7 +50,7 @@ only once it has forwarded its users' activity past their deadlines, so an edge 
 never loses a session that kept talking.
 
 *Resuming.* Such a gateway is also known by its name, and outlives its connection: the owner of its sessions
-is the ``Gateway``, a connection is a ``GatewayLink``. A connection that ends without ``bye`` -- the edge gave
+is the ``Gateway``, a connection is a ``GatewayConnection``. A connection that ends without ``bye`` -- the edge gave
 up on a core that was stopped longer than its liveness check allows, a reset on the network -- leaves the
 gateway in a grace period (``gateway_grace``): its sessions stay online, held (its watermark stands still).
 A login of the same name within it resumes the gateway: no event for any session; the edge attaches again
@@ -133,7 +133,7 @@ from idled.server.roles.doorway import Connection, close_with
 from idled.server.engine.sessions import Sessions
 
 __all__ = [
-    "ATTACH_CHUNK", "FLUSH_INTERVAL", "MAX_OUTSTANDING", "Gateway", "GatewayLink", "Gateways", "Outbox", "mark_interval",
+    "ATTACH_CHUNK", "FLUSH_INTERVAL", "MAX_OUTSTANDING", "Gateway", "GatewayConnection", "Gateways", "Outbox", "mark_interval",
     "outbox_running",
 ]
 
@@ -155,7 +155,7 @@ class Gateway:
         # A dict, not a set: the cyclic GC untracks a dict holding only ints and strs, while it would walk
         # every key of a set on each full collection (1M sessions: ~3M container entries per pass).
         self.uids: dict[Key, None] = {}  # the session keys it owns (a uid, or (uid, device))
-        self.link: GatewayLink | None = None
+        self.link: GatewayConnection | None = None
         self.unconfirmed: dict[Key, None] | None = None  # after a resume: sessions not attached again yet
         self.resumed = trio.Event()  # set when a new connection resumes it (ends its grace period)
 
@@ -175,7 +175,7 @@ class Gateway:
             link.outbox.want(deadline)
 
 
-class GatewayLink(Connection):
+class GatewayConnection(Connection):
     """One connection of a gateway (what shutdown closes, what the supervisor counts)."""
 
     __slots__ = ("gateway", "outbox")
@@ -216,7 +216,7 @@ class Gateways:
             outbox = Outbox(self.max_frame, notices=login.ended, marks=login.marks, now=clock.now,
                             interval=mark_interval(presence.tick))
         gateway = self._claim(str(login.name)) if login.marks else Gateway(str(login.name))
-        link = gateway.link = GatewayLink(gateway, outbox)
+        link = gateway.link = GatewayConnection(gateway, outbox)
         decoder.max_frame = self.max_frame
         self.peers.add(link)
         if login.marks:
@@ -287,7 +287,7 @@ class Gateways:
         rule = self.sessions.presence.timeout_for
         return Welcome("gateway", gateway.name, rule(None), self.max_frame, rule(1e-9), rule(MAX_KEEPALIVE))
 
-    async def serve(self, link: GatewayLink, stream: trio.abc.Stream, decoder: FrameDecoder) -> bool:
+    async def serve(self, link: GatewayConnection, stream: trio.abc.Stream, decoder: FrameDecoder) -> bool:
         """The gateway's frames until ``bye`` (True) or the end of its stream (False)."""
         sessions = self.sessions
         presence, now = sessions.presence, sessions.clock.now

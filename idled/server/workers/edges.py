@@ -29,7 +29,7 @@ import trio
 
 from idled.protocol import Login
 from idled.server.workers.occupancy import Occupancy
-from idled.server.roles.gateways import GatewayLink
+from idled.server.roles.gateways import GatewayConnection
 from idled.server.workers.internal import peer_pid
 from idled.server.workers.roster import Roster
 
@@ -71,7 +71,7 @@ class Workers:
 
     def is_link(self, peer: object) -> bool:
         """Whether a peer of the core is one of its edges' own links (a gateway named after a worker)."""
-        return isinstance(peer, GatewayLink) and peer.name in self._names
+        return isinstance(peer, GatewayConnection) and peer.name in self._names
 
     def view(self) -> View:
         """Per worker: name, pid (None: down), restarts, sessions the core holds through its link, connections

@@ -14,7 +14,7 @@ import pytest
 import trio
 
 from idled.server.election import EtcdElection, NotLeader, Timings, parse_election_url
-from idled.server.election.gateway import EtcdGateway
+from idled.server.election.etcdclient import EtcdClient
 from idled.tools.etcd import EtcdServer
 
 pytestmark = pytest.mark.slow
@@ -73,7 +73,7 @@ async def test_a_deposed_leaders_seq_write_is_fenced_by_etcd(etcd: EtcdServer, p
     async with running(EtcdElection(parse_election_url(etcd.url(prefix)), "a:1", timings=timings)) as a:
         await until_leader(a, 3)
         await a.publish_seq(1)
-        async with EtcdGateway([etcd.endpoint], timeout=1) as operator:
+        async with EtcdClient([etcd.endpoint], timeout=1) as operator:
             await operator.revoke(a._lease)  # an operator revokes its lease: the key is gone
         assert a.is_leader(time.monotonic())  # its local view lags until the next renewal...
         with pytest.raises(NotLeader) as caught:

@@ -100,13 +100,13 @@ async def test_a_logout_that_cannot_be_held_is_left_to_its_deadline_never_early(
             assert await user.recv() is None
         await until(lambda: h.server.degraded.reason is not None)
         assert h.server.bus.backlog() <= 4  # the rest were not published
-        left = [uid for uid in (f"u{i}" for i in range(8)) if h.server.presence.is_online(uid)]  # type: ignore[union-attr]
+        left = [uid for uid in (f"u{i}" for i in range(8)) if h.server.running.presence.is_online(uid)]  # type: ignore[union-attr]
         assert left, "every logout was held: the bound did not hold"
         await trio.sleep(5)  # past their deadlines: the tick task waits for room rather than publish more
-        assert all(h.server.presence.is_online(uid) for uid in left)  # type: ignore[union-attr]
+        assert all(h.server.running.presence.is_online(uid) for uid in left)  # type: ignore[union-attr]
         disk.full = False
         await until(lambda: h.server.degraded.reason is None and not any(
-            h.server.presence.is_online(uid) for uid in left))  # type: ignore[union-attr]
+            h.server.running.presence.is_online(uid) for uid in left))  # type: ignore[union-attr]
         await until(lambda: len(h.records()) == 16)
         records = assert_gap_free(h)
     offline = {r["uid"]: r for r in records if r["kind"] == "offline"}
@@ -153,7 +153,7 @@ async def test_a_gateway_is_not_held_up_by_a_full_log_while_degraded(
             with trio.fail_after(0.5):
                 assert await gw.recv() is PONG
             await trio.sleep(0.5)
-        assert h.server.presence is not None and h.server.presence.is_online("b")
+        assert h.server.running.presence is not None and h.server.running.presence.is_online("b")
 
 
 # -- Logins that add no event: taken while degraded ---------------------------------------------------------
@@ -185,7 +185,7 @@ async def test_a_login_that_adds_no_event_is_taken_while_degraded(
 ) -> None:
     monkeypatch.setattr(bus_module, "LOG_BACKLOG_LIMIT", 3)  # room() waits once a few events are held
     async with running(tmp_path, offline_grace=60.0) as h:
-        presence = h.server.presence
+        presence = h.server.running.presence
         assert presence is not None
         mover = await h.user("mover")
         await h.user("multi")
@@ -224,7 +224,7 @@ async def test_a_gateway_attach_that_adds_no_event_is_taken_while_degraded(
     tmp_path: Path, disk: FullDisk, autojump_clock: trio.testing.MockClock
 ) -> None:
     async with running(tmp_path, offline_grace=60.0) as h:
-        presence = h.server.presence
+        presence = h.server.running.presence
         assert presence is not None
         direct = await h.user("direct")  # moves from its direct connection to the edge
         await h.user("multi")  # gets a second device through the edge

@@ -70,7 +70,7 @@ async def test_only_a_standby_token_for_its_name_logs_in_as_a_standby(tmp_path: 
             reason = await refused(h, login)
             assert reason, what
         assert h.metric("idled_logins_total", role="standby", result="auth_failed") == len(refused_logins()) - 1
-        replicas = h.server.replicas
+        replicas = h.server.running.replicas
         assert replicas is not None and replicas.attached == 0
 
         standby = replicating(await h.connect())
@@ -100,7 +100,7 @@ async def test_a_standby_login_asks_replicate_and_nothing_else(tmp_path: Path) -
             await peer.expect(Welcome)
             error = await peer.expect_error(ErrorCode.NOT_ALLOWED)
             assert "a standby login's one request is replicate" in error.reason
-        replicas = h.server.replicas
+        replicas = h.server.running.replicas
         assert replicas is not None and replicas.attached == 0
 
 
@@ -126,7 +126,7 @@ async def test_an_observer_that_sends_replicate_is_told_to_upgrade(tmp_path: Pat
             await peer.expect(Welcome)
             error = await peer.expect_error(ErrorCode.NOT_ALLOWED)
             assert error.reason == REPLICATE_REFUSED and "upgrade" in error.reason
-        replicas = h.server.replicas
+        replicas = h.server.running.replicas
         assert replicas is not None and replicas.attached == 0 and replicas.status()["standbys"] == []
 
 
@@ -154,6 +154,6 @@ async def test_a_client_certificate_names_a_standby(tmp_path: Path) -> None:
         welcome = await client.expect(Welcome)
         assert (welcome.role, welcome.name) == ("standby", "sb1")
         await client.expect(Records)  # replicating (a heartbeat, on an empty log)
-        replicas = h.server.replicas
+        replicas = h.server.running.replicas
         assert replicas is not None and [link["name"] for link in replicas.status()["standbys"]] == ["sb1"]
         await client.stream.aclose()

@@ -253,7 +253,7 @@ class OlderActive:
         await stream.send_all(encode(Welcome("observer", login.name)))
         message = await receive_message(stream, decoder)
         assert isinstance(message, Replicate), message
-        replicas = self.server.replicas
+        replicas = self.server.running.replicas
         assert replicas is not None
         with trio.CancelScope() as self.scope:
             await replicas.run(stream, decoder, message, FrameWriter(stream), str(login.name))
@@ -268,7 +268,7 @@ async def test_a_standby_upgraded_first_replicates_from_an_older_active_then_as_
     refusal of the standby login says it is older), then the active (its refusal of the observer's replicate
     says it is newer: the standby logs in as a standby from then on). Replication never stops."""
     async with running(tmp_path / "a", listen=True, fsync="always") as h:
-        door = h.server._doorway
+        door = h.server.running.doorway
         assert door is not None
         newer = dict(door.roles)
         older = OlderActive(h.server)
@@ -288,7 +288,7 @@ async def test_a_standby_upgraded_first_replicates_from_an_older_active_then_as_
             await trio.to_thread.run_sync(lambda: wait_for(
                 lambda: status(metrics_port)["standby"]["last_seq"] == 10, what="replication as a standby"))
             assert "now takes the standby login: logging in as a standby" in sb.stderr()
-            replicas = h.server.replicas
+            replicas = h.server.running.replicas
             assert replicas is not None and replicas.attached == 1
             assert h.server.connections["standby"] == 1 and h.server.connections["observer"] == 0
             assert "replication stopped" not in sb.stderr()

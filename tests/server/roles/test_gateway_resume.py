@@ -60,7 +60,7 @@ async def test_a_reconnect_within_the_grace_period_resumes_every_session_without
         await answer_one_mark(second)  # follows the attach: confirms it
         assert await events(observer, 1) == [("b", "offline", "gateway_lost")]
         await nothing_more(observer, 10.0)
-        assert h.server.presence is not None and h.server.presence.owner_of("a") is not None
+        assert h.server.running.presence is not None and h.server.running.presence.owner_of("a") is not None
 
 
 async def test_past_the_grace_period_the_gateway_is_lost(
@@ -73,7 +73,7 @@ async def test_past_the_grace_period_the_gateway_is_lost(
         assert sorted(await events(observer, 2)) == [("a", "offline", "gateway_lost"), ("b", "offline", "gateway_lost")]
         assert 5.0 <= trio.current_time() - start < 5.5
         await edge(h)  # a new gateway of that name starts from nothing
-        assert h.server.presence is not None and len(h.server.presence) == 0
+        assert h.server.running.presence is not None and len(h.server.running.presence) == 0
 
 
 async def test_bye_ends_the_sessions_at_once(tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:

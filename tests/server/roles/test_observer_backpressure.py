@@ -29,7 +29,7 @@ STALL = 1.0
 
 def observers_of(h: peers.Harness) -> Observers:
     """The server's observer role (the doorway's roles table holds its bound `run`)."""
-    role = h.server._doorway.roles["observer"]  # type: ignore[union-attr]
+    role = h.server.running.doorway.roles["observer"]  # type: ignore[union-attr]
     return role.__self__  # type: ignore[attr-defined, no-any-return]
 
 

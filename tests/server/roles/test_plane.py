@@ -22,7 +22,7 @@ from tests.peers import Client, Harness, running
 async def user(h: Harness, uid: str, keepalive: float = 30.0) -> Client:
     client = await Client.login(h.port, "uid", uid, keepalive=keepalive)
     with trio.fail_after(5):
-        while h.server._plane is None or not any(r.key == uid for r in h.server._plane.conns.values()):
+        while h.server.running.plane is None or not any(r.key == uid for r in h.server.running.plane.conns.values()):
             await trio.sleep(0.01)  # handed over right after the welcome
     return client
 
@@ -82,9 +82,9 @@ async def test_a_user_that_pings_without_reading_stops_being_read_and_goes_idle(
         with trio.move_on_after(10):
             while sent < 4 * MAX_OUT:  # pongs pile up: the client never reads them
                 sent += await sock.send(ping * 64)
-        assert h.server.presence is not None
+        assert h.server.running.presence is not None
         with trio.fail_after(10):
-            while h.server.presence.is_online("frank"):
+            while h.server.running.presence.is_online("frank"):
                 await trio.sleep(0.05)  # no longer read, so no longer active: idle
         assert h.metric("idled_presence_events_total", kind="offline", reason="idle") == 1
 

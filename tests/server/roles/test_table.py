@@ -199,7 +199,7 @@ async def test_sighup_reloads_a_running_core(tmp_path: Path) -> None:
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
             await nursery.start(server.serve, [])
-            door = server._doorway
+            door = server.running.doorway
             assert door is not None and door.limit == config.max_connections
             os.kill(os.getpid(), signal.SIGHUP)
             while source.calls == 0:

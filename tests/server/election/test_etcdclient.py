@@ -10,11 +10,11 @@ import pytest
 import trio
 
 from idled.server.election import EtcdError, EtcdUnavailable
-from idled.server.election.gateway import EtcdGateway, b64
+from idled.server.election.etcdclient import EtcdClient, b64
 
 
-def gateway(handler: object, *, urls: tuple[str, ...] = ("http://e1:2379",), limit: int = 1 << 20) -> EtcdGateway:
-    return EtcdGateway(urls, timeout=0.5, max_response_bytes=limit,
+def gateway(handler: object, *, urls: tuple[str, ...] = ("http://e1:2379",), limit: int = 1 << 20) -> EtcdClient:
+    return EtcdClient(urls, timeout=0.5, max_response_bytes=limit,
                        transport=httpx.MockTransport(handler))  # type: ignore[arg-type]
 
 

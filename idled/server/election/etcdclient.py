@@ -35,7 +35,7 @@ from idled import __version__
 from idled.server.election.errors import EtcdError, EtcdUnavailable
 
 __all__ = [
-    "EtcdGateway", "KeyValue", "WatchEvent", "compare_create", "compare_lease", "put", "get", "b64", "unb64",
+    "EtcdClient", "KeyValue", "WatchEvent", "compare_create", "compare_lease", "put", "get", "b64", "unb64",
 ]
 
 USER_AGENT: Final = f"idled-election/{__version__}"
@@ -92,7 +92,7 @@ def get(key: str) -> dict[str, Any]:
     return {"request_range": {"key": b64(key)}}
 
 
-class EtcdGateway:
+class EtcdClient:
     """One etcd cluster's JSON gateway (use ``async with``). ``base_urls``: ``http://host:port`` each."""
 
     def __init__(self, base_urls: Sequence[str], *, timeout: float,
@@ -111,7 +111,7 @@ class EtcdGateway:
             headers={"User-Agent": USER_AGENT, "Content-Type": "application/json"}, transport=transport,
         )
 
-    async def __aenter__(self) -> EtcdGateway:
+    async def __aenter__(self) -> EtcdClient:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
