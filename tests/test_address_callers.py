@@ -114,3 +114,26 @@ def test_only_the_edge_takes_a_unix_socket_and_every_other_caller_refuses_it(tmp
     assert via_cli_core(text) is None
     assert via_standby_of(text, tmp_path) is None
     assert via_advertise(text) is None
+
+
+@pytest.mark.parametrize(("argv", "names"), [
+    (["watch", "--core=::1:7878"], "argument --host/--core: bad address '::1:7878'"),
+    (["query", "--core=127.0.0.1:7878,,b:1", "u"], "argument --host/--core: bad address"),
+    (["edge", "--core=::1:7878"], "configuration: --core: bad address '::1:7878'"),
+    (["check-config", "--standby-of=::1:7878"], "configuration: standby_of: bad address '::1:7878'"),
+    (["check-config", "--election=etcd://127.0.0.1:2379/x", "--advertise=[::1]"], "advertise: bad address '[::1]'"),
+    (["status", "--metrics=::1:9878"], "argument --metrics: bad address '::1:9878'"),
+    (["promote", "--data-dir=.", "--metrics=h:0"], "argument --metrics: bad address 'h:0'"),
+    (["loadtest", "--target=127.0.0.1:0"], "--target: bad address '127.0.0.1:0'"),
+])
+def test_a_refused_address_is_one_line_naming_the_setting_and_exit_status_2(
+        argv: list[str], names: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from idled.cli.main import main
+
+    try:
+        status = main(argv)
+    except SystemExit as exc:  # argparse's usage error
+        status = exc.code  # type: ignore[assignment]
+    err = capsys.readouterr().err
+    assert status == 2, err
+    assert names in err and "(expected " in err and err.count("\n") == 1, err
