@@ -27,13 +27,14 @@ from typing import TypeVar
 import trio
 
 from idled.client import ClientError, ConnectFailed, TLSRequired
-from idled.client.leader import format_address, parse_addresses
+from idled.client.leader import Hosts
 from idled.client.link import Link
 from idled.ops.config import ConfigError, parse_port
 from idled.ops.fatal import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, exception_leaves
+from idled.protocol.address import AddressError, format_address, parse_address, parse_addresses
 from idled.protocol.tokens import SecretError, load_secret, mint
 
-__all__ = ["add_client_arguments", "address_of", "UsageError", "Interrupt", "token_for", "tls_context", "run_command", "TOKEN_TTL"]
+__all__ = ["add_client_arguments", "address_of", "cores_text", "endpoint", "UsageError", "Interrupt", "token_for", "tls_context", "run_command", "TOKEN_TTL"]
 
 T = TypeVar("T")
 TOKEN_TTL = 3600.0  # seconds a token minted from --secret-file is valid
@@ -69,14 +70,28 @@ def add_client_arguments(parser: argparse.ArgumentParser) -> None:
 def _hosts(text: str) -> str:
     try:
         parse_addresses(text, 7878)  # checked here (exit status 2), used as given (the client parses it again)
-    except ValueError as exc:
+    except AddressError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text
 
 
+def endpoint(text: str) -> str:
+    """argparse type of a flag naming one HTTP endpoint (``--metrics HOST:PORT``): the one address grammar's
+    ``HOST:PORT`` / ``[IPV6]:PORT``, as it is written in a URL (exit status 2 otherwise)."""
+    try:
+        return format_address(parse_address(text))
+    except AddressError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def address_of(link: Link) -> str:
     """The core a client is connected to (of several: the one it found), for an operator's message."""
-    return format_address(link.host, link.port)
+    return format_address((link.host, link.port))
+
+
+def cores_text(hosts: Hosts, port: int | None) -> str:
+    """The cores ``--core``/``--port`` name, written as the grammar writes them (``a:7878,[::1]:7878``)."""
+    return ",".join(format_address(core) for core in parse_addresses(hosts, port))
 
 
 def _port(text: str) -> int:

@@ -19,8 +19,9 @@ from idled.ops.logs import setup_logging
 from idled.ops.metrics import Metrics
 from idled.door.outbound import LinkPolicy
 from idled.protocol import tokens
+from idled.protocol.address import AddressError, HostPort
 from idled.server.edge import Edge
-from idled.server.edge.link import parse_addresses
+from idled.server.edge.link import parse_cores
 from idled.server.workers.occupancy import Occupancy, parse_occupancy
 
 log = logging.getLogger("idled.server.edge")
@@ -67,8 +68,10 @@ def load(args: argparse.Namespace) -> Config:
 def run(args: argparse.Namespace) -> int:
     try:
         cfg = load(args)
-        cores = parse_addresses(args.core)
+        cores = parse_cores(args.core)
         occupancy = Occupancy(*parse_occupancy(args.occupancy)) if args.occupancy else None
+    except AddressError as exc:
+        return fatal(f"configuration: --core: {exc}", EXIT_USAGE)
     except (ConfigError, ValueError, OSError) as exc:
         return fatal(f"configuration: {exc}", EXIT_USAGE)
     setup_logging(cfg.log_level)
@@ -77,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     name = args.name or f"edge-{socket.gethostname()}-{os.getpid()}"
     try:
         # The link to a TCP core logs in with a token from the same secret; a unix-socket core trusts its socket.
-        tcp = any(host != "unix" for host, _ in cores)
+        tcp = any(isinstance(core, HostPort) for core in cores)
         link_secret = tokens.load_secret(cfg.secret_file) if cfg.secret_file and tcp else None
         registry = _registry() if cfg.metrics_port else None
         edge = Edge(cfg, core=args.core, name=name, listen_fds=args.listen_fd,

@@ -32,6 +32,7 @@ import trio
 
 from idled.cli.loadtestflags import DEFAULT_DURATION, DEFAULT_EVENT_RATE_SECONDS, add_arguments
 from idled.protocol import MAX_KEEPALIVE, MIN_KEEPALIVE
+from idled.protocol.address import AddressError, parse_address
 from idled.ops.config import MAX_WORKERS
 from idled.ops.fatal import EXIT_FAILURE, EXIT_OK, EXIT_TARGET_FAILED, EXIT_USAGE
 from idled.tools.loadtest.ipc import IpcError
@@ -54,21 +55,20 @@ class UsageError(Exception):
 
 
 def parse_target(text: str) -> tuple[str, int]:
-    """HOST:PORT with HOST a 127.0.0.0/8 address or `localhost`; UsageError otherwise."""
-    host, sep, port_text = text.rpartition(":")
-    if not sep or not host or not port_text.isdigit():
-        raise UsageError(f"--target must be HOST:PORT, got {text!r}")
+    """HOST:PORT (the one address grammar, ``idled.protocol.address``) with HOST a 127.0.0.0/8 address or
+    `localhost`; UsageError otherwise."""
+    try:
+        host, port = parse_address(text)
+    except AddressError as exc:
+        raise UsageError(f"--target: {exc}") from None
     if host == "localhost":
         host = "127.0.0.1"
     try:
-        addr = ipaddress.ip_address(host.strip("[]"))
+        addr = ipaddress.ip_address(host)
     except ValueError:
         raise UsageError(f"--target host must be a loopback IPv4 address, got {host!r}") from None
     if addr.version != 4 or not addr.is_loopback:
         raise UsageError(f"only loopback targets are accepted (127.0.0.0/8), got {host}")
-    port = int(port_text)
-    if not 0 < port < 65536:
-        raise UsageError(f"bad port {port}")
     return str(addr), port
 
 

@@ -15,6 +15,7 @@ import signal
 import sys
 import time
 
+from idled.cli.clientflags import endpoint
 from idled.cli.status import fetch_status
 from idled.log import dirlock
 from idled.log.errors import LogLocked
@@ -28,7 +29,7 @@ POLL = 0.1
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", required=True, metavar="DIR", help="the standby's event-log directory")
-    parser.add_argument("--metrics", default="127.0.0.1:9878", metavar="HOST:PORT",
+    parser.add_argument("--metrics", default="127.0.0.1:9878", metavar="HOST:PORT", type=endpoint,
                         help="the standby's metrics endpoint, to confirm the promotion (default 127.0.0.1:9878)")
     parser.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
                         help="give up waiting for the active role after this long (default 30)")

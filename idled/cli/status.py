@@ -22,7 +22,7 @@ from typing import Any
 
 from idled.ops.fatal import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from idled.ops.logs import plural
-from idled.cli.clientflags import UsageError, token_for
+from idled.cli.clientflags import UsageError, endpoint, token_for
 from idled.protocol.tokens import API_ROLE
 
 __all__ = ["add_arguments", "run", "fetch_status", "format_status"]
@@ -36,7 +36,7 @@ REDACTED_NOTE = "redacted         names and paths need an API token: --token TOK
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--metrics", default="127.0.0.1:9878", metavar="HOST:PORT",
+    parser.add_argument("--metrics", default="127.0.0.1:9878", metavar="HOST:PORT", type=endpoint,
                         help="the daemon's metrics endpoint (its --metrics-host:--metrics-port; default 127.0.0.1:9878)")
     parser.add_argument("--json", action="store_true", help="print the daemon's JSON document (default off)")
     parser.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS",
@@ -143,10 +143,6 @@ def _refusal(exc: urllib.error.HTTPError) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    host, _, port = args.metrics.rpartition(":")
-    if not host or not port.isdigit():
-        print(f"{PROG}: --metrics must be HOST:PORT, got {args.metrics!r}", file=sys.stderr)
-        return EXIT_USAGE
     try:
         token = token_for(args, API_ROLE, TOKEN_NAME, ttl=TOKEN_TTL)
     except UsageError as exc:

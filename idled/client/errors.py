@@ -18,6 +18,7 @@ import re
 from typing import Final
 
 from idled.protocol import ErrorCode
+from idled.protocol.address import format_address
 
 __all__ = [
     "ClientError", "ConnectionLost", "ConnectFailed", "ServerError", "AuthFailed", "Kicked", "Busy", "Unavailable",
@@ -65,7 +66,7 @@ class ConnectFailed(ConnectionLost):
     def __init__(self, host: str, port: int, exc: OSError) -> None:
         causes = _leaves(exc)
         reasons = [_words(c) for c in causes]
-        super().__init__(f"connect to {host}:{port} failed: {'; '.join(dict.fromkeys(reasons))}")
+        super().__init__(f"connect to {format_address((host, port))} failed: {'; '.join(dict.fromkeys(reasons))}")
         # True when every address answered "nothing listens here" (the likeliest cause: no daemon).
         self.refused = all(isinstance(c, ConnectionRefusedError) for c in causes)
 

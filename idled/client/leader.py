@@ -32,8 +32,9 @@ By hand, cores ``[S, A]`` (S a standby of A)::
     failed(None)       refused                              -> target S, True
     connected()        S was promoted: leader S
 
-Addresses are ``HOST:PORT``, ``[IPv6]:PORT``, or a bare ``HOST`` taking the default port (a bare IPv6
-literal, two colons or more, is a host); a list is comma-separated or a sequence of such strings.
+Addresses are read by the one address grammar (``idled.protocol.address``): ``HOST:PORT``, ``[IPv6]:PORT``,
+or a bare ``HOST`` (``[IPv6]``) taking the default port; a list is comma-separated or a sequence of such
+strings. The search itself compares members only, whatever they are.
 """
 
 from __future__ import annotations
@@ -41,50 +42,12 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from typing import Generic, TypeAlias, TypeVar
 
-__all__ = ["Hosts", "LeaderSearch", "parse_address", "parse_addresses", "format_address"]
+__all__ = ["Hosts", "LeaderSearch"]
 
 A = TypeVar("A", bound=Hashable)
 # Where the client API takes a host: one (``"10.0.0.1"``, ``"10.0.0.1:7878"``), a comma-separated list of
 # cores (``"a:7878,b:7878"``), or a sequence of them; a member without a port takes the call's `port`.
 Hosts: TypeAlias = str | Sequence[str]
-
-
-def parse_address(text: str, default_port: int | None = None) -> tuple[str, int]:
-    """``HOST:PORT``, ``[V6]:PORT``, or ``HOST`` (``default_port``) -> (host, port); ValueError otherwise."""
-    text = text.strip()
-    host, port = text, None
-    if text.startswith("["):
-        end = text.find("]")
-        if end < 0 or (end + 1 < len(text) and text[end + 1] != ":"):
-            raise ValueError(f"bad address {text!r}: expected [IPV6]:PORT")
-        host, rest = text[1:end], text[end + 2:]
-        port = rest if end + 1 < len(text) else None
-    elif text.count(":") == 1:
-        host, port = text.split(":")
-    if not host:
-        raise ValueError(f"bad address {text!r}: no host")
-    if port is None:
-        if default_port is None:
-            raise ValueError(f"bad address {text!r}: expected HOST:PORT")
-        return host, default_port
-    if not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"bad address {text!r}: the port must be 1..65535")
-    return host, int(port)
-
-
-def parse_addresses(hosts: Hosts, default_port: int | None = None) -> tuple[tuple[str, int], ...]:
-    """A comma-separated list (or a sequence) of addresses -> (host, port) pairs, duplicates dropped, order
-    kept; ValueError for an empty list or a bad member."""
-    items = hosts.split(",") if isinstance(hosts, str) else list(hosts)
-    addresses = tuple(dict.fromkeys(parse_address(item, default_port) for item in items))
-    if not addresses:
-        raise ValueError("no address given")
-    return addresses
-
-
-def format_address(host: str, port: int) -> str:
-    """(host, port) -> ``HOST:PORT`` (``[V6]:PORT``): what ``parse_address`` reads back."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 class LeaderSearch(Generic[A]):

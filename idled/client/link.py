@@ -47,10 +47,11 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from idled.client.core import Backoff
 from idled.client.errors import ClientError, ConnectionLost, NotLeader, ProtocolMismatch, error_from
-from idled.client.leader import Hosts, LeaderSearch, parse_address, parse_addresses
+from idled.client.leader import Hosts, LeaderSearch
 from idled.protocol import (
     BYE_FRAME, Error, FrameDecoder, Login, ProtocolError, Welcome, encode, parse_server_message, receive_message,
 )
+from idled.protocol.address import AddressError, parse_address, parse_addresses
 
 __all__ = ["Conn", "Flag", "Runtime", "Link", "Mailbox", "CLIENT_MAX_FRAME"]
 
@@ -223,7 +224,8 @@ class Link:
         try:
             while not self._closing:
                 before = self.connections
-                self.host, self.port = cores.target[0], cores.target[1]
+                if isinstance(cores.target, tuple):  # HostPort (an edge's unix:PATH core is not: its _open dials it)
+                    self.host, self.port = cores.target
                 try:
                     await self._connection()
                     attempt = 0
@@ -264,7 +266,7 @@ class Link:
             return None
         try:
             return parse_address(leader)
-        except ValueError:
+        except AddressError:
             return None  # a hint we cannot read is no hint: go on with the list
 
     def _elsewhere(self, exc: ClientError) -> bool:

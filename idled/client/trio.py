@@ -24,6 +24,7 @@ from idled.client.link import TLS, Link
 from idled.client.observer import Observer
 from idled.client.session import Session
 from idled.protocol import Uid
+from idled.protocol.address import format_address
 
 __all__ = ["TRIO", "TrioRuntime", "open_session", "open_gateway", "open_observer", "running"]
 
@@ -87,7 +88,7 @@ class TrioRuntime:
             await stream.do_handshake()
         except trio.BrokenResourceError as exc:
             await trio.aclose_forcefully(tcp)
-            raise ConnectionLost(f"TLS handshake with {host}:{port} failed: {exc.__cause__ or exc}") from None
+            raise ConnectionLost(f"TLS handshake with {format_address((host, port))} failed: {exc.__cause__ or exc}") from None
         return TrioConn(stream, tls)
 
     async def race(self, *fns: Callable[[], Awaitable[Any]]) -> Any:

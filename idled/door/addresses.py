@@ -19,16 +19,19 @@ from typing import Final
 
 import trio
 
+from idled.protocol.address import format_address
+
 __all__ = ["IPV6_PREFIX", "address_key", "bound_address", "display", "host_of", "is_local"]
 
 IPV6_PREFIX: Final = 64  # an IPv6 source counts as its /64 (see the module docstring)
 
 
 def display(host: str, port: int | None) -> str:
-    """``host:port`` as an operator would type it (``[::1]:7878``); a unix socket's path as it is."""
+    """``host:port`` as an operator would type it (``[::1]:7878``: ``idled.protocol.address``); a unix socket's
+    path as it is."""
     if port is None:
         return host or "(unnamed unix socket)"
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return format_address((host, port))
 
 
 def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
@@ -73,5 +76,7 @@ def bound_address(listener: trio.SocketListener) -> tuple[str, int | None]:
 
 
 def host_of(address: str) -> str:
-    """The host part of a ``display``-formatted ``host:port`` (``[::1]:7878`` -> ``::1``)."""
+    """The host part of a ``display``-formatted ``host:port`` (``[::1]:7878`` -> ``::1``). Not the address
+    grammar's parse: this reads back only what ``display`` wrote from a peer's address (or ``-``), once per
+    connection, so it splits without checking."""
     return address.rsplit(":", 1)[0].strip("[]")

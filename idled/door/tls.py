@@ -55,7 +55,7 @@ from typing import Any, Final
 
 import trio
 
-from idled.door.addresses import host_of
+from idled.door.addresses import display, host_of
 from idled.ops.config import Config
 from idled.ops.fatal import EXIT_USAGE, Fatal
 from idled.protocol import Login, NEED_DATA
@@ -291,8 +291,7 @@ class Front:
         if isinstance(header, tuple):
             header, stream = header
         if header.source is not None:
-            host, port = header.source
-            address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            address = display(*header.source)
         return stream, address
 
     async def handshake(self, stream: trio.abc.Stream) -> trio.SSLStream[trio.abc.Stream]:

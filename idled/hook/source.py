@@ -28,6 +28,7 @@ from idled.client.observer import Observer
 from idled.client.trio import TRIO, running
 from idled.hook.config import HookConfig
 from idled.protocol import Event, Login
+from idled.protocol.address import format_address
 
 __all__ = ["HookGone", "HookObserver", "read_events"]
 
@@ -58,7 +59,7 @@ class HookObserver(Observer):
 
     def _on_retry(self, exc: ClientError, was_up: bool, delay: float) -> None:
         what = "lost the daemon" if was_up else "cannot reach the daemon"
-        log.warning("%s at %s:%d (%s); retrying in %.1f s", what, self.host, self.port, exc, delay)
+        log.warning("%s at %s (%s); retrying in %.1f s", what, format_address((self.host, self.port)), exc, delay)
 
 
 async def read_events(config: HookConfig, after: int | None, channel: trio.MemorySendChannel[Event]) -> None:
@@ -68,7 +69,7 @@ async def read_events(config: HookConfig, after: int | None, channel: trio.Memor
         try:
             async with running(observer):
                 where = "from now" if after is None else f"after seq {after}"
-                log.info("subscribed to %s:%d %s (durable)", config.host, config.port, where)
+                log.info("subscribed to %s %s (durable)", format_address((observer.host, observer.port)), where)
                 async for event in observer:
                     await channel.send(event)
             raise RuntimeError("the observer ended without an error")  # it reconnects: only cancel ends it

@@ -23,6 +23,8 @@ from idled.core.detector import MAX_TIMEOUT_TICKS
 from idled.core.timeouts import DEFAULT_MAX_TIMEOUT, DEFAULT_TICK, DEFAULT_TIMEOUT
 from idled.log.eventlog import FSYNC_POLICIES
 from idled.protocol import DEFAULT_MAX_FRAME
+from idled.protocol.address import AddressError, HostPort, format_address, parse_address
+from idled.protocol.address import parse_port as parse_port_number
 
 DETECTORS = ("ring", "scan", "heap")
 POLICIES = ("lazy", "eager")
@@ -41,24 +43,25 @@ def parse_workers(value: str) -> int:
 
 
 def parse_port(value: str, name: str = "port") -> int:
-    """``--port``, ``--metrics-port`` and their variables: a TCP port number, 0..65535. The error names the
-    setting and the value; argparse or the loader prefixes where it came from (``argument --port: ...``)."""
+    """``--port``, ``--metrics-port`` and their variables: a TCP port number to listen on, 0..65535 (the one
+    grammar's, ``idled.protocol.address``). The error names the setting and the value; argparse or the loader
+    prefixes where it came from (``argument --port: ...``)."""
     try:
-        port = int(value)
-    except ValueError:
+        return parse_port_number(value, listen=True)
+    except AddressError as exc:
+        if exc.problem == "out of range":
+            raise ConfigError(f"{name} must be 0..65535, got {int(value)}") from None
         raise ConfigError(f"{name} must be a number 0..65535, got {value!r}") from None
-    if not 0 <= port <= 65535:
-        raise ConfigError(f"{name} must be 0..65535, got {port}")
-    return port
 
 
-def split_address(value: str, name: str = "address") -> tuple[str, int]:
-    """``HOST:PORT`` (``[v6]:PORT`` too) -> (host, port); ConfigError naming the setting otherwise."""
-    host, sep, port = value.strip().rpartition(":")
-    host = host.removeprefix("[").removesuffix("]")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
-        raise ConfigError(f"{name} must be HOST:PORT, got {value!r}")
-    return host, int(port)
+def address_setting(value: str, name: str = "address") -> HostPort:
+    """A core's address setting (``standby_of``, ``advertise``): ``HOST:PORT`` or ``[IPV6]:PORT`` as the one
+    grammar reads it (``idled.protocol.address``: no default port, no unix socket); ConfigError naming the
+    setting otherwise."""
+    try:
+        return parse_address(value)
+    except AddressError as exc:
+        raise ConfigError(f"{name}: {exc}") from None
 
 
 class ConfigError(ValueError):
@@ -206,10 +209,10 @@ class Config:
             need(not self.workers, "an elected core (election) runs without workers: run idled edge --core A,B "
                  "in front of the cores")
             need(2 <= self.election_ttl <= 600, "election_ttl must be 2..600 seconds")
-            split_address(self.advertised_address(), "advertise")
+            address_setting(self.advertised_address(), "advertise")
         self._validate_links(need)
         if self.standby_of is not None:
-            split_address(self.standby_of, "standby_of")
+            address_setting(self.standby_of, "standby_of")
             need(not self.workers and not self.api_port, "a standby (standby_of) runs without workers and api_port")
         return self
 
@@ -230,7 +233,7 @@ class Config:
             return self.advertise
         if self.port == 0 or self.host in ("", "0.0.0.0", "::"):
             raise ConfigError("advertise is needed (HOST:PORT) when host is a wildcard or port is 0")
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+        return format_address((self.host, self.port))
 
     @property
     def detector_kind(self) -> str:

@@ -27,6 +27,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from idled.protocol.address import format_address
+
 if TYPE_CHECKING:
     from idled.ops.config import Config
 
@@ -79,9 +81,9 @@ def config_summary(
         data_dir = str(cfg.resolved_data_dir())
     auth = f"on (secret {cfg.secret_file})" if cfg.secret_file else ("off, insecure" if cfg.insecure else "off")
     fsync = cfg.fsync + (f" {cfg.fsync_interval:g}s" if cfg.fsync == "interval" else "")
-    metrics = f"{cfg.metrics_host}:{cfg.metrics_port}" if cfg.metrics_port else "off"
+    metrics = format_address((cfg.metrics_host, cfg.metrics_port)) if cfg.metrics_port else "off"
     return (
-        f"idled {version}: listen {listen or f'{cfg.host}:{cfg.port}'}, metrics {metrics}, data dir {data_dir}, "
+        f"idled {version}: listen {listen or format_address((cfg.host, cfg.port))}, metrics {metrics}, data dir {data_dir}, "
         f"detector {cfg.detector_kind} ({cfg.slots} slots), timeout {cfg.timeout:g}s, tick {cfg.tick:g}s, "
         f"max timeout {cfg.max_timeout:g}s, auth {auth}, fsync {fsync}, "
         f"limits: {cfg.max_connections} connections, frame {_size(cfg.max_frame)} "
@@ -99,8 +101,7 @@ def peer_address(stream: Any) -> str:
     except OSError:
         return "-"
     if isinstance(peer, tuple) and len(peer) >= 2:
-        host = peer[0]
-        return f"[{host}]:{peer[1]}" if ":" in str(host) else f"{host}:{peer[1]}"
+        return format_address((str(peer[0]), int(peer[1])))
     return "-"
 
 

@@ -46,12 +46,13 @@ from idled.door.outbound import LinkPolicy
 from idled.door.door import Door, Listening, client_gate, close_all, metrics_gate
 from idled.log.eventlog import EventLog
 from idled.ops import systemd
-from idled.ops.config import Config, split_address
+from idled.ops.config import Config, address_setting
 from idled.ops.fatal import fatal_on_log_error
 from idled.ops.health import Health
 from idled.ops.http import serve_metrics
 from idled.ops.metrics import Metrics, NullMetrics
 from idled.protocol import ErrorCode, FrameDecoder, Login, ProtocolError, Query, Status, Uid, encode
+from idled.protocol.address import format_address
 from idled.server.engine.bus import EventBus
 from idled.server.runtime.clock import WallClock, floor_wall
 from idled.server.roles.doorway import Connection, Doorway, auth_secret, refuse_out_of_descriptors
@@ -124,7 +125,7 @@ class StandbyServer:
         self.env = dict(os.environ) if env is None else env
         self.metrics = NullMetrics() if metrics is None else metrics
         self.secret = auth_secret(config)
-        self.active = split_address(config.standby_of, "standby_of")
+        self.active = address_setting(config.standby_of, "standby_of")
         # Every listener through the door (idled.door): a standby serves no HTTP API.
         self.door = Door.of(config, secret=self.secret is not None, env=self.env)
         self.log = self._make_log()
@@ -211,14 +212,13 @@ class StandbyServer:
         observers.queries.first_seq = first_seq
 
     async def _not_leader(self, stream: trio.abc.Stream, decoder: FrameDecoder, login: Login) -> None:
-        host, port = self.active
         # `leader` lets clients and edges given a list of cores go straight there (docs/protocol.md).
-        leader = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        leader = format_address(self.active)
         if login.role == "standby":
-            raise ProtocolError(ErrorCode.NOT_LEADER, f"this core is a standby of the active core at {host}:{port}; a "
+            raise ProtocolError(ErrorCode.NOT_LEADER, f"this core is a standby of the active core at {leader}; a "
                                 "standby replicates from the active, not from another standby (no cascading)",
                                 leader=leader)
-        raise ProtocolError(ErrorCode.NOT_LEADER, f"this core is a standby of the active core at {host}:{port}; log in there",
+        raise ProtocolError(ErrorCode.NOT_LEADER, f"this core is a standby of the active core at {leader}; log in there",
                             leader=leader)
 
     async def _start(self, nursery: trio.Nursery, doorway: Doorway, opened: Listening,
@@ -238,7 +238,7 @@ class StandbyServer:
         shortage = Shortage(lambda: "standby")
         await nursery.start(self._accept, opened["client"], nursery, doorway, shortage)
         for host, port in addresses:
-            log.info("standby of %s:%d listening on %s", *self.active, display(host, port))
+            log.info("standby of %s listening on %s", format_address(self.active), display(host, port))
             if port is not None:
                 print(f"IDLED_LISTENING host={host} port={port}", file=sys.stderr, flush=True)
         systemd.notify(systemd.READY, env=self.env)

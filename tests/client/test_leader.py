@@ -1,30 +1,13 @@
-"""Finding the leader among several cores: address lists and the order of attempts (pure, no I/O)."""
+"""Finding the leader among several cores: the order of attempts (pure, no I/O; the address lists are the
+one grammar's, tests/protocol/test_address.py)."""
 
 from __future__ import annotations
 
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from idled.client.errors import NotLeader, error_from
-from idled.client.leader import LeaderSearch, format_address, parse_address, parse_addresses
-
-
-def test_addresses_parse_one_or_a_list() -> None:
-    assert parse_addresses("127.0.0.1", 7878) == (("127.0.0.1", 7878),)
-    assert parse_addresses("a:1, b:2,a:1") == (("a", 1), ("b", 2))  # duplicates dropped, order kept
-    assert parse_addresses(["a", "b:9"], 7878) == (("a", 7878), ("b", 9))
-    assert parse_address("[::1]:7878") == ("::1", 7878)
-    assert parse_address("::1", 7878) == ("::1", 7878)  # a bare IPv6 literal is a host
-    assert parse_address("[::1]", 5) == ("::1", 5)
-    for bad in ("a:0", "a:x", ":1", "a:70000", "[::1", "[::1]x", ""):
-        with pytest.raises(ValueError):
-            parse_address(bad, 7878)
-    with pytest.raises(ValueError):
-        parse_address("a")  # no default port
-    with pytest.raises(ValueError):
-        parse_addresses([])
-    assert format_address("::1", 1) == "[::1]:1" and parse_address(format_address("::1", 1)) == ("::1", 1)
+from idled.client.leader import LeaderSearch
 
 
 def test_one_core_is_today_s_loop_every_failure_ends_a_round() -> None:

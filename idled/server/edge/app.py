@@ -42,6 +42,7 @@ from collections.abc import Callable, Sequence
 
 import trio
 
+from idled.door.addresses import display
 from idled.door.accept import Shortage, accept_all
 from idled.door.door import Door, client_gate, close_all, metrics_gate
 from idled.door.outbound import LinkPolicy
@@ -158,7 +159,7 @@ class Edge:
                 for listener in listeners:
                     host, port = listener.socket.getsockname()[:2]
                     self.ports.append(port)
-                    log.info("edge listening on %s:%d, core %s", host, port, self.link.address)
+                    log.info("edge listening on %s, core %s", display(host, port), self.link.address)
                     print(f"IDLED_LISTENING host={host} port={port}", file=sys.stderr, flush=True)
                 nursery.start_soon(self._accept, listeners, nursery)
                 task_status.started(self.ports)

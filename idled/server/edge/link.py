@@ -88,7 +88,7 @@ import trio
 from idled.client.core import Backoff
 from idled.client.errors import ClientError, ConnectionLost, TLSRequired
 from idled.client.gatewaylink import EndedCallback, GatewayLink
-from idled.client.leader import LeaderSearch, format_address
+from idled.client.leader import LeaderSearch
 from idled.client.link import Conn
 from idled.client.trio import TRIO, TrioConn
 from idled.door.outbound import LinkFailed, LinkPolicy, LinkRound, broken_link, dial
@@ -96,10 +96,10 @@ from idled.core.timeouts import DEFAULT_MAX_TIMEOUT, DEFAULT_TICK, DEFAULT_TIMEO
 from idled.protocol import (
     BYE_FRAME, PING_FRAME, Login, Marked, SessionKey, Welcome, encode, tokens,
 )
+from idled.protocol.address import Endpoint, HostPort, UnixPath, format_address, parse_addresses
 from idled.server.runtime.clock import WallClock
 
-__all__ = ["CoreLink", "CoreParams", "LinkMismatch", "open_core_stream", "parse_address", "parse_addresses",
-           "format_core"]
+__all__ = ["CoreLink", "CoreParams", "LinkMismatch", "open_core_stream", "parse_cores"]
 
 log = logging.getLogger("idled.server.edge.link")
 
@@ -111,42 +111,20 @@ CONNECT_TIMEOUT: Final = 10.0
 MAX_ATTACHING: Final = 1000  # unacknowledged attaches before new logins are refused busy (see Admission)
 
 
-def parse_addresses(addresses: str) -> tuple[tuple[str, str | int], ...]:
-    """``A,B,...`` (each as ``parse_address`` reads it) -> the members, duplicates dropped; ValueError otherwise."""
-    members = tuple(dict.fromkeys(parse_address(item.strip()) for item in addresses.split(",")))
-    if not members:
-        raise ValueError("no core address")
-    return members
+def parse_cores(text: str) -> tuple[Endpoint, ...]:
+    """``--core A,B,...``: ``HOST:PORT``, ``[IPV6]:PORT`` or ``unix:PATH`` each (``idled.protocol.address``: no
+    default port), duplicates dropped; AddressError (a ValueError) otherwise."""
+    return parse_addresses(text, unix=True)
 
 
-def format_core(member: tuple[str, str | int]) -> str:
-    """A member back to its text: ``HOST:PORT``, ``[V6]:PORT`` or ``unix:PATH``."""
-    host, port = member
-    return f"unix:{port}" if host == "unix" else format_address(host, int(port))
-
-
-def parse_address(address: str) -> tuple[str, str | int]:
-    """``HOST:PORT`` -> (host, port); ``unix:PATH`` -> ("unix", path). ValueError otherwise."""
-    if address.startswith("unix:"):
-        path = address[5:]
-        if not path:
-            raise ValueError("unix: needs a path")
-        return "unix", path
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"core address must be HOST:PORT or unix:PATH, got {address!r}")
-    return host.strip("[]"), int(port)
-
-
-async def open_core_stream(address: str, policy: LinkPolicy | None = None, *, relay: bool = False) -> trio.abc.Stream:
+async def open_core_stream(core: Endpoint, policy: LinkPolicy | None = None, *, relay: bool = False) -> trio.abc.Stream:
     """A new byte stream to the core (the link's own, or a relayed peer's: ``relay``): TLS as ``policy`` says
     for a TCP core, a unix socket plain. OSError / TooSlowError if it cannot be reached, ``LinkFailed`` if
     the TLS handshake fails (``idled.door.outbound``)."""
-    host, port = parse_address(address)
     with trio.fail_after(CONNECT_TIMEOUT):
-        if host == "unix":
-            return await trio.open_unix_socket(str(port))
-        return await dial(host, int(port), policy, relay=relay)
+        if isinstance(core, UnixPath):
+            return await trio.open_unix_socket(core.path)
+        return await dial(core.host, core.port, policy, relay=relay)
 
 
 class LinkMismatch(ClientError):
@@ -206,13 +184,14 @@ class CoreLink(GatewayLink):
         clock: Callable[[], float] = trio.current_time,
         wall: Callable[[], float] | None = None,
     ) -> None:
-        members = parse_addresses(address)  # fail early on a malformed address
-        host, port = members[0]
-        super().__init__(TRIO, host, port if isinstance(port, int) else 0, name, ended=True, marks=True,
+        members = parse_cores(address)  # fail early on a malformed address
+        # The base takes TCP addresses only; its search is replaced by ours (unix:PATH members too) at once.
+        first = members[0] if isinstance(members[0], HostPort) else HostPort("localhost", 1)
+        super().__init__(TRIO, format_address(first), None, name, ended=True, marks=True,
                          on_ended=on_ended, max_pending=MAX_PENDING, backoff=backoff or Backoff(base=0.1, cap=5.0),
                          connect_timeout=CONNECT_TIMEOUT)
-        self.cores = LeaderSearch(members)  # unix:PATH members too (the base parses HOST:PORT only)
-        self.addresses = ",".join(format_core(member) for member in members)
+        self.cores = LeaderSearch(members)
+        self.addresses = ",".join(format_address(member) for member in members)
         self.name = name
         self.secret = secret
         self.links = LinkPolicy(strict=False) if links is None else links  # TLS; whether a mismatch is fatal
@@ -244,14 +223,20 @@ class CoreLink(GatewayLink):
         self._core: str | None = None  # the core of the last welcome (to log a switch)
 
     @property
+    def core(self) -> Endpoint:
+        """The core being tried or connected to (one of the listed, or a core a refusal named)."""
+        target: Endpoint = self.cores.target
+        return target
+
+    @property
     def address(self) -> str:
-        """The core being tried or connected to (one of ``addresses``, or a core a refusal named)."""
-        return format_core(self.cores.target)
+        """`core` as text, for messages (one of ``addresses``)."""
+        return format_address(self.core)
 
     @property
     def dead_after(self) -> float:
         """Seconds of silence that end the connection (see Liveness): never over a unix socket."""
-        return math.inf if self.cores.target[0] == "unix" else self._dead_after
+        return math.inf if isinstance(self.cores.target, UnixPath) else self._dead_after
 
     # -- what user tasks call: synchronous, never waits ------------------------------------------------------
 
@@ -308,7 +293,7 @@ class CoreLink(GatewayLink):
     async def _open(self) -> Conn:
         self._attempt = self.address
         try:
-            stream = await open_core_stream(self.address, self.links)
+            stream = await open_core_stream(self.core, self.links)
         except (OSError, trio.TooSlowError) as exc:
             raise ConnectionLost(f"connect to {self.address} failed: {exc!r}") from None
         except LinkFailed as exc:

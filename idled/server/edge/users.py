@@ -163,7 +163,7 @@ class EdgeUsers:
     async def relay(self, stream: trio.abc.Stream, decoder: FrameDecoder, login: Login) -> None:
         """Pipe a gateway, observer or standby to the core (see the module docstring)."""
         try:  # the core the link found (one of --core's)
-            core = await open_core_stream(self.link.address, self.link.links, relay=True)
+            core = await open_core_stream(self.link.core, self.link.links, relay=True)
         except (OSError, trio.TooSlowError, LinkFailed) as exc:
             raise ProtocolError(ErrorCode.BUSY, f"core unavailable: {exc}") from None
         self.relays += 1

@@ -80,6 +80,7 @@ from idled.protocol.replication import (
     LINK_TIMEOUT, MAX_FRAME, REPLICATE_NEEDS_STANDBY, Records, Resync, SnapshotPart, encode_ack, encode_replicate,
     parse_replication_message, record_crc,
 )
+from idled.protocol.address import format_address
 from idled.protocol.stream import receive_message
 from idled.server.engine.bus import EventBus
 from idled.server.runtime.clock import WallClock
@@ -125,6 +126,7 @@ class StandbyLink:
         self.wall = WallClock() if wall is None else wall  # a minted token's expiry: the process's wall clock
         self.policy = LinkPolicy(strict=False) if policy is None else policy  # TLS, and whether a mismatch is fatal
         self.host, self.port = host, port
+        self.address = format_address((host, port))  # as messages and the status show it ([v6]:port)
         self.fsync, self.fsync_interval = fsync, fsync_interval
         self.secret, self.name = secret, name
         self.reopen, self.make_log = reopen, make_log
@@ -156,7 +158,7 @@ class StandbyLink:
         return max(0.0, (time.monotonic() if now is None else now) - self.synced_at)
 
     def status(self) -> dict[str, Any]:
-        return {"active": f"{self.host}:{self.port}", "state": self.state, "connected": self.connected,
+        return {"active": self.address, "state": self.state, "connected": self.connected,
                 "last_seq": self.log.last_seq, "active_durable_seq": self.head, "lag_records": self.lag_records,
                 "lag_seconds": round(self.lag_seconds(), 3), "records": self.records, "resyncs": self.resyncs,
                 "reconnects": self.reconnects, "synced": self.synced, "error": self.error,
@@ -175,11 +177,11 @@ class StandbyLink:
                     await self._session()
                 except _Reconnect as exc:
                     if isinstance(exc, _Mismatch) and self.policy.strict:
-                        raise self.policy.fatal("standby link", f"to the active at {self.host}:{self.port}",
+                        raise self.policy.fatal("standby link", f"to the active at {self.address}",
                                                 exc.failure) from None
                     why = str(exc.args[0])
                     if self.error != why:
-                        log.warning("standby: link to the active at %s:%d: %s; reconnecting", self.host, self.port, why)
+                        log.warning("standby: link to the active at %s: %s; reconnecting", self.address, why)
                     self.error = why
                 except EventLogError as exc:
                     if isinstance(exc, FsyncFailed):
@@ -257,7 +259,7 @@ class StandbyLink:
         if type(message) is Records:
             await self._records(message)
         elif type(message) is Welcome:
-            log.info("standby: replicating from the active at %s:%d from seq %d%s", self.host, self.port,
+            log.info("standby: replicating from the active at %s from seq %d%s", self.address,
                      self.log.last_seq + 1, " over TLS" if self.policy.tls is not None else "")
             self.connected, self.error, self.state = True, None, "streaming"
             self.policy.proven()  # the configurations agree: a later mismatch is the active's change, not fatal
@@ -282,13 +284,13 @@ class StandbyLink:
         """Log in as an observer to an active older than the standby role, as a standby again once it is not."""
         if not self.legacy and message.code == ErrorCode.BAD_MESSAGE and OLD_ACTIVE_REFUSAL in message.reason:
             self.legacy = True
-            log.warning("standby: the active at %s:%d predates the standby login (%s); logging in as an observer "
-                        "until it is upgraded (docs/ha.md#upgrades)", self.host, self.port, message.reason)
+            log.warning("standby: the active at %s predates the standby login (%s); logging in as an observer "
+                        "until it is upgraded (docs/ha.md#upgrades)", self.address, message.reason)
             raise _Reconnect("the active is older than this standby: logging in as an observer")
         if self.legacy and message.code == ErrorCode.NOT_ALLOWED and REPLICATE_NEEDS_STANDBY in message.reason:
             self.legacy = False
-            log.warning("standby: the active at %s:%d now takes the standby login: logging in as a standby",
-                        self.host, self.port)
+            log.warning("standby: the active at %s now takes the standby login: logging in as a standby",
+                        self.address)
             raise _Reconnect("the active was upgraded: logging in as a standby")
 
     async def _records(self, message: Records) -> None:

@@ -33,12 +33,12 @@ import trio
 
 from idled.door.door import open_unix_listener
 from idled.ops.config import ConfigError
+from idled.protocol.address import AddressError, UnixPath, format_address, parse_address
 
 __all__ = ["SOCKET_NAME", "BACKLOG", "core_socket_path", "open_internal_listener", "remove_socket", "peer_pid"]
 
 SOCKET_NAME = "core.sock"
 BACKLOG = 512  # edges connect once each, relays one per relayed gateway/observer: a few at a time
-_SUN_PATH_MAX = 107  # sockaddr_un.sun_path is 108 bytes including the terminating NUL
 
 
 def core_socket_path(env: Mapping[str, str], data_dir: str | os.PathLike[str]) -> Path:
@@ -50,8 +50,10 @@ def core_socket_path(env: Mapping[str, str], data_dir: str | os.PathLike[str]) -
 
 async def open_internal_listener(path: Path) -> trio.SocketListener:
     """Bind and listen on ``path`` (mode 0600, through the door), replacing a stale socket file."""
-    if len(os.fsencode(path)) > _SUN_PATH_MAX:
-        raise ConfigError(f"internal socket path too long for a unix socket ({len(str(path))} bytes): {path}")
+    try:  # the edges are given it as --core unix:PATH: what they could not read is refused here, before they start
+        parse_address(format_address(UnixPath(str(path))), unix=True)
+    except AddressError as exc:
+        raise ConfigError(f"internal socket {path}: {exc.problem}") from None
     try:
         # Left by a daemon that crashed (the root checked that nobody answers on it). (Blocking calls, but once
         # at startup on a local directory, before anything else runs.)

@@ -59,6 +59,7 @@ from idled.door.door import Door
 from idled.ops import systemd
 from idled.ops.config import Config, ConfigError
 from idled.ops.fatal import EXIT_FAILURE, EXIT_LOG, EXIT_USAGE, Fatal
+from idled.protocol.address import UnixPath, format_address
 from idled.server.workers import internal
 from idled.server.workers.children import (
     BACKOFF_MAX, BACKOFF_MIN, STARTUP_TIMEOUT, STEADY, STOP_TIMEOUT, Child, Slot, copy_log, death_signal,
@@ -201,7 +202,7 @@ class Root:
             process = Child.spawn(argv, pass_fds=fds, preexec=death_signal(signal.SIGKILL))
         else:
             occupancy = f"{self.occupancy_fd},{slot.index}"
-            argv = self.edge_command(self.config, slot.name, f"unix:{self.socket_path}", public, occupancy,
+            argv = self.edge_command(self.config, slot.name, format_address(UnixPath(str(self.socket_path))), public, occupancy,
                                      self.config_file)
             self.occupancy[slot.index].publish(0)  # a new process holds nothing yet
             process = Child.spawn(argv, pass_fds=[*public, self.occupancy_fd], preexec=death_signal(signal.SIGTERM))

@@ -16,6 +16,7 @@ from idled.protocol import (
     Attach, Detach, Error, Event, FrameDecoder, Login, Subscribe, Welcome, encode, parse_server_message,
     receive_message,
 )
+from idled.protocol.address import format_address
 from idled.tools.loadtest.connect import connect_reason
 from idled.tools.loadtest.histogram import percentile
 
@@ -42,7 +43,7 @@ async def _login(host: str, port: int, role: str, name: str, secret: bytes | Non
     try:
         stream = await trio.open_tcp_stream(host, port)
     except OSError as exc:
-        raise EventRateError(f"cannot connect to {host}:{port}: {connect_reason(exc)}") from None
+        raise EventRateError(f"cannot connect to {format_address((host, port))}: {connect_reason(exc)}") from None
     peer = _Peer(stream)
     token = None
     if secret is not None:

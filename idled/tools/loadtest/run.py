@@ -38,6 +38,7 @@ from typing import IO, Any, TextIO
 import trio
 
 from idled.ops.fatal import exception_leaves
+from idled.protocol.address import format_address
 from idled.tools.loadtest.connect import connect_reason
 from idled.tools.loadtest.observer import Observer, ObserverLost
 from idled.tools.loadtest.results import Window, build_result, finish
@@ -103,7 +104,7 @@ def _sampler(r: RunState, server: ServerProcess) -> ProcessSampler | None:
 async def _drive(r: RunState, nursery: trio.Nursery, server: ServerProcess) -> dict[str, Any]:
     sc = r.sc
     sampler = _sampler(r, server)
-    r.say(f"idled loadtest: server {server.host}:{server.port} pid {server.pid} "
+    r.say(f"idled loadtest: server {format_address((server.host, server.port))} pid {server.pid} "
           f"detector {sc.detector or '(server default)'}; {sc.sessions} {sc.mode} sessions"
           + (f" on {sc.gateways} gateways" if sc.mode == "gateways" else "")
           + f", {sc.workers} workers, keepalive {sc.keepalive:g} s, tick {sc.tick:g} s, {sc.duration:g} s")
@@ -123,7 +124,7 @@ async def _start_observer(r: RunState, nursery: trio.Nursery, server: ServerProc
     try:
         await observer.connect()
     except OSError as exc:
-        raise RunFailed(f"cannot connect to {server.host}:{server.port}: {connect_reason(exc)}") from None
+        raise RunFailed(f"cannot connect to {format_address((server.host, server.port))}: {connect_reason(exc)}") from None
     scope = trio.CancelScope()
 
     async def observe() -> None:

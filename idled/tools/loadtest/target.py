@@ -40,6 +40,7 @@ import psutil
 import trio
 
 from idled.ops.gcpolicy import FULL_WALK_LOG
+from idled.protocol.address import format_address
 from idled.tools.loadtest.scenario import Scenario, flag_value, without_flag
 
 __all__ = [
@@ -262,7 +263,7 @@ def parse_metrics(text: str, prefix: str = "idled_", limit: int = 2000) -> dict[
 
 def scrape_metrics(port: int, host: str = "127.0.0.1", timeout: float = 5.0) -> dict[str, float]:
     """GET http://host:port/metrics (blocking: run it in a thread). Raises OSError on failure."""
-    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=timeout) as response:  # noqa: S310
+    with urllib.request.urlopen(f"http://{format_address((host, port))}/metrics", timeout=timeout) as response:  # noqa: S310
         return parse_metrics(response.read(8 << 20).decode("utf-8", "replace"))
 
 

@@ -29,17 +29,18 @@ def test_several_endpoints_ipv6_default_port_and_a_deep_prefix() -> None:
     ("etcd://127.0.0.1:2379", "no key prefix"),
     ("etcd://127.0.0.1:2379/", "no key prefix"),
     ("etcd:///idled", "names no etcd endpoint"),
-    ("etcd://a:1,,b:2/idled", "an empty endpoint"),
+    ("etcd://a:1,,b:2/idled", "an empty member"),
     ("etcd://a:1,a:1/idled", "names an endpoint twice"),
-    ("etcd://127.0.0.1:0/idled", "port '0' is not a number from 1 to 65535"),
-    ("etcd://127.0.0.1:65536/idled", "port '65536'"),
+    ("etcd://127.0.0.1:0/idled", "port 0 is not in 1..65535"),
+    ("etcd://127.0.0.1:65536/idled", "port 65536 is not in"),
     ("etcd://127.0.0.1:x/idled", "port 'x'"),
-    ("etcd://127.0.0.1:/idled", "port ''"),
-    ("etcd://::1:2379/idled", "IPv6 address in brackets"),
+    ("etcd://127.0.0.1:/idled", "no port after ':'"),
+    ("etcd://::1:2379/idled", "goes in brackets: write [::1]:2379"),
     ("etcd://[::1/idled", "without its closing ']'"),
-    ("etcd://[nope]:1/idled", "'nope' is not an IPv6 address"),
-    ("etcd://[::1]x/idled", "expected ':PORT' after ']'"),
-    ("etcd://bad_host:1/idled", "'bad_host' is not a host name"),
+    ("etcd://[nope]:1/idled", "brackets hold an IPv6 address, not 'nope'"),
+    ("etcd://[::1]x/idled", "'x' after ']' (only ':PORT' may follow)"),
+    ("etcd://bad host:1/idled", "'bad host' is not a host name"),
+    ("etcd://127.1:1/idled", "'127.1' is not an IPv4 address"),
     ("etcd://user:pw@h:1/idled", "credentials"),
     ("etcd://h:1/idled?x=1", "a query"),
     ("etcd://h:1/idled#top", "a fragment"),
@@ -52,4 +53,4 @@ def test_refused_with_the_reason(url: str, complaint: str) -> None:
     with pytest.raises(ElectionConfigError) as caught:
         parse_election_url(url)
     assert caught.value.what == "--election"
-    assert complaint in str(caught.value)
+    assert complaint in str(caught.value) and "\n" not in str(caught.value)
