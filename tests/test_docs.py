@@ -55,7 +55,7 @@ def prose_lines(text: str) -> list[str]:
 
 def links(text: str) -> list[str]:
     """Every link target of a page: inline links, images and reference definitions, code excluded."""
-    found = []
+    found: list[str] = []
     for line in prose_lines(text):
         found.extend(m.group(1) for m in _INLINE_LINK.finditer(line))
         if m := _REFERENCE_DEF.match(line):

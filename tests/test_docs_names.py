@@ -103,7 +103,7 @@ def candidates(owner: object, part: str) -> list[object]:
     a function named as one of its modules: ``idled.protocol.messages``), a declared instance attribute."""
     if isinstance(owner, _Declared):
         return [owner]
-    found = []
+    found: list[object] = []
     if isinstance(owner, types.ModuleType) and hasattr(owner, "__path__"):
         if (module := _submodule(owner, part)) is not None:
             found.append(module)
@@ -192,17 +192,18 @@ def docstring_mentions(path: Path) -> list[Mention]:
         _TOP,
         _LIBRARIES,
     )
-    found = []
+    found: list[Mention] = []
     tree = ast.parse(path.read_text(encoding="utf-8"))
     for node in ast.walk(tree):
         if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
         body = node.body
-        if not (body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
-                and isinstance(body[0].value.value, str)):
+        if not (body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)):
             continue
         literal = body[0].value
         text = literal.value
+        if not isinstance(text, str):
+            continue
         # In a function's docstring a parameter's name is the argument (``spark.master``: a conf key read
         # from the `spark` given), not the module of that name: not checked.
         parameters = _parameters(node) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else set()
