@@ -24,7 +24,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
-PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [README, ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 DAEMON_LINE = "    python3 -m venv .venv && .venv/bin/pip install -e . && .venv/bin/idled serve"
 TEST_LINE = (
@@ -32,7 +32,6 @@ TEST_LINE = (
     " && .venv/bin/mypy idled && .venv/bin/ruff check idled tests && .venv/bin/pytest -q"
 )
 MAX_README_LINES = 250
-DOC_PAGES = ("protocol", "event-log", "operations", "bench", "loadtest", "pipeline", "architecture", "security")
 
 _FENCE = re.compile(r"^ {0,3}(```|~~~)")
 _INLINE_CODE = re.compile(r"(`+)(.+?)\1")
@@ -56,7 +55,7 @@ def prose_lines(text: str) -> list[str]:
 
 def links(text: str) -> list[str]:
     """Every link target of a page: inline links, images and reference definitions, code excluded."""
-    found = []
+    found: list[str] = []
     for line in prose_lines(text):
         found.extend(m.group(1) for m in _INLINE_LINK.finditer(line))
         if m := _REFERENCE_DEF.match(line):
@@ -115,11 +114,28 @@ def test_relative_links_resolve(page: Path) -> None:
     assert broken_links(page) == []
 
 
-def test_every_doc_page_exists_and_is_linked_from_the_readme() -> None:
-    readme_targets = {target.partition("#")[0] for target in links(README.read_text(encoding="utf-8"))}
-    for name in DOC_PAGES:
-        assert (ROOT / "docs" / f"{name}.md").is_file()
-        assert f"docs/{name}.md" in readme_targets, f"README.md does not link docs/{name}.md"
+def readme_section(heading: str) -> str:
+    """The text of one ``## heading`` section of the README (to the next ``##``)."""
+    text = README.read_text(encoding="utf-8")
+    match = re.search(rf"^## {re.escape(heading)}\n(.*?)(?=^## |\Z)", text, re.M | re.S)
+    assert match, f"README.md has no section '## {heading}'"
+    return match.group(1)
+
+
+def test_the_readme_documentation_list_links_every_page() -> None:
+    listed = {target.partition("#")[0] for target in links(readme_section("Documentation"))}
+    pages = {f"docs/{page.name}" for page in (ROOT / "docs").glob("*.md")}
+    assert len(pages) > 10
+    assert sorted(pages - listed) == [], "pages missing from README.md's Documentation list"
+
+
+def test_the_readme_command_table_lists_every_command() -> None:
+    from idled.cli.main import COMMANDS
+
+    rows = re.findall(r"^\| `idled ([a-z-]+)` \|", readme_section("Commands"), re.M)
+    assert len(rows) == len(set(rows)), "a command listed twice"
+    missing, unknown = sorted(set(COMMANDS) - set(rows)), sorted(set(rows) - set(COMMANDS))
+    assert (missing, unknown) == ([], []), "README.md's command table: (commands missing, not commands)"
 
 
 def test_readme_is_a_front_page() -> None:

@@ -2,9 +2,9 @@
 
 Theory of operation
 -------------------
-``Front.open(stream)`` runs once per accepted connection, inside the doorway's login deadline (so a peer that
-stalls in the header or the handshake is closed like one that never logs in). It returns the stream the
-protocol runs on and the client's address as logs should show it:
+The gate (``idled.door.gate``) runs ``Front.read_proxy`` then ``Front.handshake`` once per accepted connection,
+inside the doorway's login deadline (so a peer that stalls in the header or the handshake is closed like one
+that never logs in). They give the stream the protocol runs on and the client's address as logs should show it:
 
 1. **PROXY** (``--proxy-protocol``): the socket's own peer must be in ``--proxy-allow`` (a header from anyone
    else would let them claim any address: refused with an error frame). The header is read with

@@ -3,14 +3,14 @@
 Theory of operation
 -------------------
 Producers (the presence tick, connection handlers) send event dicts, seq already assigned, into a
-`trio.MemoryChannel`. `run_writer` is its only consumer. Each turn of its loop:
+trio memory channel (`trio.open_memory_channel`). `run_writer` is its only consumer. Each turn of its loop:
 
 1. passes one schedule point (so ready producers can add to the channel), takes one event -- waiting for it
    if the channel is empty -- then everything else already queued without waiting
    (`receive_nowait()` until WouldBlock, at most `max_batch`): one *batch*, however many arrived while the
    previous batch was being written. Under load batches grow by themselves; at low rates a batch is one event.
-2. commits the batch in one worker-thread call (`trio.to_thread.run_sync`): `log.append(batch)` -- encode,
-   one os.write -- and, when the policy says so, `log.sync()`. fdatasync takes milliseconds; a write into
+2. commits the batch in one worker-thread call (`trio.to_thread.run_sync`): `EventLog.append(batch)` -- encode,
+   one os.write -- and, when the policy says so, `EventLog.sync()`. fdatasync takes milliseconds; a write into
    the page cache usually takes microseconds but can stall as long under dirty-page throttling, and
    encoding a large batch takes ~2 us per event (in a thread the GIL's 5 ms switch interval still lets the
    event loop in). While the thread works, the next batch accumulates in the channel.
@@ -57,9 +57,9 @@ power cut. `FsyncFailed` propagates: the log is poisoned and the caller must tre
 eventlog). On exit the receive channel is closed, so senders of a writer that died get BrokenResourceError
 instead of blocking forever.
 
-Retention (`log.apply_retention`) also runs in the commit thread, at most every `retention_every` seconds
+Retention (`EventLog.apply_retention`) also runs in the commit thread, at most every `retention_every` seconds
 (and the log itself applies it after each rotation). The commit thread also tops up the active segment's
-space reservation (`log.reserve_ahead`), so the small batches written on the loop never call fallocate.
+space reservation (`EventLog.reserve_ahead`), so the small batches written on the loop never call fallocate.
 """
 
 from __future__ import annotations

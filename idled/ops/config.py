@@ -237,7 +237,7 @@ class Config:
 
     @property
     def detector_kind(self) -> str:
-        """The name `idled.core.detector.make_detector` takes."""
+        """The name `idled.core.factory.make_detector` takes."""
         return f"ring-{self.policy}" if self.detector == "ring" else self.detector
 
     def resolved_data_dir(self, env: Mapping[str, str] = os.environ) -> Path:

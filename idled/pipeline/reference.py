@@ -69,8 +69,8 @@ def _date(ts: float) -> Any:
 
 
 def compute(rows: Iterable[Row], daemon_names: Sequence[str], params: FlapParams = FlapParams(), grace: float = 0.0) -> Result:
-    """Every table from decoded rows; `grace` (seconds, `rules.merge_grace`) merges sessions for flappers and
-    session_lengths."""
+    """Every table from decoded rows; `grace` (seconds, rule 6 of `idled.pipeline.rules`) merges sessions for
+    flappers and session_lengths."""
     by_uid: dict[tuple[int, str], list[Row]] = defaultdict(list)
     data_end: dict[int, float] = {}
     events = 0
@@ -142,10 +142,10 @@ def compute(rows: Iterable[Row], daemon_names: Sequence[str], params: FlapParams
 
 
 def merge_grace(sessions: TableRows, grace: float) -> TableRows:
-    """The user sessions of `rules.merge_grace`: a daemon's consecutive sessions of a uid joined where the first
-    ended by a ``closed`` offline without the daemon's ``grace`` and the next started less than `grace` seconds
-    after it. Each keeps the first one's start and the last one's end (online_ts, duration_s, end_reason, open;
-    what flappers and session_lengths read)."""
+    """The user sessions of rule 6 of `idled.pipeline.rules` (grace): a daemon's consecutive sessions of a uid
+    joined where the first ended by a ``closed`` offline without the daemon's ``grace`` and the next started
+    less than `grace` seconds after it. Each keeps the first one's start and the last one's end (online_ts,
+    duration_s, end_reason, open; what flappers and session_lengths read)."""
     chains: dict[tuple[int, str], TableRows] = defaultdict(list)
     for s in sessions:
         chains[(s["_daemon"], s["_key"])].append(s)
@@ -164,7 +164,8 @@ def merge_grace(sessions: TableRows, grace: float) -> TableRows:
 
 
 def joins_within_grace(session: dict[str, Any], next_start: float, grace: float) -> bool:
-    """`rules.merge_grace`: does the session starting at `next_start` continue `session` (the one before it)?"""
+    """Rule 6 of `idled.pipeline.rules` (grace): does the session starting at `next_start` continue `session`
+    (the one before it)?"""
     return (session["end_reason"] == CLOSED and session["_grace"] is None and not session["open"]
             and next_start - session["offline_ts"] < grace)
 

@@ -33,11 +33,15 @@ Then it waits for SIGTERM/SIGINT or ``stop()``. A full disk does not end it: it 
 (``idled.server.engine.degraded``: new work refused with ``unavailable``, sessions kept, events held in memory and
 written in seq order once there is room, by itself), whether the disk fills while it runs or was full when it
 started. Any other failure of the log (fsync failed, EIO, a damaged state) ends the daemon as one ``Fatal``
-naming the log's directory (``idled.ops.fatal``): systemd restarts it onto a recovered log. Shutdown is a
-cancel-scope deadline, not a polling loop:
-stop accepting, end every session (reason ``shutdown``), let the writer drain and sync, tell the gateways
-and observers (after every event has reached them), wait for the connections to close -- all within a
-grace period -- then cancel the rest.
+naming the log's directory (``idled.ops.fatal``): systemd restarts it onto a recovered log.
+
+Shutdown (``_shutdown``) is bounded by one cancel-scope deadline, the grace period (``MIN_GRACE`` or the
+login timeout, whichever is longer; shielded so that the first cancel does not cut it short): stop accepting,
+end every session (reason ``shutdown``), let the writer drain and sync, tell the gateways and observers
+(after every event has reached them), wait for the connections to close -- then cancel the rest, done or not.
+Three of those waits have no event to await (every event delivered to the observers, the relayed peers gone,
+every connection closed), so they poll every 10 ms: a few dozen wake-ups in a shutdown that lasts a fraction
+of a second, and the deadline, not the polls, bounds how long it may take.
 """
 
 from __future__ import annotations

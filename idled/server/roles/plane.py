@@ -14,7 +14,7 @@ descriptor (``wait_readable``: a nested epoll). Each wake-up it takes *every* re
 serves them all before it yields: a socket readable when the event loop polled has been read, and its
 keepalive touched, by the end of that one step -- the rule the tick task's horizon and an edge's watermark
 answers count on (``idled.server.engine.ticker``, ``idled.server.edge.link``). The same frame rule as the task
-loop applies (``users.user_frame``): any frame is activity, ``ping`` is answered with ``pong``, ``bye`` logs
+loop applies (``users.user_step``): any frame is activity, ``ping`` is answered with ``pong``, ``bye`` logs
 out, anything else is a protocol error (one error frame, closed).
 
 Writes: a pong is sent at once (``send`` on a non-blocking socket). What the kernel does not take waits in
