@@ -8,11 +8,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import h11
 import jsonschema
 import pytest
 import trio
 
 from idled.protocol.tokens import mint
+from idled.server.api.http import protocol_error
 from idled.server.api.openapi import OPENAPI
 from tests.server.api.conftest import api_server
 from tests.server.api.httpclient import HttpClient, raw_exchange
@@ -145,3 +147,15 @@ async def test_the_served_document_says_what_this_daemon_requires(tmp_path: Path
         assert h.server.api is not None
         async with await HttpClient.connect(h.server.api.port) as c:
             assert (await c.get("/v1/openapi.json", headers=auth)).json()["security"] == [{"bearer": []}]
+
+
+@pytest.mark.parametrize("said, status, expected", [
+    ("Receive buffer too long", 431, "the request head is larger than 16384 bytes"),
+    ("peer unexpectedly closed connection", 400, "the connection closed in the middle of a request"),
+    ("illegal request line: bytearray(b'GET / HTTP/1.1 x')", 400, "malformed request line: expected METHOD TARGET "
+     "HTTP/1.1, the target in ASCII"),
+    ("something h11 says one day: bytearray(b'x')", 400, "malformed HTTP/1.1 request"),
+])
+def test_h11s_refusals_in_the_clients_terms(said: str, status: int, expected: str) -> None:
+    error = protocol_error(h11.RemoteProtocolError(said, error_status_hint=status))
+    assert (error.status, error.message) == (status, expected)
