@@ -31,6 +31,8 @@ request at a time:
   it read). Time: each request, from its first byte to its last, and its handling, must fit in ``timeout``
   (else ``408`` and close: a slowloris gets nothing more); a kept-alive connection waits ``timeout`` at most
   for the next request, then is closed quietly.
+* **Answers** carry the standard reason phrase on the status line (``REASONS``); h11's refusals are said in
+  the client's terms (``protocol_error``: its own texts name its internals, ``bytearray(b'...')``).
 * **Closing.** Any protocol error (h11's ``RemoteProtocolError``, the inbox's) is answered when a response can
   still be sent, then the connection closes -- after a short linger (``LINGER``): half-closed, the client's
   remaining bytes read and dropped, so the kernel does not reset the connection and lose the answer.
