@@ -31,6 +31,8 @@ request at a time:
   it read). Time: each request, from its first byte to its last, and its handling, must fit in ``timeout``
   (else ``408`` and close: a slowloris gets nothing more); a kept-alive connection waits ``timeout`` at most
   for the next request, then is closed quietly.
+* **Answers** carry the standard reason phrase on the status line (``REASONS``); h11's refusals are said in
+  the client's terms (``protocol_error``: its own texts name its internals, ``bytearray(b'...')``).
 * **Closing.** Any protocol error (h11's ``RemoteProtocolError``, the inbox's) is answered when a response can
   still be sent, then the connection closes -- after a short linger (``LINGER``): half-closed, the client's
   remaining bytes read and dropped, so the kernel does not reset the connection and lose the answer.
@@ -43,6 +45,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Sequence
+from http import HTTPStatus
 from typing import Any, Final, Protocol
 
 import h11
@@ -52,7 +55,7 @@ from idled.protocol.httphead import HeadError, Inbox
 from idled.server.api.errors import ApiError
 from idled.server.api.routes import OTHER_ROUTE, Answer, Ticket
 
-__all__ = ["MAX_HEAD", "RECEIVE_BYTES", "Dispatcher", "HttpConnection", "encode_json"]
+__all__ = ["MAX_HEAD", "REASONS", "RECEIVE_BYTES", "Dispatcher", "HttpConnection", "encode_json", "protocol_error"]
 
 log = logging.getLogger("idled.server.api")
 
@@ -61,6 +64,21 @@ RECEIVE_BYTES: Final = 65536  # one read of an admitted body
 LINGER: Final = 1.0  # seconds a connection closed after an answer still reads (see _linger)
 LINGER_BYTES: Final = 4 << 20
 SERVER_HEADER: Final = (b"Server", b"idled")
+REASONS: Final = {status.value: status.phrase.encode() for status in HTTPStatus}  # the status line's phrase
+# h11's messages (they name its internals: "illegal request line: bytearray(b'...')") said in the client's
+# terms, by their first words; anything else is a malformed request.
+H11_MESSAGES: Final = (
+    ("illegal request line", "malformed request line: expected METHOD TARGET HTTP/1.1, the target in ASCII"),
+    ("no request line", "malformed request line: expected METHOD TARGET HTTP/1.1, the target in ASCII"),
+    ("illegal header line", "malformed header line: expected Name: value"),
+    ("continuation line", "a header line begins with a space or a tab (obsolete line folding)"),
+    ("bad content-length", "Content-Length must be a decimal number"),
+    ("conflicting content-length", "more than one Content-Length, with different values"),
+    ("found multiple host", "more than one Host header"),
+    ("missing mandatory host", "an HTTP/1.1 request needs a Host header"),
+    ("receive buffer too long", f"the request head is larger than {MAX_HEAD} bytes"),
+    ("peer unexpectedly closed", "the connection closed in the middle of a request"),
+)
 
 Observe = Callable[[str, int, float], None]
 
@@ -149,9 +167,8 @@ class HttpConnection:
         except ApiError as exc:
             return await self._fail(OTHER_ROUTE, exc.status, exc.document(), exc.headers)
         except h11.RemoteProtocolError as exc:
-            status = exc.error_status_hint
-            code = "headers_too_large" if status == 431 else "bad_request"
-            return await self._fail(OTHER_ROUTE, status, ApiError(code, str(exc) or "bad request").document(), ())
+            error = protocol_error(exc)
+            return await self._fail(OTHER_ROUTE, error.status, error.document(), ())
         keep = keep and not (self.single or self.closing())
         await self._respond(status, document, headers, keep)
         self.observe(route, status, trio.current_time() - started)
@@ -214,7 +231,8 @@ class HttpConnection:
     async def _body(self, length: int) -> bytes:
         """The body: h11 is handed exactly ``length`` bytes, read as they are needed."""
         if length and self.conn.they_are_waiting_for_100_continue:
-            await self.stream.send_all(self.conn.send(h11.InformationalResponse(status_code=100, headers=[])) or b"")
+            await self.stream.send_all(self.conn.send(h11.InformationalResponse(status_code=100, headers=[],
+                                                                               reason=REASONS[100])) or b"")
         chunks: list[bytes] = []
         wanted = length
         while True:
@@ -249,7 +267,7 @@ class HttpConnection:
         if not keep and not _closes(headers):  # (the refusal may say so already)
             head.append((b"Connection", b"close"))
         conn = self.conn
-        data = conn.send(h11.Response(status_code=status, headers=head)) or b""
+        data = conn.send(h11.Response(status_code=status, headers=head, reason=REASONS.get(status, b""))) or b""
         if not self.head_only:  # HEAD: GET's head, Content-Length included, without the body
             data += conn.send(h11.Data(data=body)) or b""
         data += conn.send(h11.EndOfMessage()) or b""
@@ -267,6 +285,13 @@ async def _drain(stream: trio.abc.Stream) -> int:
     if isinstance(stream, trio.SocketStream):
         return await stream.socket.recv_into(_SCRATCH)
     return len(await stream.receive_some(RECEIVE_BYTES))
+
+
+def protocol_error(exc: h11.RemoteProtocolError) -> ApiError:
+    """h11's refusal of a request as the API's error, its message in the client's terms (``H11_MESSAGES``)."""
+    text = str(exc).lower()
+    message = next((said for start, said in H11_MESSAGES if text.startswith(start)), "malformed HTTP/1.1 request")
+    return ApiError("headers_too_large" if exc.error_status_hint == 431 else "bad_request", message)
 
 
 def _closes(headers: tuple[tuple[str, str], ...]) -> bool:

@@ -1,23 +1,35 @@
-"""The API's OpenAPI 3.1 document (served at ``GET /v1/openapi.json``; tests validate real answers against it)."""
+"""The API's OpenAPI 3.1 document (served at ``GET /v1/openapi.json``; tests validate real answers against it,
+and Schemathesis tests a live daemon against it: tests/server/api/test_schemathesis.py).
+
+What JSON Schema cannot say exactly is said as closely as it can and in a ``description``: a length in UTF-8
+bytes (the protocol's unit) as ``maxLength`` in characters, which is necessary, not sufficient. The served
+document's ``security`` says what this daemon requires: the bearer scheme with a secret, nothing without.
+"""
 
 from __future__ import annotations
 
 from typing import Any, Final
 
 from idled import __version__
+from idled.protocol import MAX_DEVICE_BYTES, MAX_INT_UID, MAX_UID_BYTES
 from idled.server.api.errors import CODES
+from idled.server.api.request import MAX_NOTE_BYTES, NOTE_PATTERN
 
-__all__ = ["OPENAPI", "schema_of"]
+__all__ = ["OPENAPI", "schema_of", "served_document"]
 
 _NUMBER_OR_NULL: Final = {"type": ["number", "null"]}
-_UID: Final = {"oneOf": [{"type": "string", "minLength": 1}, {"type": "integer", "minimum": 0}]}
+_STR_UID: Final = {"type": "string", "minLength": 1, "maxLength": MAX_UID_BYTES,
+                   "description": f"1 to {MAX_UID_BYTES} UTF-8 bytes"}
+_UID: Final = {"oneOf": [_STR_UID, {"type": "integer", "minimum": 0, "maximum": MAX_INT_UID,
+                                    "description": "JSON's integers: 8605.0 and 8.605e3 are the uid 8605"}]}
 
 _SCHEMAS: Final[dict[str, Any]] = {
     "Error": {
         "type": "object", "required": ["error"], "additionalProperties": False,
         "properties": {"error": {
             "type": "object", "required": ["code", "message"], "additionalProperties": False,
-            "properties": {"code": {"enum": sorted(CODES)}, "message": {"type": "string"}}}},
+            "properties": {"code": {"enum": sorted(CODES)},
+                           "message": {"type": "string", "description": "what was wrong, in the request's terms"}}}},
     },
     "Uid": _UID,
     "User": {
@@ -38,11 +50,16 @@ _SCHEMAS: Final[dict[str, Any]] = {
     "PresenceRequest": {
         "type": "object", "required": ["uids"], "additionalProperties": False,
         "properties": {"uids": {"type": "array", "items": {"$ref": "#/components/schemas/Uid"}, "minItems": 1}},
+        "examples": [{"uids": ["alice", 42]}],
     },
     "KickRequest": {
         "type": "object", "required": ["uid"], "additionalProperties": False,
-        "properties": {"uid": {"$ref": "#/components/schemas/Uid"}, "device": {"type": "string", "minLength": 1},
-                       "reason": {"type": "string", "description": "at most 256 UTF-8 bytes"}},
+        "properties": {"uid": {"$ref": "#/components/schemas/Uid"},
+                       "device": {"type": "string", "minLength": 1, "maxLength": MAX_DEVICE_BYTES,
+                                  "description": f"1 to {MAX_DEVICE_BYTES} UTF-8 bytes"},
+                       "reason": {"type": "string", "maxLength": MAX_NOTE_BYTES, "pattern": NOTE_PATTERN,
+                                  "description": f"at most {MAX_NOTE_BYTES} UTF-8 bytes, no control characters"}},
+        "examples": [{"uid": "alice", "reason": "account suspended"}],
     },
     "Kicked": {
         "type": "object", "required": ["ended"], "additionalProperties": False,
@@ -104,7 +121,7 @@ OPENAPI: Final[dict[str, Any]] = {
             "get": {"summary": "presence of the uids given as uid= parameters (strings; the request head is at most "
                                "16 KiB: large batches go by POST)",
                     "parameters": [{"name": "uid", "in": "query", "required": True, "explode": True,
-                                    "schema": {"type": "array", "items": {"type": "string"}}}],
+                                    "schema": {"type": "array", "items": _STR_UID, "minItems": 1}}],
                     "responses": {"200": {"description": "one entry per uid, in order", "content": _json("Presence")},
                                   **_errors(*_COMMON, 405)}},
             "post": {"summary": "presence of the uids in the body (str or int, kept distinct)",
@@ -121,7 +138,8 @@ OPENAPI: Final[dict[str, Any]] = {
                                             **_errors(*_WITH_BODY, 404)}}},
         "/v1/openapi.json": {"get": {"summary": "this document",
                                      "responses": {"200": {"description": "OpenAPI 3.1",
-                                                           "content": {"application/json": {}}}}}},
+                                                           "content": {"application/json": {}}},
+                                                   **_errors(*_COMMON, 405)}}},
     },
 }
 
@@ -130,3 +148,12 @@ def schema_of(path: str, method: str, status: int) -> dict[str, Any]:
     """The response schema of one route and status, with the components beside it (for a validator)."""
     response = OPENAPI["paths"][path][method.lower()]["responses"][str(status)]
     return {**response["content"]["application/json"]["schema"], "components": OPENAPI["components"]}
+
+
+_SERVED: Final = {auth: {**OPENAPI, "security": [{"bearer": []}] if auth else []} for auth in (False, True)}
+
+
+def served_document(auth: bool) -> dict[str, Any]:
+    """The document a daemon serves: ``security`` is the bearer scheme with auth on (every operation needs a
+    token), none with auth off."""
+    return _SERVED[auth]

@@ -12,7 +12,9 @@ per client address: ``rate_limited`` with ``Retry-After``), the bearer token (wi
 parameters: else ``unsupported_media_type``). It answers a refusal, or hands back a ``Ticket``: the loop reads
 the body (only now: a client without a token never gets its body read, nor held) and calls ``Router.run``,
 which runs the handler. A handler signals a client error with ``ApiError``; any other exception is a bug:
-logged with its traceback and answered ``500 internal``, never raised into the server.
+logged with its traceback and answered ``500 internal``, never raised into the server. Every handler judges
+its query string by one rule (``request.query_parameters``): a parameter the route does not take is
+``bad_request`` naming it.
 
 **Browsers** (``idled.ops.origin``). The API is for backends: there is no CORS, and a request a browser marks
 as another site's -- an ``Origin`` that is not the request's own, ``Sec-Fetch-Site: cross-site`` or
@@ -46,10 +48,10 @@ from idled.protocol.tokens import BEARER_CHALLENGE, bearer_refusal
 from idled.server.api.backend import Backend
 from idled.server.api.errors import ApiError
 from idled.server.api.kick import kick
-from idled.server.api.openapi import OPENAPI
+from idled.server.api.openapi import served_document
 from idled.server.api.presence import presence
 from idled.server.api.ratelimit import RateLimiter
-from idled.server.api.request import body_uids, kick_request, query_uids, split_target
+from idled.server.api.request import body_uids, kick_request, no_query, query_uids, split_target
 from idled.server.api.stats import stats
 
 __all__ = ["OTHER_ROUTE", "ROUTES", "Answer", "Router", "Ticket"]
@@ -171,16 +173,20 @@ class Router:
         return await presence(self.backend, query_uids(query, self.config.api_max_batch))
 
     async def _post_presence(self, query: str, method: str, body: bytes) -> Any:
+        no_query(query, "POST /v1/presence")  # (the uids are in the body)
         return await presence(self.backend, body_uids(body, self.config.api_max_batch))
 
     async def _stats(self, query: str, method: str, body: bytes) -> Any:
+        no_query(query, "/v1/stats")
         return stats(self.backend, self.api_connections())
 
     async def _kick(self, query: str, method: str, body: bytes) -> Any:
+        no_query(query, "POST /v1/kick")
         return await kick(self.backend, kick_request(body))
 
     async def _openapi(self, query: str, method: str, body: bytes) -> Any:
-        return OPENAPI
+        no_query(query, "/v1/openapi.json")
+        return served_document(self.secret is not None)
 
 
 def _json_media_type(headers: Sequence[tuple[bytes, bytes]]) -> None:
