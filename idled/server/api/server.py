@@ -78,6 +78,8 @@ class Api:
         for connection in list(self._connections):
             if connection.idle is not None:
                 connection.idle.cancel()
+            if connection.streaming is not None:  # an event stream: its end event, then the close
+                connection.streaming.stop()
 
     async def _handle(self, stream: trio.SocketStream) -> None:
         # The gate (idled.door.gate): the source's share; at api_max_clients the oldest connection without an

@@ -1,0 +1,334 @@
+"""``GET /v1/events``: the presence event stream as Server-Sent Events, on the API's listener.
+
+Theory of operation
+-------------------
+A follower is an observer that speaks HTTP. It reads the same sequence through the same machinery as an
+observer (``idled.server.roles.observers``): a ``bus.Subscription`` whose *cursor* walks the bus's shared
+window of recent frames, or the log on disk (``Observers.events``) once it is older than the window; a
+watchlist follower is a watchlist subscription (the bus's uid index and bounded queue, replayed filtered on
+overflow: ``idled.server.roles.watchlists.next_frames``); a durable follower stops at the bus's
+``durable_seq``. So there is one event path, and a follower costs no memory per event however far behind it
+is: in flight is one write of about ``WRITE_BYTES``.
+
+**Resuming.** Each event goes out as ``id: <seq>`` / ``event: <kind>`` / ``data: <the event as JSON>``. A
+client that reconnects with ``Last-Event-ID: N`` (what every SSE client, a browser's ``EventSource``
+included, sends by itself) resumes at ``N + 1``; ``?from=N`` starts at ``N`` (an observer's ``subscribe
+from=N``); the header wins, because a client's reconnection repeats the URL it first asked for. The first
+event sent is the first one at or after the start, the cursor walks seqs one by one: no gap, no duplicate,
+whatever the reconnection's timing. A start beyond the next seq is ``400``; one older than anything retained
+is ``410 gone`` (the observer's ``gone``). Without either, the stream starts at the next event.
+
+**What a follower costs the publisher.** Every observer's sender is woken per event; with a thousand
+followers that would be a thousand wake-ups per event on the publishing path. Full-stream live followers
+therefore share one: a ``_Hub`` (one subscription on the bus, woken per event) whose ``published`` event
+every idle full-stream follower waits on. And each event's SSE text is made once, not once per follower:
+``Texts`` keeps the text of the last ``TEXTS`` seqs, and the last batch joined, which the followers at the
+same cursor (all of those keeping up) send as is. Watchlist and durable followers are woken by the bus as
+observers are (by their matches, by durability).
+
+**Heartbeats and stalls.** After ``api_heartbeat`` seconds with nothing written, a comment line
+(``: heartbeat``) goes out: a proxy sees traffic and keeps the connection, and a dead client is found by the
+failing write. A follower that takes no byte for ``OBSERVER_STALL`` seconds while data waits for it is cut
+like an observer: the rest of the write in flight is completed, then an ``event: end`` with
+``{"code": "busy", ...}`` (no ``id``: the client's last event id stays the last event it got), each within
+``SEND_ERROR_TIMEOUT``, and the connection closes; it comes back with ``Last-Event-ID`` and misses nothing.
+When the server stops, ``stop()`` ends every stream the same way, with ``server_shutdown``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Final
+from urllib.parse import parse_qsl
+
+import msgpack
+import trio
+
+from idled.protocol import ErrorCode, ProtocolError, Uid, check_uid
+from idled.server.api.errors import ApiError
+from idled.server.engine.bus import EventBus, Subscription
+from idled.server.roles import watchlists
+from idled.server.roles.doorway import SEND_ERROR_TIMEOUT
+from idled.server.roles.observers import OBSERVER_STALL, FrameWriter, Gone, Observers, Stalled, _DiskReader
+
+__all__ = ["EVENTS_PATH", "TEXTS", "WRITE_BYTES", "EventStream", "Events", "Follow", "follow_request", "sse_text"]
+
+log = logging.getLogger("idled.server.api")
+
+EVENTS_PATH: Final = "/v1/events"
+WRITE_BYTES: Final = 64 * 1024  # msgpack bytes of events taken for one write (about twice that as SSE text)
+TEXTS: Final = 16384  # SSE texts of recent seqs kept, shared by every follower
+RETRY_MS: Final = 1000  # the reconnection delay suggested to clients (the SSE `retry:` field)
+HEARTBEAT: Final = b": heartbeat\n\n"
+MAX_SEQ: Final = 2**63 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class Follow:
+    """What a ``GET /v1/events`` asks: where to start (None: the next event), which uids (None: all), and
+    whether only durable events."""
+
+    from_seq: int | None
+    uids: tuple[Uid, ...] | None
+    durable: bool
+
+
+def _seq(text: str, what: str) -> int:
+    if not (text.isascii() and text.isdigit()) or len(text) > 19 or int(text) > MAX_SEQ:
+        raise ApiError("bad_request", f"{what} must be a seq (a decimal integer 0..{MAX_SEQ}), got {text[:40]!r}")
+    return int(text)
+
+
+def follow_request(query: str, last_event_ids: Sequence[str], max_watch: int) -> Follow:
+    """The parameters of ``GET /v1/events`` (``uid`` repeated, ``from``, ``durable``) and its ``Last-Event-ID``
+    headers (pure; ``ApiError`` on anything else)."""
+    try:
+        pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query), errors="strict",
+                          max_num_fields=max_watch + 8)
+    except ValueError as exc:
+        if "Max number of fields" in str(exc):
+            raise ApiError("too_large", f"at most {max_watch} uids per stream (max_watch)") from None
+        raise ApiError("bad_request", "malformed query string") from None
+    uids: list[Uid] = []
+    start: int | None = None
+    durable = False
+    for name, value in pairs:
+        if name == "uid":
+            uids.extend(_query_uid(value))
+        elif name == "from" and start is None:
+            start = _seq(value, "from")
+        elif name == "durable" and value in ("true", "false"):
+            durable = value == "true"
+        elif name in ("from", "durable"):
+            raise ApiError("bad_request", f"{name} given twice" if name == "from" else "durable must be true or false")
+        else:
+            raise ApiError("bad_request", f"unknown query parameter {name[:64]!r} (uid, from, durable)")
+    if len(last_event_ids) > 1:
+        raise ApiError("bad_request", "more than one Last-Event-ID header")
+    if last_event_ids and last_event_ids[0].strip():  # (an empty one means none: the SSE specification)
+        start = _seq(last_event_ids[0].strip(), "Last-Event-ID") + 1
+    if len(set(uids)) > max_watch:
+        raise ApiError("too_large", f"at most {max_watch} uids per stream (max_watch)")
+    return Follow(start, tuple(uids) if uids else None, durable)
+
+
+def _query_uid(value: str) -> tuple[Uid, ...]:
+    """A uid from a query string: the string, and the integer uid it spells if it is one (``uid=42`` follows
+    both ``"42"`` and ``42``: a query string cannot tell them apart)."""
+    try:
+        uid = check_uid(value)
+        str(uid).encode()
+    except (ProtocolError, UnicodeError) as exc:
+        raise ApiError("bad_request", str(exc)) from None
+    if value.isascii() and value.isdigit() and value == str(int(value)) and int(value) <= MAX_SEQ:
+        return uid, int(value)
+    return (uid,)
+
+
+def sse_text(frame: bytes) -> bytes:
+    """One event frame (as observers receive it) as an SSE event: ``id`` its seq, ``event`` its kind,
+    ``data`` the event record as JSON (the fields webhooks carry). JSON escapes every line break in strings,
+    so ``data`` is one line."""
+    record = msgpack.unpackb(frame[4:], raw=False, strict_map_key=False)
+    record.pop("op", None)
+    data = json.dumps(record, ensure_ascii=False, separators=(",", ":"), default=repr)
+    return f"id: {record['seq']}\nevent: {record['kind']}\ndata: {data}\n\n".encode()
+
+
+def end_text(code: str, message: str) -> bytes:
+    """The last event of a stream the server ends: why (no ``id``, so the client's last event id stays)."""
+    data = json.dumps({"code": code, "message": message}, separators=(",", ":"))
+    return f"event: end\ndata: {data}\n\n".encode()
+
+
+class Texts:
+    """The SSE text of each recent event, made once for every follower (see the module docstring)."""
+
+    def __init__(self, size: int = TEXTS) -> None:
+        self._size = size
+        self._seqs = [-1] * size
+        self._texts = [b""] * size
+        self._batch: tuple[int, int, bytes] = (-1, 0, b"")  # (first seq, count, joined text)
+
+    def consecutive(self, start: int, frames: list[bytes]) -> bytes:
+        """The text of ``frames``, the events of seqs ``start, start + 1, ...``."""
+        first, count, joined = self._batch
+        if first == start and count == len(frames):
+            return joined
+        seqs, texts, size = self._seqs, self._texts, self._size
+        parts = []
+        for seq, frame in enumerate(frames, start):
+            slot = seq % size
+            if seqs[slot] != seq:
+                texts[slot] = sse_text(frame)
+                seqs[slot] = seq
+            parts.append(texts[slot])
+        joined = b"".join(parts)
+        self._batch = (start, len(frames), joined)
+        return joined
+
+
+class _Hub(Subscription):
+    """The one subscription the full-stream live followers share: the bus wakes it per event, and it sets
+    ``published``, which every such follower with nothing to send waits on. Its cursor is None (it sends
+    nothing itself: the bus counts nothing undelivered for it)."""
+
+    __slots__ = ("published",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.published = trio.Event()
+
+    def wake(self) -> None:
+        self.cursor = None
+        self.published.set()
+
+    async def next_publish(self) -> None:
+        """Sleep until the next event is published (the caller has just found nothing to send: with no
+        checkpoint between that look and this call, no event can fall in between)."""
+        if self.published.is_set():
+            self.published = trio.Event()
+        await self.published.wait()
+
+
+class Events:
+    """The route's shared state: the hub, the texts, the follower count; ``stream`` makes one follower."""
+
+    def __init__(self, observers: Observers, *, heartbeat: float, max_watch: int) -> None:
+        self.observers = observers
+        self.bus: EventBus = observers.bus
+        self.heartbeat = heartbeat
+        self.max_watch = max_watch
+        self.texts = Texts()
+        self.hub = _Hub()
+        self.bus.subscribe(self.hub, None)
+        self.followers = 0
+
+    def stream(self, query: str) -> EventStream:
+        return EventStream(self, query)
+
+
+class EventStream:
+    """One follower: the document a handler returns; the HTTP loop calls ``open`` with the request's
+    headers (ApiError: refused, nothing sent yet), then ``run`` until the stream ends, ``stop`` to end it."""
+
+    def __init__(self, events: Events, query: str) -> None:
+        self.events = events
+        self.query = query
+        self.subscription = Subscription()
+        self.disk: _DiskReader | None = None  # (observers.DiskCursor)
+        self.shared = False  # a full-stream live follower: woken through the hub
+        self.subscribed = False
+        self.ending: tuple[str, str] | None = None
+        self._scope = trio.CancelScope()
+
+    async def open(self, headers: Sequence[tuple[bytes, bytes]]) -> None:
+        events = self.events
+        last = [value.decode("latin-1") for name, value in headers if name == b"last-event-id"]
+        follow = follow_request(self.query, last, events.max_watch)
+        try:
+            await events.observers.check_retained(follow.from_seq)
+        except ProtocolError as exc:
+            raise ApiError("gone" if exc.code == ErrorCode.GONE else "bad_request", exc.reason) from None
+        bus, subscription = events.bus, self.subscription
+        if follow.uids is not None:
+            bus.watch(subscription, follow.uids)
+            bus.subscribe(subscription, follow.from_seq, durable=follow.durable)
+        elif follow.durable:
+            bus.subscribe(subscription, follow.from_seq, durable=True)
+        else:  # the hub wakes it; the bus does not know it (see the module docstring)
+            subscription.cursor = bus.next_seq if follow.from_seq is None else follow.from_seq
+            self.shared = True
+        self.subscribed = True
+        events.followers += 1
+
+    def stop(self) -> None:
+        """End the stream (the server stops): what is being written completes, then the ``end`` event."""
+        if self.ending is None:
+            self.ending = (ErrorCode.SERVER_SHUTDOWN.value, "the server is shutting down; reconnect with "
+                           "Last-Event-ID to resume")
+        self._scope.cancel()
+
+    async def run(self, stream: trio.abc.Stream, head: bytes, chunk: Callable[[bytes], bytes],
+                  last: Callable[[], bytes], *, once: bool = False) -> None:
+        """Stream events after ``head`` (the response head), each write framed by ``chunk``; ``last``: the
+        bytes that end the response. ``once``: the head alone (a HEAD request; the server is stopping)."""
+        if once:
+            self._close()
+            with trio.move_on_after(SEND_ERROR_TIMEOUT):
+                await stream.send_all(head + last())
+            return
+        writer = FrameWriter(stream)
+        try:
+            with self._scope:
+                await writer.write([head + chunk(f"retry: {RETRY_MS}\n: idled events\n\n".encode())], OBSERVER_STALL)
+                while True:
+                    data: bytes | None = None
+                    with trio.move_on_after(self.events.heartbeat):
+                        data = await self._next()
+                    await writer.write([chunk(data or HEARTBEAT)], OBSERVER_STALL)
+        except Stalled:
+            log.warning("event stream took nothing for %g s: disconnected (busy)", OBSERVER_STALL)
+            self.ending = (ErrorCode.BUSY.value, f"the stream read nothing for {OBSERVER_STALL:g} s; reconnect "
+                           "with Last-Event-ID to resume")
+        except Gone as exc:
+            self.ending = (ErrorCode.GONE.value, str(exc))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return
+        finally:
+            self._close()
+        if self.ending is not None and await writer.finish():
+            with trio.CancelScope(shield=True) as scope, trio.move_on_after(SEND_ERROR_TIMEOUT):
+                scope.deadline = trio.current_time() + SEND_ERROR_TIMEOUT
+                try:
+                    await stream.send_all(chunk(end_text(*self.ending)) + last())
+                except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError):
+                    pass
+
+    def _close(self) -> None:
+        if self.subscribed:
+            self.subscribed = False
+            self.events.followers -= 1
+            if not self.shared:
+                self.events.bus.unsubscribe(self.subscription)
+
+    async def _next(self) -> bytes:
+        """The text of the next events (waiting for them)."""
+        events, subscription = self.events, self.subscription
+        bus = events.bus
+        while True:
+            cursor = subscription.cursor
+            assert cursor is not None
+            limit = bus.limit(subscription)
+            if subscription.watching is not None:
+                watchlists.skip_quiet(bus, subscription)
+                cursor = subscription.cursor
+                assert cursor is not None
+                step = await watchlists.next_frames(bus, subscription, cursor, limit, WRITE_BYTES, None,
+                                                    self._from_disk)
+                if step is not None:
+                    frames, subscription.cursor = step
+                    if frames:
+                        return b"".join(map(sse_text, frames))
+                    await trio.lowlevel.checkpoint()  # a long filtered replay lets others run
+                    continue
+            elif cursor < limit:
+                oldest = bus.oldest_recent()
+                if oldest is not None and cursor >= oldest:
+                    frames = bus.frames(cursor, limit, WRITE_BYTES)
+                    subscription.cursor = cursor + len(frames)
+                    return events.texts.consecutive(cursor, frames)
+                frames, subscription.cursor = await events.observers.events(self, cursor, limit)
+                if frames:
+                    return b"".join(map(sse_text, frames))
+                continue
+            if self.shared:
+                await events.hub.next_publish()
+            else:
+                await subscription.wait()
+
+    async def _from_disk(self, cursor: int, below: int, watched: Callable[[Uid], bool]) -> tuple[list[bytes], int]:
+        return await self.events.observers.from_disk(self, cursor, below, watched)
