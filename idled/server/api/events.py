@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -195,7 +196,8 @@ class _Hub(Subscription):
 
 
 class Events:
-    """The route's shared state: the hub, the texts, the follower count; ``stream`` makes one follower."""
+    """The route's shared state: the hub, the texts, the group and its fan-out (``run``, a task of the API's);
+    ``stream`` makes one follower."""
 
     def __init__(self, observers: Observers, *, heartbeat: float, max_watch: int) -> None:
         self.observers = observers
@@ -206,9 +208,58 @@ class Events:
         self.hub = _Hub()
         self.bus.subscribe(self.hub, None)
         self.followers = 0
+        self.group: set[EventStream] = set()  # followers at group_cursor, written to by the fan-out
+        self.group_cursor = self.bus.next_seq
+        self._round = trio.Event()  # set after each fan-out round
 
     def stream(self, query: str) -> EventStream:
         return EventStream(self, query)
+
+    async def run(self) -> None:
+        """The fan-out: each round, the events published since the last one to every grouped follower."""
+        while True:
+            await self.hub.next_publish()
+            self.fan_out()
+            self._round.set()
+            self._round = trio.Event()
+
+    async def next_round(self) -> None:
+        await self._round.wait()
+
+    def fan_out(self) -> None:
+        """Write ``[group_cursor, next_seq)`` to every grouped follower, as one chunk per batch, with a
+        non-blocking write each: a follower whose socket does not take a whole chunk leaves the group, with
+        the rest of that chunk to send first (its own task then sends it, and catches up, under the stall
+        rule)."""
+        bus, group = self.bus, self.group
+        start, limit = self.group_cursor, bus.next_seq
+        oldest = bus.oldest_recent()
+        if group and (oldest is None or start < oldest):  # (the fan-out starved past the window: each alone)
+            for member in list(group):
+                member.leave(b"", start)
+            group.clear()
+        while group and start < limit:
+            frames = bus.frames(start, limit, WRITE_BYTES)
+            end = start + len(frames)
+            data = _chunk(self.texts.consecutive(start, frames))
+            for member in list(group):
+                fd = member.fd
+                try:
+                    sent = os.write(fd, data)
+                except BlockingIOError:
+                    sent = 0
+                except OSError:
+                    member.leave(b"", start, broken=True)
+                    continue
+                if sent < len(data):
+                    member.leave(data[sent:], end) if sent else member.leave(b"", start)
+            start = end
+        self.group_cursor = limit
+
+
+def _chunk(data: bytes) -> bytes:
+    """One HTTP/1.1 chunk (RFC 9112 7.1)."""
+    return b"%x\r\n%s\r\n" % (len(data), data)
 
 
 class EventStream:
@@ -220,11 +271,15 @@ class EventStream:
         self.query = query
         self.subscription = Subscription()
         self.disk: _DiskReader | None = None  # (observers.DiskCursor)
-        self.shared = False  # a full-stream live follower: woken through the hub
+        self.shared = False  # a full-stream live follower: may join the group
         self.subscribed = False
         self.ending: tuple[str, str] | None = None
+        self.fd = -1  # the socket's descriptor (a socket stream, chunked framing: may join the group)
+        self.pending = b""  # the rest of a chunk the fan-out began: sent before anything else
+        self.broken = False  # a fan-out write failed: the client is gone
+        self.frame: Callable[[bytes], bytes] = _chunk
+        self._solo = trio.Event()
         self._scope = trio.CancelScope()
-
     async def open(self, headers: Sequence[tuple[bytes, bytes]]) -> None:
         events = self.events
         last = [value.decode("latin-1") for name, value in headers if name == b"last-event-id"]
@@ -252,24 +307,30 @@ class EventStream:
                            "Last-Event-ID to resume")
         self._scope.cancel()
 
-    async def run(self, stream: trio.abc.Stream, head: bytes, chunk: Callable[[bytes], bytes],
-                  last: Callable[[], bytes], *, once: bool = False) -> None:
-        """Stream events after ``head`` (the response head), each write framed by ``chunk``; ``last``: the
-        bytes that end the response. ``once``: the head alone (a HEAD request; the server is stopping)."""
+    async def run(self, stream: trio.abc.Stream, head: bytes, chunked: bool, last: Callable[[], bytes], *,
+                  once: bool = False) -> None:
+        """Stream events after ``head`` (the response head), in HTTP/1.1 chunks if ``chunked`` (else as they
+        are: an HTTP/1.0 client, the connection's end ends the response); ``last``: the bytes that end the
+        response. ``once``: the head alone (a HEAD request; the server is stopping)."""
         if once:
             self._close()
             with trio.move_on_after(SEND_ERROR_TIMEOUT):
                 await stream.send_all(head + last())
             return
+        if not chunked:
+            self.frame = bytes
+        elif isinstance(stream, trio.SocketStream):
+            self.fd = stream.socket.fileno()
         writer = FrameWriter(stream)
         try:
             with self._scope:
-                await writer.write([head + chunk(f"retry: {RETRY_MS}\n: idled events\n\n".encode())], OBSERVER_STALL)
+                preamble = self.frame(f"retry: {RETRY_MS}\n: idled events\n\n".encode())
+                await writer.write([head + preamble], OBSERVER_STALL)
                 while True:
                     data: bytes | None = None
                     with trio.move_on_after(self.events.heartbeat):
                         data = await self._next()
-                    await writer.write([chunk(data or HEARTBEAT)], OBSERVER_STALL)
+                    await writer.write([data or self.frame(HEARTBEAT)], OBSERVER_STALL)
         except Stalled:
             log.warning("event stream took nothing for %g s: disconnected (busy)", OBSERVER_STALL)
             self.ending = (ErrorCode.BUSY.value, f"the stream read nothing for {OBSERVER_STALL:g} s; reconnect "
@@ -284,11 +345,19 @@ class EventStream:
             with trio.CancelScope(shield=True) as scope, trio.move_on_after(SEND_ERROR_TIMEOUT):
                 scope.deadline = trio.current_time() + SEND_ERROR_TIMEOUT
                 try:
-                    await stream.send_all(chunk(end_text(*self.ending)) + last())
+                    await stream.send_all(self.pending + self.frame(end_text(*self.ending)) + last())
                 except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError):
                     pass
 
+    def leave(self, pending: bytes, cursor: int, *, broken: bool = False) -> None:
+        """Out of the group (the fan-out): ``pending`` (the rest of a chunk) goes first, then from ``cursor``."""
+        self.events.group.discard(self)
+        self.pending, self.subscription.cursor, self.broken = pending, cursor, broken
+        self._solo.set()
+
     def _close(self) -> None:
+        if self in self.events.group:
+            self.leave(b"", self.events.group_cursor)
         if self.subscribed:
             self.subscribed = False
             self.events.followers -= 1
@@ -296,13 +365,27 @@ class EventStream:
                 self.events.bus.unsubscribe(self.subscription)
 
     async def _next(self) -> bytes:
-        """The text of the next events (waiting for them)."""
+        """The next bytes to write, framed (waiting for events)."""
         events, subscription = self.events, self.subscription
         bus = events.bus
         while True:
+            if self.broken:
+                raise trio.BrokenResourceError("the client is gone")
+            if self.pending:
+                pending, self.pending = self.pending, b""
+                return pending
             cursor = subscription.cursor
             assert cursor is not None
             limit = bus.limit(subscription)
+            if self.shared:
+                group = events.group_cursor
+                if cursor == group and self.fd >= 0:
+                    await self._grouped()
+                    continue
+                if cursor > group:  # ahead of the group (new, and the fan-out has not run yet): wait for it
+                    await events.next_round()
+                    continue
+                limit = group  # behind it: catch up to it, alone, then join it
             if subscription.watching is not None:
                 watchlists.skip_quiet(bus, subscription)
                 cursor = subscription.cursor
@@ -312,7 +395,7 @@ class EventStream:
                 if step is not None:
                     frames, subscription.cursor = step
                     if frames:
-                        return b"".join(map(sse_text, frames))
+                        return self.frame(b"".join(map(sse_text, frames)))
                     await trio.lowlevel.checkpoint()  # a long filtered replay lets others run
                     continue
             elif cursor < limit:
@@ -320,15 +403,29 @@ class EventStream:
                 if oldest is not None and cursor >= oldest:
                     frames = bus.frames(cursor, limit, WRITE_BYTES)
                     subscription.cursor = cursor + len(frames)
-                    return events.texts.consecutive(cursor, frames)
+                    return self.frame(events.texts.consecutive(cursor, frames))
                 frames, subscription.cursor = await events.observers.events(self, cursor, limit)
                 if frames:
-                    return b"".join(map(sse_text, frames))
+                    return self.frame(b"".join(map(sse_text, frames)))
                 continue
             if self.shared:
-                await events.hub.next_publish()
+                await events.next_round()  # (an HTTP/1.0 follower: never grouped)
             else:
                 await subscription.wait()
+
+    async def _grouped(self) -> None:
+        """Wait in the group, the fan-out writing to this follower, until it leaves (``leave``: a write it did
+        not take whole, a broken connection) or the wait is cancelled (a heartbeat is due, the server stops:
+        it leaves where the group is, so its own task may write)."""
+        events = self.events
+        self._solo = trio.Event()
+        events.group.add(self)
+        try:
+            await self._solo.wait()
+        finally:
+            if self in events.group:
+                events.group.discard(self)
+                self.subscription.cursor = events.group_cursor
 
     async def _from_disk(self, cursor: int, below: int, watched: Callable[[Uid], bool]) -> tuple[list[bytes], int]:
         return await self.events.observers.from_disk(self, cursor, below, watched)

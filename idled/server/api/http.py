@@ -177,12 +177,13 @@ class HttpConnection:
             (b"X-Accel-Buffering", b"no"), SERVER_HEADER, (b"Connection", b"close")])) or b""
         self.observe(route, 200, trio.current_time() - started)
         if self.head_only or self.closing():
-            await events.run(self.stream, head, lambda data: b"", lambda: conn.send(h11.EndOfMessage()) or b"",
-                             once=True)
+            await events.run(self.stream, head, False, lambda: conn.send(h11.EndOfMessage()) or b"", once=True)
             return False
         self.streaming = events
         try:
-            await events.run(self.stream, head, lambda data: conn.send(h11.Data(data=data)) or b"",
+            # h11 frames the head (and the end); chunked (an HTTP/1.1 client) or not, the events are framed by
+            # the stream: one chunk's bytes are made once for every follower (idled.server.api.events).
+            await events.run(self.stream, head, request.http_version == b"1.1",
                              lambda: conn.send(h11.EndOfMessage()) or b"")
         finally:
             self.streaming = None

@@ -68,6 +68,8 @@ class Api:
                 async with trio.open_nursery() as accepting:
                     await accepting.start(functools.partial(trio.serve_listeners, self._handle, list(listeners),
                                                             handler_nursery=handlers))
+                    if self.router.events is not None:  # the event streams' fan-out (idled.server.api.events)
+                        accepting.start_soon(self.router.events.run)  # (ends with the accepting)
                     log.info("HTTP API on http://%s", display(addresses[0][0], self.port))
                     task_status.started(self.port)
 
