@@ -53,6 +53,10 @@ async def test_online_offline_resume_watchlist_auth_heartbeat(tmp_path: Path) ->
         assert full.status == 200 and full.headers["content-type"].startswith("text/event-stream")
         watch = await SseClient.open(api, "/v1/events?uid=bob", token=api_token)
         resumed = await SseClient.open(api, token=api_token)
+        durable = await SseClient.open(api, "/v1/events?durable=true", token=api_token)
+        head = await SseClient.open(api, token=api_token, method="HEAD")
+        assert head.status == 200 and head.headers["content-type"].startswith("text/event-stream")
+        assert head.body == b""
 
         alice = await user(d.port, "alice", keepalive=1)  # silent: offline (idle) after 1.5 s
         online, offline = await full.events(2)
@@ -77,6 +81,10 @@ async def test_online_offline_resume_watchlist_auth_heartbeat(tmp_path: Path) ->
         got = await again.events(7)  # the header wins over ?from= (a reconnection repeats its URL)
         assert [int(e["id"]) for e in got] == seqs[1:], "a gap or a duplicate after Last-Event-ID"
         assert [e["data"] for e in got] == [e["data"] for e in [offline, *later]]
+
+        assert [e["id"] for e in await durable.events(8)] == [str(seq) for seq in seqs]  # once written
+        old = await SseClient.open(api, "/v1/events?from=" + str(seqs[-2]), token=api_token)
+        assert [e["id"] for e in await old.events(2)] == [str(seq) for seq in seqs[-2:]]
 
         bobs = await watch.events(4)
         assert [e["data"]["uid"] for e in bobs] == ["bob"] * 4
