@@ -18,17 +18,22 @@ event sent is the first one at or after the start, the cursor walks seqs one by 
 whatever the reconnection's timing. A start beyond the next seq is ``400``; one older than anything retained
 is ``410 gone`` (the observer's ``gone``). Without either, the stream starts at the next event.
 
-**What a follower costs the publisher.** Every observer's sender is woken per event; with a thousand
-followers that would be a thousand wake-ups per event on the publishing path. Full-stream live followers
-therefore share one: a ``_Hub`` (one subscription on the bus, woken per event) whose ``published`` event
-every idle full-stream follower waits on. And each event's SSE text is made once, not once per follower:
-``Texts`` keeps the text of the last ``TEXTS`` seqs, and the last batch joined, which the followers at the
-same cursor (all of those keeping up) send as is. Watchlist and durable followers are woken by the bus as
-observers are (by their matches, by durability).
+**What a follower costs.** Every observer's sender is a task woken per event; a thousand followers so
+would be a thousand wake-ups per event, a task switch and a write each. The full-stream live followers
+instead form a *group* at one shared cursor, ``group_cursor``, served by one *fan-out* task
+(``Events.run``): the bus wakes one subscription for all of them (``_Hub``), and each round the fan-out takes
+the new events from the window, makes each event's text once (``Texts``), frames the batch once (an HTTP/1.1
+chunk), and writes it to every member with a non-blocking ``os.write`` -- no task switch per follower. A
+member whose socket does not take the whole chunk leaves the group (``leave``) with the rest of that chunk
+as ``pending``: its own task sends it first, under the stall rule, then catches up alone (from the window or
+the disk) to ``group_cursor`` and joins again. A new follower, or one resumed from an older seq, does the
+same. Watchlist and durable followers are never grouped: the bus wakes them as it wakes observers (by their
+matches, by durability), and HTTP/1.0 followers (no chunks) catch up alone each round.
 
-**Heartbeats and stalls.** After ``api_heartbeat`` seconds with nothing written, a comment line
-(``: heartbeat``) goes out: a proxy sees traffic and keeps the connection, and a dead client is found by the
-failing write. A follower that takes no byte for ``OBSERVER_STALL`` seconds while data waits for it is cut
+**Heartbeats and stalls.** After ``api_heartbeat`` seconds with nothing written by its own task, a comment
+line (``: heartbeat``) goes out (a grouped follower's task writes nothing itself: it leaves the group for the
+heartbeat, every ``api_heartbeat`` seconds, and joins again): a proxy sees traffic and keeps the
+connection, and a dead client is found by the failing write. A follower that takes no byte for ``OBSERVER_STALL`` seconds while data waits for it is cut
 like an observer: the rest of the write in flight is completed, then an ``event: end`` with
 ``{"code": "busy", ...}`` (no ``id``: the client's last event id stays the last event it got), each within
 ``SEND_ERROR_TIMEOUT``, and the connection closes; it comes back with ``Last-Event-ID`` and misses nothing.
