@@ -12,7 +12,8 @@ event latency is taken from the *first* event in the bytes read (its ``ts``, the
 the event happened, against this process's wall clock on arrival) and counted for every event in that read
 (``id:`` lines): the oldest event of a read is the latest one, so the figures are an upper bound per event.
 The first ``WARMUP`` seconds are not counted. Prints the events published, the deliveries, the latency
-percentiles, and the CPU of the daemon and of the reader.
+percentiles, the CPU of the daemon and of the reader, and how long each waited for a CPU it was ready to use
+(``/proc/PID/schedstat``): on a shared machine, the part of the latency that is other processes' load.
 """
 
 from __future__ import annotations
@@ -55,6 +56,16 @@ def produce(port: int, rate: float, seconds: float) -> None:
         if delay > 0:
             time.sleep(delay)
     sock.close()
+
+
+def runqueue_wait(pid: int) -> float:
+    """Seconds the process's threads have spent runnable but waiting for a CPU (/proc/PID/schedstat, its second
+    field, summed over its tasks): on a shared machine, how much of the latency is other processes' CPU."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+            total += int(f.read().split()[1])
+    return total / 1e9
 
 
 def free_port() -> int:
@@ -119,6 +130,7 @@ def run(args: argparse.Namespace, daemon: subprocess.Popen[bytes], stderr: Path,
     deliveries = counted = 0
     cpu0 = sum(daemon_proc.cpu_times()[:2])
     me0 = time.process_time()
+    waits0 = runqueue_wait(daemon.pid), runqueue_wait(os.getpid())
     measured_from = started + WARMUP
     end = started + args.seconds + 1.0
     buffer = bytearray(1 << 20)  # one buffer for every read (a fresh 1 MiB bytes per recv would cost more)
@@ -146,6 +158,8 @@ def run(args: argparse.Namespace, daemon: subprocess.Popen[bytes], stderr: Path,
             counted += events
     cpu = sum(daemon_proc.cpu_times()[:2]) - cpu0
     me = time.process_time() - me0
+    waits = runqueue_wait(daemon.pid) - waits0[0], runqueue_wait(os.getpid()) - waits0[1]
+    load = os.getloadavg()[0]
     producer.wait()
     with socket.create_connection(("127.0.0.1", api_port)) as sock:
         sock.sendall(b"GET /v1/stats HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
@@ -173,6 +187,8 @@ def run(args: argparse.Namespace, daemon: subprocess.Popen[bytes], stderr: Path,
           f"p99.9 {percentile(0.999):.1f} ms, max {max(histogram, default=0) / 2 + 0.5:.1f} ms")
     print(f"CPU over the run: daemon {cpu:.1f} s ({cpu / elapsed:.0%} of a core), reader {me:.1f} s "
           f"({me / elapsed:.0%})")
+    print(f"waiting for a CPU (runnable, not running) over the run: daemon {waits[0]:.1f} s, reader {waits[1]:.1f} s; "
+          f"machine load average {load:.2f} on {os.cpu_count()} CPUs")
     return 0
 
 
