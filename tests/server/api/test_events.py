@@ -140,11 +140,13 @@ async def test_stalled_reader_is_cut_others_read_on_and_it_resumes(tmp_path: Pat
         await gw.stream.aclose()
 
 
-async def test_sigterm_ends_streams_and_the_daemon_exits(tmp_path: Path) -> None:
-    proc, api = daemon(tmp_path)
+async def test_streams_count_in_api_max_clients_and_sigterm_ends_them(tmp_path: Path) -> None:
+    proc, api = daemon(tmp_path, "--api-max-clients", "3")
     async with proc as d:
         api_token = token("api", "ops")
         streams = [await SseClient.open(api, token=api_token) for _ in range(3)]
+        busy = await SseClient.open(api, token=api_token)  # a fourth connection: the limit
+        assert busy.status == 503 and b"unavailable" in busy.body, (busy.status, busy.body)
         alice = await user(d.port, "alice")
         for stream in streams:
             assert (await stream.events(1))[0]["data"]["uid"] == "alice"
