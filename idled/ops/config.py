@@ -135,6 +135,7 @@ class Config:
     api_rate: float = 1000.0
     api_burst: int = 2000
     api_request_timeout: float = 10.0
+    api_heartbeat: float = 15.0
     # Run as a hot standby of the active core at HOST:PORT (idled.server.ha.follow, docs/ha.md); None: active.
     standby_of: str | None = None
     # Leader election in etcd (idled.server.node, docs/ha.md): etcd://HOST:PORT[,...]/prefix; None: no election.
@@ -203,6 +204,7 @@ class Config:
         need(0 < self.api_rate <= 10_000_000 and 1 <= self.api_burst <= 100_000_000,
              "api_rate must be in (0, 10000000] requests/s and api_burst 1..100000000")
         need(0 < self.api_request_timeout <= 3600, "api_request_timeout must be in (0, 3600]")
+        need(0 < self.api_heartbeat <= 3600, "api_heartbeat must be in (0, 3600] seconds")
         if self.election is not None:
             need(self.standby_of is None, "election and standby_of exclude each other: with an election the "
                  "leader is found in etcd")
@@ -304,6 +306,7 @@ HELP: dict[str, str] = {
     "api_max_clients": "HTTP API connections at once; beyond it a new one is answered 503 and closed",
     "api_rate": "HTTP API requests per second per client address (a token bucket); beyond it: 429",
     "api_burst": "HTTP API requests a client address may make at once before --api-rate applies",
+    "api_heartbeat": "seconds an HTTP event stream (GET /v1/events) may stay silent before a heartbeat comment",
     "api_request_timeout": "seconds an HTTP API request may take to arrive and be answered (and an idle keep-alive "
                            "connection may wait)",
     "standby_of": "HOST:PORT of an active core to follow as its hot standby, copying its event log; see docs/ha.md "

@@ -363,7 +363,8 @@ class Server:
 
     def _start_api(self, running: Running) -> Api:
         backend = Backend(running.sessions, running.observers.queries, self.log, self.vitals, self.status,
-                          self.workers.view if self.workers is not None else None, time.monotonic())
+                          self.workers.view if self.workers is not None else None, time.monotonic(),
+                          running.observers)
         self.api = Api(self.config, backend, secret=self.secret, metrics=ApiMetrics(self.metrics.registry),
                        gate=api_gate(self.config))
         return self.api

@@ -17,6 +17,8 @@ table (the core; with ``--workers`` too). The pieces, one job each:
 * ``request``: parsing and validating what a request asks (pure);
 * the routes: ``presence`` (``Queries``, and ``since`` from the log's open sessions), ``kick``
   (``PresenceTable.logout`` per session key, owners told ``kicked``), ``stats`` (``Vitals``), ``openapi``;
+* ``events``: ``GET /v1/events``, the event stream as Server-Sent Events -- an observer over HTTP, on the
+  observer role's cursor and watchlists, its followers that keep up written by one fan-out task;
 * ``backend.Backend``: what the server hands the API (it never sees the ``Server``); ``metrics``.
 
 Nothing below ``idled.server.api`` imports it; ``idled.server.app`` starts it.

@@ -15,6 +15,7 @@ CODES: Final = {
     "not_online": 404,
     "method_not_allowed": 405,
     "timeout": 408,
+    "gone": 410,
     "length_required": 411,
     "too_large": 413,
     "unsupported_media_type": 415,

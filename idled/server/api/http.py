@@ -53,6 +53,7 @@ import trio
 
 from idled.protocol.httphead import HeadError, Inbox
 from idled.server.api.errors import ApiError
+from idled.server.api.events import EventStream
 from idled.server.api.routes import OTHER_ROUTE, Answer, Ticket
 
 __all__ = ["MAX_HEAD", "REASONS", "RECEIVE_BYTES", "Dispatcher", "HttpConnection", "encode_json", "protocol_error"]
@@ -122,6 +123,7 @@ class HttpConnection:
         self.idle: trio.CancelScope | None = None  # set while waiting for the next request
         self.linger = False  # closing after an answer, with the client's bytes maybe still coming (see _linger)
         self.head_only = False  # the request is a HEAD: its answers carry no body
+        self.streaming: EventStream | None = None  # the event stream being sent (GET /v1/events)
 
     async def serve(self) -> None:
         try:
@@ -170,11 +172,39 @@ class HttpConnection:
             error = protocol_error(exc)
             return await self._fail(OTHER_ROUTE, error.status, error.document(), ())
         keep = keep and not (self.single or self.closing())
+        if isinstance(document, EventStream):  # GET /v1/events: streamed until it ends, then the connection
+            return await self._stream(route, document, request, started)
         await self._respond(status, document, headers, keep)
         self.observe(route, status, trio.current_time() - started)
         # closing with bytes of the client's maybe unread (a body refused, requests pipelined): see _linger
         self.linger = not keep and (self.conn.their_state is not h11.DONE or bool(self.inbox.data))
         return keep and self.conn.our_state is h11.DONE and self.conn.their_state is h11.DONE
+
+    async def _stream(self, route: str, events: EventStream, request: h11.Request, started: float) -> bool:
+        """Answer with an event stream (``idled.server.api.events``): refused from the request's headers
+        (``Last-Event-ID``, a start no longer retained) like any answer, else streamed until the client goes,
+        stalls, or the server stops (``streaming.stop()``); the connection closes after it."""
+        try:
+            await events.open(request.headers)
+        except ApiError as exc:
+            return await self._fail(route, exc.status, exc.document(), exc.headers)
+        conn = self.conn
+        head = conn.send(h11.Response(status_code=200, reason=REASONS[200], headers=[
+            (b"Content-Type", b"text/event-stream; charset=utf-8"), (b"Cache-Control", b"no-store"),
+            (b"X-Accel-Buffering", b"no"), SERVER_HEADER, (b"Connection", b"close")])) or b""
+        self.observe(route, 200, trio.current_time() - started)
+        if self.head_only or self.closing():
+            await events.run(self.stream, head, False, lambda: conn.send(h11.EndOfMessage()) or b"", once=True)
+            return False
+        self.streaming = events
+        try:
+            # h11 frames the head (and the end); chunked (an HTTP/1.1 client) or not, the events are framed by
+            # the stream: one chunk's bytes are made once for every follower (idled.server.api.events).
+            await events.run(self.stream, head, request.http_version == b"1.1",
+                             lambda: conn.send(h11.EndOfMessage()) or b"")
+        finally:
+            self.streaming = None
+        return False
 
     async def _answer(self, request: h11.Request) -> tuple[Answer, bool, float]:
         """The answer to a request whose head is in, whether the connection may stay open after it, and when

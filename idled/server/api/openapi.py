@@ -106,6 +106,27 @@ def _errors(*codes: int) -> dict[str, Any]:
 _COMMON: Final = (400, 401, 403, 408, 413, 421, 429, 431, 500, 503)  # 403, 421: browsers (docs/api.md)
 _WITH_BODY: Final = (*_COMMON, 405, 411, 415)  # a body needs a Content-Length and Content-Type: application/json
 
+# GET /v1/events (idled.server.api.events, docs/api.md#events): Server-Sent Events, one open response.
+_EVENTS: Final[dict[str, Any]] = {"get": {
+    "summary": "follow presence events as Server-Sent Events (id: the seq; event: online or offline; data: the event "
+               "as JSON); resume with the Last-Event-ID header or from=",
+    "parameters": [
+        {"name": "uid", "in": "query", "required": False, "explode": True,
+         "schema": {"type": "array", "items": {"type": "string", "minLength": 1}},
+         "description": "follow only these uids (a decimal one follows the integer uid too); at most max_watch"},
+        {"name": "from", "in": "query", "required": False, "schema": {"type": "integer", "minimum": 0},
+         "description": "the first seq to send (default: the next event); Last-Event-ID: N means from=N+1 and wins"},
+        {"name": "durable", "in": "query", "required": False, "schema": {"type": "boolean"},
+         "description": "only events the log has made durable under its fsync policy"},
+        {"name": "Last-Event-ID", "in": "header", "required": False,
+         "schema": {"type": "string", "pattern": "^[0-9]*$"}, "description": "the last seq received: resume after it"},
+    ],
+    "responses": {"200": {"description": "the event stream, open until the client leaves, stalls (event: end, busy) "
+                                         "or the server stops (event: end, server_shutdown); a heartbeat comment "
+                                         "after api_heartbeat seconds of silence",
+                          "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+                  **_errors(*_COMMON, 404, 405, 410)}}}
+
 OPENAPI: Final[dict[str, Any]] = {
     "openapi": "3.1.0",
     "info": {"title": "idled HTTP presence API", "version": __version__,
@@ -140,6 +161,7 @@ OPENAPI: Final[dict[str, Any]] = {
                                      "responses": {"200": {"description": "OpenAPI 3.1",
                                                            "content": {"application/json": {}}},
                                                    **_errors(*_COMMON, 405)}}},
+        "/v1/events": _EVENTS,
     },
 }
 

@@ -47,6 +47,7 @@ from idled.ops.origin import misdirected, misdirected_text, same_origin
 from idled.protocol.tokens import BEARER_CHALLENGE, bearer_refusal
 from idled.server.api.backend import Backend
 from idled.server.api.errors import ApiError
+from idled.server.api.events import EVENTS_PATH, Events
 from idled.server.api.kick import kick
 from idled.server.api.openapi import served_document
 from idled.server.api.presence import presence
@@ -59,7 +60,8 @@ __all__ = ["OTHER_ROUTE", "ROUTES", "Answer", "Router", "Ticket"]
 log = logging.getLogger("idled.server.api")
 
 ROUTES: Final = {"/v1/presence": ("GET", "HEAD", "POST"), "/v1/stats": ("GET", "HEAD"), "/v1/kick": ("POST",),
-                 "/v1/openapi.json": ("GET", "HEAD")}  # HEAD: GET's answer without its body
+                 "/v1/openapi.json": ("GET", "HEAD"),
+                 EVENTS_PATH: ("GET", "HEAD")}  # HEAD: GET's answer without its body
 OTHER_ROUTE: Final = "other"  # the route label of every path not served (a bounded metric label)
 
 CLOSE: Final = ("Connection", "close")  # in a refusal's headers: the connection ends after it (idled.server.api.http)
@@ -103,6 +105,10 @@ class Router:
             ("POST", "/v1/kick"): self._kick,
             ("GET", "/v1/openapi.json"): self._openapi,
         }
+        # GET /v1/events (idled.server.api.events): its handler answers an EventStream the HTTP loop streams.
+        self.events = None if backend.observers is None else Events(
+            backend.observers, heartbeat=config.api_heartbeat, max_watch=config.max_watch)
+        self.handlers["GET", EVENTS_PATH] = self._events
 
     def admit(self, method: str, target: bytes, headers: Sequence[tuple[bytes, bytes]], client: str) -> Ticket | Answer:
         """The request's head judged (see the module docstring): a ticket to run it, or the answer refusing it."""
@@ -187,6 +193,11 @@ class Router:
     async def _openapi(self, query: str, method: str, body: bytes) -> Any:
         no_query(query, "/v1/openapi.json")
         return served_document(self.secret is not None)
+
+    async def _events(self, query: str, method: str, body: bytes) -> Any:
+        if self.events is None:
+            raise ApiError("not_found", f"no event stream here: {EVENTS_PATH}")
+        return self.events.stream(query)
 
 
 def _json_media_type(headers: Sequence[tuple[bytes, bytes]]) -> None:

@@ -68,6 +68,8 @@ class Api:
                 async with trio.open_nursery() as accepting:
                     await accepting.start(functools.partial(trio.serve_listeners, self._handle, list(listeners),
                                                             handler_nursery=handlers))
+                    if self.router.events is not None:  # the event streams' fan-out (idled.server.api.events)
+                        accepting.start_soon(self.router.events.run)  # (ends with the accepting)
                     log.info("HTTP API on http://%s", display(addresses[0][0], self.port))
                     task_status.started(self.port)
 
@@ -78,6 +80,8 @@ class Api:
         for connection in list(self._connections):
             if connection.idle is not None:
                 connection.idle.cancel()
+            if connection.streaming is not None:  # an event stream: its end event, then the close
+                connection.streaming.stop()
 
     async def _handle(self, stream: trio.SocketStream) -> None:
         # The gate (idled.door.gate): the source's share; at api_max_clients the oldest connection without an

@@ -57,7 +57,7 @@ import functools
 import logging
 import os
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
@@ -89,7 +89,7 @@ from idled.server.engine.queries import Queries
 from idled.server.roles.watchlists import DEFAULT_MAX_WATCH, Change
 
 __all__ = [
-    "OBSERVER_STALL", "OBSERVER_WRITE_BYTES", "REPLAY_BATCH", "REPLICATE_REFUSED", "REPLY_BYTES", "FrameWriter",
+    "OBSERVER_STALL", "OBSERVER_WRITE_BYTES", "DiskCursor", "Gone", "REPLAY_BATCH", "REPLICATE_REFUSED", "REPLY_BYTES", "FrameWriter",
     "Observers", "Stalled",
 ]
 
@@ -109,7 +109,7 @@ class Stalled(Exception):
     """The peer took no byte for the stall limit while data waited for it."""
 
 
-class _Gone(Exception):
+class Gone(Exception):
     """Events the observer still needs were deleted by retention."""
 
 
@@ -169,7 +169,7 @@ def _rest_of_frame(frames: list[bytes], data: bytes, sent: int) -> bytes:
     return b""
 
 
-class _DiskReader:
+class DiskReader:
     """A position in the log on disk, kept between batches (opening one scans its segment from the start)."""
 
     __slots__ = ("records", "held", "next", "exhausted")
@@ -199,6 +199,13 @@ class _DiskReader:
         return out
 
 
+class DiskCursor(Protocol):
+    """Whoever reads events through ``Observers.events``/``from_disk`` (an observer; an HTTP event stream,
+    ``idled.server.api.events``): where its last disk read stopped, kept between batches."""
+
+    disk: DiskReader | None
+
+
 class _Peer:
     """One observer connection's state, shared by its two tasks."""
 
@@ -212,7 +219,7 @@ class _Peer:
         self.replies: collections.deque[tuple[int, bytes | Change]] = collections.deque()
         self.reply_bytes = 0
         self._room = trio.Event()
-        self.disk: _DiskReader | None = None
+        self.disk: DiskReader | None = None
         self.changes = 0  # watchlist changes in `replies`
 
     def change(self, horizon: int, entry: Change) -> None:
@@ -326,7 +333,7 @@ class Observers:
                 if bus.is_subscribed(subscription):
                     raise ProtocolError(ErrorCode.NOT_ALLOWED, "already subscribed")
                 watchlists.subscribing(bus, subscription, message.uids, self.max_watch)
-                await self._check_retained(message.from_seq)
+                await self.check_retained(message.from_seq)
                 bus.subscribe(subscription, message.from_seq, durable=message.durable)
             elif type(message) is Watch or type(message) is Unwatch:
                 change = watchlists.request(bus, subscription, message, self.max_watch)
@@ -342,7 +349,7 @@ class Observers:
             else:
                 raise ProtocolError(ErrorCode.NOT_ALLOWED, f"{type(message).__name__.lower()} is not for observers")
 
-    async def _check_retained(self, start: int | None) -> None:
+    async def check_retained(self, start: int | None) -> None:
         """Refuse a ``from`` beyond the next seq (``bad_message``) or older than anything retained (``gone``)."""
         next_seq = self.bus.next_seq
         if start is not None and start > next_seq:
@@ -359,7 +366,7 @@ class Observers:
     async def _sender(self, peer: _Peer, observer: Connection, done: trio.CancelScope) -> None:
         """The only task writing to an observer's socket: replies, then events from the cursor on."""
         bus, subscription, writer = self.bus, peer.subscription, peer.writer
-        from_disk = functools.partial(self._from_disk, peer)
+        from_disk = functools.partial(self.from_disk, peer)
         try:
             while True:
                 watchlist = subscription.watching is not None and subscription.cursor is not None
@@ -387,7 +394,7 @@ class Observers:
                             subscription.cursor = cursor
                             continue
                     elif cursor < limit:
-                        frames, cursor = await self._events(peer, cursor, limit)
+                        frames, cursor = await self.events(peer, cursor, limit)
                         if frames:
                             await writer.write(frames, OBSERVER_STALL)
                         subscription.cursor = cursor
@@ -398,20 +405,20 @@ class Observers:
             observer.close(
                 ErrorCode.BUSY, f"observer read nothing for {OBSERVER_STALL:g} s; subscribe again with from=<last seq + 1>"
             )
-        except _Gone as exc:
+        except Gone as exc:
             observer.close(ErrorCode.GONE, str(exc))
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             done.cancel()  # the observer went away: end the connection (its reader may be blocked)
 
-    async def _events(self, peer: _Peer, cursor: int, limit: int) -> tuple[list[bytes], int]:
+    async def events(self, peer: DiskCursor, cursor: int, limit: int) -> tuple[list[bytes], int]:
         """Frames from ``cursor`` on (below ``limit``), and the cursor after them."""
         oldest = self.bus.oldest_recent()
         if oldest is not None and cursor >= oldest:
             frames = self.bus.frames(cursor, limit, OBSERVER_WRITE_BYTES)
             return frames, cursor + len(frames)
-        return await self._from_disk(peer, cursor, limit if oldest is None else min(limit, oldest))
+        return await self.from_disk(peer, cursor, limit if oldest is None else min(limit, oldest))
 
-    async def _from_disk(self, peer: _Peer, cursor: int, below: int,
+    async def from_disk(self, peer: DiskCursor, cursor: int, below: int,
                          watched: Callable[[Uid], bool] | None = None) -> tuple[list[bytes], int]:
         first = self.first_seq
         if cursor < first:
@@ -425,7 +432,7 @@ class Observers:
         reader = peer.disk
         fresh = reader is None or reader.next != cursor
         if fresh:
-            reader = _DiskReader(self.log.directory, cursor)
+            reader = DiskReader(self.log.directory, cursor)
         assert reader is not None
         records = await trio.to_thread.run_sync(reader.take, REPLAY_BATCH, below)
         peer.disk = None if reader.exhausted else reader  # re-list the segments next time
@@ -434,7 +441,7 @@ class Observers:
                 return [], first  # nothing more from the previous runs: the rest is a gap
         elif not records or records[0]["seq"] != cursor:
             if records or fresh or reader.held is not None:
-                raise _Gone(f"seq {cursor} was deleted by retention before this observer read it")
+                raise Gone(f"seq {cursor} was deleted by retention before this observer read it")
             return [], cursor  # the reader's segment list ended: look again with a fresh one
         if watched is not None:
             return [event_frame(record) for record in records if watched(record["uid"])], records[-1]["seq"] + 1
