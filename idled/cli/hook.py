@@ -35,6 +35,7 @@ from idled.hook.config import (
 from idled.hook.deliver import Shutdown
 from idled.hook.retry import RetryPolicy
 from idled.hook.runner import run_hook
+from idled.hook.sign import GENERATE, parse_secret
 from idled.hook.source import HookGone
 from idled.hook.state import StateError
 from idled.ops.fatal import EXIT_FAILURE, EXIT_LOG, EXIT_OK, EXIT_USAGE, Fatal, exception_leaves
@@ -67,7 +68,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name", default="idled-hook", help="observer name to log in as (default idled-hook)")
     sign = parser.add_argument_group("signature (docs/hook.md#signatures)")
     sign.add_argument("--hook-secret-file", metavar="FILE",
-                      help="HMAC-SHA256 key for the Idled-Signature header (required unless --insecure-unsigned)")
+                      help="the Standard Webhooks secret, whsec_<base64> (make one with: " + GENERATE.replace("%", "%%")
+                      + "); required unless --insecure-unsigned")
     sign.add_argument("--insecure-unsigned", action="store_true",
                       help="post without a signature: receivers cannot tell our requests from forged ones")
     sign.add_argument("--hook-ca-file", metavar="FILE",
@@ -126,6 +128,14 @@ def _token_source(args: argparse.Namespace) -> Callable[[], str | None]:
     return lambda: None
 
 
+def _hook_key(path: str) -> bytes:
+    """The signing key from ``--hook-secret-file`` (whsec_<base64>); SecretError naming the file."""
+    try:
+        return parse_secret(load_secret(path))
+    except ValueError as exc:
+        raise SecretError(f"--hook-secret-file {path}: {exc}") from None
+
+
 def _check_url(url: str) -> None:
     import httpx
 
@@ -154,7 +164,7 @@ def build_config(args: argparse.Namespace) -> HookConfig:
         retry = RetryPolicy(args.backoff_base, args.backoff_cap, args.max_attempts, args.retry_after_cap)
         filter = Filter.parse(args.filters)
         uids = watch_uids(args)
-        secret = load_secret(args.hook_secret_file) if args.hook_secret_file else None
+        secret = _hook_key(args.hook_secret_file) if args.hook_secret_file else None
     except (ValueError, SecretError) as exc:
         raise UsageError(str(exc).replace("max_attempts", "--max-attempts")) from None
     if args.hook_ca_file:

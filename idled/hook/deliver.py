@@ -9,8 +9,8 @@ body (`idled.hook.batch`). It is then posted, signed afresh for each attempt, un
 the receiver sees first deliveries in strictly increasing seq order. Only then is the checkpoint committed
 (`idled.hook.state`) -- or, after ``max_attempts`` failures, once the batch is durably in the dead-letter
 file. The checkpoint therefore never runs ahead of what the receiver acknowledged, and a crash anywhere
-re-posts at most the batch in flight plus what followed it: at-least-once, with ``Idled-Delivery`` and each
-event's ``seq`` for the receiver to drop duplicates.
+re-posts at most the batch in flight plus what followed it: at-least-once, with ``webhook-id`` and each
+event's ``seq`` for the receiver to drop duplicates (``webhook-id``: `idled.hook.sign`).
 
 A full disk under the state directory (`StateError.disk_full`) does not stop delivery: a checkpoint that
 cannot be committed is left behind on disk (one warning; every later batch tries again; a restart meanwhile
@@ -36,7 +36,7 @@ from idled.hook.batch import Batch, Batcher
 from idled.hook.config import HookConfig
 from idled.hook.metrics import HookMetrics
 from idled.hook.post import Outcome, Poster
-from idled.hook.sign import DELIVERY_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER, signature_header
+from idled.hook.sign import webhook_headers
 from idled.hook.state import StateDir, StateError
 from idled.protocol import Event
 
@@ -174,11 +174,8 @@ class Deliverer:
                 return False
 
     async def _attempt(self, batch: Batch, body: bytes, attempt: int) -> Outcome | None:
-        headers = {DELIVERY_HEADER: batch.delivery_id, "Idled-Attempt": str(attempt)}
-        if self.config.secret is not None:
-            now = int(self.wall())
-            headers[TIMESTAMP_HEADER] = str(now)
-            headers[SIGNATURE_HEADER] = signature_header(self.config.secret, now, body)
+        headers = webhook_headers(self.config.secret, batch.delivery_id, int(self.wall()), body)
+        headers["Idled-Attempt"] = str(attempt)
         outcome = None
         with self.shutdown.graceful():
             outcome = await self.poster.post(body, headers)

@@ -18,9 +18,12 @@ from idled.hook.runner import start_position
     (["--insecure-unsigned", "--batch-wait", "0"], "--batch-wait must be a positive"),
     (["--insecure-unsigned", "--max-attempts", "-1"], "--max-attempts"),
     (["--hook-secret-file", "/nonexistent"], "cannot read secret file"),
+    (["--hook-secret-file", "NOT-WHSEC"], "not a Standard Webhooks secret (whsec_<base64>); make one with printf"),
 ])
 def test_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], message: str) -> None:
-    argv = ["hook", "--url", "http://127.0.0.1:1/", "--state", str(tmp_path), *extra]
+    (tmp_path / "NOT-WHSEC").write_text("hook-test-secret-0123456789abcdef\n")  # long enough, not base64
+    extra = [str(tmp_path / word) if word == "NOT-WHSEC" else word for word in extra]
+    argv = ["hook", "--url", "http://127.0.0.1:1/", "--state", str(tmp_path / "state"), *extra]
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("idled hook: ") and message in err and err.count("\n") == 1
