@@ -98,8 +98,11 @@ def _add_delivery_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
                        help=f"per-request deadline: connect, send, response (default {DEFAULT_TIMEOUT:g})")
     defaults = RetryPolicy()
+    group.add_argument("--retry-for", type=float, default=defaults.retry_for, metavar="SECONDS",
+                       help=f"dead-letter a batch that has failed for this long; 0: no time limit "
+                            f"(default {defaults.retry_for:g}, a day)")
     group.add_argument("--max-attempts", type=int, default=defaults.max_attempts, metavar="N",
-                       help=f"dead-letter a batch after N failed attempts; 0: retry forever (default {defaults.max_attempts})")
+                       help="also dead-letter a batch after N failed attempts; 0: no count limit (the default)")
     group.add_argument("--backoff-base", type=float, default=defaults.base, metavar="SECONDS",
                        help=f"full-jitter backoff: uniform(0, min(cap, base * 2^(n-1))) (default {defaults.base:g})")
     group.add_argument("--backoff-cap", type=float, default=defaults.cap, metavar="SECONDS",
@@ -161,12 +164,13 @@ def build_config(args: argparse.Namespace) -> HookConfig:
     for flag in ("batch_wait", "timeout", "backoff_base", "backoff_cap", "stop_grace"):
         _positive(getattr(args, flag), "--" + flag.replace("_", "-"))
     try:
-        retry = RetryPolicy(args.backoff_base, args.backoff_cap, args.max_attempts, args.retry_after_cap)
+        retry = RetryPolicy(args.backoff_base, args.backoff_cap, args.max_attempts, args.retry_after_cap,
+                            args.retry_for)
         filter = Filter.parse(args.filters)
         uids = watch_uids(args)
         secret = _hook_key(args.hook_secret_file) if args.hook_secret_file else None
     except (ValueError, SecretError) as exc:
-        raise UsageError(str(exc).replace("max_attempts", "--max-attempts")) from None
+        raise UsageError(str(exc).replace("max_attempts", "--max-attempts").replace("retry_for", "--retry-for")) from None
     if args.hook_ca_file:
         try:
             ssl.create_default_context(cafile=args.hook_ca_file)

@@ -3,7 +3,8 @@
 Each request takes the next step of a script (then ``ok`` for ever): ``ok`` (204, the body recorded as
 acknowledged), ``reset`` (the connection reset with SO_LINGER 0, no answer), ``stall:S`` (sleep S seconds,
 then close without answering), ``500``, ``429:N`` / ``503:N`` (that status with ``Retry-After: N``).
-Every attempt is recorded; `acked` holds the bodies answered 2xx, in order, with their headers and time.
+``port``: listen there (a receiver brought back after an outage); on exit the listener and every open
+connection close. Every attempt is recorded; `acked` holds the bodies answered 2xx, in order, with their headers and time.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ class Receiver:
     acked: list[Request] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     server: http.server.ThreadingHTTPServer | None = None
+    port: int = 0  # 0: any free port
+    connections: set[socket.socket] = field(default_factory=set)  # open ones, cut on exit (the receiver goes down)
 
     @property
     def url(self) -> str:
@@ -55,6 +58,11 @@ class Receiver:
 
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+
+            def setup(self) -> None:
+                super().setup()
+                with receiver.lock:
+                    receiver.connections.add(self.connection)
 
             def do_POST(self) -> None:  # noqa: N802 -- http.server's name
                 body = self.rfile.read(int(self.headers["Content-Length"]))
@@ -85,7 +93,7 @@ class Receiver:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         self.server.daemon_threads = True
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         return self
@@ -94,3 +102,9 @@ class Receiver:
         assert self.server is not None
         self.server.shutdown()
         self.server.server_close()
+        with self.lock:
+            for connection in self.connections:  # a kept-alive connection must not outlive the receiver
+                try:
+                    connection.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
