@@ -2,7 +2,8 @@
 
 Each request takes the next step of a script (then ``ok`` for ever): ``ok`` (204, the body recorded as
 acknowledged), ``reset`` (the connection reset with SO_LINGER 0, no answer), ``stall:S`` (sleep S seconds,
-then close without answering), ``500``, ``429:N`` / ``503:N`` (that status with ``Retry-After: N``).
+then close without answering), ``500``, ``429:N`` / ``503:N`` (that status with ``Retry-After: N``),
+``307:URL`` or any 3xx (that status with ``Location: URL``).
 ``port``: listen there (a receiver brought back after an outage); on exit the listener and every open
 connection close. Every attempt is recorded; `acked` holds the bodies answered 2xx, in order, with their headers and time.
 """
@@ -25,6 +26,7 @@ class Request:
     headers: dict[str, str]
     body: bytes
     received: float
+    path: str = "/hook"
 
     def json(self) -> dict[str, Any]:
         return dict(json.loads(self.body))
@@ -67,7 +69,7 @@ class Receiver:
             def do_POST(self) -> None:  # noqa: N802 -- http.server's name
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 step = receiver.next_step()
-                request = Request(step, dict(self.headers.items()), body, time.time())
+                request = Request(step, dict(self.headers.items()), body, time.time(), self.path)
                 with receiver.lock:
                     receiver.attempts.append(request)
                 if step == "reset":
@@ -79,14 +81,14 @@ class Receiver:
                     time.sleep(float(step.split(":")[1]))
                     self.close_connection = True
                     return
-                status, _, retry_after = step.partition(":")
+                status, _, value = step.partition(":")
                 code = 204 if status == "ok" else int(status)
                 if code == 204:
                     with receiver.lock:
                         receiver.acked.append(request)
                 self.send_response(code)
-                if retry_after:
-                    self.send_header("Retry-After", retry_after)
+                if value:
+                    self.send_header("Location" if 300 <= code < 400 else "Retry-After", value)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
