@@ -5,6 +5,9 @@ The flags are read and checked here (a bad one is one line and status 2, before 
 ``--secret-file`` a fresh observer token is minted for every (re)connection, so a hook running for weeks
 never logs in with an expired one.
 
+``--redrive`` posts the dead letters again and exits (`idled.hook.redrive`): 0 all sent and cleared (or a
+signal), 1 one failed again for the whole retry budget, 5 as below.
+
 Exit statuses: 0 after SIGTERM/SIGINT (the batch in flight gets ``--stop-grace`` seconds; a second signal
 stops at once), 1 the daemon refused the login (or a bug), 2 a usage error or the checkpoint fell out of the
 daemon's retention without ``--resync`` (systemd must not restart into the same gap), 4 the metrics port
@@ -34,6 +37,7 @@ from idled.hook.config import (
 )
 from idled.hook.deliver import Shutdown
 from idled.hook.retry import RetryPolicy
+from idled.hook.redrive import REDRIVE_FILE, RedriveStopped, run_redrive
 from idled.hook.runner import run_hook
 from idled.hook.sign import GENERATE, parse_secret
 from idled.hook.source import HookGone
@@ -65,6 +69,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="only this uid's events (a watchlist: the daemon sends nothing else); repeat for more")
     parser.add_argument("--int", dest="int_uids", action="store_true",
                         help="send the --uid values as integers (default off)")
+    parser.add_argument("--redrive", action="store_true",
+                        help="post the dead letters of --state again, oldest first, clearing each once acknowledged, "
+                             "then exit (stop the hook first: they share the state directory's lock)")
     parser.add_argument("--name", default="idled-hook", help="observer name to log in as (default idled-hook)")
     sign = parser.add_argument_group("signature (docs/hook.md#signatures)")
     sign.add_argument("--hook-secret-file", metavar="FILE",
@@ -195,8 +202,10 @@ def _door(args: argparse.Namespace) -> Door | None:
     return door
 
 
-async def _main(config: HookConfig, door: Door | None) -> None:
+async def _main(config: HookConfig, door: Door | None, redrive: bool = False) -> int | None:
+    """Run the hook (None) or the redrive (the number of dead letters sent) until done or a signal."""
     shutdown = Shutdown(config.stop_grace)
+    sent: int | None = None
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
             async def until_signal() -> None:
@@ -209,11 +218,16 @@ async def _main(config: HookConfig, door: Door | None) -> None:
                     shutdown.stop()
 
             async def hook() -> None:
-                await run_hook(config, shutdown, door=door)
+                nonlocal sent
+                if redrive:
+                    sent = await run_redrive(config, shutdown)
+                else:
+                    await run_hook(config, shutdown, door=door)
                 nursery.cancel_scope.cancel()
 
             nursery.start_soon(until_signal)
             nursery.start_soon(hook)
+    return sent
 
 
 def run(args: argparse.Namespace) -> int:
@@ -229,15 +243,20 @@ def run(args: argparse.Namespace) -> int:
     for noisy in ("httpx", "httpcore"):  # a line per request (INFO) and per socket operation (DEBUG)
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
-        trio.run(_main, config, door)
+        sent = trio.run(_main, config, door, args.redrive)
     except Exception as exc:  # each expected failure becomes one line and a status (_fatal); others re-raise
         return _fatal(exc, config)
+    if args.redrive:
+        log.info("redrive: %d dead letters sent again", sent or 0)
     log.info("stopped")
     return EXIT_OK
 
 
 def _fatal(exc: BaseException, config: HookConfig) -> int:
     for leaf in exception_leaves(exc):
+        if isinstance(leaf, RedriveStopped):
+            return _line(f"redrive: {leaf}; it and the dead letters after it stay in {config.state_dir}/"
+                         f"{REDRIVE_FILE} for the next --redrive", EXIT_FAILURE)
         if isinstance(leaf, StateError):
             return _line(f"state directory ({config.state_dir}): {leaf.reason}", EXIT_LOG)
         if isinstance(leaf, HookGone):

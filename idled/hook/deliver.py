@@ -104,7 +104,7 @@ class Deliverer:
             batch = await self._fill(channel)
             if batch is None:
                 return
-            if batch.events and not await self._send(batch):
+            if batch.events and not await self.send(batch):
                 return  # stopping: abandoned, not committed
             if self.committed is None or batch.through > self.committed:
                 await self._commit(batch.through)
@@ -149,8 +149,8 @@ class Deliverer:
         except trio.EndOfChannel:
             return None
 
-    async def _send(self, batch: Batch) -> bool:
-        """Post until a 2xx or the dead-letter file has it (True), or shutdown (False)."""
+    async def send(self, batch: Batch) -> bool:
+        """Post until a 2xx or, once the retry policy gives up, `give_up` took it (True); or shutdown (False)."""
         body = batch.body()
         failures = 0
         first = trio.current_time()  # the budget (--retry-for) runs on trio's clock, like the sleeps
@@ -166,7 +166,7 @@ class Deliverer:
             self.metrics.retry_backlog.set(len(batch.events))
             elapsed = trio.current_time() - first
             if self.config.retry.exhausted(failures, elapsed):
-                return await self._dead_letter(batch, failures, outcome.error, elapsed)
+                return await self.give_up(batch, failures, outcome.error, elapsed)
             delay = self.config.retry.delay(failures, self.random, outcome.retry_after)
             log.warning("delivery %s (%d events) failed, attempt %d, %.0f s since the first: %s; retrying in %.2f s",
                         batch.delivery_id, len(batch.events), failures, elapsed, outcome.error, delay)
@@ -190,8 +190,9 @@ class Deliverer:
         for _, ts, _ in batch.events:
             self.metrics.latency.observe(max(0.0, now - ts))
 
-    async def _dead_letter(self, batch: Batch, failures: int, error: str, elapsed: float) -> bool:
-        """Append the batch to the dead-letter file, waiting for room on a full disk; False: shutdown came first."""
+    async def give_up(self, batch: Batch, failures: int, error: str, elapsed: float) -> bool:
+        """Append the batch to the dead-letter file, waiting for room on a full disk; False: shutdown came first.
+        (`idled.hook.redrive` overrides it: a letter redriven in vain is not dead-lettered twice.)"""
         while not await self._state_write(self.state.append_dead_letter, batch, failures, error, self.wall()):
             with self.shutdown.interruptible():
                 await trio.sleep(DISK_RETRY)

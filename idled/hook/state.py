@@ -104,8 +104,11 @@ class StateDir:
 
     def commit_checkpoint(self, seq: int, now: float) -> None:
         """Durably record that every event up to ``seq`` is done (tmp, fsync, rename, fsync the directory)."""
-        tmp = self._file(CHECKPOINT + ".tmp")
-        data = json.dumps({"seq": seq, "time": round(now, 3)}).encode() + b"\n"
+        self.replace(CHECKPOINT, json.dumps({"seq": seq, "time": round(now, 3)}).encode() + b"\n")
+
+    def replace(self, name: str, data: bytes) -> None:
+        """Make ``<dir>/name`` hold ``data``, atomically and durably: the old content or the new after a crash."""
+        tmp = self._file(name + ".tmp")
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
             try:
@@ -113,14 +116,14 @@ class StateDir:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            os.replace(tmp, self._file(CHECKPOINT))
-            self._fsync_dir()
+            os.replace(tmp, self._file(name))
+            self.fsync_dir()
         except OSError as exc:
             try:
                 os.unlink(tmp)  # (a full disk: what the partial write took is given back)
             except OSError:
                 pass
-            raise StateError("io", f"committing {CHECKPOINT}: {exc.strerror or exc}", errno=exc.errno) from None
+            raise StateError("io", f"committing {name}: {exc.strerror or exc}", errno=exc.errno) from None
 
     def append_dead_letter(self, batch: Batch, attempts: int, error: str, now: float) -> None:
         """Append ``batch`` to the dead-letter file, durably (the checkpoint may move past it afterwards)."""
@@ -144,11 +147,11 @@ class StateDir:
             finally:
                 os.close(fd)
             if created:
-                self._fsync_dir()
+                self.fsync_dir()
         except OSError as exc:
             raise StateError("io", f"appending to {DEAD_LETTER}: {exc.strerror or exc}", errno=exc.errno) from None
 
-    def _fsync_dir(self) -> None:
+    def fsync_dir(self) -> None:
         fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             os.fsync(fd)

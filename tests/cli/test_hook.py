@@ -48,3 +48,16 @@ def test_a_locked_state_dir_is_one_fatal_line(tmp_path: Path, capsys: pytest.Cap
         holder.close()
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert status == 5 and err.startswith(f"idled hook: fatal: state directory ({tmp_path}): locked by another")
+
+
+def test_a_redrive_beside_a_running_hook_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from idled.hook.state import StateDir
+
+    holder = StateDir(str(tmp_path))  # as a running hook holds it
+    try:
+        status = cli.main(["hook", "--redrive", "--url", "http://127.0.0.1:1/", "--state", str(tmp_path),
+                           "--insecure-unsigned"])
+    finally:
+        holder.close()
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert status == 5 and "locked by another idled hook" in err
