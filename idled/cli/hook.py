@@ -177,7 +177,8 @@ def build_config(args: argparse.Namespace) -> HookConfig:
         uids = watch_uids(args)
         secret = _hook_key(args.hook_secret_file) if args.hook_secret_file else None
     except (ValueError, SecretError) as exc:
-        raise UsageError(str(exc).replace("max_attempts", "--max-attempts").replace("retry_for", "--retry-for")) from None
+        text = str(exc).replace("max_attempts", "--max-attempts").replace("retry_for", "--retry-for")
+        raise UsageError(text) from None
     if args.hook_ca_file:
         try:
             ssl.create_default_context(cafile=args.hook_ca_file)
