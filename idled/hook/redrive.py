@@ -38,13 +38,12 @@ from idled.hook.config import HookConfig
 from idled.hook.deliver import Deliverer, Shutdown
 from idled.hook.metrics import HookMetrics
 from idled.hook.post import Poster
-from idled.hook.state import DEAD_LETTER, StateDir, StateError
+from idled.hook.state import DEAD_LETTER, REDRIVE_FILE, StateDir, StateError
 
 __all__ = ["REDRIVE_FILE", "REDRIVE_OFFSET", "RedriveStopped", "parse_letter", "run_redrive"]
 
 log = logging.getLogger("idled.hook")
 
-REDRIVE_FILE: Final = "dead-letter.redrive.jsonl"
 REDRIVE_OFFSET: Final = "dead-letter.redrive.offset"
 MAX_LINE: Final = 64 << 20  # a dead letter holds one batch (--batch-bytes, at most a few MiB); beyond: damaged
 

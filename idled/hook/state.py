@@ -34,10 +34,11 @@ from idled.hook.batch import Batch
 from idled.log import dirlock
 from idled.log.errors import DISK_FULL_ERRNOS, LogLocked
 
-__all__ = ["StateDir", "StateError", "CHECKPOINT", "DEAD_LETTER"]
+__all__ = ["StateDir", "StateError", "CHECKPOINT", "DEAD_LETTER", "REDRIVE_FILE"]
 
 CHECKPOINT: Final = "checkpoint"
 DEAD_LETTER: Final = "dead-letter.jsonl"
+REDRIVE_FILE: Final = "dead-letter.redrive.jsonl"  # `idled.hook.redrive`'s
 _MAX_CHECKPOINT_BYTES: Final = 4096
 
 
@@ -124,6 +125,16 @@ class StateDir:
             except OSError:
                 pass
             raise StateError("io", f"committing {name}: {exc.strerror or exc}", errno=exc.errno) from None
+
+    def dead_letter_bytes(self) -> int:
+        """Bytes of dead letters not yet redriven (the dead-letter file and an unfinished redrive's)."""
+        total = 0
+        for name in (DEAD_LETTER, REDRIVE_FILE):
+            try:
+                total += os.stat(self._file(name)).st_size
+            except OSError:
+                pass
+        return total
 
     def append_dead_letter(self, batch: Batch, attempts: int, error: str, now: float) -> None:
         """Append ``batch`` to the dead-letter file, durably (the checkpoint may move past it afterwards)."""

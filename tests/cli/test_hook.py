@@ -17,6 +17,8 @@ from idled.hook.runner import start_position
     (["--insecure-unsigned", "--filter", "kind=away"], "kind is online or offline"),
     (["--insecure-unsigned", "--batch-wait", "0"], "--batch-wait must be a positive"),
     (["--insecure-unsigned", "--max-attempts", "-1"], "--max-attempts"),
+    (["--insecure-unsigned", "--retry-for", "-5"], "--retry-for must be >= 0 seconds"),
+    (["--insecure-unsigned", "--retry-for", "nan"], "--retry-for must be >= 0 seconds"),
     (["--hook-secret-file", "/nonexistent"], "cannot read secret file"),
     (["--hook-secret-file", "NOT-WHSEC"], "not a Standard Webhooks secret (whsec_<base64>); make one with printf"),
 ])
