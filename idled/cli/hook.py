@@ -5,6 +5,9 @@ The flags are read and checked here (a bad one is one line and status 2, before 
 ``--secret-file`` a fresh observer token is minted for every (re)connection, so a hook running for weeks
 never logs in with an expired one.
 
+``--redrive`` posts the dead letters again and exits (`idled.hook.redrive`): 0 all sent and cleared (or a
+signal), 1 one failed again for the whole retry budget, 5 as below.
+
 Exit statuses: 0 after SIGTERM/SIGINT (the batch in flight gets ``--stop-grace`` seconds; a second signal
 stops at once), 1 the daemon refused the login (or a bug), 2 a usage error or the checkpoint fell out of the
 daemon's retention without ``--resync`` (systemd must not restart into the same gap), 4 the metrics port
@@ -34,7 +37,9 @@ from idled.hook.config import (
 )
 from idled.hook.deliver import Shutdown
 from idled.hook.retry import RetryPolicy
+from idled.hook.redrive import REDRIVE_FILE, RedriveStopped, run_redrive
 from idled.hook.runner import run_hook
+from idled.hook.sign import GENERATE, parse_secret
 from idled.hook.source import HookGone
 from idled.hook.state import StateError
 from idled.ops.fatal import EXIT_FAILURE, EXIT_LOG, EXIT_OK, EXIT_USAGE, Fatal, exception_leaves
@@ -64,10 +69,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="only this uid's events (a watchlist: the daemon sends nothing else); repeat for more")
     parser.add_argument("--int", dest="int_uids", action="store_true",
                         help="send the --uid values as integers (default off)")
+    parser.add_argument("--redrive", action="store_true",
+                        help="post the dead letters of --state again, oldest first, clearing each once acknowledged, "
+                             "then exit (stop the hook first: they share the state directory's lock)")
     parser.add_argument("--name", default="idled-hook", help="observer name to log in as (default idled-hook)")
     sign = parser.add_argument_group("signature (docs/hook.md#signatures)")
     sign.add_argument("--hook-secret-file", metavar="FILE",
-                      help="HMAC-SHA256 key for the Idled-Signature header (required unless --insecure-unsigned)")
+                      help="the Standard Webhooks secret, whsec_<base64> (make one with: " + GENERATE.replace("%", "%%")
+                      + "); required unless --insecure-unsigned")
     sign.add_argument("--insecure-unsigned", action="store_true",
                       help="post without a signature: receivers cannot tell our requests from forged ones")
     sign.add_argument("--hook-ca-file", metavar="FILE",
@@ -96,8 +105,11 @@ def _add_delivery_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
                        help=f"per-request deadline: connect, send, response (default {DEFAULT_TIMEOUT:g})")
     defaults = RetryPolicy()
+    group.add_argument("--retry-for", type=float, default=defaults.retry_for, metavar="SECONDS",
+                       help=f"dead-letter a batch that has failed for this long; 0: no time limit "
+                            f"(default {defaults.retry_for:g}, a day)")
     group.add_argument("--max-attempts", type=int, default=defaults.max_attempts, metavar="N",
-                       help=f"dead-letter a batch after N failed attempts; 0: retry forever (default {defaults.max_attempts})")
+                       help="also dead-letter a batch after N failed attempts; 0: no count limit (the default)")
     group.add_argument("--backoff-base", type=float, default=defaults.base, metavar="SECONDS",
                        help=f"full-jitter backoff: uniform(0, min(cap, base * 2^(n-1))) (default {defaults.base:g})")
     group.add_argument("--backoff-cap", type=float, default=defaults.cap, metavar="SECONDS",
@@ -126,6 +138,14 @@ def _token_source(args: argparse.Namespace) -> Callable[[], str | None]:
     return lambda: None
 
 
+def _hook_key(path: str) -> bytes:
+    """The signing key from ``--hook-secret-file`` (whsec_<base64>); SecretError naming the file."""
+    try:
+        return parse_secret(load_secret(path))
+    except ValueError as exc:
+        raise SecretError(f"--hook-secret-file {path}: {exc}") from None
+
+
 def _check_url(url: str) -> None:
     import httpx
 
@@ -151,12 +171,14 @@ def build_config(args: argparse.Namespace) -> HookConfig:
     for flag in ("batch_wait", "timeout", "backoff_base", "backoff_cap", "stop_grace"):
         _positive(getattr(args, flag), "--" + flag.replace("_", "-"))
     try:
-        retry = RetryPolicy(args.backoff_base, args.backoff_cap, args.max_attempts, args.retry_after_cap)
+        retry = RetryPolicy(args.backoff_base, args.backoff_cap, args.max_attempts, args.retry_after_cap,
+                            args.retry_for)
         filter = Filter.parse(args.filters)
         uids = watch_uids(args)
-        secret = load_secret(args.hook_secret_file) if args.hook_secret_file else None
+        secret = _hook_key(args.hook_secret_file) if args.hook_secret_file else None
     except (ValueError, SecretError) as exc:
-        raise UsageError(str(exc).replace("max_attempts", "--max-attempts")) from None
+        text = str(exc).replace("max_attempts", "--max-attempts").replace("retry_for", "--retry-for")
+        raise UsageError(text) from None
     if args.hook_ca_file:
         try:
             ssl.create_default_context(cafile=args.hook_ca_file)
@@ -181,8 +203,10 @@ def _door(args: argparse.Namespace) -> Door | None:
     return door
 
 
-async def _main(config: HookConfig, door: Door | None) -> None:
+async def _main(config: HookConfig, door: Door | None, redrive: bool = False) -> int | None:
+    """Run the hook (None) or the redrive (the number of dead letters sent) until done or a signal."""
     shutdown = Shutdown(config.stop_grace)
+    sent: int | None = None
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
             async def until_signal() -> None:
@@ -195,11 +219,16 @@ async def _main(config: HookConfig, door: Door | None) -> None:
                     shutdown.stop()
 
             async def hook() -> None:
-                await run_hook(config, shutdown, door=door)
+                nonlocal sent
+                if redrive:
+                    sent = await run_redrive(config, shutdown)
+                else:
+                    await run_hook(config, shutdown, door=door)
                 nursery.cancel_scope.cancel()
 
             nursery.start_soon(until_signal)
             nursery.start_soon(hook)
+    return sent
 
 
 def run(args: argparse.Namespace) -> int:
@@ -215,15 +244,20 @@ def run(args: argparse.Namespace) -> int:
     for noisy in ("httpx", "httpcore"):  # a line per request (INFO) and per socket operation (DEBUG)
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
-        trio.run(_main, config, door)
+        sent = trio.run(_main, config, door, args.redrive)
     except Exception as exc:  # each expected failure becomes one line and a status (_fatal); others re-raise
         return _fatal(exc, config)
+    if args.redrive:
+        log.info("redrive: %d dead letters sent again", sent or 0)
     log.info("stopped")
     return EXIT_OK
 
 
 def _fatal(exc: BaseException, config: HookConfig) -> int:
     for leaf in exception_leaves(exc):
+        if isinstance(leaf, RedriveStopped):
+            return _line(f"redrive: {leaf}; it and the dead letters after it stay in {config.state_dir}/"
+                         f"{REDRIVE_FILE} for the next --redrive", EXIT_FAILURE)
         if isinstance(leaf, StateError):
             return _line(f"state directory ({config.state_dir}): {leaf.reason}", EXIT_LOG)
         if isinstance(leaf, HookGone):

@@ -13,7 +13,7 @@ and the caller closes the batch and offers the event to the next one (an event a
     {"first_seq": 7, "last_seq": 9, "events": [{"seq": 7, ...}, {"seq": 9, ...}]}
 
 ``first_seq``/``last_seq`` are the seqs of the first and last event in ``events`` (seq 8 was filtered out
-here); the ``Idled-Delivery`` id ``"7-9"`` is derived from them, so every retry of a batch carries the same id.
+here); the ``webhook-id`` ``"7-9"`` is derived from them, so every retry of a batch carries the same id.
 A batch of only filtered-out events has no body: nothing is posted, the checkpoint just moves.
 
 Timing (``--batch-wait`` after the first event) is the runner's: the batcher only counts.

@@ -7,10 +7,10 @@ and closes after ``batch_wait`` seconds, or earlier when it holds ``batch_max`` 
 body (`idled.hook.batch`). It is then posted, signed afresh for each attempt, until a 2xx
 (`idled.hook.post`), sleeping `RetryPolicy.delay` between attempts; no later event is posted meanwhile, so
 the receiver sees first deliveries in strictly increasing seq order. Only then is the checkpoint committed
-(`idled.hook.state`) -- or, after ``max_attempts`` failures, once the batch is durably in the dead-letter
-file. The checkpoint therefore never runs ahead of what the receiver acknowledged, and a crash anywhere
-re-posts at most the batch in flight plus what followed it: at-least-once, with ``Idled-Delivery`` and each
-event's ``seq`` for the receiver to drop duplicates.
+(`idled.hook.state`) -- or, once `RetryPolicy.exhausted` (24 h of failures by default), when the batch is
+durably in the dead-letter file. The checkpoint therefore never runs ahead of what the receiver acknowledged, and a crash anywhere
+re-posts at most the batch in flight plus what followed it: at-least-once, with ``webhook-id`` and each
+event's ``seq`` for the receiver to drop duplicates (``webhook-id``: `idled.hook.sign`).
 
 A full disk under the state directory (`StateError.disk_full`) does not stop delivery: a checkpoint that
 cannot be committed is left behind on disk (one warning; every later batch tries again; a restart meanwhile
@@ -36,7 +36,7 @@ from idled.hook.batch import Batch, Batcher
 from idled.hook.config import HookConfig
 from idled.hook.metrics import HookMetrics
 from idled.hook.post import Outcome, Poster
-from idled.hook.sign import DELIVERY_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER, signature_header
+from idled.hook.sign import webhook_headers
 from idled.hook.state import StateDir, StateError
 from idled.protocol import Event
 
@@ -104,7 +104,7 @@ class Deliverer:
             batch = await self._fill(channel)
             if batch is None:
                 return
-            if batch.events and not await self._send(batch):
+            if batch.events and not await self.send(batch):
                 return  # stopping: abandoned, not committed
             if self.committed is None or batch.through > self.committed:
                 await self._commit(batch.through)
@@ -149,10 +149,11 @@ class Deliverer:
         except trio.EndOfChannel:
             return None
 
-    async def _send(self, batch: Batch) -> bool:
-        """Post until a 2xx or the dead-letter file has it (True), or shutdown (False)."""
+    async def send(self, batch: Batch) -> bool:
+        """Post until a 2xx or, once the retry policy gives up, `give_up` took it (True); or shutdown (False)."""
         body = batch.body()
         failures = 0
+        first = trio.current_time()  # the budget (--retry-for) runs on trio's clock, like the sleeps
         while True:
             outcome = await self._attempt(batch, body, failures + 1)
             if outcome is None:
@@ -163,22 +164,20 @@ class Deliverer:
                 return True
             failures += 1
             self.metrics.retry_backlog.set(len(batch.events))
-            if self.config.retry.exhausted(failures):
-                return await self._dead_letter(batch, failures, outcome.error)
+            elapsed = trio.current_time() - first
+            if self.config.retry.exhausted(failures, elapsed):
+                return await self.give_up(batch, failures, outcome.error, elapsed)
             delay = self.config.retry.delay(failures, self.random, outcome.retry_after)
-            log.warning("delivery %s (%d events) failed, attempt %d: %s; retrying in %.2f s", batch.delivery_id,
-                        len(batch.events), failures, outcome.error, delay)
+            log.warning("delivery %s (%d events) failed, attempt %d, %.0f s since the first: %s; retrying in %.2f s",
+                        batch.delivery_id, len(batch.events), failures, elapsed, outcome.error, delay)
             with self.shutdown.interruptible():
                 await trio.sleep(delay)
             if self.shutdown.stopping:
                 return False
 
     async def _attempt(self, batch: Batch, body: bytes, attempt: int) -> Outcome | None:
-        headers = {DELIVERY_HEADER: batch.delivery_id, "Idled-Attempt": str(attempt)}
-        if self.config.secret is not None:
-            now = int(self.wall())
-            headers[TIMESTAMP_HEADER] = str(now)
-            headers[SIGNATURE_HEADER] = signature_header(self.config.secret, now, body)
+        headers = webhook_headers(self.config.secret, batch.delivery_id, int(self.wall()), body)
+        headers["Idled-Attempt"] = str(attempt)
         outcome = None
         with self.shutdown.graceful():
             outcome = await self.poster.post(body, headers)
@@ -191,8 +190,9 @@ class Deliverer:
         for _, ts, _ in batch.events:
             self.metrics.latency.observe(max(0.0, now - ts))
 
-    async def _dead_letter(self, batch: Batch, failures: int, error: str) -> bool:
-        """Append the batch to the dead-letter file, waiting for room on a full disk; False: shutdown came first."""
+    async def give_up(self, batch: Batch, failures: int, error: str, elapsed: float) -> bool:
+        """Append the batch to the dead-letter file, waiting for room on a full disk; False: shutdown came first.
+        (`idled.hook.redrive` overrides it: a letter redriven in vain is not dead-lettered twice.)"""
         while not await self._state_write(self.state.append_dead_letter, batch, failures, error, self.wall()):
             with self.shutdown.interruptible():
                 await trio.sleep(DISK_RETRY)
@@ -200,8 +200,9 @@ class Deliverer:
                 return False
         self.metrics.dead_letter.inc(len(batch.events))
         self.metrics.retry_backlog.set(0)
-        log.warning("delivery %s (%d events) DEAD-LETTERED after %d attempts (last error: %s); appended to %s",
-                    batch.delivery_id, len(batch.events), failures, error, self.state.path + "/dead-letter.jsonl")
+        log.warning("delivery %s (%d events) DEAD-LETTERED after %d attempts over %.0f s (last error: %s); "
+                    "appended to %s (idled hook --redrive sends it again)", batch.delivery_id, len(batch.events),
+                    failures, elapsed, error, self.state.path + "/dead-letter.jsonl")
         return True
 
     async def _commit(self, seq: int) -> None:

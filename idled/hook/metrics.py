@@ -22,7 +22,7 @@ class HookMetrics:
         for result in RESULTS:
             self.requests.labels(result)
         self.dead_letter = Counter("idled_hook_dead_letter_events_total",
-                                   "Events written to the dead-letter file after --max-attempts failures",
+                                   "Events written to the dead-letter file (after --retry-for of failures)",
                                    registry=registry)
         self.checkpoint = Gauge("idled_hook_checkpoint_seq", "Seq of the committed checkpoint", registry=registry)
         self.latency = Histogram("idled_hook_delivery_latency_seconds",

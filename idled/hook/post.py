@@ -9,13 +9,22 @@ deadline is a failure with a one-line ``error`` for the log and the dead-letter 
 whole exchange (connect, send, the response head and up to ``max_response_bytes`` of its body, read only to
 quote it in the error), enforced by a trio cancel scope on top of httpx's per-operation timeouts, so a
 receiver that drips one byte a second cannot hold a request forever. ``Retry-After`` is read from 429 and 503
-answers only. Redirects are not followed (a webhook URL that moved is a configuration error to see, not to
-follow), proxies from the environment are not used (``trust_env=False``: the unit's environment decides
+answers only.
+
+Redirects are followed deliberately, not by httpx (which would turn a POST into a GET on a 301, 302 or 303
+and drop the body): `redirect_target` follows a **307 or 308 to the same origin** (scheme, host and port of
+``--url``), keeping the method, the body and the headers -- the signature covers the webhook-id, the
+timestamp and the body, not the URL, so it stays valid -- up to `MAX_REDIRECTS` hops within the one
+request's deadline. Anything else is a failed attempt whose error says why (retried, then dead-lettered
+like a 500): a 301/302/303 (the POST would become a GET), another origin (the signed events would go to a
+host the operator never named: a receiver's open redirect must not forward them), a missing Location, too
+many hops. A 308 is logged once per target (update ``--url``). Proxies from the environment are not used (``trust_env=False``: the unit's environment decides
 nothing silently), and one keep-alive connection is reused across requests: one batch is in flight at a time.
 """
 
 from __future__ import annotations
 
+import logging
 import ssl
 import time
 from dataclasses import dataclass
@@ -27,10 +36,31 @@ import trio
 from idled import __version__
 from idled.hook.retry import parse_retry_after
 
-__all__ = ["Outcome", "Poster", "USER_AGENT"]
+__all__ = ["Outcome", "Poster", "USER_AGENT", "MAX_REDIRECTS", "redirect_target"]
+
+log = logging.getLogger("idled.hook")
 
 USER_AGENT: Final = f"idled-hook/{__version__}"
+MAX_REDIRECTS: Final = 5
 _RETRY_AFTER_STATUSES: Final = frozenset({429, 503})
+_KEEPS_METHOD: Final = frozenset({307, 308})
+
+
+def redirect_target(origin: httpx.URL, current: httpx.URL, status: int,
+                    location: str | None) -> tuple[httpx.URL | None, str]:
+    """Where a 3xx answer to a POST to ``current`` sends the next hop -- (the URL, "") -- or (None, why it is
+    not followed). ``origin``: the configured URL, whose scheme, host and port every hop must keep. Pure."""
+    if not location:
+        return None, "a redirect without a Location"
+    try:
+        target = current.join(location)
+    except httpx.InvalidURL:
+        return None, f"a redirect to an unreadable Location {location[:200]!r}"
+    if status not in _KEEPS_METHOD:
+        return None, f"redirect to {target} not followed: only 307 and 308 keep the POST and its body (fix --url)"
+    if (target.scheme, target.host, target.port) != (origin.scheme, origin.host, origin.port):
+        return None, f"redirect to {target} not followed: another origin than --url's (fix --url)"
+    return target, ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +81,8 @@ class Poster:
     def __init__(self, url: str, *, timeout: float, ca_file: str | None = None,
                  max_response_bytes: int = 4096) -> None:
         self.url = url
+        self._url = httpx.URL(url)
+        self._told: set[str] = set()  # 308 targets already logged
         self.timeout = timeout
         self.max_response_bytes = max_response_bytes
         verify: ssl.SSLContext | bool = True
@@ -78,23 +110,40 @@ class Poster:
         return outcome
 
     async def _attempt(self, body: bytes, headers: dict[str, str]) -> Outcome:
-        try:
-            async with self._client.stream("POST", self.url, content=body, headers=headers) as response:
-                status = response.status_code
-                if 200 <= status < 300:
-                    return Outcome(status)
-                text = await self._excerpt(response)
-                retry_after = None
-                if status in _RETRY_AFTER_STATUSES:
-                    retry_after = parse_retry_after(response.headers.get("Retry-After"), time.time())
-        except httpx.TimeoutException:
-            return Outcome(None, f"no answer within {self.timeout:g} s", result="timeout")
-        except (httpx.HTTPError, OSError, ssl.SSLError) as exc:
-            return Outcome(None, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__,
-                           result="connect_error")
-        label = "http_4xx" if 400 <= status < 500 else "http_5xx" if 500 <= status < 600 else "http_other"
-        error = f"HTTP {status} {response.reason_phrase}" + (f": {text}" if text else "")
-        return Outcome(status, error, retry_after, label)
+        url = self._url
+        for _ in range(MAX_REDIRECTS + 1):
+            refusal, retry_after = "", None
+            try:
+                async with self._client.stream("POST", url, content=body, headers=headers) as response:
+                    status = response.status_code
+                    if 200 <= status < 300:
+                        return Outcome(status)
+                    text = await self._excerpt(response)
+                    if 300 <= status < 400:
+                        target, refusal = redirect_target(self._url, url, status, response.headers.get("Location"))
+                        if target is not None:
+                            self._moved(status, url, target)
+                            url = target
+                            continue
+                    if status in _RETRY_AFTER_STATUSES:
+                        retry_after = parse_retry_after(response.headers.get("Retry-After"), time.time())
+            except httpx.TimeoutException:
+                return Outcome(None, f"no answer within {self.timeout:g} s", result="timeout")
+            except (httpx.HTTPError, OSError, ssl.SSLError) as exc:
+                return Outcome(None, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__,
+                               result="connect_error")
+            label = "http_4xx" if 400 <= status < 500 else "http_5xx" if 500 <= status < 600 else "http_other"
+            error = f"HTTP {status} {response.reason_phrase}" + (f": {refusal or text}" if refusal or text else "")
+            return Outcome(status, error, retry_after, label)
+        return Outcome(status, f"HTTP {status}: more than {MAX_REDIRECTS} redirects (the last to {url})",
+                       result="http_other")
+
+    def _moved(self, status: int, current: httpx.URL, target: httpx.URL) -> None:
+        if status == 308 and str(target) not in self._told:  # permanent: the operator should know, once
+            self._told.add(str(target))
+            log.warning("the receiver says %s moved permanently to %s (308, followed): update --url", current, target)
+        else:
+            log.debug("following a %d from %s to %s", status, current, target)
 
     async def _excerpt(self, response: httpx.Response) -> str:
         data = b""

@@ -59,6 +59,10 @@ async def run_hook(config: HookConfig, shutdown: Shutdown, *, registry: Collecto
         checkpoint = await trio.to_thread.run_sync(state.read_checkpoint)
         after, why = start_position(checkpoint, config.from_seq)
         log.info("%s; state in %s; posting to %s", why, config.state_dir, config.url)
+        waiting = await trio.to_thread.run_sync(state.dead_letter_bytes)
+        if waiting:
+            log.warning("%d bytes of dead letters wait in %s: idled hook --redrive sends them again", waiting,
+                        config.state_dir)
         if checkpoint is None and after is not None:
             try:
                 await trio.to_thread.run_sync(state.commit_checkpoint, after, time.time())

@@ -34,10 +34,11 @@ from idled.hook.batch import Batch
 from idled.log import dirlock
 from idled.log.errors import DISK_FULL_ERRNOS, LogLocked
 
-__all__ = ["StateDir", "StateError", "CHECKPOINT", "DEAD_LETTER"]
+__all__ = ["StateDir", "StateError", "CHECKPOINT", "DEAD_LETTER", "REDRIVE_FILE"]
 
 CHECKPOINT: Final = "checkpoint"
 DEAD_LETTER: Final = "dead-letter.jsonl"
+REDRIVE_FILE: Final = "dead-letter.redrive.jsonl"  # `idled.hook.redrive`'s
 _MAX_CHECKPOINT_BYTES: Final = 4096
 
 
@@ -104,8 +105,11 @@ class StateDir:
 
     def commit_checkpoint(self, seq: int, now: float) -> None:
         """Durably record that every event up to ``seq`` is done (tmp, fsync, rename, fsync the directory)."""
-        tmp = self._file(CHECKPOINT + ".tmp")
-        data = json.dumps({"seq": seq, "time": round(now, 3)}).encode() + b"\n"
+        self.replace(CHECKPOINT, json.dumps({"seq": seq, "time": round(now, 3)}).encode() + b"\n")
+
+    def replace(self, name: str, data: bytes) -> None:
+        """Make ``<dir>/name`` hold ``data``, atomically and durably: the old content or the new after a crash."""
+        tmp = self._file(name + ".tmp")
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
             try:
@@ -113,14 +117,24 @@ class StateDir:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            os.replace(tmp, self._file(CHECKPOINT))
-            self._fsync_dir()
+            os.replace(tmp, self._file(name))
+            self.fsync_dir()
         except OSError as exc:
             try:
                 os.unlink(tmp)  # (a full disk: what the partial write took is given back)
             except OSError:
                 pass
-            raise StateError("io", f"committing {CHECKPOINT}: {exc.strerror or exc}", errno=exc.errno) from None
+            raise StateError("io", f"committing {name}: {exc.strerror or exc}", errno=exc.errno) from None
+
+    def dead_letter_bytes(self) -> int:
+        """Bytes of dead letters not yet redriven (the dead-letter file and an unfinished redrive's)."""
+        total = 0
+        for name in (DEAD_LETTER, REDRIVE_FILE):
+            try:
+                total += os.stat(self._file(name)).st_size
+            except OSError:
+                pass
+        return total
 
     def append_dead_letter(self, batch: Batch, attempts: int, error: str, now: float) -> None:
         """Append ``batch`` to the dead-letter file, durably (the checkpoint may move past it afterwards)."""
@@ -144,11 +158,11 @@ class StateDir:
             finally:
                 os.close(fd)
             if created:
-                self._fsync_dir()
+                self.fsync_dir()
         except OSError as exc:
             raise StateError("io", f"appending to {DEAD_LETTER}: {exc.strerror or exc}", errno=exc.errno) from None
 
-    def _fsync_dir(self) -> None:
+    def fsync_dir(self) -> None:
         fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             os.fsync(fd)

@@ -17,10 +17,15 @@ from idled.hook.runner import start_position
     (["--insecure-unsigned", "--filter", "kind=away"], "kind is online or offline"),
     (["--insecure-unsigned", "--batch-wait", "0"], "--batch-wait must be a positive"),
     (["--insecure-unsigned", "--max-attempts", "-1"], "--max-attempts"),
+    (["--insecure-unsigned", "--retry-for", "-5"], "--retry-for must be >= 0 seconds"),
+    (["--insecure-unsigned", "--retry-for", "nan"], "--retry-for must be >= 0 seconds"),
     (["--hook-secret-file", "/nonexistent"], "cannot read secret file"),
+    (["--hook-secret-file", "NOT-WHSEC"], "not a Standard Webhooks secret (whsec_<base64>); make one with printf"),
 ])
 def test_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], message: str) -> None:
-    argv = ["hook", "--url", "http://127.0.0.1:1/", "--state", str(tmp_path), *extra]
+    (tmp_path / "NOT-WHSEC").write_text("hook-test-secret-0123456789abcdef\n")  # long enough, not base64
+    extra = [str(tmp_path / word) if word == "NOT-WHSEC" else word for word in extra]
+    argv = ["hook", "--url", "http://127.0.0.1:1/", "--state", str(tmp_path / "state"), *extra]
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("idled hook: ") and message in err and err.count("\n") == 1
@@ -45,3 +50,16 @@ def test_a_locked_state_dir_is_one_fatal_line(tmp_path: Path, capsys: pytest.Cap
         holder.close()
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert status == 5 and err.startswith(f"idled hook: fatal: state directory ({tmp_path}): locked by another")
+
+
+def test_a_redrive_beside_a_running_hook_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from idled.hook.state import StateDir
+
+    holder = StateDir(str(tmp_path))  # as a running hook holds it
+    try:
+        status = cli.main(["hook", "--redrive", "--url", "http://127.0.0.1:1/", "--state", str(tmp_path),
+                           "--insecure-unsigned"])
+    finally:
+        holder.close()
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert status == 5 and "locked by another idled hook" in err

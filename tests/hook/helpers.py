@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import sys
@@ -14,7 +15,8 @@ import trio
 from idled.client.trio import open_gateway
 from idled.log.eventlog import iter_records
 
-SECRET = b"hook-test-secret-0123456789abcdef"
+WHSEC = "whsec_" + base64.b64encode(b"idled hook test secret, 32 bytes").decode()  # Standard Webhooks' form
+SECRET = WHSEC.encode()  # the secret file's bytes
 
 
 def hook_command(url: str, port: int, state: Path, secret_file: Path, *options: str) -> list[str]:

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import trio
 
-from idled.hook.sign import verify_signature
+from standardwebhooks import Webhook
 from tests import peers
-from tests.hook.helpers import SECRET, Hook, checkpoint, gateway_events, hook_command, log_records, until
+from tests.hook.helpers import SECRET, WHSEC, Hook, checkpoint, gateway_events, hook_command, log_records, until
 from tests.hook.receiver import Receiver
 
 pytestmark = pytest.mark.slow
@@ -45,10 +45,10 @@ def first_deliveries(receiver: Receiver) -> list[int]:
 
 
 def check_signatures(receiver: Receiver) -> None:
+    webhook = Webhook(WHSEC)
     for request in receiver.attempts:
-        verify_signature(SECRET, request.headers["Idled-Signature"], request.body, request.received)
-        body = request.json()
-        assert request.headers["Idled-Delivery"] == f"{body['first_seq']}-{body['last_seq']}"
+        body = webhook.verify(request.body, request.headers)
+        assert request.headers["webhook-id"] == f"{body['first_seq']}-{body['last_seq']}"
 
 
 async def sample_checkpoints(state: Path, receiver: Receiver, problems: list[str]) -> None:

@@ -1,36 +1,45 @@
-"""Signatures: what the hook sends verifies, and each way it must not does not."""
+"""Signatures: what the hook signs is what the stock Standard Webhooks library computes, and the secret's
+forms (whsec_<base64>, bare base64) are read as that library reads them; anything else is refused."""
 
 from __future__ import annotations
 
+import base64
+from datetime import UTC, datetime
+
 import pytest
+from standardwebhooks import Webhook
 
-from idled.hook.sign import SignatureError, signature_header, verify_signature
+from idled.hook.sign import parse_secret, sign, webhook_headers
 
-SECRET = b"0123456789abcdef0123"
-BODY = b'{"first_seq":1,"last_seq":1,"events":[]}'
-
-
-def test_a_header_verifies_and_returns_its_timestamp() -> None:
-    header = signature_header(SECRET, 1_700_000_000, BODY)
-    assert header.startswith("t=1700000000,v1=") and len(header.split("v1=")[1]) == 64
-    assert verify_signature(SECRET, header, BODY, now=1_700_000_100) == 1_700_000_000
+KEY = b"0123456789abcdef0123456789abcdef"
+WHSEC = "whsec_" + base64.b64encode(KEY).decode()
+BODY = b'{"first_seq":1,"last_seq":2,"events":[{"uid":"\xc3\xa9"}]}'
 
 
-@pytest.mark.parametrize("header, body, now, code", [
-    (signature_header(SECRET, 1000, BODY), BODY + b" ", 1000, "mismatch"),
-    (signature_header(b"another-secret-0123", 1000, BODY), BODY, 1000, "mismatch"),
-    (signature_header(SECRET, 1000, BODY), BODY, 1301, "expired"),
-    (signature_header(SECRET, 1000, BODY), BODY, 699, "expired"),
-    ("v1=abc", BODY, 1000, "malformed"),
-    ("t=1000", BODY, 1000, "malformed"),
-    ("t=x" + "," * 5000, BODY, 1000, "malformed"),
+def test_the_signature_is_the_stock_librarys() -> None:
+    theirs = Webhook(WHSEC).sign("1-2", datetime.fromtimestamp(1_700_000_000, tz=UTC), BODY.decode())
+    assert sign(KEY, "1-2", 1_700_000_000, BODY) == theirs
+
+
+def test_the_headers_of_one_attempt() -> None:
+    headers = webhook_headers(KEY, "1-2", 1_700_000_000, BODY)
+    assert headers == {"webhook-id": "1-2", "webhook-timestamp": "1700000000",
+                       "webhook-signature": sign(KEY, "1-2", 1_700_000_000, BODY)}
+    assert "webhook-signature" not in webhook_headers(None, "1-2", 1, BODY)  # --insecure-unsigned
+
+
+@pytest.mark.parametrize("text", [WHSEC.encode(), WHSEC.encode() + b"\n", base64.b64encode(KEY) + b"\r\n"])
+def test_the_secret_forms_the_stock_libraries_take(text: bytes) -> None:
+    assert parse_secret(text) == KEY == Webhook(text.decode().strip())._whsecret
+
+
+@pytest.mark.parametrize("text, message", [
+    (b"whsec_not base64!", "not a Standard Webhooks secret"),
+    (b"hook-test-secret-0123456789abcdef", "not a Standard Webhooks secret"),
+    (b"whsec_" + base64.b64encode(b"x" * 16), "decodes to 16 bytes"),
+    (b"whsec_" + base64.b64encode(b"x" * 65), "decodes to 65 bytes"),
 ])
-def test_what_does_not_verify(header: str, body: bytes, now: float, code: str) -> None:
-    with pytest.raises(SignatureError) as info:
-        verify_signature(SECRET, header, body, now)
-    assert info.value.code == code
-
-
-def test_any_v1_may_match_and_unknown_schemes_are_ignored() -> None:
-    good = signature_header(SECRET, 1000, BODY).split(",")[1]
-    assert verify_signature(SECRET, f"t=1000,v0=zz,v1={'0' * 64},{good}", BODY, 1000) == 1000
+def test_what_is_not_a_secret(text: bytes, message: str) -> None:
+    with pytest.raises(ValueError, match=message) as info:
+        parse_secret(text)
+    assert "head -c 32 /dev/urandom" in str(info.value)

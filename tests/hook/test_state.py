@@ -47,3 +47,14 @@ def test_dead_letters_are_json_lines_with_the_posted_body(tmp_path: Path) -> Non
     assert [line["error"] for line in lines] == ["HTTP 500", "timeout"]
     assert lines[0]["batch"] == {"first_seq": 5, "last_seq": 6, "events": [{"seq": 5}, {"seq": 6}]}
     assert lines[0]["delivery"] == "5-6" and lines[0]["attempts"] == 10
+
+
+def test_dead_letters_waiting_are_counted_for_the_start_line(tmp_path: Path) -> None:
+    state = StateDir(str(tmp_path))
+    try:
+        assert state.dead_letter_bytes() == 0
+        state.append_dead_letter(Batch(((5, 1.0, b'{"seq":5}'),), 5), 3, "HTTP 500", 3.0)
+        (tmp_path / "dead-letter.redrive.jsonl").write_bytes(b"x" * 10)  # an unfinished redrive's
+        assert state.dead_letter_bytes() == (tmp_path / "dead-letter.jsonl").stat().st_size + 10
+    finally:
+        state.close()

@@ -11,6 +11,7 @@ events exist. Reported: delivered events/s (first event's ts to the last receipt
 
 from __future__ import annotations
 
+import base64
 import http.server
 import json
 import os
@@ -92,7 +93,7 @@ def report_lines(events: int, rate: float) -> Iterator[str]:
                 Daemon(Path(tmp), "--fsync", "always", "--metrics-port", "0") as daemon:
             secret = os.path.join(tmp, "secret")
             with open(secret, "w") as f:
-                f.write("bench-hook-secret-0123456789abcdef\n")
+                f.write("whsec_" + base64.b64encode(os.urandom(32)).decode() + "\n")
             url = f"http://127.0.0.1:{receiver.server.server_address[1]}/"
             hook = subprocess.Popen([sys.executable, "-m", "idled.cli.main", "hook", "--url", url, "--port",
                                      str(daemon.port), "--from", "1", "--state", os.path.join(tmp, "state"),
