@@ -6,6 +6,7 @@ the observer is a plain TCP peer. Same port as TCP: the doorway tells a WebSocke
 
 from __future__ import annotations
 
+import functools
 import socket
 import ssl
 import time
@@ -144,7 +145,7 @@ async def test_origin_rule(tmp_path: Path) -> None:
         assert await off_loop(refused, "https://evil.example") == 403
         assert await off_loop(refused, "null") == 403  # a file: page, unless listed
         for origin in ("https://app.example", f"http://127.0.0.1:{d.port}"):  # listed; the same origin
-            ws = await off_loop(lambda: ws_login(uri, "bob", origin=origin))
+            ws = await off_loop(functools.partial(ws_login, uri, "bob", origin=origin))
             ws.close()
 
 

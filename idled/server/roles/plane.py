@@ -7,7 +7,11 @@ and three awaits per frame), and an edge holds ~19,000 of them. Once a user has 
 does only one thing -- frames in, touch, pong out -- so the user loop (``idled.server.roles.users.run_user``) hands
 a plain ``trio.SocketStream`` over to the plane (``adopt``) right after the welcome, and its task ends. The
 login itself (admission, PROXY, TLS, auth, the welcome after the core's acknowledgement) stays on trio;
-TLS connections and test streams are never handed over: they keep their task.
+TLS connections and test streams are never handed over: they keep their task. A plain WebSocket connection
+(``idled.door.websocket.WebSocketStream`` over a socket) is adopted too: its socket, read through its
+``WsDecoder`` -- the same frame rule; pongs go out as WebSocket messages, control replies (pongs to control
+pings, the echo of the peer's close) are sent after each read, and the final error message is followed by the
+close frame carrying its code.
 
 The plane owns one ``select.epoll`` holding every adopted socket, and one trio task awaiting that epoll's
 descriptor (``wait_readable``: a nested epoll). Each wake-up it takes *every* ready socket in one poll and
