@@ -5,8 +5,9 @@ Theory of operation
 **Same port, told apart by the first byte.** Every TCP client's first frame is its login, at most
 ``MAX_LOGIN_FRAME`` (4 KiB) long, so its 4-byte length prefix begins with a zero byte; an HTTP request begins
 with a method (``GET``: 0x47). The doorway (``idled.server.roles.doorway``) reads the first bytes after the
-gate -- the source's share, PROXY and TLS all applied, as for every connection -- and a first byte ``G``
-hands the connection to ``upgrade`` here. No port of its own, no flag, nothing a listener could forget:
+gate -- the source's share, PROXY and TLS all applied, as for every connection -- and a connection that
+begins ``GET `` goes to ``upgrade`` here. (A ``G`` alone already rules out a valid login; the four bytes keep
+garbage that happens to begin with one -- a frame's too_large -- answered with an error frame as before.) No port of its own, no flag, nothing a listener could forget:
 ``wss://`` is WebSocket over the port's TLS, detected after the handshake the same way.
 
 **The handshake** (``upgrade``), within what is left of the login deadline: the request head is read through
@@ -54,9 +55,9 @@ from idled.protocol.httphead import HeadError, Inbox
 from idled.protocol.websocket import SUBPROTOCOL, WsDecoder, close_code, close_frame, error_of, message, wrap
 from idled.protocol.codec import PONG_BODY
 
-__all__ = ["FIRST_BYTE", "MAX_HEAD", "OriginRule", "WebSocketStream", "WsRefused", "upgrade"]
+__all__ = ["MAX_HEAD", "UPGRADE", "OriginRule", "WebSocketStream", "WsRefused", "upgrade"]
 
-FIRST_BYTE: Final = ord("G")  # GET: no TCP login frame's prefix begins with it (see the module docstring)
+UPGRADE: Final = b"GET "  # no TCP login frame's prefix begins with it (see the module docstring)
 MAX_HEAD: Final = 8192  # bytes of upgrade request head: a browser's, with its cookies (nginx's default buffer)
 _WS_PONG: Final = message(PONG_BODY)
 _REASONS: Final = {400: "Bad Request", 403: "Forbidden", 421: "Misdirected Request", 431: "Request Header Fields Too Large"}
@@ -110,7 +111,7 @@ async def upgrade(stream: trio.abc.Stream, first: bytes | bytearray, rule: Origi
             if not data:
                 return None
             inbox.data += data
-        request = _request(head)
+        shake, request = _request(head)
         headers = {name.lower(): value for name, value in request.extra_headers}
         origin = headers.get(b"origin")
         rule.check(origin.decode("latin-1") if origin is not None else None, request.host)
@@ -122,16 +123,13 @@ async def upgrade(stream: trio.abc.Stream, first: bytes | bytearray, rule: Origi
         await _refuse(stream, WsRefused(exc.status, exc.code, exc.message))
     except WsRefused as exc:
         await _refuse(stream, exc)
-    shake = H11Handshake(ConnectionType.SERVER)
-    shake.receive_data(head)
-    next(iter(shake.events()))  # the Request again (parsed above on a handshake of its own)
     await stream.send_all(shake.send(AcceptConnection(subprotocol=SUBPROTOCOL if offered else None)))
     decoder = WsDecoder(max_frame)
     decoder.receive_data(bytes(inbox.data))  # (a client may not send before our answer; if it did, keep it)
     return WebSocketStream(stream, decoder)
 
 
-def _request(head: bytes) -> Request:
+def _request(head: bytes) -> tuple[H11Handshake, Request]:
     shake = H11Handshake(ConnectionType.SERVER)
     try:
         shake.receive_data(head)
@@ -140,7 +138,7 @@ def _request(head: bytes) -> Request:
         raise WsRefused(400, "bad_frame", f"not a WebSocket upgrade: {exc}") from None
     if not isinstance(event, Request):
         raise WsRefused(400, "bad_frame", "not a WebSocket upgrade request")
-    return event
+    return shake, event
 
 
 async def _refuse(stream: trio.abc.Stream, refused: WsRefused) -> None:

@@ -41,7 +41,7 @@ from idled.protocol import (
 from idled.protocol.websocket import WsDecoder
 from idled.door.door import reload_gate
 from idled.door.gate import Gate, Refused
-from idled.door.websocket import FIRST_BYTE, OriginRule, WsRefused, upgrade
+from idled.door.websocket import UPGRADE, OriginRule, WsRefused, upgrade
 from idled.server.runtime.clock import WallClock
 
 __all__ = [
@@ -265,7 +265,12 @@ class Doorway:
             data = await stream.receive_some(RECEIVE_BYTES)
             if not data:
                 return None
-            if data[0] != FIRST_BYTE:
+            while len(data) < len(UPGRADE) and UPGRADE.startswith(data):  # (a G alone says enough of a valid
+                more = await stream.receive_some(RECEIVE_BYTES)  # login, not of garbage: it keeps its error frame)
+                if not more:
+                    break
+                data = bytes(data) + more
+            if not data.startswith(UPGRADE):
                 decoder.receive_data(data)
                 return stream, decoder
             try:
