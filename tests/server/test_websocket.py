@@ -191,3 +191,78 @@ async def test_half_open_handshakes_from_one_address_are_bounded_by_the_gate(tmp
         assert time.monotonic() - started < 5
         ws = await off_loop(lambda: ws_login(uri, "dave", keepalive=30))  # the share is back
         ws.close()
+
+
+async def http_answer(port: int, request: bytes) -> bytes:
+    """What the client port answers a raw request (until it closes)."""
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    await stream.send_all(request)
+    answer = b""
+    with trio.fail_after(10):
+        while chunk := await stream.receive_some(65536):
+            answer += chunk
+    await stream.aclose()
+    return answer
+
+
+UPGRADE_HEADERS = (b"Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                   b"Sec-WebSocket-Version: 13\r\n")
+
+
+async def test_refused_upgrades_are_one_http_answer(tmp_path: Path) -> None:
+    from tests.peers import running
+
+    async with running(tmp_path, listen=True) as h:
+        cases = {
+            b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n": b"HTTP/1.1 400 Bad Request",  # not an upgrade
+            b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n" + UPGRADE_HEADERS + b"Sec-WebSocket-Protocol: mqtt\r\n\r\n":
+                b"HTTP/1.1 400 Bad Request",  # another subprotocol
+            b"GET / HTTP/1.1\r\nHost: evil.example:7878\r\n" + UPGRADE_HEADERS + b"\r\n":
+                b"HTTP/1.1 421 Misdirected Request",  # auth off: a rebound name
+            b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: " + b"a" * 9000 + b"\r\n\r\n":
+                b"HTTP/1.1 431 Request Header Fields Too Large",  # past the 8 KiB head
+        }
+        for request, status in cases.items():
+            answer = await http_answer(h.port, request)
+            assert answer.startswith(status), (request[:80], answer[:200])
+        accepted = await http_answer(h.port, b"GET / HTTP/1.1\r\nHost: localhost:1\r\n" + UPGRADE_HEADERS
+                                     + b"Sec-WebSocket-Protocol: x, idled.v1\r\n\r\n" + bytes([0x88, 0x80, 1, 2, 3, 4]))
+        assert accepted.startswith(b"HTTP/1.1 101 ") and b"idled.v1" in accepted  # then our close, echoed
+        assert accepted.endswith(bytes([0x88, 0x00]))
+        assert h.metric("idled_frames_rejected_total", reason="websocket_400") == 2
+
+
+def ws_observer(uri: str) -> ClientConnection:
+    """An observer over WebSocket, subscribed from now on (its query's answer proves the subscribe was taken)."""
+    ws = connect(uri, open_timeout=10, legacy=True)
+    ws.send(msgpack.packb({"op": "login", "observer": "w"}))
+    assert msgpack.unpackb(ws.recv(timeout=10))["op"] == "welcome"
+    ws.send(msgpack.packb({"op": "subscribe"}))
+    ws.send(msgpack.packb({"op": "query", "uids": ["-"]}))
+    assert msgpack.unpackb(ws.recv(timeout=10))["op"] == "status"
+    return ws
+
+
+def events_of(ws: ClientConnection, count: int) -> list[tuple[str, str]]:
+    out = []
+    while len(out) < count:
+        message = msgpack.unpackb(ws.recv(timeout=10))
+        if message["op"] == "event":
+            out.append((message["uid"], message["kind"]))
+    return out
+
+
+async def test_an_observer_over_websocket_direct_and_relayed_by_an_edge(tmp_path: Path) -> None:
+    """Every role, not only users: an observer on the core (its own task) and through `idled edge` (the relay
+    unwraps its messages into frames for the core, and wraps the core's frames, cut anywhere, into messages)."""
+    async with daemon(tmp_path) as core:
+        async with Daemon(edge_command(core.port, "--metrics-port", "0"), tmp_path / "edge.err") as edge:
+            direct = await off_loop(ws_observer, f"ws://127.0.0.1:{core.port}/")
+            relayed = await off_loop(ws_observer, f"ws://127.0.0.1:{edge.port}/")
+            user = await Client.login(core.port, "uid", "erin", keepalive=30)
+            for ws in (direct, relayed):
+                assert await off_loop(events_of, ws, 1) == [("erin", "online")]
+            await user.stream.aclose()
+            for ws in (direct, relayed):
+                assert await off_loop(events_of, ws, 1) == [("erin", "offline")]
+                ws.close()
