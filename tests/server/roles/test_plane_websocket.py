@@ -3,6 +3,7 @@ in-process server, real sockets, Python's stock `websockets` client (its threade
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -75,3 +76,35 @@ async def test_pings_bye_errors_and_the_clients_close_through_the_plane(tmp_path
         with trio.fail_after(5):
             while h.server.connections["user"]:
                 await trio.sleep(0.01)  # the plane gave every count back
+
+
+async def test_control_pings_alone_keep_a_user_online(tmp_path: Path) -> None:
+    """A client that can send control pings (not a browser) may keep its session with them alone: each is
+    answered and counts as activity; when they stop, the session goes idle as with any keepalive."""
+    async with running(tmp_path, listen=True) as h:
+        observer = await h.observer()
+
+        def session() -> ClientConnection:
+            ws = connect(f"ws://127.0.0.1:{h.port}/", open_timeout=10, legacy=True)
+            ws.send(msgpack.packb({"op": "login", "uid": "frank", "keepalive": 1}))  # timeout 1.5 s
+            assert msgpack.unpackb(ws.recv(timeout=10))["op"] == "welcome"
+            return ws
+
+        frank = await trio.to_thread.run_sync(session)
+        await adopted(h, "frank")
+        started = trio.current_time()
+
+        def control_pings() -> None:
+            for _ in range(10):  # 3 s of control pings, 0.3 s apart: twice the timeout
+                assert frank.ping().wait(5)
+                time.sleep(0.3)
+
+        await trio.to_thread.run_sync(control_pings)
+        assert trio.current_time() - started > 3.0
+        online = await observer.expect(Event)
+        assert (online.uid, online.kind) == ("frank", "online")
+        error, code, reason = await trio.to_thread.run_sync(last_then_close, frank)
+        assert (error["code"], code, reason) == ("idle_timeout", 4000, "idle_timeout")
+        offline = await observer.expect(Event)
+        assert (offline.uid, offline.kind, offline.reason) == ("frank", "offline", "idle")
+        assert offline.last_seen >= online.ts + 2.5  # the last control ping was its last activity
