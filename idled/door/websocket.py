@@ -174,10 +174,11 @@ class WebSocketStream(trio.abc.Stream):
         if data is PONG_FRAME:
             await self._send(_WS_PONG)
             return
+        frames = data if isinstance(data, (bytes, bytearray)) else bytes(data)
         if self._out:
-            data = self._out + bytes(data)
-        out, self._out = wrap(data)
-        code = error_of(bytes(data)) if len(data) > 5 else None
+            frames = self._out + frames
+        out, self._out = wrap(frames)
+        code = error_of(frames)
         if code is not None:
             self.error = code
         if out:

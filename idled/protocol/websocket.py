@@ -281,15 +281,15 @@ def wrap(frames: bytes | bytearray | memoryview) -> tuple[bytes, bytes]:
 
 
 def error_of(frames: bytes | bytearray) -> str | None:
-    """The code of the last error frame among ``frames`` (idled frames), or None: what the close will carry."""
+    """The code of the last error frame among ``frames`` (idled frames), or None: what the close will carry.
+    Only a frame whose body begins like an error map is unpacked (an observer's batches of events are not)."""
     found = None
-    pos, size = 0, len(frames)
+    pos, size, mark = 0, len(frames), len(_ERROR_HEAD)
     while pos + 4 <= size:
         n = _unpack_header(frames, pos)[0]
-        body = frames[pos + 4:pos + 4 + n]
-        if body[1:1 + len(_ERROR_HEAD)] == _ERROR_HEAD:
+        if frames[pos + 5:pos + 5 + mark] == _ERROR_HEAD:
             try:
-                code = msgpack.unpackb(bytes(body)).get("code")
+                code = msgpack.unpackb(bytes(frames[pos + 4:pos + 4 + n])).get("code")
             except Exception:  # (our own encoding: cannot fail, but a close must still be sent)
                 code = None
             found = code if isinstance(code, str) else found
