@@ -41,6 +41,7 @@ from pathlib import Path
 import pytest
 
 import idled
+from idled.protocol.websocket import SUBPROTOCOL
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "idled"
@@ -147,8 +148,11 @@ def resolves(name: str, contexts: tuple[object, ...]) -> bool | None:
 
 
 def _is_file_name(name: str) -> bool:
-    return name.rsplit(".", 1)[1] in FILE_SUFFIXES
+    """A file's name (a last part that is a file suffix), or a name on the wire that looks dotted."""
+    return name.rsplit(".", 1)[1] in FILE_SUFFIXES or name in WIRE_NAMES
 
+
+WIRE_NAMES = {SUBPROTOCOL}  # the WebSocket subprotocol, idled.v1: a name on the wire, not in the code
 
 _TOP = types.SimpleNamespace(idled=idled)  # where a fully dotted idled.x.y starts
 

@@ -30,7 +30,7 @@ log = logging.getLogger("idled.server.edge")
 EDGE_SETTINGS = ("host", "port", "secret_file", "insecure", "max_frame", "login_timeout", "max_connections",
                  "max_pending_per_address",
                  "metrics_host", "metrics_port", "log_level", "gc_thaw_every",
-                 "tls_cert", "tls_key", "tls_client_ca", "proxy_protocol", "proxy_allow",
+                 "tls_cert", "tls_key", "tls_client_ca", "proxy_protocol", "proxy_allow", "ws_origins",
                  "link_tls", "link_ca", "link_server_name", "link_cert", "link_key")
 
 

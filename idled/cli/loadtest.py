@@ -183,7 +183,10 @@ def _front(args: argparse.Namespace, spawn: bool, server_argv: list[str]) -> dic
         tls_ca = tls_ca or cert  # self-signed: it is its own CA (SAN IP:127.0.0.1)
     if spawn and args.proxy_protocol and "--proxy-protocol" not in server_argv:
         server_argv += ["--proxy-protocol"]
-    return {"tls": bool(args.tls), "tls_ca": tls_ca, "proxy_protocol": bool(args.proxy_protocol)}
+    if args.websocket and args.gateways:
+        raise UsageError("--websocket is for user connections (gateways speak TCP)")
+    return {"tls": bool(args.tls), "tls_ca": tls_ca, "proxy_protocol": bool(args.proxy_protocol),
+            "websocket": bool(args.websocket)}
 
 
 def _throwaway_certificate() -> tuple[str, str]:

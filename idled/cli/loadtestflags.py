@@ -120,6 +120,9 @@ def _load_flags(load: argparse._ArgumentGroup) -> None:
     load.add_argument("--proxy-protocol", action="store_true",
                       help="send a PROXY v2 header naming the connection's own address first (with --spawn: "
                            "the server gets --proxy-protocol)")
+    load.add_argument("--websocket", action="store_true",
+                      help="users connect over WebSocket (ws://; wss:// with --tls) on the same port, each frame a "
+                           "binary message; the observer stays on TCP (docs/protocol.md#websocket)")
     load.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
                       help="at the end, how long the observer may take to catch up with the server's events "
                            "(sessions keep pinging meanwhile; default 30)")

@@ -124,6 +124,9 @@ class Config:
     # PROXY protocol v1/v2 from the balancers in proxy_allow (comma-separated CIDRs).
     proxy_protocol: bool = False
     proxy_allow: str = "127.0.0.0/8,::1"
+    # WebSocket on the client port (idled.door.websocket): browser origins allowed besides the same origin
+    # (comma-separated scheme://host[:port], "*" any; empty: same-origin pages and non-browser clients only).
+    ws_origins: str = ""
     # Uids in one observer's watchlist (subscribe uids / watch); beyond it: not_allowed (idled.server.roles.watchlists).
     max_watch: int = 100_000
     # The HTTP presence API (idled.server.api, docs/api.md), on its own listener; api_port 0 = off.
@@ -297,6 +300,9 @@ HELP: dict[str, str] = {
     "tls_client_ca": "CA file for optional client certificates: a verified certificate naming a gateway, observer or standby logs it in without a token, see docs/tls.md (default unset)",
     "proxy_protocol": "expect a PROXY v1/v2 header (HAProxy, nginx, AWS NLB) from the balancers in --proxy-allow on every connection",
     "proxy_allow": "comma-separated addresses/CIDRs allowed to send PROXY headers",
+    "ws_origins": "browser origins (scheme://host[:port], comma-separated; * for any) whose pages may open a WebSocket "
+                  "session on the client port, besides a page of the same origin; clients that send no Origin are "
+                  "not browsers and are served (default empty: cross-site pages refused, 403)",
     "workers": "edge processes sharing the public port in front of the core; 0 = one process, auto = one per core",
     "max_watch": "uids one observer may watch (subscribe uids, watch); beyond it the observer is refused with not_allowed",
     "api_host": "address of the HTTP presence API (docs/api.md); a non-loopback one needs --secret-file or --insecure",

@@ -498,6 +498,19 @@ def test_real_run_with_user_connections(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_real_run_with_websocket_users(tmp_path: Path) -> None:
+    """``--websocket``: the same engine and checks, every user over ws:// on the same port."""
+    proc, result = _loadtest(
+        ["--spawn", "--websocket", "--connections", "300", "--workers", "2", "--keepalive", "1", "--tick", TICK_S,
+         "--duration", "6", "--silent-fraction", "0.1", "--bye-fraction", "0.05"], tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    _assert_correct(result, float(TICK_S))
+    assert result["connections"]["logged_in"] == 300 and result["errors"] == {}
+    assert result["closes"] == {"silent:server:idle_timeout": 30, "bye:eof": 15}
+    assert "verdict       OK" in proc.stdout
+
+
+@pytest.mark.slow
 def test_real_run_with_gateways(tmp_path: Path) -> None:
     proc, result = _loadtest(
         ["--spawn", "--gateways", "3", "--sessions", "3000", "--keepalive", "1", "--tick", TICK_S,

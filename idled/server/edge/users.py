@@ -51,8 +51,9 @@ from collections.abc import Callable
 import trio
 
 from idled.protocol import ErrorCode, FrameDecoder, Login, ProtocolError, SessionKey, encode
-from idled.server.roles.doorway import Connection
+from idled.server.roles.doorway import Connection, close_with
 from idled.door.outbound import LinkFailed, close_link
+from idled.door.websocket import WebSocketStream
 from idled.server.edge.link import MAX_ATTACHING, CoreLink, open_core_stream
 from idled.server.roles.users import Plane
 
@@ -168,14 +169,35 @@ class EdgeUsers:
             raise ProtocolError(ErrorCode.BUSY, f"core unavailable: {exc}") from None
         self.relays += 1
         try:
-            await core.send_all(encode(login) + decoder.unconsumed())
+            ws = stream if isinstance(stream, WebSocketStream) else None
+            await core.send_all(encode(login) + (decoder.unconsumed() if ws is None else ws.decoder.take_frames()))
             async with trio.open_nursery() as nursery:
                 done = nursery.cancel_scope.cancel
-                nursery.start_soon(_pipe, stream, core, done)
+                if ws is None:
+                    nursery.start_soon(_pipe, stream, core, done)
+                else:
+                    nursery.start_soon(_unwrap, ws, core, done)
                 nursery.start_soon(_pipe, core, stream, done)
         finally:
             self.relays -= 1
             await close_link(core)  # TLS: close_notify, bounded
+
+
+async def _unwrap(source: WebSocketStream, sink: trio.abc.Stream, done: Callable[[], None]) -> None:
+    """A WebSocket client's messages to the core as idled frames (the other way, ``source.send_all`` wraps
+    them): the core validates them as any peer's; only the WebSocket framing is checked here."""
+    try:
+        while data := await source.receive_some(RELAY_BYTES):
+            source.decoder.receive_data(data)
+            frames = source.decoder.take_frames()
+            if frames:
+                await sink.send_all(frames)
+    except ProtocolError as exc:
+        await close_with(source, exc.code, exc.reason)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
+    finally:
+        done()
 
 
 async def _pipe(source: trio.abc.Stream, sink: trio.abc.Stream, done: Callable[[], None]) -> None:

@@ -35,9 +35,13 @@ from idled.ops.config import Config
 from idled.ops.logs import PeerLog
 from idled.ops.metrics import Metrics, NullMetrics
 from idled.core.presence import Uid
-from idled.protocol import Error, ErrorCode, FrameDecoder, Login, ProtocolError, encode, receive_message, tokens
+from idled.protocol import (
+    RECEIVE_BYTES, Error, ErrorCode, FrameDecoder, Login, ProtocolError, encode, receive_message, tokens,
+)
+from idled.protocol.websocket import WsDecoder
 from idled.door.door import reload_gate
 from idled.door.gate import Gate, Refused
+from idled.door.websocket import UPGRADE, OriginRule, WsRefused, upgrade
 from idled.server.runtime.clock import WallClock
 
 __all__ = [
@@ -161,6 +165,7 @@ class Doorway:
         self.metrics = metrics
         self.connections = connections
         self.limit = config.max_connections
+        self.origins = OriginRule.of(config, secret=secret is not None)  # WebSocket (idled.door.websocket)
         # Token expiry is judged on the process's wall clock that never goes backwards (idled.server.runtime.clock): a
         # token expired before a step back of the system clock stays expired after it.
         self.wall = WallClock() if wall is None else wall
@@ -169,6 +174,7 @@ class Doorway:
         """SIGHUP: serve new connections with ``config``, and re-read the TLS certificate files (which may have
         been replaced even when no setting changed; on failure the previous certificate stays, logged)."""
         self.config = config
+        self.origins = OriginRule.of(config, secret=self.secret is not None)
         reload_gate(self.gate, config, deadline=config.login_timeout)
         if self.gate.front is not None:
             self.gate.front.reload()
@@ -196,9 +202,15 @@ class Doorway:
                     return
                 decoder = FrameDecoder(min(self.config.max_frame, MAX_LOGIN_FRAME))
                 try:
+                    opened = await self._open(stream, decoder, entry.deadline, address)
+                    if opened is None:
+                        return
+                    stream, decoder = opened
                     login = await self._login(stream, decoder, entry.deadline, address)
                     if login is None:
                         return
+                    if isinstance(decoder, WsDecoder):
+                        decoder.report_pings = login.role == "uid"  # a user's control ping is activity
                     entry.authenticated()
                     self.sessions.refuse_if_stopping()
                     self.connections[role] -= 1
@@ -242,6 +254,38 @@ class Doorway:
             if refused.reason == "timeout":
                 message = f"no login within {self.config.login_timeout:g} s"
             await close_with(refused.stream, code, message)
+
+    async def _open(self, stream: trio.abc.Stream, decoder: FrameDecoder, deadline: float,
+                    address: str) -> tuple[trio.abc.Stream, FrameDecoder] | None:
+        """The first bytes: a login frame's (TCP: into ``decoder``) or a WebSocket upgrade request's (then the
+        handshake, ``idled.door.websocket``: the WebSocket stream and its decoder). None: the connection ended,
+        timed out (answered here) or was refused."""
+        data: bytes | bytearray = b""
+        with trio.move_on_at(deadline):
+            data = await stream.receive_some(RECEIVE_BYTES)
+            if not data:
+                return None
+            while len(data) < len(UPGRADE) and UPGRADE.startswith(data):  # (a G alone says enough of a valid
+                more = await stream.receive_some(RECEIVE_BYTES)  # login, not of garbage: it keeps its error frame)
+                if not more:
+                    break
+                data = bytes(data) + more
+            if not data.startswith(UPGRADE):
+                decoder.receive_data(data)
+                return stream, decoder
+            try:
+                ws = await upgrade(stream, data, self.origins, decoder.max_frame)
+            except WsRefused as exc:
+                self.reject("websocket_" + str(exc.status))
+                peer_log.debug("reject", "reject websocket %d from %s: %s", exc.status, address, exc.message)
+                return None
+            return None if ws is None else (ws, ws.decoder)
+        timeout = self.config.login_timeout
+        self.reject(ErrorCode.LOGIN_TIMEOUT)
+        peer_log.debug("reject", "reject %s from %s: no login within %g s", ErrorCode.LOGIN_TIMEOUT, address, timeout)
+        if not data:  # (mid-handshake there is no channel to send a frame on: just closed)
+            await close_with(stream, ErrorCode.LOGIN_TIMEOUT, f"no login within {timeout:g} s")
+        return None
 
     def reject(self, code: str) -> None:
         self.metrics.frames_rejected.labels(reason=str(code)).inc()

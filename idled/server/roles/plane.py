@@ -7,7 +7,11 @@ and three awaits per frame), and an edge holds ~19,000 of them. Once a user has 
 does only one thing -- frames in, touch, pong out -- so the user loop (``idled.server.roles.users.run_user``) hands
 a plain ``trio.SocketStream`` over to the plane (``adopt``) right after the welcome, and its task ends. The
 login itself (admission, PROXY, TLS, auth, the welcome after the core's acknowledgement) stays on trio;
-TLS connections and test streams are never handed over: they keep their task.
+TLS connections and test streams are never handed over: they keep their task. A plain WebSocket connection
+(``idled.door.websocket.WebSocketStream`` over a socket) is adopted too: its socket, read through its
+``WsDecoder`` -- the same frame rule; pongs go out as WebSocket messages, control replies (pongs to control
+pings, the echo of the peer's close) are sent after each read, and the final error message is followed by the
+close frame carrying its code.
 
 The plane owns one ``select.epoll`` holding every adopted socket, and one trio task awaiting that epoll's
 descriptor (``wait_readable``: a nested epoll). Each wake-up it takes *every* ready socket in one poll and
@@ -44,8 +48,11 @@ from typing import Any, Final
 
 import trio
 
+from idled.door.websocket import WebSocketStream
 from idled.protocol import NEED_DATA, PONG_FRAME, Error, FrameDecoder, ProtocolError, encode
+from idled.protocol.codec import PONG_BODY
 from idled.protocol.messages import ErrorCode
+from idled.protocol.websocket import WsDecoder, close_code, close_frame, message
 from idled.server.roles.users import LOGOUT, PONG, UserSink, user_step
 
 __all__ = ["MAX_OUT", "Adopted", "UserPlane"]
@@ -56,12 +63,13 @@ MAX_OUT: Final = 65536  # bytes of pongs a user may leave unread before the plan
 RECV_BYTES: Final = 16384
 _IN = select.EPOLLIN | select.EPOLLRDHUP
 _RETRY: Final = (BlockingIOError, InterruptedError)
+_WS_PONG: Final = message(PONG_BODY)
 
 
 class Adopted:
     """One adopted connection; also its connection's ``scope`` (what ``Connection.close`` cancels)."""
 
-    __slots__ = ("plane", "fd", "key", "conn", "sock", "decoder", "out", "reading")
+    __slots__ = ("plane", "fd", "key", "conn", "sock", "decoder", "out", "reading", "ws")
 
     def __init__(self, plane: UserPlane, key: Any, conn: Any, sock: socket.socket, decoder: FrameDecoder) -> None:
         self.plane = plane
@@ -72,6 +80,7 @@ class Adopted:
         self.decoder = decoder
         self.out = b""  # pong bytes the kernel has not taken yet
         self.reading = True
+        self.ws = decoder if isinstance(decoder, WsDecoder) else None  # a WebSocket's (replies, close)
 
     def cancel(self) -> None:
         """``Connection.close`` of an adopted connection: close it at the plane's next step."""
@@ -104,6 +113,8 @@ class UserPlane:
 
         The caller's task must end without touching the stream again; what the decoder still holds is served
         at the plane's next step."""
+        if isinstance(stream, WebSocketStream):  # plain WebSocket: its socket, read through its WsDecoder
+            decoder, stream = stream.decoder, stream.raw
         if type(stream) is not trio.SocketStream or self.stopped:
             return False
         trio.lowlevel.notify_closing(stream.socket)  # out of trio's epoll: ours from now on
@@ -115,7 +126,7 @@ class UserPlane:
         self.epoll.register(record.fd, _IN)
         if conn.end is not None:  # closed between the welcome and now
             self.request_close(record)
-        elif decoder.buffered:
+        elif decoder.buffered or record.ws is not None and (record.ws.replies or record.ws.closed is not None):
             self._frames(record, self.users.now())
         return True
 
@@ -194,13 +205,20 @@ class UserPlane:
                     touch(record.key, now)
                 step = user_step(message)
                 if step == PONG:
-                    self._send(record, PONG_FRAME)
+                    self._send(record, PONG_FRAME if record.ws is None else _WS_PONG)
                 elif step == LOGOUT:
                     self._close(record, "logout")
                     return
         except ProtocolError as exc:
             self._failed(record, exc)
             self._close(record, "closed")
+            return
+        ws = record.ws
+        if ws is not None:  # control frames: pongs owed, the peer's close (echoed in the replies)
+            if ws.replies:
+                self._send(record, ws.take_replies())
+            if ws.closed is not None:
+                self._close(record, "closed")
 
     def _send(self, record: Adopted, data: bytes) -> None:
         if record.out:
@@ -245,9 +263,16 @@ class UserPlane:
         del self.conns[record.fd]
         self.users.end(record.key, record.conn, reason)
         end = record.conn.end
+        last = b""
         if end is not None:
+            last = encode(Error(str(end[0]), end[1]))
+            if record.ws is not None:
+                last = message(last[4:]) + close_frame(close_code(str(end[0])), str(end[0]))
+        elif record.ws is not None and record.ws.closed is None:
+            last = close_frame(close_code(None))  # (bye: a normal close; the peer's own close was echoed)
+        if last:
             try:
-                record.sock.send(record.out + encode(Error(str(end[0]), end[1])))
+                record.sock.send(record.out + last)
             except OSError:
                 pass
         self.epoll.unregister(record.fd)

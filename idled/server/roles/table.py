@@ -37,7 +37,8 @@ __all__ = [
 ]
 
 # Settings the doorway reads per connection or per reload: a SIGHUP applies them to core and edge alike.
-DOOR_RELOADABLE = ("log_level", "max_connections", "max_pending_per_address", "login_timeout", "max_frame")
+DOOR_RELOADABLE = ("log_level", "max_connections", "max_pending_per_address", "login_timeout", "max_frame",
+                   "ws_origins")
 
 
 def connection_counts() -> dict[str, int]:

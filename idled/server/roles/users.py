@@ -56,6 +56,7 @@ from idled.protocol import (
     BYE, PING, PONG_FRAME, ErrorCode, FrameDecoder, Login, Msg, ProtocolError, SessionKey, Welcome, encode,
     receive_message,
 )
+from idled.protocol.websocket import ACTIVITY
 from idled.server.roles.doorway import HANDED_OVER, Admission, Connection, close_with
 from idled.server.engine.sessions import Sessions
 
@@ -71,7 +72,7 @@ def user_step(message: Any) -> int:
         return PONG
     if message is BYE:
         return LOGOUT
-    if type(message) is not Msg:
+    if type(message) is not Msg and message is not ACTIVITY:  # (ACTIVITY: a WebSocket control ping)
         raise ProtocolError(ErrorCode.NOT_ALLOWED, f"{type(message).__name__.lower()} is not for users")
     return NOTHING
 

@@ -153,6 +153,7 @@ def edge_command(config: Config, name: str, core: str, fds: Sequence[int], occup
         "tls_client_ca": ("--tls-client-ca", config.tls_client_ca or ""),
         "max_connections": ("--max-connections", str(config.max_connections)),  # the daemon's: see occupancy
         "max_pending_per_address": ("--max-pending-per-address", str(config.max_pending_per_address)),
+        "ws_origins": ("--ws-origins", config.ws_origins),  # WebSocket: idled.door.websocket, at each edge
     }
     for setting, (flag, value) in flags.items():
         if getattr(config, setting) is not None and (base is None or getattr(base, setting) != getattr(config, setting)):

@@ -28,6 +28,8 @@ import os
 import select
 import socket
 import ssl
+import struct
+from typing import Final
 from collections.abc import Iterable
 
 from idled.protocol.proxy import encode_v2
@@ -88,3 +90,26 @@ def handshake_step(sock: ssl.SSLSocket) -> int:
     except ssl.SSLWantWriteError:
         return select.EPOLLOUT
     return 0
+
+
+# Linux: stamp received packets, so a login's latency is the welcome's arrival, not the turn that read it
+SO_TIMESTAMPNS: Final = getattr(socket, "SO_TIMESTAMPNS", 35)
+_TIMESPEC: Final = struct.Struct("@qq")
+
+
+def arrival(ancillary: list[tuple[int, int, bytes]], now: float, wall_offset: float) -> float:
+    """When the kernel received the packet just read (engine time = wall time - ``wall_offset``), from its
+    SO_TIMESTAMPNS stamp; ``now`` without one."""
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= _TIMESPEC.size:
+            sec, nsec = _TIMESPEC.unpack_from(data)
+            return float(min(now, sec + nsec * 1e-9 - wall_offset))
+    return now
+
+
+def tls_rest(sock: ssl.SSLSocket, size: int) -> bytes:
+    """Plaintext OpenSSL already holds beyond the first read (the fd may not show ready for it)."""
+    more = b""
+    while sock.pending():
+        more += sock.recv(size)
+    return more

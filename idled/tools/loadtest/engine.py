@@ -11,8 +11,8 @@ pipes to the coordinator. It waits on its own ``select.epoll`` object's fd with
 1. ``epoll.poll(0)``: every ready socket. A logged-in session's read is compared with `PONG_FRAME` first
    (one pong, nothing pending: counted, done); anything else goes through `frames.cut_frames` and the
    protocol's decoder. An ``error`` frame, EOF or a socket error ends the session; a connecting session
-   that turned writable is checked (``SO_ERROR``), sends its PROXY header and steps its TLS handshake or
-   sends its login; a logging-in session waits for its ``welcome``.
+   that turned writable is checked (``SO_ERROR``), sends its PROXY header, steps its TLS handshake or sends its
+   login (``--websocket``: upgrade + login, ``frames``); a logging-in session waits for its ``welcome``.
 2. Timers due (`wheel.TimerWheel`, 40 ms slots; an entry is ``k << 2 | kind``): PING sends a keepalive
    and files the next one (`wheel.Schedule`, the load test's rule), or the session's silent / bye MOMENT
    instead once the next keepalive would fall after it; CONNECT_DEADLINE fails a connection still
@@ -55,7 +55,6 @@ import math
 import select
 import socket
 import ssl
-import struct
 import time
 from collections.abc import Iterator
 from typing import Final
@@ -63,14 +62,20 @@ from typing import Final
 import trio
 
 from idled.protocol import (
-    BYE_FRAME, DEFAULT_MAX_FRAME, PING_FRAME, PONG_FRAME, Error, Login, Pong, ProtocolError, Welcome, encode,
+    BYE_FRAME, DEFAULT_MAX_FRAME, PING_FRAME, PONG_FRAME, Error, Login, Pong, ProtocolError, Welcome,
+    encode,
 )
 from idled.tools.loadtest.connect import client_context, error_name
 from idled.tools.loadtest.conntable import (
     BYE_WAIT, CONNECTING, DONE, HANDSHAKE, LOGIN, PHASE, SILENT_WAIT, UP, WOULD_BLOCK, ConnTable,
 )
-from idled.tools.loadtest.dial import check_loopback, connect_error, dial, handshake_step, proxy_header, wrap_tls
-from idled.tools.loadtest.frames import cut_frames, login_frame, login_templates, server_message
+from idled.tools.loadtest.dial import (
+    SO_TIMESTAMPNS, arrival, check_loopback, connect_error, dial, handshake_step, proxy_header, tls_rest, wrap_tls,
+)
+from idled.tools.loadtest.frames import (
+    WS_BYE, WS_PING, WS_PONG, cut_frames, cut_ws_messages, login_frame, login_templates, past_upgrade, server_message,
+    ws_client_frame, ws_upgrade,
+)
 from idled.tools.loadtest.stats import BYE, LATE, SILENT
 from idled.tools.loadtest.wheel import Schedule, TimerWheel
 from idled.tools.loadtest.workerstate import Worker
@@ -82,9 +87,6 @@ PING, MOMENT, CONNECT_DEADLINE, BYE_DEADLINE = range(4)
 
 SLOT: Final = 0.040  # default wheel slot (--user-tick) and the turns' grid when busy: timers run up to one
 PACE_TLS: Final = 0.002  # slot early, never late by design; the grid while TLS handshakes are in flight
-# Linux: stamp received packets, so a login's latency is the welcome's arrival, not the turn that read it
-SO_TIMESTAMPNS: Final = getattr(socket, "SO_TIMESTAMPNS", 35)
-_TIMESPEC: Final = struct.Struct("@qq")
 BYE_WAIT_S: Final = 10.0  # how long a bye waits for the server to close
 RECV_BYTES: Final = 4096
 
@@ -115,6 +117,10 @@ class Engine(ConnTable):
         self.max_inflight = w.max_inflight
         self.tls: ssl.SSLContext | None = client_context(w.cfg.get("tls_ca")) if w.cfg.get("tls") else None
         self.proxy = bool(w.cfg.get("proxy_protocol"))
+        self.ws = bool(w.cfg.get("websocket"))  # --websocket: the frames as binary messages (frames.py)
+        self.ping_frame, self.bye_frame, self.pong_frame = (
+            (WS_PING, WS_BYE, WS_PONG) if self.ws else (PING_FRAME, BYE_FRAME, PONG_FRAME))
+        self.heads: set[int] = set()  # sessions whose upgrade answer (101) has not arrived yet
         self.max_frame = DEFAULT_MAX_FRAME  # a user reads pongs and errors
         # --devices K: session i logs in as device "d<i % K>" of uid uid_base + i // K. Without a secret the
         # K login frames differ only in the uid, so each is encoded once with a placeholder uid and patched
@@ -195,7 +201,7 @@ class Engine(ConnTable):
 
     def _ready(self, events: list[tuple[int, int]], now: float) -> None:
         owner, state, socks, pending, tls = self.owner, self.state, self.socks, self.pending, self.tls
-        pongs = 0
+        pong, pongs = self.pong_frame, 0
         for fd, ev in events:
             k = owner.get(fd)
             if k is None:
@@ -215,7 +221,7 @@ class Engine(ConnTable):
                 except OSError as exc:
                     self._ended(k, error_name(exc), error=True)
                     continue
-                if data == PONG_FRAME and k not in pending:  # the hot path: one pong per keepalive
+                if data == pong and k not in pending:  # the hot path: one pong per keepalive
                     pongs += 1
                     continue
                 pongs += self._inbound(k, data, now)
@@ -228,12 +234,7 @@ class Engine(ConnTable):
         self.w.pongs += pongs
 
     def _tls_rest(self, k: int) -> bytes:
-        """Plaintext OpenSSL already holds beyond the first read (the fd may not show ready for it)."""
-        sock = self.socks[k]
-        more = b""
-        while sock.pending():  # type: ignore[union-attr]
-            more += sock.recv(RECV_BYTES)  # type: ignore[union-attr]
-        return more
+        return tls_rest(self.socks[k], RECV_BYTES)  # type: ignore[arg-type]
 
     def _inbound(self, k: int, data: bytes, now: float) -> int:
         """Frames (or EOF) for a logged-in session; returns the pongs among them."""
@@ -256,7 +257,15 @@ class Engine(ConnTable):
     def _messages(self, k: int, data: bytes) -> Iterator[object]:
         """The messages in the session's pending bytes + `data` (a split frame stays pending)."""
         rest = self.pending.pop(k, b"")
-        bodies, tail = cut_frames(rest + data if rest else data, self.max_frame)
+        data = rest + data if rest else data
+        if k in self.heads:  # --websocket: the upgrade's answer comes first
+            after = past_upgrade(data)
+            if after is None:
+                self.pending[k] = data
+                return
+            self.heads.discard(k)
+            data = after
+        bodies, tail = (cut_ws_messages if self.ws else cut_frames)(data, self.max_frame)
         if tail:
             self.pending[k] = tail
         for body in bodies:
@@ -359,6 +368,9 @@ class Engine(ConnTable):
         else:
             device = f"d{i % devices}" if devices > 1 else None
             frame = encode(Login("uid", uid, w.token("uid", uid), w.keepalive, device=device))
+        if self.ws:  # the upgrade, the login right behind it (frames.py says why)
+            frame = ws_upgrade(w.host, w.port) + ws_client_frame(frame[4:])
+            self.heads.add(k)
         self._send(k, frame)
         self.sent_prev[k] = self.sent_last[k]
 
@@ -402,11 +414,7 @@ class Engine(ConnTable):
 
     def _arrival(self, ancillary: list[tuple[int, int, bytes]], now: float) -> float:
         """When the kernel received the packet just read (engine time), from its SO_TIMESTAMPNS stamp."""
-        for level, kind, data in ancillary:
-            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= _TIMESPEC.size:
-                sec, nsec = _TIMESPEC.unpack_from(data)
-                return min(now, sec + nsec * 1e-9 - self.wall_offset)
-        return now
+        return arrival(ancillary, now, self.wall_offset)
 
     def _welcome(self, k: int, hello: Welcome, welcomed: float) -> None:
         """Logged in; `welcomed`: when the welcome arrived (engine time)."""
@@ -456,7 +464,7 @@ class Engine(ConnTable):
                 if st != UP:
                     continue  # ended meanwhile
                 w.lag(now - due[k])
-                if self._send(k, PING_FRAME):
+                if self._send(k, self.ping_frame):
                     sent += 1
                 if state[k] != UP:
                     continue
@@ -485,7 +493,7 @@ class Engine(ConnTable):
             w.silent_records.append((i, self.sent_last[k]))
             return
         self.state[k] = BYE_WAIT
-        if self._send(k, BYE_FRAME):
+        if self._send(k, self.bye_frame):
             w.frames += 1
             w.bye_records.append((i, self.sent_last[k]))
             self.wheel.add(k << 2 | BYE_DEADLINE, now + BYE_WAIT_S)

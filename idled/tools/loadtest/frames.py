@@ -31,10 +31,14 @@ from typing import Final
 import msgpack
 
 from idled.protocol import (
-    PONG, PONG_FRAME, ErrorCode, Login, ProtocolError, ServerMessage, decode_server_body, encode,
+    BYE_FRAME, PING_FRAME, PONG, PONG_FRAME, ErrorCode, Login, ProtocolError, ServerMessage, decode_server_body,
+    encode,
 )
 
-__all__ = ["PONG_BODY", "cut_frames", "server_message", "login_templates", "login_frame"]
+__all__ = [
+    "PONG_BODY", "WS_BYE", "WS_PING", "WS_PONG", "cut_frames", "cut_ws_messages", "login_frame", "login_templates",
+    "past_upgrade", "server_message", "ws_client_frame", "ws_upgrade",
+]
 
 PONG_BODY: Final = PONG_FRAME[4:]
 _unpack_header = struct.Struct(">I").unpack_from
@@ -88,3 +92,73 @@ def login_frame(template: tuple[bytes, bytes], uid: int) -> bytes:
     head, tail = template
     body = head + msgpack.packb(uid) + tail
     return _FRAME_HEADER.pack(len(body)) + body
+
+
+# ------------------------------------------------------------------------------ WebSocket (--websocket)
+# The same frames as binary messages (docs/protocol.md#websocket). Client frames must be masked; the mask is
+# fixed here (it guards browsers' proxies against cache poisoning, nothing a loopback load test meets), so a
+# keepalive is one constant. The login goes right behind the upgrade request, in the same send: RFC 6455 4.1
+# tells a client to wait for the 101 first (a browser does: one round trip more per login); idled keeps bytes
+# that follow the request head, and the generator saves that round trip and a state.
+
+WS_MASK: Final = b"\x5a\xa5\x3c\xc3"
+WS_HEAD_END: Final = b"\r\n\r\n"
+
+
+def ws_client_frame(body: bytes) -> bytes:
+    """One masked binary message carrying ``body`` (a client's)."""
+    n = len(body)
+    head = bytes((0x82, 0x80 | n)) if n < 126 else bytes((0x82, 0xFE)) + struct.pack(">H", n)
+    key = (WS_MASK * (n // 4 + 1))[:n]
+    masked = (int.from_bytes(body, "big") ^ int.from_bytes(key, "big")).to_bytes(n, "big") if n else b""
+    return head + WS_MASK + masked
+
+
+def ws_upgrade(host: str, port: int) -> bytes:
+    """The upgrade request (no Origin: not a browser; the subprotocol offered)."""
+    return (f"GET / HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            "Sec-WebSocket-Key: aWRsZWQgbG9hZHRlc3QgIQ==\r\nSec-WebSocket-Version: 13\r\n"
+            "Sec-WebSocket-Protocol: idled.v1\r\n\r\n").encode()
+
+
+WS_PING: Final = ws_client_frame(PING_FRAME[4:])
+WS_BYE: Final = ws_client_frame(BYE_FRAME[4:])
+WS_PONG: Final = bytes((0x82, len(PONG_BODY))) + PONG_BODY  # the server's (unmasked)
+
+
+def cut_ws_messages(data: bytes, max_frame: int) -> tuple[list[bytes], bytes]:
+    """(complete binary message bodies, incomplete tail) of the server's frames in ``data``, like `cut_frames`;
+    a close frame ends the list (what follows it is dropped: the server closes), control frames are skipped."""
+    bodies: list[bytes] = []
+    pos, size = 0, len(data)
+    while size - pos >= 2:
+        opcode, n, at = data[pos] & 0x0F, data[pos + 1] & 0x7F, pos + 2
+        if n == 126:
+            if size - at < 2:
+                break
+            n, at = struct.unpack_from(">H", data, at)[0], at + 2
+        elif n == 127:
+            if size - at < 8:
+                break
+            n, at = struct.unpack_from(">Q", data, at)[0], at + 8
+        if n > max_frame:
+            raise ProtocolError(ErrorCode.TOO_LARGE, f"message of {n} bytes exceeds the limit of {max_frame}")
+        if at + n > size:
+            break
+        if opcode == 0x8:
+            return bodies, b""
+        if opcode == 0x2:
+            bodies.append(data[at:at + n])
+        pos = at + n
+    return bodies, (data[pos:] if pos < size else b"")
+
+
+def past_upgrade(data: bytes) -> bytes | None:
+    """What follows the server's 101 answer in ``data`` (None: the head is not complete yet); ProtocolError if
+    the upgrade was refused (or no head ends within 8 KiB)."""
+    end = data.find(WS_HEAD_END)
+    if end >= 0 and data.startswith(b"HTTP/1.1 101 "):
+        return data[end + len(WS_HEAD_END):]
+    if end < 0 and len(data) < 8192:
+        return None
+    raise ProtocolError(ErrorCode.BAD_FRAME, "upgrade refused: " + data[:40].decode("latin-1").split("\r")[0])

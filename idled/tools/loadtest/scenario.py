@@ -66,6 +66,7 @@ class Scenario:
     tls: bool = False  # connect over TLS (idled.tools.loadtest.connect), trusting tls_ca (None: no verification)
     tls_ca: str | None = None
     proxy_protocol: bool = False  # send a PROXY v2 header first
+    websocket: bool = False  # users speak WebSocket (ws://, or wss:// with tls): idled.tools.loadtest.frames
     ping_every: float | None = None  # users: keepalive interval after the ramp (a fixed offered rate)
     late_fraction: float = 0.0  # users: sessions that send one keepalive late_by seconds late
     late_by: float = 0.0
@@ -73,8 +74,10 @@ class Scenario:
 
     @property
     def front(self) -> dict[str, Any]:
-        """What `idled.tools.loadtest.connect.open_from` needs to know: TLS and PROXY."""
-        return {"tls": self.tls, "tls_ca": self.tls_ca, "proxy_protocol": self.proxy_protocol}
+        """What `idled.tools.loadtest.connect.open_from` needs to know: TLS and PROXY (and the user engine,
+        WebSocket; the observer stays on TCP)."""
+        return {"tls": self.tls, "tls_ca": self.tls_ca, "proxy_protocol": self.proxy_protocol,
+                "websocket": self.websocket}
 
     @property
     def max_timeout(self) -> float:

@@ -218,3 +218,15 @@ def test_an_edge_reloads_its_doorway_as_the_core_does(tmp_path: Path) -> None:
     edge._reload()
     assert edge.doorway.limit == 50 and edge.doorway.config is edge.config
     assert (edge.config.max_frame, edge.config.timeout) == (8192, config.timeout)  # timeout needs a restart
+
+
+def test_a_reload_applies_the_websocket_origins() -> None:
+    """``ws_origins`` is read per reload, on the core and an edge alike (SIGHUP: no restart to allow a page)."""
+    assert "ws_origins" in table.DOOR_RELOADABLE
+    config = Config()
+    door = Doorway(config, sessions=_Open(), roles={}, secret=None, metrics=NullMetrics(),
+                   connections=table.connection_counts(), gate=client_gate(config))
+    assert door.origins.origins == frozenset()
+    table.reload_door(door, config, dataclasses.replace(config, ws_origins="https://app.example/, null"),
+                      limit=lambda n: n)
+    assert door.origins.origins == {"https://app.example", "null"}
