@@ -163,6 +163,7 @@ class Link:
         self.error: ClientError | None = None  # the final error, once run() ended because of one
         self.last_error: ClientError | None = None  # the latest retryable one
         self.connections = 0  # successful logins: 1 + reconnects
+        self.settled = 0  # connections whose setup was accepted (see _settle)
         self.frames_sent = 0
         self.done = False
         self._conn: Conn | None = None
@@ -194,6 +195,13 @@ class Link:
                 return self._conn
             await self._changed.wait()
 
+    async def wait_settled(self) -> None:
+        """Until a connection is set up (`_settle`: an observer's subscription taken, not only its welcome);
+        raises the final error if the link ended first."""
+        while self.settled == 0:
+            self._raise_if_done()
+            await self._changed.wait()
+
     async def wait_done(self) -> None:
         """Until run() has ended; raises its final error, if any."""
         while not self.done:
@@ -222,7 +230,7 @@ class Link:
         cores = self.cores
         try:
             while not self._closing:
-                before = self.connections
+                before = self.settled
                 self.host, self.port = cores.target[0], cores.target[1]
                 try:
                     await self._connection()
@@ -231,7 +239,7 @@ class Link:
                 except ClientError as exc:
                     if self._closing:
                         return
-                    was_up = self.connections > before
+                    was_up = self.settled > before  # set up, not merely welcomed (see _settle)
                     hint = self._hint(exc)
                     if was_up:
                         cores.lost(hint)
@@ -286,6 +294,8 @@ class Link:
             self.cores.connected()
             await self._on_welcome(conn, welcome)
             self._conn = conn
+            if self._settles_at_welcome():
+                self._settle()
             self._pulse()
             await runtime.race(lambda: self._read(conn, decoder), lambda: self._background(conn))
         finally:
@@ -351,6 +361,22 @@ class Link:
 
     async def _on_welcome(self, conn: Conn, welcome: Welcome) -> None:
         """Restore the role's state on a new connection (before anyone else may send on it)."""
+
+    def _settles_at_welcome(self) -> bool:
+        """Whether the welcome ends this role's setup (an observer's subscription is answered later)."""
+        return True
+
+    def _settle(self) -> None:
+        """The server accepted this connection's setup: the welcome, or what the role sent after it (an
+        observer's subscription). Only a settled connection counts as up: one whose setup is refused (a
+        standby behind the seq an observer resumes from) is a failed attempt -- the next core at once, the
+        backoff growing between rounds -- not a lost connection to log in again to at once."""
+        self.settled += 1
+        self._on_settled()
+        self._pulse()
+
+    def _on_settled(self) -> None:
+        """Hook: this connection is set up (`_settle`)."""
 
     async def _on_message(self, message: Any) -> None:
         """A message other than `error`."""

@@ -34,6 +34,11 @@ events already queued, so each reply is matched to the oldest outstanding query.
 also asks when each user was last active and which devices it has online: one `UserStatus` per uid (a
 server older than the flag refuses it with `bad_message`).
 
+A connection counts as up (`Link._settle`: the backoff starts again from its shortest delay, a loss is
+followed at once) once its subscription is taken: a ping follows the subscribe frames and its pong says so.
+A subscription refused instead (``gone``; ``unavailable`` from a standby whose copy has not reached the seq
+to resume from) is a failed attempt at that core.
+
 Watchlists: ``uids=[...]`` (even empty) subscribes to the events of those uids only; `watch(uids)` and
 `unwatch(uids)` change the list and return once the server applies the change (a `ping` after the frames,
 answered in order: events published after that are filtered by the new list). The client keeps the list and
@@ -74,13 +79,15 @@ class UserStatus:
 
 
 class _Reply:
-    """A request waiting for its answer: a `status` (query) or a `pong` (a watchlist change's ping)."""
+    """A request waiting for its answer: a `status` (query) or a `pong` (a watchlist change's ping, or with
+    ``settles`` the ping after a connection's subscription)."""
 
-    __slots__ = ("flag", "value")
+    __slots__ = ("flag", "value", "settles")
 
-    def __init__(self, flag: Flag) -> None:
+    def __init__(self, flag: Flag, settles: bool = False) -> None:
         self.flag = flag
         self.value: Status | Pong | ClientError | None = None
+        self.settles = settles
 
 
 class Observer(Link):
@@ -195,8 +202,16 @@ class Observer(Link):
 
     async def _on_welcome(self, conn: Conn, welcome: Welcome) -> None:
         if self.subscribe:
+            # A ping after the subscription: its pong, answered in order, says the server took it (no reply
+            # has an error frame come instead), which settles the connection (Link._settle). The reply is
+            # the first in line: nobody else may send before this returns.
+            self._replies.append(_Reply(self.runtime.event(), settles=True))
             for frame in self.cursor.subscribe_frames(welcome.max_frame or DEFAULT_MAX_FRAME):
                 await conn.send_all(frame)
+            await conn.send_all(PING_FRAME)
+
+    def _settles_at_welcome(self) -> bool:
+        return not self.subscribe
 
     async def _on_message(self, message: Any) -> None:
         if type(message) is Event:
@@ -213,6 +228,8 @@ class Observer(Link):
                 reply = self._replies.popleft()
                 reply.value = message
                 reply.flag.set()
+                if reply.settles:
+                    self._settle()
 
     def _fail_replies(self, error: ClientError) -> None:
         while self._replies:

@@ -187,7 +187,8 @@ class StandbyServer:
         self.bus.start(first)
         self.bus.durable_to(self.log.durable_seq)
         self.observers = Observers(None, self.bus, self.log, first_seq=first, peers=self._peers,
-                                   queries=StandbyQueries(self.log, self.bus, first, self.wall), max_watch=self.config.max_watch)
+                                   queries=StandbyQueries(self.log, self.bus, first, self.wall), max_watch=self.config.max_watch,
+                                   replica=True)
         host, port = self.active
         self.link = StandbyLink(
             self.log, self.bus, host=host, port=port, fsync=self.config.fsync, fsync_interval=self.config.fsync_interval,
