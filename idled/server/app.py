@@ -449,7 +449,7 @@ class Server:
         return {**self.snapshot(), "next_seq": self.presence.next_seq, "ports": list(self.ports),
                 "stopping": self.stopping, "data_dir": str(self.log.directory),
                 "replication": self.replicas.status() if self.replicas is not None else None, **self.hold.status(),
-                **status_part(self.config, self.workers, self.vitals, self.fence)}
+                **status_part(self.config, self.workers, self.vitals, self.fence, self.budget)}
 
     def _sample(self, wall: float) -> Sample:
         presence = self.presence

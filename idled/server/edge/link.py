@@ -249,6 +249,11 @@ class CoreLink(GatewayLink):
         return format_core(self.cores.target)
 
     @property
+    def core(self) -> str | None:
+        """The core of the last welcome (None: none yet); the one logged in to while ``connected``."""
+        return self._core
+
+    @property
     def dead_after(self) -> float:
         """Seconds of silence that end the connection (see Liveness): never over a unix socket."""
         return math.inf if self.cores.target[0] == "unix" else self._dead_after
