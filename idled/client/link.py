@@ -9,7 +9,8 @@ and the role's timer (`_background`: keepalive pings, batch flushes). When the c
 retryable `ClientError` (connection lost, `busy`, `unavailable`, `server_shutdown`...) and reconnecting is enabled, `run()`
 sleeps a full-jitter backoff and starts over; a final error (`auth_failed`, `kicked`, ...) or `aclose()` ends
 it, and the error is kept in `error` and raised to whoever waits on the link. The backoff counts the attempts
-since the last successful login: a link that was up starts again from the shortest delay.
+since the last connection set up (`_settle`: the welcome, or an observer's subscription taken): a link that was
+up starts again from the shortest delay, one whose setup is refused is a failed attempt.
 
 *Several cores.* `host` may name several (``"a:7878,b:7878"`` or a list; a member without a port takes
 `port`). `cores` (`idled.client.leader.LeaderSearch`) picks each attempt's address: a failed login that
