@@ -22,7 +22,7 @@ import sys
 
 from idled.cli.events import human_line
 from idled.cli.clientflags import (
-    FOLLOW_BACKOFF, Interrupt, add_client_arguments, address_of, follower, run_command, tls_context, token_for,
+    FOLLOW_BACKOFF, Interrupt, add_client_arguments, follower, run_command, tls_context, token_for,
 )
 from idled.client import ClientError, Gone
 from idled.client.follow import Following
@@ -56,6 +56,12 @@ class WatchObserver(Following, Observer):
     past a reserved block) --: the watch says which seqs and goes on from the oldest there."""
 
     _bridged: ClientError | None = None  # the `gone` whose gap was skipped (the link may ask twice about it)
+    banner: str | None = None  # said once subscribed: which core, from where (not at a welcome it then refused)
+
+    def _on_settled(self) -> None:
+        super()._on_settled()
+        if self.settled == 1 and self.banner is not None:
+            print(f"{PROG}: watching {self.where} {self.banner} (Ctrl-C to stop)", file=sys.stderr, flush=True)
 
     def _retryable(self, exc: ClientError) -> bool:
         follow, cursor = self.follow, self.cursor
@@ -107,12 +113,11 @@ def run(args: argparse.Namespace) -> int:
                                  reconnect=False, connect_timeout=args.connect_timeout, backoff=FOLLOW_BACKOFF,
                                  ssl_context=tls_context(args), uids=uids)
         observer.follow = follower(args, PROG)
+        where = "from now" if after is None else f"from seq {args.from_seq}"
+        if uids is not None:
+            where += f", {len(uids)} uid{'s' if len(uids) != 1 else ''} only"
+        observer.banner = where
         async with running(observer):
-            await observer.wait_settled()  # subscribed: a core whose copy is behind --from sent us on
-            where = "from now" if after is None else f"from seq {args.from_seq}"
-            if uids is not None:
-                where += f", {len(uids)} uid{'s' if len(uids) != 1 else ''} only"
-            print(f"{PROG}: watching {address_of(observer)} {where} (Ctrl-C to stop)", file=sys.stderr, flush=True)
 
             async def follow() -> bool:
                 nonlocal seen

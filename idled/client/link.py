@@ -196,13 +196,6 @@ class Link:
                 return self._conn
             await self._changed.wait()
 
-    async def wait_settled(self) -> None:
-        """Until a connection is set up (`_settle`: an observer's subscription taken, not only its welcome);
-        raises the final error if the link ended first."""
-        while self.settled == 0:
-            self._raise_if_done()
-            await self._changed.wait()
-
     async def wait_done(self) -> None:
         """Until run() has ended; raises its final error, if any."""
         while not self.done:

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import pytest
+import trio
 
 from idled.client.errors import ConnectionLost, error_from
 from idled.client.follow import Follow
+from idled.client.observer import Observer
+from idled.client.trio import TRIO, open_gateway, running
+from tests.client.support import HOST, Idled
 
 A, B = "10.0.0.1:7878", "10.0.0.2:7878"
 
@@ -63,3 +67,20 @@ def test_a_round_is_said_once_with_what_each_core_said() -> None:
 def test_a_non_positive_timeout_is_refused() -> None:
     with pytest.raises(ValueError):
         _follow(give_up_after=0.0)
+
+
+@pytest.mark.slow
+async def test_an_observer_is_set_up_at_its_replays_first_event_even_with_a_full_mailbox(idled: Idled) -> None:
+    """A connection counts as up once its subscription is taken (Link._settle): the first frame after it
+    that is not an error. A replay longer than the observer's mailbox must settle it before the application
+    reads anything (the ping's pong comes only after the replay, behind a reader the full mailbox holds up)."""
+    async with open_gateway(HOST, idled.port, "replayer", flush_interval=0.01) as gateway:
+        await gateway.attach([f"u{i}" for i in range(50)], keepalive=60)
+        await gateway.flush()
+        observer = Observer(TRIO, HOST, idled.port, "settles", after=0, buffer=4, reconnect=False)
+        async with running(observer):
+            with trio.fail_after(5):
+                while observer.settled == 0:
+                    await trio.sleep(0.01)
+            seqs = [(await observer.__anext__()).seq for _ in range(50)]
+        assert seqs == list(range(1, 51))
