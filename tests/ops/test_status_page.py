@@ -291,7 +291,7 @@ def test_the_pages_of_an_active_and_its_standby_say_their_roles_leader_lag_and_t
         rows = dict(zip(cells(browser, "#cluster dt"), cells(browser, "#cluster dd"), strict=True))
         assert rows["leader"] == f"127.0.0.1:{active.port}", rows
         until(lambda: "1 records behind" not in browser.find_element("id", "cluster").text
-              and "last seq 1, 0 records behind" in browser.find_element("id", "cluster").text, 10, "caught up")
+              and "last seq 1, 0 records behind (0 s)" in browser.find_element("id", "cluster").text, 10, "caught up")
         assert rows["replication"].startswith(f"streaming from 127.0.0.1:{active.port}: "), rows
         assert problems(browser) == []
         screenshot(browser, "status-page-standby.png")

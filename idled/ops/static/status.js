@@ -125,7 +125,8 @@ function drawLateness(lateness) {
   text("card-count", !lateness ? "–" : lateness.count ? `over ${number(lateness.count)} idle ${
     lateness.count === 1 ? "offline" : "offlines"}` : "no idle offline yet");
   if (!lateness) {
-    label(chart, W / 2, H / 2, "no lateness histogram (metrics off)", "middle", "empty");
+    label(chart, W / 2, H / 2, state.role === "standby" ? "none on a standby: its leader times the sessions"
+      : "no lateness histogram (metrics off)", "middle", "empty");
     return;
   }
   const buckets = lateness.buckets;
@@ -241,7 +242,7 @@ function clusterRows(doc) {
   const l = doc.standby;
   if (l) {
     rows.push(["replication", `${l.state}${l.active ? ` from ${l.active}` : ""}: last seq ${number(l.last_seq)}, `
-      + `${number(l.lag_records)} records behind (${seconds(l.lag_seconds)})`]);
+      + `${number(l.lag_records)} records behind (${l.lag_seconds ? seconds(l.lag_seconds) : "0 s"})`]);
     if (l.error) rows.push(["link error", l.error]);
   }
   return rows;
