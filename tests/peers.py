@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
 import signal
 import socket
 import subprocess
@@ -286,6 +287,20 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def stable_port() -> int:
+    """A loopback port nobody listens on, below the ephemeral range: for a listener closed and opened again
+    during a test (while it is closed, no outgoing connection can be given it as its own port)."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for port in random.sample(range(10_000, low), 200):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in 10000..{low - 1}")
 
 
 def scrape(metrics_port: int, name: str) -> float:

@@ -6,8 +6,10 @@ the door's rule on every listener (client port, metrics endpoint, HTTP API: none
 off; ``idled.door``), the TLS files (the client port's and the links' to other cores), an elected core that
 serves TLS without ``link_tls`` (``Config.validate``), and a data directory `serve` could not create or write (tried for real:
 a probe file created, locked, written, synced and removed, as /readyz does).
-Prints the one-line summary `idled serve` logs at start, then every effective setting as TOML (usable as a
-config file), and exits 0; or one line on stderr and exit status 2.
+Prints the one-line summary `idled serve` logs at start (``idled.cli.serve.startup_summary``, the same
+function: the connection limit in force, capped to the descriptor budget as `serve` will cap it), then every
+effective setting as TOML (usable as a config file; an unset data directory says which one `serve` would
+use), and exits 0; or one line on stderr and exit status 2.
 """
 
 from __future__ import annotations
@@ -17,13 +19,14 @@ import dataclasses
 import json
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from idled.ops import config as config_module
 from idled.ops.config import Config, ConfigError
 from idled.ops.fatal import EXIT_OK, EXIT_USAGE, Fatal
 from idled.ops.health import probe_directory
-from idled.ops.logs import config_summary
+from idled.ops import systemd
 from idled.protocol import tokens
 
 __all__ = ["add_arguments", "run", "as_toml"]
@@ -33,12 +36,17 @@ PROG = "idled check-config"
 add_arguments = config_module.add_arguments
 
 
-def as_toml(cfg: Config) -> str:
-    """Every setting as a flat TOML table; an unset optional setting is a comment."""
+def as_toml(cfg: Config, env: Mapping[str, str] | None = None) -> str:
+    """Every setting as a flat TOML table; an unset optional setting is a comment -- saying what `serve` would
+    use instead where it resolves one at start (the data directory: the summary names it)."""
+    env = os.environ if env is None else env
     lines = []
     for field in dataclasses.fields(cfg):
         value = getattr(cfg, field.name)
-        if value is None:
+        if value is None and field.name == "data_dir":
+            lines.append(f"# data_dir is unset: serve would use {json.dumps(str(cfg.resolved_data_dir(env)))} "
+                         "($STATE_DIRECTORY, else ./idled-data)")
+        elif value is None:
             lines.append(f"# {field.name} is unset")
         elif isinstance(value, bool):
             lines.append(f"{field.name} = {'true' if value else 'false'}")
@@ -94,7 +102,10 @@ def run(args: argparse.Namespace) -> int:
     except Fatal as exc:
         print(f"{PROG}: configuration: {exc}", file=sys.stderr)
         return exc.status
-    print(f"# {config_summary(cfg)}")
+    from idled.cli.serve import startup_summary
+
+    systemd.raise_nofile_limit()  # as serve does first: the limit the summary's connection limit is judged by
+    print(f"# {startup_summary(cfg)}")
     print(as_toml(cfg))
     print(f"{PROG}: configuration OK", file=sys.stderr)
     return EXIT_OK

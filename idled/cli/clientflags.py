@@ -1,7 +1,9 @@
 """What the protocol-speaking commands (`idled user`, `watch`, `query`) share: flags, tokens, errors, Ctrl-C.
 
 Every one of them takes ``--host/--port`` (default 127.0.0.1:7878) -- ``--host`` (alias ``--core``) may list
-several cores, ``A:PORT,B:PORT``, among which the client finds the leader (``idled.client.leader``) -- and either ``--token`` or
+several cores, ``A:PORT,B:PORT``, among which the client finds the leader (``idled.client.leader``), and
+follows it across a failover (`follower`: ``idled.client.follow``, one line on stderr per step, giving up
+``--failover-timeout`` seconds after the loss) -- and either ``--token`` or
 ``--secret-file`` (a token is then minted for the identity, valid one hour); prints what went wrong as one
 line on stderr; with ``--tls`` (``--ca-file``, ``--cert-file``/``--key-file`` for a certificate login,
 ``--insecure-skip-verify`` for tests only) connects over TLS; and maps the outcome onto the exit-status
@@ -27,28 +29,42 @@ from typing import TypeVar
 import trio
 
 from idled.client import ClientError, ConnectFailed, TLSRequired
-from idled.client.leader import Hosts
+from idled.client.core import Backoff
+from idled.client.follow import Follow
 from idled.client.link import Link
 from idled.ops.config import ConfigError, parse_port
 from idled.ops.fatal import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, exception_leaves
 from idled.protocol.address import AddressError, format_address, parse_address, parse_addresses
 from idled.protocol.tokens import SecretError, load_secret, mint
 
-__all__ = ["add_client_arguments", "address_of", "cores_text", "endpoint", "UsageError", "Interrupt", "token_for", "tls_context", "run_command", "TOKEN_TTL"]
+__all__ = [
+    "add_client_arguments", "address_of", "endpoint", "follower", "UsageError", "Interrupt", "token_for",
+    "tls_context", "run_command", "TOKEN_TTL", "FAILOVER_TIMEOUT", "FOLLOW_BACKOFF",
+]
 
 T = TypeVar("T")
 TOKEN_TTL = 3600.0  # seconds a token minted from --secret-file is valid
+FAILOVER_TIMEOUT = 60.0  # seconds a command looks for the leader after losing its core (several cores)
+# A following command's backoff between rounds: short (an operator is watching), so a new leader is found
+# within ~2 s of its election and a give-up comes at most ~2 s after --failover-timeout.
+FOLLOW_BACKOFF = Backoff(base=0.1, cap=2.0)
 
 
 class UsageError(Exception):
     """A flag's value is unusable (exit status 2)."""
 
 
-def add_client_arguments(parser: argparse.ArgumentParser) -> None:
+def add_client_arguments(parser: argparse.ArgumentParser, *, follow: bool = True) -> None:
+    """The connection flags; ``follow``: with ``--failover-timeout`` (the interactive tools; a service such as
+    `idled hook` follows the leader for as long as it runs)."""
     parser.add_argument("--host", "--core", dest="host", default="127.0.0.1", type=_hosts, metavar="HOST[:PORT][,...]",
                         help="daemon address (default 127.0.0.1); several cores comma-separated, the leader is found "
                              "among them (a member without a port takes --port)")
     parser.add_argument("--port", type=_port, default=7878, help="daemon client port (default 7878)")
+    if follow:
+        parser.add_argument("--failover-timeout", type=_seconds, default=FAILOVER_TIMEOUT, metavar="SECONDS",
+                            help="with several cores: after losing the connection, look for the leader this long "
+                                 f"before giving up with status 1 (default {FAILOVER_TIMEOUT:g}; 0: never)")
     auth = parser.add_mutually_exclusive_group()
     auth.add_argument("--token", metavar="TOKEN",
                       help="login token from idled token (default none: for a daemon with auth off)")
@@ -84,14 +100,32 @@ def endpoint(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected seconds >= 0, got {text!r}")
+    return value
+
+
+def follower(args: argparse.Namespace, prog: str) -> Follow | None:
+    """How a command's link follows the leader (`idled.client.follow`): None with one core (every failure is
+    final, said at once: exit 1), else a `Follow` saying each step on stderr and giving up
+    ``--failover-timeout`` seconds after a loss."""
+    if len(parse_addresses(args.host, args.port)) < 2:
+        return None
+
+    def say(text: str) -> None:
+        print(f"{prog}: {text}", file=sys.stderr, flush=True)
+
+    return Follow(say, give_up_after=args.failover_timeout or None)
+
+
 def address_of(link: Link) -> str:
     """The core a client is connected to (of several: the one it found), for an operator's message."""
     return format_address((link.host, link.port))
-
-
-def cores_text(hosts: Hosts, port: int | None) -> str:
-    """The cores ``--core``/``--port`` name, written as the grammar writes them (``a:7878,[::1]:7878``)."""
-    return ",".join(format_address(core) for core in parse_addresses(hosts, port))
 
 
 def _port(text: str) -> int:

@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 import trio
 
-from idled.cli.clientflags import TOKEN_TTL, UsageError, add_client_arguments, cores_text, describe, tls_context
+from idled.cli.clientflags import TOKEN_TTL, UsageError, add_client_arguments, describe, tls_context
 from idled.cli.watch import watch_uids
 from idled.client import ClientError
 from idled.door.door import Door, Endpoint
@@ -91,7 +91,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="allow --metrics-host beyond loopback without --secret-file")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
                         help="log verbosity on stderr (default info)")
-    add_client_arguments(parser)
+    add_client_arguments(parser, follow=False)  # a service follows the leader as long as it runs
 
 
 def _add_delivery_arguments(parser: argparse.ArgumentParser) -> None:
@@ -261,9 +261,9 @@ def _fatal(exc: BaseException, config: HookConfig) -> int:
         if isinstance(leaf, StateError):
             return _line(f"state directory ({config.state_dir}): {leaf.reason}", EXIT_LOG)
         if isinstance(leaf, HookGone):
-            return _line(f"event stream ({cores_text(config.host, config.port)}): {leaf}", EXIT_USAGE)
+            return _line(f"event stream ({config.daemon}): {leaf}", EXIT_USAGE)
         if isinstance(leaf, ClientError):
-            return _line(f"daemon ({cores_text(config.host, config.port)}): {describe(leaf)}", EXIT_FAILURE)
+            return _line(f"daemon ({config.daemon}): {describe(leaf)}", EXIT_FAILURE)
         if isinstance(leaf, Fatal):
             return _line(str(leaf), leaf.status)
     raise exc

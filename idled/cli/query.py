@@ -4,6 +4,9 @@ An observer login that does not subscribe, one `query`, one `status` reply (`Obs
 library). Uids are sent as strings (``42`` asks for the str uid "42"; apps that log in with integer uids
 need ``--int``). ``--json`` prints one JSON object ``{uid: true|false}``.
 
+Given several cores (``--core A,B``) the first login tries each in turn, and a connection lost before the
+answer is followed to the leader and the query asked again (``idled.cli.clientflags.follower``).
+
 ``--last-seen`` also asks when each user was last active (the query's ``last_seen`` flag; a daemon older
 than it refuses the query): ``bob offline, last seen 5 min ago``, ``alice online`` (with its devices in
 parentheses, if it named any), ``carol offline, last seen unknown`` (never seen, or longer ago than the
@@ -17,15 +20,22 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
-from idled.cli.clientflags import Interrupt, add_client_arguments, run_command, tls_context, token_for
-from idled.client import UserStatus
-from idled.client.trio import open_observer
+from idled.cli.clientflags import (
+    FOLLOW_BACKOFF, Interrupt, add_client_arguments, follower, run_command, tls_context, token_for,
+)
+from idled.client import ConnectionLost, UserStatus
+from idled.client.follow import Following
+from idled.client.observer import Observer
+from idled.client.trio import TRIO, running
 from idled.ops.fatal import EXIT_OK, EXIT_USAGE
 
 __all__ = ["add_arguments", "run", "ago", "describe"]
 
 PROG = "idled query"
+T = TypeVar("T")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -72,6 +82,21 @@ def describe(uid: object, status: UserStatus, now: float) -> str:
     return f"{uid} offline, last seen {ago(now - status.last_seen)}"
 
 
+class QueryObserver(Following, Observer):
+    """The query's observer: given several cores, it follows the leader (`idled.client.follow`)."""
+
+
+async def _asked(observer: QueryObserver, ask: Callable[[], Awaitable[T]]) -> T:
+    """``ask()``'s answer; a query whose connection was lost before its reply is asked again on the next one
+    (a query changes nothing), while the observer follows the leader."""
+    while True:
+        try:
+            return await ask()
+        except ConnectionLost:
+            if observer.follow is None or observer.done:
+                raise
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         uids = _uids(args)
@@ -83,12 +108,15 @@ def run(args: argparse.Namespace) -> int:
         token = token_for(args, "observer", args.name)
         statuses: dict[str | int, UserStatus] | None = None
         online: dict[str | int, bool] | None = None
-        async with open_observer(args.host, args.port, args.name, token=token, subscribe=False, reconnect=False,
-                                 connect_timeout=args.connect_timeout, ssl_context=tls_context(args)) as observer:
+        observer = QueryObserver(TRIO, args.host, args.port, args.name, token=token, subscribe=False,
+                                 reconnect=False, connect_timeout=args.connect_timeout, backoff=FOLLOW_BACKOFF,
+                                 ssl_context=tls_context(args))
+        observer.follow = follower(args, PROG)
+        async with running(observer):
             if args.last_seen:
-                statuses = await interrupt.wait(lambda: observer.query(uids, last_seen=True))
+                statuses = await interrupt.wait(lambda: _asked(observer, lambda: observer.query(uids, last_seen=True)))
             else:
-                online = await interrupt.wait(lambda: observer.query(uids))
+                online = await interrupt.wait(lambda: _asked(observer, lambda: observer.query(uids)))
         if args.last_seen:
             if statuses is None:
                 return EXIT_OK  # Ctrl-C before the answer

@@ -7,7 +7,7 @@ import dataclasses
 import logging
 import os
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -17,7 +17,8 @@ from idled.ops import systemd
 from idled.ops.config import Config, ConfigError
 from idled.ops.fatal import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, describe
 from idled.ops.gcpolicy import GcPolicy
-from idled.ops.logs import config_summary, setup_logging
+from idled.ops.fdbudget import open_file_limit
+from idled.ops.logs import setup_logging, summary_line
 from idled.protocol import tokens
 
 if TYPE_CHECKING:
@@ -41,10 +42,9 @@ def run(args: argparse.Namespace) -> int:
     setup_logging(cfg.log_level)
     if cfg.workers and not args.core_of_workers:
         return _run_root(cfg, args)
+    soft, hard = systemd.raise_nofile_limit()  # first: the summary's connection limit depends on it
     if not args.core_of_workers:  # the root said it already
-        inherited = "inherited sockets (LISTEN_FDS)" if "LISTEN_FDS" in os.environ else None
-        log.info("%s", config_summary(cfg, listen=inherited))
-    soft, hard = systemd.raise_nofile_limit()
+        log.info("%s", startup_summary(cfg))
     log.info("open-file limit %d (hard %d)", soft, hard)
     from idled.ops.metrics import Metrics
     from idled.server.app import Server  # not in the root: it runs no presence machinery
@@ -105,8 +105,8 @@ def _run_root(cfg: Config, args: argparse.Namespace) -> int:
     """``--workers N``: this process is the root (``idled.server.workers.root``); the core is its child."""
     from idled.server.workers.root import Root
 
-    log.info("%s", config_summary(cfg, listen="inherited sockets (LISTEN_FDS)" if "LISTEN_FDS" in os.environ else None))
     soft, hard = systemd.raise_nofile_limit()  # the children inherit it
+    log.info("%s", startup_summary(cfg))
     log.info("open-file limit %d (hard %d)", soft, hard)
     try:
         secret = tokens.load_secret(cfg.secret_file) if cfg.secret_file else None
@@ -118,6 +118,19 @@ def _run_root(cfg: Config, args: argparse.Namespace) -> int:
     if status == EXIT_OK:
         log.info("stopped")
     return status
+
+
+def startup_summary(cfg: Config, env: Mapping[str, str] | None = None) -> str:
+    """The one line `idled serve` logs at start and `idled check-config` prints (the same function, so the two
+    cannot disagree): the effective configuration, with the connection limit the open-file limit allows
+    (``idled.door.door.expected_limit``; call it after raising the limit, as `serve` does). Inherited sockets
+    (systemd's ``LISTEN_FDS``) are named as such: their addresses are logged once adopted."""
+    from idled.door.door import expected_limit
+
+    env = os.environ if env is None else env
+    inherited = "inherited sockets (LISTEN_FDS)" if "LISTEN_FDS" in env else None
+    return summary_line(cfg, limit=expected_limit(cfg, open_file_limit(), env), listen=inherited,
+                        data_dir=str(cfg.resolved_data_dir(env)))
 
 
 def run_until_stopped(main: Callable[[], Awaitable[object]]) -> int:

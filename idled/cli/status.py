@@ -1,4 +1,5 @@
-"""`idled status`: what a running daemon holds -- sessions, connections by role, next seq, uptime, version.
+"""`idled status`: what a running daemon holds -- its role, its leader, replication, sessions, connections by role,
+next seq, the limits in force, uptime, version.
 
 Read from the daemon's ``GET /status`` on its metrics port (JSON; see `idled.ops.health.Health`), not
 through the client protocol. Why: it needs no protocol change (the wire contract every client library
@@ -9,6 +10,11 @@ With auth on (the daemon has a secret), ``/status`` without a token is redacted 
 is online: no names, no paths (`idled.ops.redact`) -- and the text says so; ``--token`` (an API token from
 ``idled token --api``) or ``--secret-file`` (one is minted, valid ``TOKEN_TTL`` seconds) reads the whole
 document, sent as ``Authorization: Bearer``. A line is printed only for what the document holds.
+
+Every process of a cluster answers: a core (``role`` active, or leader when elected: its standbys and how far
+behind each is), a standby or elected follower (``role`` standby: the leader it follows, its link's state and
+lag), an edge with a metrics port (``role`` edge: the core it is on and its link). ``up`` is the process's
+uptime; a core whose role changed also says for how long it has had this one.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import urllib.request
 from typing import Any
 
 from idled.ops.fatal import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from idled.ops.fdbudget import ConnectionLimit
 from idled.ops.logs import plural
 from idled.cli.clientflags import UsageError, endpoint, token_for
 from idled.protocol.tokens import API_ROLE
@@ -86,8 +93,8 @@ def format_status(doc: dict[str, Any]) -> str:
     def line(label: str, text: str) -> None:
         lines.append(f"{label:<17}{text}")
 
-    if doc.get("role") not in (None, "active"):
-        line("role", str(doc["role"]))
+    for label, text in _cluster_lines(doc):
+        line(label, text)
     if doc.get("sessions_online") is not None:
         users = doc.get("users_online")
         line("sessions online", f"{doc['sessions_online']}" + (f" ({plural(int(users), 'user')})" if users is not None else ""))
@@ -107,10 +114,88 @@ def format_status(doc: dict[str, Any]) -> str:
         line("client ports", ", ".join(str(p) for p in doc.get("ports") or []) or "-")
     if doc.get("data_dir") is not None:
         line("data dir", str(doc["data_dir"]))
+    config = doc.get("config")
+    if isinstance(config, dict) and config.get("max_connections") is not None:
+        effective = int(config["max_connections"])
+        limit = ConnectionLimit(int(config.get("max_connections_configured") or effective), effective,
+                                config.get("max_connections_why"))
+        line("max connections", limit.text(grouped=True))
     lines.extend(_vitals_lines(doc))
     if doc.get("redacted"):
         lines.append(REDACTED_NOTE)
     return "\n".join(lines)
+
+
+def _cluster_lines(doc: dict[str, Any]) -> list[tuple[str, str]]:
+    """The role, the leader and replication (see the module docstring), as (label, text)."""
+    role = doc.get("role")
+    if role is None:
+        return []
+    since = f" for {_duration(float(doc['role_seconds']))}" if doc.get("role_seconds") is not None else ""
+    lines: list[tuple[str, str]] = []
+    election = doc.get("election") or {}
+    if role == "leader":
+        lease = election.get("lease_left")
+        lines.append(("role", f"leader{since} (elected" + (f"; lease {float(lease):.1f} s left)" if lease is not None
+                                                          else ")")))
+    elif role == "standby":
+        lines.append(("role", f"standby{since}"))
+    elif role == "edge":
+        lines.append(("role", f"edge {doc.get('name') or ''}".rstrip()))
+    else:
+        lines.append(("role", str(role)))
+    leader = doc.get("leader")
+    if role == "edge":
+        lines += _edge_lines(doc.get("edge") or {}, leader)
+    elif leader is not None:
+        lines.append(("leader", f"{leader} (this core)" if role in ("leader", "active") else str(leader)))
+    if isinstance(doc.get("replication"), dict):
+        lines.append(("replication", _standbys(doc["replication"])))
+    if isinstance(doc.get("standby"), dict):
+        lines.append(("replication", _link(doc["standby"])))
+    return lines
+
+
+def _standbys(part: dict[str, Any]) -> str:
+    """The active's view: each standby attached, the last seq it synced and how far behind the log it is."""
+    durable = part.get("log_durable_seq")
+    standbys = part.get("standbys") or []
+    each = []
+    for standby in standbys:
+        acked = int(standby.get("acked") or 0) if standby.get("acked") is not None else -1  # -1: no ack yet
+        text = f"{standby.get('name', 'standby')} " + (f"acked seq {acked}" if acked >= 0 else "no ack yet")
+        each.append(text + (f" ({max(0, int(durable) - max(acked, 0))} behind)" if durable is not None else ""))
+    attached = f"{plural(len(standbys), 'standby', 'standbys')}: {', '.join(each)}" if each else "no standby attached"
+    return f"{attached}; sync {'on' if part.get('sync_standby') else 'off'}"
+
+
+def _link(part: dict[str, Any]) -> str:
+    """A standby's view: its link's state, the last seq it holds and how far behind the leader it is."""
+    where = f" from {part['active']}" if part.get("active") else ""
+    facts = []  # what the document holds (a redacted one has no address; an older one fewer figures)
+    if part.get("last_seq") is not None:
+        facts.append(f"last seq {part['last_seq']}")
+    if part.get("lag_records") is not None:
+        lag = f" ({float(part['lag_seconds']):g} s)" if part.get("lag_seconds") is not None else ""
+        facts.append(f"{part['lag_records']} records behind{lag}")
+    counts = [plural(int(part[key]), word) for key, word in (("reconnects", "reconnect"), ("resyncs", "re-sync"))
+              if part.get(key) is not None]
+    text = f"{part.get('state') or 'unknown'}{where}" + (f": {', '.join(facts)}" if facts else "")
+    text += f"; {', '.join(counts)}" if counts else ""
+    return text + (f"; last error: {part['error']}" if part.get("error") else "")
+
+
+def _edge_lines(part: dict[str, Any], leader: Any) -> list[tuple[str, str]]:
+    """An edge's view: the core it is on (or that it has none now), and its users."""
+    cores = f"cores {part['cores']}" if part.get("cores") else ""
+    if leader is not None:
+        lines = [("leader", f"{leader} (core link up" + (f"; {cores})" if cores else ")"))]
+    else:
+        error = f"; last error: {part['last_error']}" if part.get("last_error") else ""
+        lines = [("leader", f"none (core link {part.get('link', 'down')}" + (f"; {cores}" if cores else "") + f"{error})")]
+    if part.get("users") is not None:
+        lines.append(("users", f"{part['users']} held here ({int(part.get('attaching') or 0)} attaching)"))
+    return lines
 
 
 def _ms(seconds: float | None) -> str:
@@ -157,7 +242,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"{PROG}: {args.metrics} answered {exc.code}: with auth off, give --metrics as an IP address or "
                   "localhost (HOST:PORT), not a DNS name", file=sys.stderr)
         else:
-            print(f"{PROG}: {args.metrics}/status answered {exc.code} {exc.reason} (an idled older than /status?)",
+            print(f"{PROG}: {args.metrics}/status answered {exc.code} {exc.reason} (not a core's or an edge's metrics "
+                  "port -- idled hook's has none -- or an idled older than /status?)",
                   file=sys.stderr)
         return EXIT_FAILURE
     except (TimeoutError, OSError) as exc:
@@ -170,6 +256,6 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"{PROG}: {args.metrics}/status: {exc}", file=sys.stderr)
         return EXIT_FAILURE
-    print(json.dumps(document, sort_keys=True) if args.json else
-          f"{format_status(document)}\nstatus page      http://{args.metrics}/")
+    page = "" if document.get("role") == "edge" else f"\nstatus page      http://{args.metrics}/"  # an edge's: a note
+    print(json.dumps(document, sort_keys=True) if args.json else f"{format_status(document)}{page}")
     return EXIT_OK

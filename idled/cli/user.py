@@ -12,6 +12,10 @@ happen. That ending is the expected one, so it exits 0; any other (refused login
 ``--device D`` logs in as device D of the user: several ``idled user alice --device phone`` / ``--device
 laptop`` sessions coexist, the user stays online while any of them lives, and a second one with the same
 device replaces the first (``kicked``).
+
+Given several cores (``--core A,B``) the session follows the leader across a failover (`idled.client.follow`,
+through ``idled.cli.clientflags.follower`` as every command does): it logs in again on the new leader, saying
+so on stderr, and exits 1 only if no core takes it within ``--failover-timeout`` seconds.
 """
 
 from __future__ import annotations
@@ -22,9 +26,12 @@ from typing import Any
 
 import trio
 
-from idled.cli.clientflags import Interrupt, add_client_arguments, address_of, run_command, tls_context, token_for
+from idled.cli.clientflags import (
+    FOLLOW_BACKOFF, Interrupt, add_client_arguments, address_of, follower, run_command, tls_context, token_for,
+)
 from idled.client import IdleTimeout
 from idled.client.core import check_device
+from idled.client.follow import Following
 from idled.client.link import Conn
 from idled.client.session import Session
 from idled.client.trio import TRIO, running
@@ -65,8 +72,9 @@ def say(text: str) -> None:
     print(f"{_now()}  {text}", flush=True)
 
 
-class TerminalSession(Session):
-    """A session that reports its pings and pongs; with ``silent`` it never pings."""
+class TerminalSession(Following, Session):
+    """A session that reports its pings and pongs; with ``silent`` it never pings; given several cores it
+    follows the leader (`idled.client.follow`)."""
 
     def __init__(self, *args: Any, silent: bool, quiet: bool, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -94,7 +102,9 @@ def run(args: argparse.Namespace) -> int:
         token = token_for(args, "uid", args.uid)
         session = TerminalSession(TRIO, args.host, args.port, args.uid, token=token, keepalive=args.keepalive,
                                   device=args.device, reconnect=False, connect_timeout=args.connect_timeout,
-                                  ssl_context=tls_context(args), silent=args.silent, quiet=args.quiet)
+                                  ssl_context=tls_context(args), silent=args.silent, quiet=args.quiet,
+                                  backoff=FOLLOW_BACKOFF)
+        session.follow = follower(args, PROG)
         who = repr(args.uid) if args.device is None else f"{args.uid!r} (device {args.device!r})"
         try:
             async with running(session):

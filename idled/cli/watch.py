@@ -7,8 +7,11 @@ daemon retains) before following; without it the watch starts from now. ``--coun
 events; Ctrl-C exits 0. ``--uid U`` (repeatable) watches only those uids (a watchlist observer: the daemon
 sends nothing else); they are strings unless ``--int`` is given, as in `idled query`.
 
-Built on the client library's observer (`idled.client.trio.open_observer`), without reconnects: if the
-daemon goes away the command says so and exits 1, rather than retrying silently at a terminal.
+Built on the client library's observer (`idled.client.observer.Observer`). Given one daemon, without
+reconnects: if it goes away the command says so and exits 1, rather than retrying silently at a terminal.
+Given several cores (``--core A,B``) it follows the leader across a failover (`idled.client.follow`, through
+``idled.cli.clientflags.follower`` as every command does): one line on stderr per step, the events resumed
+from the last seq printed on whichever core takes it, exit 1 only if none does within ``--failover-timeout``.
 """
 
 from __future__ import annotations
@@ -18,8 +21,13 @@ import json
 import sys
 
 from idled.cli.events import human_line
-from idled.cli.clientflags import Interrupt, add_client_arguments, address_of, run_command, tls_context, token_for
-from idled.client.trio import open_observer
+from idled.cli.clientflags import (
+    FOLLOW_BACKOFF, Interrupt, add_client_arguments, follower, run_command, tls_context, token_for,
+)
+from idled.client import ClientError, Gone
+from idled.client.follow import Following
+from idled.client.observer import Observer
+from idled.client.trio import TRIO, running
 from idled.ops.fatal import EXIT_FAILURE, EXIT_OK
 
 __all__ = ["add_arguments", "run"]
@@ -39,6 +47,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--int", dest="int_uids", action="store_true",
                         help="send the --uid values as integers (for apps that log in with integer uids; default off)")
     add_client_arguments(parser)
+
+
+class WatchObserver(Following, Observer):
+    """The watch's observer: given several cores, it follows the leader (`idled.client.follow`). A core that
+    answers ``gone`` while it follows lacks events the watch expected next -- they never reached it (a
+    failover loses what the old leader had not replicated) or were never issued (a new leader's seqs begin
+    past a reserved block) --: the watch says which seqs and goes on from the oldest there."""
+
+    _bridged: ClientError | None = None  # the `gone` whose gap was skipped (the link may ask twice about it)
+    banner: str | None = None  # said once subscribed: which core, from where (not at a welcome it then refused)
+
+    def _on_settled(self) -> None:
+        super()._on_settled()
+        if self.settled == 1 and self.banner is not None:
+            print(f"{PROG}: watching {self.where} {self.banner} (Ctrl-C to stop)", file=sys.stderr, flush=True)
+
+    def _retryable(self, exc: ClientError) -> bool:
+        follow, cursor = self.follow, self.cursor
+        if exc is self._bridged:
+            return True
+        if (isinstance(exc, Gone) and follow is not None and self.settled > 0 and exc.oldest_seq is not None
+                and cursor.last is not None and exc.oldest_seq > cursor.last + 1):
+            follow.say(f"seqs {cursor.last + 1}..{exc.oldest_seq - 1} are not on {self.where} (not replicated "
+                       f"before the failover, or never issued): going on from seq {exc.oldest_seq}")
+            cursor.last, self._bridged = exc.oldest_seq - 1, exc
+            return True
+        return super()._retryable(exc)
 
 
 def watch_uids(args: argparse.Namespace) -> list[str | int] | None:
@@ -74,13 +109,15 @@ def run(args: argparse.Namespace) -> int:
         seen = 0
         # durable=False: a terminal watch keeps no state, so it wants events as they happen even with --from
         # (the client's default for a given `after` is the durable view, for checkpointing applications).
-        async with open_observer(args.host, args.port, args.name, token=token, after=after, durable=False,
-                                 reconnect=False, connect_timeout=args.connect_timeout,
-                                 ssl_context=tls_context(args), uids=uids) as observer:
-            where = "from now" if after is None else f"from seq {args.from_seq}"
-            if uids is not None:
-                where += f", {len(uids)} uid{'s' if len(uids) != 1 else ''} only"
-            print(f"{PROG}: watching {address_of(observer)} {where} (Ctrl-C to stop)", file=sys.stderr, flush=True)
+        observer = WatchObserver(TRIO, args.host, args.port, args.name, token=token, after=after, durable=False,
+                                 reconnect=False, connect_timeout=args.connect_timeout, backoff=FOLLOW_BACKOFF,
+                                 ssl_context=tls_context(args), uids=uids)
+        observer.follow = follower(args, PROG)
+        where = "from now" if after is None else f"from seq {args.from_seq}"
+        if uids is not None:
+            where += f", {len(uids)} uid{'s' if len(uids) != 1 else ''} only"
+        observer.banner = where
+        async with running(observer):
 
             async def follow() -> bool:
                 nonlocal seen

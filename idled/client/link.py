@@ -9,7 +9,8 @@ and the role's timer (`_background`: keepalive pings, batch flushes). When the c
 retryable `ClientError` (connection lost, `busy`, `unavailable`, `server_shutdown`...) and reconnecting is enabled, `run()`
 sleeps a full-jitter backoff and starts over; a final error (`auth_failed`, `kicked`, ...) or `aclose()` ends
 it, and the error is kept in `error` and raised to whoever waits on the link. The backoff counts the attempts
-since the last successful login: a link that was up starts again from the shortest delay.
+since the last connection set up (`_settle`: the welcome, or an observer's subscription taken): a link that was
+up starts again from the shortest delay, one whose setup is refused is a failed attempt.
 
 *Several cores.* `host` may name several (``"a:7878,b:7878"`` or a list; a member without a port takes
 `port`). `cores` (`idled.client.leader.LeaderSearch`) picks each attempt's address: a failed login that
@@ -164,6 +165,7 @@ class Link:
         self.error: ClientError | None = None  # the final error, once run() ended because of one
         self.last_error: ClientError | None = None  # the latest retryable one
         self.connections = 0  # successful logins: 1 + reconnects
+        self.settled = 0  # connections whose setup was accepted (see _settle)
         self.frames_sent = 0
         self.done = False
         self._conn: Conn | None = None
@@ -223,7 +225,7 @@ class Link:
         cores = self.cores
         try:
             while not self._closing:
-                before = self.connections
+                before = self.settled
                 if isinstance(cores.target, tuple):  # HostPort (an edge's unix:PATH core is not: its _open dials it)
                     self.host, self.port = cores.target
                 try:
@@ -233,7 +235,7 @@ class Link:
                 except ClientError as exc:
                     if self._closing:
                         return
-                    was_up = self.connections > before
+                    was_up = self.settled > before  # set up, not merely welcomed (see _settle)
                     hint = self._hint(exc)
                     if was_up:
                         cores.lost(hint)
@@ -288,6 +290,8 @@ class Link:
             self.cores.connected()
             await self._on_welcome(conn, welcome)
             self._conn = conn
+            if self._settles_at_welcome():
+                self._settle()
             self._pulse()
             await runtime.race(lambda: self._read(conn, decoder), lambda: self._background(conn))
         finally:
@@ -353,6 +357,22 @@ class Link:
 
     async def _on_welcome(self, conn: Conn, welcome: Welcome) -> None:
         """Restore the role's state on a new connection (before anyone else may send on it)."""
+
+    def _settles_at_welcome(self) -> bool:
+        """Whether the welcome ends this role's setup (an observer's subscription is answered later)."""
+        return True
+
+    def _settle(self) -> None:
+        """The server accepted this connection's setup: the welcome, or what the role sent after it (an
+        observer's subscription). Only a settled connection counts as up: one whose setup is refused (a
+        standby behind the seq an observer resumes from) is a failed attempt -- the next core at once, the
+        backoff growing between rounds -- not a lost connection to log in again to at once."""
+        self.settled += 1
+        self._on_settled()
+        self._pulse()
+
+    def _on_settled(self) -> None:
+        """Hook: this connection is set up (`_settle`)."""
 
     async def _on_message(self, message: Any) -> None:
         """A message other than `error`."""

@@ -34,6 +34,13 @@ events already queued, so each reply is matched to the oldest outstanding query.
 also asks when each user was last active and which devices it has online: one `UserStatus` per uid (a
 server older than the flag refuses it with `bad_message`).
 
+A connection counts as up (`Link._settle`: the backoff starts again from its shortest delay, a loss is
+followed at once) once its subscription is taken: the first frame after it that is not an error says so (an
+event of the replay, or the pong of a ping sent after the subscribe frames, for when there is nothing to
+replay).
+A subscription refused instead (``gone``; ``unavailable`` from a standby whose copy has not reached the seq
+to resume from) is a failed attempt at that core.
+
 Watchlists: ``uids=[...]`` (even empty) subscribes to the events of those uids only; `watch(uids)` and
 `unwatch(uids)` change the list and return once the server applies the change (a `ping` after the frames,
 answered in order: events published after that are filtered by the new list). The client keeps the list and
@@ -74,7 +81,8 @@ class UserStatus:
 
 
 class _Reply:
-    """A request waiting for its answer: a `status` (query) or a `pong` (a watchlist change's ping)."""
+    """A request waiting for its answer: a `status` (query) or a `pong` (a watchlist change's ping, or the ping
+    after a connection's subscription)."""
 
     __slots__ = ("flag", "value")
 
@@ -99,6 +107,7 @@ class Observer(Link):
         self.duplicates = 0  # events dropped because their seq was already delivered
         self._events: Mailbox[Event] = Mailbox(runtime, buffer)
         self._replies: deque[_Reply] = deque()
+        self._unsettled = False  # subscribed on this connection, and nothing heard since (see _on_welcome)
 
     @property
     def durable(self) -> bool:
@@ -195,10 +204,24 @@ class Observer(Link):
 
     async def _on_welcome(self, conn: Conn, welcome: Welcome) -> None:
         if self.subscribe:
+            # The server answers a subscription it refuses with an error frame, and one it takes with events
+            # (a replay) or nothing: so the first frame after the welcome that is not an error settles the
+            # connection (Link._settle), and a ping after the subscription makes sure one comes (its pong,
+            # answered in order, at once when there is nothing to replay). Its reply is the first in line:
+            # nobody else may send before this returns.
+            self._unsettled = True
+            self._replies.append(_Reply(self.runtime.event()))
             for frame in self.cursor.subscribe_frames(welcome.max_frame or DEFAULT_MAX_FRAME):
                 await conn.send_all(frame)
+            await conn.send_all(PING_FRAME)
+
+    def _settles_at_welcome(self) -> bool:
+        return not self.subscribe
 
     async def _on_message(self, message: Any) -> None:
+        if self._unsettled:  # before a full mailbox can hold the reader up (see _on_welcome)
+            self._unsettled = False
+            self._settle()
         if type(message) is Event:
             if self.cursor.accept(message):
                 mailbox = self._events
@@ -221,6 +244,7 @@ class Observer(Link):
             reply.flag.set()
 
     def _on_disconnect(self) -> None:
+        self._unsettled = False
         self._fail_replies(ConnectionLost("disconnected before the status reply"))
 
     def _on_done(self) -> None:

@@ -31,7 +31,7 @@ import ipaddress
 import logging
 import os
 import socket
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Collection, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -44,10 +44,11 @@ from idled.door.tls import Front
 from idled.ops import systemd
 from idled.ops.config import Config
 from idled.ops.fatal import EXIT_LISTEN, EXIT_USAGE, Fatal, fatal_on_oserror
+from idled.ops.fdbudget import Budget, ConnectionLimit, edge_budget
 
 __all__ = [
     "METRICS_MAX_CLIENTS", "METRICS_PER_ADDRESS", "WHAT", "Door", "Endpoint", "api_gate", "client_gate",
-    "Listening", "close_all", "http_connections", "open_unix_listener", "daemon_endpoints", "metrics_gate", "reload_gate",
+    "Listening", "close_all", "expected_limit", "http_connections", "open_unix_listener", "daemon_endpoints", "metrics_gate", "reload_gate",
 ]
 
 log = logging.getLogger("idled.door")
@@ -163,11 +164,27 @@ class Door:
                         "give --secret-file, or --insecure to let anyone who can connect in", EXIT_USAGE)
 
 
-def http_connections(config: Config, listening: Listening) -> int:
-    """Descriptors the HTTP endpoints in ``listening`` may hold at once (the descriptor budget keeps them out
-    of the client port's reach): the metrics endpoint's clients, the API's and as many being refused."""
-    held = METRICS_MAX_CLIENTS if listening.get("metrics") else 0
-    return held + (2 * config.api_max_clients if listening.get("api") else 0)
+def expected_limit(config: Config, nofile: int, env: Mapping[str, str]) -> ConnectionLimit:
+    """The connection limit `idled serve` will enforce with ``config`` under an open-file limit of ``nofile``:
+    its descriptor budget (``idled.ops.fdbudget``) from the listeners it will open -- one per address an endpoint
+    resolves to, or systemd's ``LISTEN_FDS`` -- and the HTTP connections they may hold; with ``--workers``, the
+    edges' budgets together. What the start-up line and `idled check-config` show before anything is bound."""
+    counts = {endpoint.name: max(1, len(_resolve(endpoint.host))) for endpoint in daemon_endpoints(config)}
+    if env.get("LISTEN_FDS", "").isdigit():
+        counts["client"] = max(1, int(env["LISTEN_FDS"]))
+    if config.workers:
+        return ConnectionLimit.shared(config.max_connections, config.workers, edge_budget(nofile, counts["client"]))
+    http = http_connections(config, counts.keys())
+    return ConnectionLimit.of(config.max_connections, Budget.of(nofile, listeners=sum(counts.values()), http=http))
+
+
+def http_connections(config: Config, listening: Listening | Collection[str]) -> int:
+    """Descriptors the HTTP endpoints in ``listening`` (opened: by name; or the names of those to be) may hold
+    at once (the descriptor budget keeps them out of the client port's reach): the metrics endpoint's
+    clients, the API's and as many being refused."""
+    names = {name for name, group in listening.items() if group} if isinstance(listening, Mapping) else set(listening)
+    held = METRICS_MAX_CLIENTS if "metrics" in names else 0
+    return held + (2 * config.api_max_clients if "api" in names else 0)
 
 
 async def open_unix_listener(path: Path, backlog: int) -> trio.SocketListener:

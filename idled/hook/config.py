@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
+from idled.protocol.address import format_address, parse_addresses
 from idled.hook.batch import Filter
 from idled.hook.retry import RetryPolicy
 from idled.protocol import Uid
@@ -45,3 +46,11 @@ class HookConfig:
     ca_file: str | None = None
     stop_grace: float = DEFAULT_STOP_GRACE
     queue: int = DEFAULT_QUEUE
+
+    @property
+    def daemon(self) -> str:
+        """The daemon's address, or its cores' (``A:7878, B:7878``), for a log line."""
+        try:
+            return ", ".join(format_address(core) for core in parse_addresses(self.host, self.port))
+        except ValueError:
+            return self.host

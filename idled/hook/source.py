@@ -23,12 +23,12 @@ import logging
 
 import trio
 
-from idled.client import ClientError, Gone
+from idled.client import Gone
+from idled.client.follow import Follow, Following
 from idled.client.observer import Observer
 from idled.client.trio import TRIO, running
 from idled.hook.config import HookConfig
 from idled.protocol import Event, Login
-from idled.protocol.address import format_address
 
 __all__ = ["HookGone", "HookObserver", "read_events"]
 
@@ -45,21 +45,21 @@ class HookGone(Exception):
                          "to skip them and continue from the oldest retained event")
 
 
-class HookObserver(Observer):
-    """An observer that logs in with a fresh token on every connection."""
+class HookObserver(Following, Observer):
+    """An observer that logs in with a fresh token on every connection, and follows the leader among the cores
+    it was given (`idled.client.follow`, as the command-line tools do) for as long as the hook runs."""
 
     def __init__(self, config: HookConfig, after: int | None) -> None:
         super().__init__(TRIO, config.host, config.port, config.name, after=after, durable=True,
                          connect_timeout=config.connect_timeout, ssl_context=config.ssl_context,
                          uids=config.uids)
         self._token = config.token
+        # A service: it waits for the daemon from its first login on, and never gives up (systemd would only
+        # restart it into the same wait).
+        self.follow = Follow(log.warning, give_up_after=None, from_start=True)
 
     def _login(self) -> Login:
         return Login("observer", self.login.name, self._token())
-
-    def _on_retry(self, exc: ClientError, was_up: bool, delay: float) -> None:
-        what = "lost the daemon" if was_up else "cannot reach the daemon"
-        log.warning("%s at %s (%s); retrying in %.1f s", what, format_address((self.host, self.port)), exc, delay)
 
 
 async def read_events(config: HookConfig, after: int | None, channel: trio.MemorySendChannel[Event]) -> None:
@@ -69,7 +69,7 @@ async def read_events(config: HookConfig, after: int | None, channel: trio.Memor
         try:
             async with running(observer):
                 where = "from now" if after is None else f"after seq {after}"
-                log.info("subscribed to %s %s (durable)", format_address((observer.host, observer.port)), where)
+                log.info("subscribed to %s %s (durable)", observer.where, where)
                 async for event in observer:
                     await channel.send(event)
             raise RuntimeError("the observer ended without an error")  # it reconnects: only cancel ends it

@@ -17,6 +17,11 @@ needs the HTTP API's bearer token (role ``api``, ``idled token --api``), and so 
 request that shows an ``Authorization`` header which does not check out (another secret, expired, a login
 token, not ``Bearer``) is refused with 401 on both, so a client learns its token is no good instead of
 reading a redacted document as if it were whole.
+
+``uptime_seconds`` is the *process's* (its start time in ``/proc/self/stat``, counted on the boot-time clock,
+read once): a core whose role changes -- promoted, elected, stepping down -- builds a new role with a new
+``Health``, and its uptime must not start again at the role change. ``role_seconds`` is the role's own time.
+A process with no event log (an edge: ``data_dir`` None) probes nothing: it is ready while it listens.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from idled.ops.redact import redact_status, scrub_paths
 from idled.ops.statuspage import JSON_HEADERS, LIVE_PATH, live_query
 from idled.protocol.tokens import BEARER_CHALLENGE, BEARER_REQUIRED, bearer_refusal
 
-__all__ = ["PROBE_NAME", "Access", "Health", "health_response", "probe_directory"]
+__all__ = ["PROBE_NAME", "Access", "Health", "health_response", "probe_directory", "process_uptime"]
 
 PROBE_NAME = ".readyz-probe"  # the file /readyz writes and removes in the data directory
 JSON_SEPARATORS = (",", ":")  # compact: the status page polls it every second
@@ -73,10 +78,23 @@ def probe_directory(directory: Path) -> str | None:
     return None
 
 
+def process_uptime(stat: str = "/proc/self/stat") -> float | None:
+    """Seconds since this process started (``stat``'s start time, in clock ticks since boot, against
+    CLOCK_BOOTTIME: the clock it is counted on, so a wall-clock step does not move it); None where the file
+    cannot be read (not Linux)."""
+    try:
+        with open(stat, "rb") as file:
+            fields = file.read().rsplit(b")", 1)[1].split()  # past the command name, which may hold spaces
+        start = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22 of proc(5); fields[0] is field 3
+        return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - start)
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
 class Health:
     """What /healthz, /readyz and /status report (see the module docstring).
 
-    ``data_dir``: the event log's directory, probed with a real write. ``status``: the server's part of the
+    ``data_dir``: the event log's directory, probed with a real write (None: a process without one, an edge). ``status``: the server's part of the
     status document, called on the event loop. ``listening``: whether the client listener is open (and the
     server not shutting down). ``vitals(after, since)``: the ``vitals`` part of ``/status/live`` (events with a
     seq above ``after``, samples newer than ``since``; see `idled.ops.statuspage`), called on the event loop.
@@ -86,7 +104,7 @@ class Health:
 
     def __init__(
         self,
-        data_dir: str | Path,
+        data_dir: str | Path | None,
         *,
         status: Callable[[], Mapping[str, Any]],
         listening: Callable[[], bool],
@@ -97,7 +115,7 @@ class Health:
         secret: bytes | None = None,
         wall: Callable[[], float] = time.time,
     ) -> None:
-        self.data_dir = Path(data_dir)
+        self.data_dir = Path(data_dir) if data_dir is not None else None
         self.status_source = status
         self.listening = listening
         self.vitals_source = vitals
@@ -106,7 +124,9 @@ class Health:
         self.cache_seconds = cache_seconds
         self.secret = secret
         self.wall = wall  # token expiry is judged on it: the server's wall clock, which never goes backwards
-        self.started = time.monotonic()
+        self.role_started = time.monotonic()
+        # The process's start on the same clock (see the module docstring); this role's, where it is unknown.
+        self.started = self.role_started - (process_uptime() or 0.0)
         self._probed_at = -float("inf")
         self._log_problem: str | None = None
         self._lock: trio.Lock | None = None  # created on the loop, at the first probe
@@ -114,6 +134,8 @@ class Health:
 
     def _probe_log(self) -> str | None:
         """In a worker thread: None if a file can be created, written, synced and removed in the directory."""
+        if self.data_dir is None:
+            return None
         problem = probe_directory(self.data_dir)
         return None if problem is None else f"event log directory {self.data_dir} is not writable: {problem}"
 
@@ -131,7 +153,8 @@ class Health:
         """The paths a redacted answer must not show by name: the data directory, as given and resolved (looked
         up once, at the first unauthenticated answer: not a file-system walk per request)."""
         if self._known_paths is None:
-            self._known_paths = (str(self.data_dir), str(self.data_dir.absolute()), str(self.data_dir.resolve()))
+            data = self.data_dir
+            self._known_paths = () if data is None else (str(data), str(data.absolute()), str(data.resolve()))
         return self._known_paths
 
     def redacted(self, document: Mapping[str, Any]) -> dict[str, Any]:
@@ -141,6 +164,8 @@ class Health:
     async def log_problem(self, max_age: float = 0.0) -> str | None:
         """Why the event log cannot be written (None: it can), probed at most once per ``cache_seconds`` (or
         ``max_age``, if longer)."""
+        if self.data_dir is None:
+            return None
         if self._lock is None:
             self._lock = trio.Lock()
         async with self._lock:  # concurrent probes share one write
@@ -166,6 +191,7 @@ class Health:
         document: dict[str, Any] = {
             "version": self.version,
             "uptime_seconds": round(time.monotonic() - self.started, 3),
+            "role_seconds": round(time.monotonic() - self.role_started, 3),
             "ready": ready,
             "ready_reason": reason,
         }

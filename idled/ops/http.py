@@ -46,7 +46,8 @@ same-origin at ``http://127.0.0.1:9878/``, ``http://localhost:9878/`` and throug
 With auth on the token guards the data and operators reach the port by name: the Host is not checked.
 
 And always ``/``, the status page (`idled.ops.statuspage`: three files served from memory, with their
-security headers; without a ``Health`` -- an edge -- a note that the page is the core's). Every response
+security headers; for an edge -- ``page=False``, or no ``Health`` -- a note that the page is the core's and
+that the edge's own ``/status`` is there for ``idled status``). Every response
 carries ``X-Content-Type-Options: nosniff``.
 """
 
@@ -238,18 +239,22 @@ async def serve_metrics(
     head_timeout: float = HEAD_TIMEOUT,
     timeout: float = 10.0,
     health: Health | None = None,
+    page: bool | None = None,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``GET /metrics`` for ``registry`` and the status page (``/``) on ``listeners`` (opened by the door)
     until cancelled (and, given ``health``, ``/healthz``, ``/readyz``, ``/status`` and ``/status/live``).
+    ``page``: whether ``/`` is the daemon's live page, polling ``/status/live`` (default: given ``health``); an
+    edge has a status of its own but no live figures, so its ``/`` stays a note and it has no ``/status/live``.
 
     Use with ``port = await nursery.start(serve_metrics, registry, listeners, gate)``: the first listener's port
     is reported once serving. Each connection passes ``gate`` first; its request head must arrive within
     ``head_timeout`` (a prober sends it at once: a silent connection is dropped soon, not held), the whole
     exchange within ``timeout``."""
     renderer = trio.CapacityLimiter(1)  # concurrent scrapes queue for one worker thread, not forty
-    assets: dict[str, Asset] = load_assets(full=health is not None)
-    paths = {"/metrics", *assets, *(_HEALTH_PATHS if health is not None else ())}
+    page = health is not None if page is None else page and health is not None
+    assets: dict[str, Asset] = load_assets(full=page)
+    paths = {"/metrics", *assets, *(path for path in _HEALTH_PATHS if health is not None and (page or path != LIVE_PATH))}
     # auth off: the Host rule (module docstring). Without a Health (an edge, idled hook) there is nothing to
     # read but /metrics and a static note, so nothing to check.
     check_host = health is not None and health.secret is None

@@ -5,9 +5,11 @@ Theory of operation
 ``setup_logging`` sends lines to stderr; under journald (``JOURNAL_STREAM`` set) with sd-daemon priority
 prefixes and no timestamps, since the journal stamps each line itself.
 
-``config_summary(cfg)`` is the one line an operator reads first after a start (and what ``idled
-check-config`` prints): version, listen address, data directory, detector, timeout/tick, auth, fsync policy
-and limits.
+``summary_line(cfg, limit=...)`` is the one line an operator reads first after a start (and what ``idled
+check-config`` prints, through the same ``idled.cli.serve.startup_summary``): version, listen address, data
+directory, detector, timeout/tick, auth, fsync policy and limits -- the connection limit in force, with the
+configured one and why when the descriptor budget caps it (``idled.ops.fdbudget.ConnectionLimit``). Not to be
+confused with ``idled.server.status.overview.settings_part``, the same settings as ``/status``'s ``config`` mapping.
 
 ``PeerLog`` writes the debug lines about individual peers (login, bye, offline, reject, each with the peer
 address when there is one). A flood of garbage connections must not fill the disk, so each *kind* of line
@@ -28,11 +30,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from idled.protocol.address import format_address
+from idled.ops.fdbudget import ConnectionLimit
 
 if TYPE_CHECKING:
     from idled.ops.config import Config
 
-__all__ = ["setup_logging", "config_summary", "plural", "peer_address", "PeerLog"]
+__all__ = ["setup_logging", "summary_line", "plural", "peer_address", "PeerLog"]
 
 
 def setup_logging(level: str, env: dict[str, str] | None = None) -> None:
@@ -70,11 +73,14 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
-def config_summary(
-    cfg: Config, *, version: str | None = None, data_dir: str | None = None, listen: str | None = None
+def summary_line(
+    cfg: Config, *, limit: ConnectionLimit | None = None, version: str | None = None, data_dir: str | None = None,
+    listen: str | None = None,
 ) -> str:
-    """The effective configuration in one line (the start-up line, and `idled check-config`). ``listen``
-    overrides ``host:port`` (e.g. for inherited sockets, whose bound addresses the server logs once adopted)."""
+    """The effective configuration in one line (the start-up line, and `idled check-config`). ``limit``: the
+    connection limit in force (None: ``max_connections`` as configured, not yet judged against a budget).
+    ``listen`` overrides ``host:port`` (e.g. for inherited sockets, whose bound addresses the server logs once
+    adopted)."""
     if version is None:
         from idled import __version__ as version
     if data_dir is None:
@@ -86,7 +92,8 @@ def config_summary(
         f"idled {version}: listen {listen or format_address((cfg.host, cfg.port))}, metrics {metrics}, data dir {data_dir}, "
         f"detector {cfg.detector_kind} ({cfg.slots} slots), timeout {cfg.timeout:g}s, tick {cfg.tick:g}s, "
         f"max timeout {cfg.max_timeout:g}s, auth {auth}, fsync {fsync}, "
-        f"limits: {cfg.max_connections} connections, frame {_size(cfg.max_frame)} "
+        f"limits: {(limit or ConnectionLimit(cfg.max_connections, cfg.max_connections)).text(' connections')}, "
+        f"frame {_size(cfg.max_frame)} "
         f"(gateway {_size(cfg.max_gateway_frame)}), login {cfg.login_timeout:g}s; "
         f"segments {_size(cfg.segment_bytes)}, retention {_size(cfg.retention_bytes)} / {cfg.retention_seconds:g}s; "
         f"log level {cfg.log_level}"

@@ -35,13 +35,13 @@ SCRUB: Final = "scrub"  # free text: kept with its paths replaced (``scrub_paths
 # field -> KEEP, SCRUB, a nested allowlist (a mapping), or a one-element list: a list of such mappings.
 ALLOWED: Final[Mapping[str, Any]] = {
     # Health's own part (idled.ops.health)
-    "version": KEEP, "uptime_seconds": KEEP, "ready": KEEP, "ready_reason": SCRUB,
+    "version": KEEP, "uptime_seconds": KEEP, "role_seconds": KEEP, "ready": KEEP, "ready_reason": SCRUB,
     # the server's scrape-time sizes (Server.snapshot); gateway_watermark_lag is by gateway name: left out
     "connections": KEEP, "sessions_online": KEEP, "users_online": KEEP, "detector_keys": KEEP,
     "detector_overflow_keys": KEEP, "observer_queued_bytes": KEEP, "eventlog_damaged_bytes": KEEP,
     "eventlog_damaged_records": KEEP, "eventlog_rolls_deferred": KEEP, "sessions_held": KEEP, "wall_clock_ahead": KEEP,
     "eventlog_degraded": KEEP, "eventlog_held_events": KEEP, "events_held": KEEP, "degraded": SCRUB,
-    # Server.status / StandbyServer.status; data_dir is a path: left out
+    # Server.status / StandbyServer.status / Edge.status; data_dir is a path, leader an address: left out
     "next_seq": KEEP, "ports": KEEP, "stopping": KEEP, "role": KEEP,
     "replication": {"sync_standby": KEEP, "sync_attached": KEEP, "durable_seq": KEEP, "log_durable_seq": KEEP,
                     "records_sent": KEEP, "standbys": [{"acked": KEEP, "sent": KEEP, "sync": KEEP}]},
@@ -53,6 +53,8 @@ ALLOWED: Final[Mapping[str, Any]] = {
     "standby": {"state": KEEP, "connected": KEEP, "last_seq": KEEP, "active_durable_seq": KEEP, "lag_records": KEEP,
                 "lag_seconds": KEEP, "records": KEEP, "resyncs": KEEP, "reconnects": KEEP, "synced": KEEP,
                 "error": SCRUB, "tls": KEEP},
+    # an edge's link (idled.server.edge.app.Edge.status): not the cores' addresses, nor the edge's name
+    "edge": {"link": KEEP, "logins": KEEP, "users": KEEP, "attaching": KEEP, "last_error": SCRUB},
 }
 
 _DATA_DIR: Final = "<data dir>"

@@ -468,7 +468,7 @@ class Server:
         return {**self.snapshot(), "next_seq": running.presence.next_seq, "ports": list(self.ports),
                 "stopping": self.stopping, "data_dir": str(self.log.directory),
                 "replication": running.replicas.status(), **self.hold.status(),
-                **status_part(self.config, self.workers, self.vitals, self.fence)}
+                **status_part(self.config, self.workers, self.vitals, self.fence, self.budget)}
 
     def _sample(self, wall: float) -> Sample:
         presence = self.running.presence

@@ -43,11 +43,12 @@ from prometheus_client.registry import Collector
 from idled.door.accept import Shortage, accept_all
 from idled.door.addresses import bound_address, display
 from idled.door.outbound import LinkPolicy
-from idled.door.door import Door, Listening, client_gate, close_all, metrics_gate
+from idled.door.door import Door, Listening, client_gate, close_all, http_connections, metrics_gate
 from idled.log.eventlog import EventLog
 from idled.ops import systemd
 from idled.ops.config import Config, address_setting
 from idled.ops.fatal import fatal_on_log_error
+from idled.ops.fdbudget import Budget, ConnectionLimit, open_file_limit
 from idled.ops.health import Health
 from idled.ops.http import serve_metrics
 from idled.ops.metrics import Metrics, NullMetrics
@@ -56,7 +57,8 @@ from idled.protocol.address import format_address
 from idled.server.engine.bus import EventBus
 from idled.server.runtime.clock import WallClock, floor_wall
 from idled.server.roles.doorway import Connection, Doorway, auth_secret, refuse_out_of_descriptors
-from idled.server.roles.table import connection_counts
+from idled.server.roles.table import connection_counts, connection_limit
+from idled.server.status.overview import settings_part
 from idled.server.roles.observers import Observers
 from idled.server.engine.queries import Queries
 from idled.server.runtime.signals import SIGNALS, until_stopped
@@ -135,6 +137,8 @@ class StandbyServer:
         self.wall = WallClock()  # never goes backwards; floored to the log's last ts (as a promoted core's is)
         self.tokens = WallClock(report=False)  # token expiry's: never goes backwards, never floored (server.clock)
         self.ports: list[int] = []
+        self.budget: Budget | None = None  # set by serve() once the listeners are known (the link counts as one)
+        self.limit = ConnectionLimit(config.max_connections, config.max_connections)  # in force, once judged
         self.link: StandbyLink | None = None
         self.observers: Observers | None = None
         self._peers: set[Connection] = set()
@@ -166,6 +170,9 @@ class StandbyServer:
             try:
                 addresses = [bound_address(listener) for listener in opened["client"]]
                 self.ports = [port for _, port in addresses if port is not None]
+                # As the active's: descriptors never run out under the log's (or the link's) feet.
+                self.budget = Budget.of(open_file_limit(), listeners=sum(len(group) for group in opened.values()) + 1,
+                                        http=http_connections(self.config, opened))
                 with fatal_on_log_error(str(self.log.directory)):
                     recovery = await trio.to_thread.run_sync(self.log.recover)
                 floor_wall(self.wall, recovery.last_ts, log)
@@ -188,7 +195,8 @@ class StandbyServer:
         self.bus.start(first)
         self.bus.durable_to(self.log.durable_seq)
         self.observers = Observers(None, self.bus, self.log, first_seq=first, peers=self._peers,
-                                   queries=StandbyQueries(self.log, self.bus, first, self.wall), max_watch=self.config.max_watch)
+                                   queries=StandbyQueries(self.log, self.bus, first, self.wall), max_watch=self.config.max_watch,
+                                   replica=True)
         host, port = self.active
         self.link = StandbyLink(
             self.log, self.bus, host=host, port=port, fsync=self.config.fsync, fsync_interval=self.config.fsync_interval,
@@ -198,8 +206,11 @@ class StandbyServer:
         )
         roles = {"uid": self._not_leader, "gateway": self._not_leader, "observer": self.observers.run,
                  "standby": self._not_leader}
-        return Doorway(self.config, sessions=self.admission, roles=roles, secret=self.secret, metrics=self.metrics,
-                       connections=self.connections, gate=client_gate(self.config), wall=self.tokens)
+        doorway = Doorway(self.config, sessions=self.admission, roles=roles, secret=self.secret, metrics=self.metrics,
+                          connections=self.connections, gate=client_gate(self.config), wall=self.tokens)
+        doorway.limit = connection_limit(self.config.max_connections, self.budget, log)
+        self.limit = ConnectionLimit.of(self.config.max_connections, self.budget)
+        return doorway
 
     def _reopen(self, new: EventLog, first_seq: int) -> None:
         """The link's log changed (re-sync, snapshot) or a new run of seqs began (a gap): point readers at it."""
@@ -211,9 +222,14 @@ class StandbyServer:
         observers.queries.log = new
         observers.queries.first_seq = first_seq
 
+    @property
+    def leader(self) -> str:
+        """The active core this standby follows, as ``HOST:PORT`` (``[V6]:PORT``)."""
+        return format_address(self.active)
+
     async def _not_leader(self, stream: trio.abc.Stream, decoder: FrameDecoder, login: Login) -> None:
         # `leader` lets clients and edges given a list of cores go straight there (docs/protocol.md).
-        leader = format_address(self.active)
+        leader = self.leader
         if login.role == "standby":
             raise ProtocolError(ErrorCode.NOT_LEADER, f"this core is a standby of the active core at {leader}; a "
                                 "standby replicates from the active, not from another standby (no cascading)",
@@ -261,8 +277,10 @@ class StandbyServer:
         nursery.cancel_scope.cancel()  # the link syncs what it wrote as it is cancelled
 
     def status(self) -> dict[str, Any]:
-        """``/status``: the standby's part (``standby``) and what an operator looks for first."""
+        """``/status``: the standby's part (``standby``: the link's state and lag), the leader it follows, and
+        what an operator looks for first."""
         link = self.link
-        return {"role": "standby", "connections": dict(self.connections), "next_seq": self.log.last_seq + 1,
-                "ports": list(self.ports), "stopping": self.admission.stopping, "data_dir": str(self.log.directory),
-                "standby": link.status() if link is not None else None}
+        return {"role": "standby", "leader": self.leader, "connections": dict(self.connections),
+                "next_seq": self.log.last_seq + 1, "ports": list(self.ports), "stopping": self.admission.stopping,
+                "data_dir": str(self.log.directory), "standby": link.status() if link is not None else None,
+                "config": settings_part(self.config, self.limit)}

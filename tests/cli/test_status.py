@@ -68,6 +68,25 @@ def test_a_standby_document_prints_no_none() -> None:
     assert "role             standby" in text.splitlines() and "next seq         42" in text.splitlines()
 
 
+def test_an_edge_without_its_core_and_a_leader_before_any_ack_print_no_none() -> None:
+    edge = {"version": "0.1.0", "uptime_seconds": 9, "ready": True, "role": "edge", "name": "edge-a", "leader": None,
+            "edge": {"cores": "10.0.0.1:7878,10.0.0.2:7878", "core": None, "link": "down", "users": 3,
+                     "attaching": 0, "last_error": "connection_lost: refused"},
+            "connections": {"user": 3}, "config": {"max_connections": 19934}}
+    lines = format_status(edge).splitlines()
+    assert "None" not in "\n".join(lines)
+    assert "role             edge edge-a" in lines
+    assert ("leader           none (core link down; cores 10.0.0.1:7878,10.0.0.2:7878; last error: "
+            "connection_lost: refused)") in lines
+    assert "users            3 held here (0 attaching)" in lines and "max connections  19,934" in lines
+    leader = {**OLD, "role": "leader", "role_seconds": 61, "leader": "10.0.0.1:7878", "election": {"lease_left": 1.25},
+              "replication": {"sync_standby": True, "log_durable_seq": 7, "standbys": [{"name": "b", "acked": -1}]}}
+    lines = format_status(leader).splitlines()
+    assert "role             leader for 1m 1s (elected; lease 1.2 s left)" in lines
+    assert "leader           10.0.0.1:7878 (this core)" in lines
+    assert "replication      1 standby: b no ack yet (7 behind); sync on" in lines
+
+
 # -- against a real daemon with auth on -------------------------------------------------------------------------
 
 

@@ -40,7 +40,7 @@ def fast(command: list[str]) -> list[str]:
 async def test_a_receiver_down_for_an_hour_then_back_dead_letters_nothing(tmp_path: Path) -> None:
     data_dir, state, secret_file = tmp_path / "data", tmp_path / "state", tmp_path / "hook-secret"
     secret_file.write_text(WHSEC)
-    port, receiver_port = peers.free_port(), peers.free_port()
+    port, receiver_port = peers.free_port(), peers.stable_port()  # the receiver's is closed and reopened
     command = peers.serve_command(data_dir, "--fsync", "always", "--metrics-port", "0")
     command[command.index("--port") + 1] = str(port)
     # Only the per-request and connect timeouts are widened (2 minutes of the hook's clock, 0.5 s real: a

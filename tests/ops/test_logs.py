@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from idled.ops.config import Config
-from idled.ops.logs import PeerLog, config_summary, plural
+from idled.ops.logs import PeerLog, summary_line, plural
 
 
 def test_plural() -> None:
@@ -16,13 +16,13 @@ def test_plural() -> None:
     assert plural(2, "user") == "2 users"
 
 
-def test_config_summary_names_what_an_operator_checks_first() -> None:
-    line = config_summary(Config(secret_file="/etc/idled/secret", fsync="always"), version="9.9", data_dir="/d")
+def test_summary_line_names_what_an_operator_checks_first() -> None:
+    line = summary_line(Config(secret_file="/etc/idled/secret", fsync="always"), version="9.9", data_dir="/d")
     for part in ("idled 9.9", "listen 127.0.0.1:7878", "metrics 127.0.0.1:9878", "data dir /d", "detector ring-lazy",
                  "timeout 30s", "tick 1s", "auth on (secret /etc/idled/secret)", "fsync always",
                  "100000 connections", "frame 4 KiB"):
         assert part in line, part
-    assert "auth off" in config_summary(Config(), data_dir="/d")
+    assert "auth off" in summary_line(Config(), data_dir="/d")
 
 
 def test_peer_log_limits_each_kind_per_second_and_summarises(caplog: pytest.LogCaptureFixture) -> None:

@@ -272,6 +272,46 @@ def test_the_page_of_a_core_with_workers_shows_them(browser: Any, tmp_path: Path
         serve.stop()
 
 
+@pytest.mark.slow
+def test_the_pages_of_an_active_and_its_standby_say_their_roles_leader_lag_and_the_limit_in_force(
+        browser: Any, tmp_path: Path) -> None:
+    """Before, a standby's page never drew (its /status/live has no vitals: the script threw on every poll) and
+    neither page said role, leader or replication; the configuration said ``max connections 10,000,000`` where
+    the daemon refuses at its descriptor budget."""
+    (tmp_path / "active").mkdir()
+    (tmp_path / "standby").mkdir()
+    active = Serve(tmp_path / "active", "--max-connections", "10000000")
+    standby = Serve(tmp_path / "standby", "--standby-of", f"127.0.0.1:{active.port}")
+    users: list[socket.socket] = []
+    try:
+        users.append(active.login("page-carol", keepalive=60))
+        browser.get(f"http://127.0.0.1:{standby.metrics_port}/")
+        until(lambda: browser.find_element("id", "link").text == "live", 10, "the standby page's first poll")
+        assert browser.find_element("id", "role").text == f"standby of 127.0.0.1:{active.port}"
+        rows = dict(zip(cells(browser, "#cluster dt"), cells(browser, "#cluster dd"), strict=True))
+        assert rows["leader"] == f"127.0.0.1:{active.port}", rows
+        until(lambda: "1 records behind" not in browser.find_element("id", "cluster").text
+              and "last seq 1, 0 records behind (0 s)" in browser.find_element("id", "cluster").text, 10, "caught up")
+        assert rows["replication"].startswith(f"streaming from 127.0.0.1:{active.port}: "), rows
+        assert problems(browser) == []
+        screenshot(browser, "status-page-standby.png")
+
+        browser.get(f"http://127.0.0.1:{active.metrics_port}/")
+        until(lambda: browser.find_element("id", "link").text == "live", 10, "the active page's first poll")
+        assert browser.find_element("id", "role").text == "active"
+        until(lambda: "standby-" in browser.find_element("id", "cluster").text, 10, "the standby in the active's page")
+        config = dict(zip(cells(browser, "#config dt"), cells(browser, "#config dd"), strict=True))
+        limit = config["max connections"]
+        assert limit.endswith(" connections)") and "(10,000,000 configured; capped: open-file limit " in limit, limit
+        assert int(limit.split(" ")[0].replace(",", "")) < 10_000_000
+        assert problems(browser) == []
+    finally:
+        for user in users:
+            user.close()
+        standby.stop()
+        active.stop()
+
+
 FETCH = """
 const [url, options, done] = arguments;
 fetch(url, options).then(r => r.text().then(t => done([r.status, t])), e => done([0, String(e)]));

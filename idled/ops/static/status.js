@@ -11,7 +11,8 @@ const WINDOW_S = 600; // the charts' span: the daemon keeps ten minutes of one-s
 const SVG = "http://www.w3.org/2000/svg";
 const H = 170, LEFT = 48, RIGHT = 8, TOP = 10, BOTTOM = 22;
 
-const state = { after: 0, since: null, history: [], events: [], limit: 100, uptime: null, timer: null, locked: false };
+const state = { after: 0, since: null, history: [], events: [], limit: 100, uptime: null, role: null, timer: null,
+                locked: false };
 
 function $(id) { return document.getElementById(id); }
 
@@ -124,7 +125,8 @@ function drawLateness(lateness) {
   text("card-count", !lateness ? "–" : lateness.count ? `over ${number(lateness.count)} idle ${
     lateness.count === 1 ? "offline" : "offlines"}` : "no idle offline yet");
   if (!lateness) {
-    label(chart, W / 2, H / 2, "no lateness histogram (metrics off)", "middle", "empty");
+    label(chart, W / 2, H / 2, state.role === "standby" ? "none on a standby: its leader times the sessions"
+      : "no lateness histogram (metrics off)", "middle", "empty");
     return;
   }
   const buckets = lateness.buckets;
@@ -201,7 +203,10 @@ function drawWorkers(workers) {
 const CONFIG = [
   ["tick", seconds], ["timeout", seconds], ["max_timeout", seconds], ["detector", String],
   ["fsync", (v, c) => v === "interval" ? `every ${seconds(c.fsync_interval)}` : v],
-  ["max_connections", number], ["max_devices", number], ["max_frame", v => `${number(v)} bytes`],
+  // the limit in force; the configured one and why, when the descriptor budget capped it
+  ["max_connections", (v, c) => c.max_connections_configured === undefined ? number(v)
+    : `${number(v)} (${number(c.max_connections_configured)} configured; capped: ${c.max_connections_why})`],
+  ["max_devices", number], ["max_frame", v => `${number(v)} bytes`],
   ["login_timeout", seconds], ["offline_grace", seconds], ["workers", v => v || "none"],
   ["auth", v => v ? "on" : "OFF"], ["tls", v => v ? "on" : "off"], ["proxy_protocol", v => v ? "on" : "off"],
 ];
@@ -218,9 +223,49 @@ function drawConfig(config) {
   }
 }
 
+// The role, the leader and replication: what a core (active, leader) or a standby says of its place in a cluster.
+function clusterRows(doc) {
+  const rows = [];
+  const since = doc.role_seconds === undefined ? "" : ` for ${duration(doc.role_seconds)}`;
+  const lease = doc.election && doc.election.lease_left !== undefined ? `; lease ${doc.election.lease_left.toFixed(1)} s left` : "";
+  rows.push(["role", doc.role === "leader" ? `leader${since} (elected${lease})`
+    : doc.role === "standby" ? `standby${since}` : String(doc.role || "–")]);
+  if (doc.leader) rows.push(["leader", doc.role === "standby" ? doc.leader : `${doc.leader} (this core)`]);
+  const r = doc.replication;
+  if (r) {
+    const each = (r.standbys || []).map(s => {
+      const behind = r.log_durable_seq === undefined ? "" : ` (${number(Math.max(0, r.log_durable_seq - Math.max(s.acked, 0)))} behind)`;
+      return `${s.name || "standby"} ${s.acked >= 0 ? `acked seq ${number(s.acked)}` : "no ack yet"}${behind}`;
+    });
+    rows.push(["replication", (each.length ? each.join(", ") : "no standby attached") + `; sync ${r.sync_standby ? "on" : "off"}`]);
+  }
+  const l = doc.standby;
+  if (l) {
+    rows.push(["replication", `${l.state}${l.active ? ` from ${l.active}` : ""}: last seq ${number(l.last_seq)}, `
+      + `${number(l.lag_records)} records behind (${l.lag_seconds ? seconds(l.lag_seconds) : "0 s"})`]);
+    if (l.error) rows.push(["link error", l.error]);
+  }
+  return rows;
+}
+
+function drawCluster(doc) {
+  const role = $("role");
+  role.textContent = doc.role === "standby" && doc.leader ? `standby of ${doc.leader}` : String(doc.role || "–");
+  role.className = "badge";
+  const list = $("cluster");
+  clear(list);
+  for (const [key, value] of clusterRows(doc)) {
+    const dt = document.createElement("dt"), dd = document.createElement("dd");
+    dt.textContent = key;
+    dd.textContent = value;
+    list.append(dt, dd);
+  }
+}
+
 function drawStatus(doc) {
   text("version", `v${doc.version}`);
   text("uptime", duration(doc.uptime_seconds));
+  drawCluster(doc);
   const ready = $("ready");
   ready.textContent = doc.ready ? "ready" : `not ready: ${doc.ready_reason}`;
   ready.className = `badge ${doc.ready ? "ok" : "bad"}`;
@@ -244,13 +289,16 @@ function drawStatus(doc) {
 }
 
 function apply(doc) {
-  if (state.uptime !== null && doc.uptime_seconds < state.uptime) { // restarted: start over
-    Object.assign(state, { after: 0, since: null, history: [], events: [], uptime: null });
+  // Restarted, or another role now (promoted, stepped down: other events, other figures): start over.
+  if ((state.uptime !== null && doc.uptime_seconds < state.uptime) || (state.role !== null && doc.role !== state.role)) {
+    Object.assign(state, { after: 0, since: null, history: [], events: [], uptime: null, role: null });
     clear($("events"));
     return false;
   }
   state.uptime = doc.uptime_seconds;
-  const v = doc.vitals;
+  state.role = doc.role;
+  // A standby has no vitals of its own (no presence table): empty figures, not a failed poll.
+  const v = Object.assign({ history: [], recent_events: [], lateness: null }, doc.vitals);
   state.limit = v.recent_limit || state.limit;
   state.history.push(...v.history);
   const now = state.history.length ? state.history[state.history.length - 1].t : Date.now() / 1000;

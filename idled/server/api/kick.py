@@ -44,7 +44,9 @@ async def kick(backend: Backend, request: Kick) -> dict[str, int]:
         what = f"device {request.device!r} of uid" if request.device is not None else "uid"
         raise ApiError("not_online", f"{what} {request.uid!r} has no live session")
     now, wall = sessions.clock.now(), sessions.clock.wall()
-    message = f"kicked: {request.note}" if request.note else "kicked by the server's operator"
+    # The error frame's reason is the text after its code: clients print "kicked: <reason>", so the reason
+    # must not say "kicked" again.
+    message = request.note or "ended by the server's operator"
     ended = 0
     for key in keys:
         owner = presence.owner_of(key)

@@ -25,6 +25,10 @@ Like the core, the edge runs the stall guard's clock and the monitor task (``idl
 lag as ``idled_event_loop_lag_seconds``, the GC policy's thaw as a hook). The link measures the core's
 silence on that clock, so a pause of the edge itself (SIGSTOP, a GC walk) never counts as the core gone.
 
+With a metrics port (``--metrics-port``) the edge serves ``/metrics`` and a ``/status`` of its own (``status``:
+role ``edge``, the core it is on, its link's state, its connections, the limits in force), which ``idled
+status --metrics`` prints; ``/`` is a note pointing to the core's page (an edge has no live figures of its own).
+
 SIGTERM/SIGINT drain: stop accepting, close every user with ``server_shutdown`` (each task detaches its uid
 on the link), wait for them (bounded by the grace period), send the link's pending frames and ``bye``, exit.
 SIGHUP re-reads the configuration (file and environment; flags still win) and applies the log level and the
@@ -39,6 +43,7 @@ import logging
 import socket
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import trio
 
@@ -47,8 +52,9 @@ from idled.door.accept import Shortage, accept_all
 from idled.door.door import Door, client_gate, close_all, metrics_gate
 from idled.door.outbound import LinkPolicy
 from idled.ops.config import Config
-from idled.ops.fdbudget import Budget, open_file_limit
+from idled.ops.fdbudget import Budget, ConnectionLimit, edge_budget, open_file_limit
 from idled.ops.gcpolicy import GcPolicy
+from idled.ops.health import Health
 from idled.ops.http import serve_metrics
 from idled.ops.metrics import Metrics, NullMetrics
 from idled.protocol import ErrorCode
@@ -137,7 +143,11 @@ class Edge:
             if "metrics" in self.door.endpoints:
                 metrics_listeners = await self.door.open("metrics")
                 if self.metrics.registry is not None:
-                    await nursery.start(serve_metrics, self.metrics.registry, metrics_listeners, metrics_gate())
+                    # Its own /status (the core it is on, its link, its users) beside /metrics; no live page.
+                    health = Health(None, status=self.status, listening=lambda: bool(self.ports) and not self.users.stopping,
+                                    secret=self.secret, wall=self.clock.wall)
+                    await nursery.start(functools.partial(serve_metrics, health=health, page=False),
+                                        self.metrics.registry, metrics_listeners, metrics_gate())
                 else:
                     close_all({"metrics": metrics_listeners})
             log.info("waiting for the core at %s", self.link.addresses)
@@ -174,6 +184,22 @@ class Edge:
         if link.mismatches:
             raise link.links.fatal_round("edge link", link.mismatches)
 
+    def status(self) -> dict[str, Any]:
+        """``/status`` of an edge (read on the event loop): its role and name, the core it is on (``leader``:
+        None while the link is down), the link (``edge``), its connections and the limits in force."""
+        link, cfg = self.link, self.config
+        limit = ConnectionLimit.of(cfg.max_connections, self.budget)
+        error = link.last_error
+        part = {"cores": link.addresses, "core": link.welcomed_by, "link": "up" if link.connected else "down",
+                "logins": link.connections, "users": link.live, "attaching": link.attaches_in_flight,
+                "last_error": None if error is None else str(error)}
+        return {"role": "edge", "name": link.name, "leader": link.welcomed_by if link.connected else None,
+                "edge": part, "connections": dict(self.connections), "ports": list(self.ports),
+                "stopping": self.users.stopping,
+                "config": {**limit.fields(), "login_timeout": cfg.login_timeout, "max_frame": cfg.max_frame,
+                           "auth": self.secret is not None, "tls": cfg.tls_cert is not None,
+                           "proxy_protocol": cfg.proxy_protocol}}
+
     def _status_line(self) -> str:
         return f"{self.connections['user']} users; core link {'up' if self.link.connected else 'down'}"
 
@@ -186,8 +212,7 @@ class Edge:
 
     def _limit(self, max_connections: int) -> int:
         """``max_connections`` capped to the descriptor budget (``idled.ops.fdbudget``), with a warning."""
-        # The core link holds a descriptor too: counted as a listener.
-        self.budget = Budget.of(open_file_limit(), listeners=max(1, len(self.listen_fds)) + 1)
+        self.budget = edge_budget(open_file_limit(), len(self.listen_fds))
         # --workers: max_connections is the daemon's (checked in full()), this edge's own limit its budget.
         return connection_limit(max_connections, self.budget, log, shared=self.occupancy is not None)
 

@@ -234,6 +234,11 @@ class CoreLink(GatewayLink):
         return format_address(self.core)
 
     @property
+    def welcomed_by(self) -> str | None:
+        """The core of the last welcome (None: none yet); the one logged in to while ``connected``."""
+        return self._core
+
+    @property
     def dead_after(self) -> float:
         """Seconds of silence that end the connection (see Liveness): never over a unix socket."""
         return math.inf if isinstance(self.cores.target, UnixPath) else self._dead_after

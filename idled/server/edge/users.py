@@ -65,7 +65,9 @@ RELAY_BYTES = 65536  # one read of a relayed connection: the only buffer a relay
 ATTACH_WAIT = 2.0  # seconds a login waits for the core to process its attach before the welcome is sent anyway
 # An ``ended`` notice's reason -> the error its user is closed with (any other reason: idle_timeout), and the text.
 _ENDED_CODES = {"kicked": ErrorCode.KICKED, "unavailable": ErrorCode.UNAVAILABLE}
-_ENDED_TEXT = {ErrorCode.KICKED: "logged in elsewhere", ErrorCode.IDLE_TIMEOUT: "no activity within the timeout",
+# A ``kicked`` notice carries no text: a newer login elsewhere, the devices limit or the operator's kick (API).
+_ENDED_TEXT = {ErrorCode.KICKED: "ended at the core: logged in elsewhere, or by the server's operator",
+               ErrorCode.IDLE_TIMEOUT: "no activity within the timeout",
                ErrorCode.UNAVAILABLE: "the server cannot take new sessions now (its disk is full); retry later"}
 
 

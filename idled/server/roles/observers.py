@@ -269,7 +269,7 @@ class Observers:
     def __init__(
         self, presence: PresenceTable | None, bus: EventBus, log: EventLog, *, first_seq: int, peers: set[Connection],
         clock: Callable[[], float] = trio.current_time,
-        max_watch: int = DEFAULT_MAX_WATCH, queries: Queries | None = None,
+        max_watch: int = DEFAULT_MAX_WATCH, queries: Queries | None = None, replica: bool = False,
     ) -> None:
         if queries is None:
             assert presence is not None
@@ -280,6 +280,7 @@ class Observers:
         self.first_seq = first_seq
         self.peers = peers
         self.max_watch = max_watch
+        self.replica = replica  # a standby's copy of the log: a `from` beyond it is "not yet", not a mistake
         self._connected: set[_Peer] = set()
         bus.start(first_seq)
 
@@ -350,8 +351,13 @@ class Observers:
                 raise ProtocolError(ErrorCode.NOT_ALLOWED, f"{type(message).__name__.lower()} is not for observers")
 
     async def check_retained(self, start: int | None) -> None:
-        """Refuse a ``from`` beyond the next seq (``bad_message``) or older than anything retained (``gone``)."""
+        """Refuse a ``from`` beyond the next seq (``bad_message``; on a standby ``unavailable``: an observer that
+        read further on the leader, come here on a failover or a lag, retries) or older than anything retained
+        (``gone``)."""
         next_seq = self.bus.next_seq
+        if start is not None and start > next_seq and self.replica:
+            raise ProtocolError(ErrorCode.UNAVAILABLE, f"from={start}: this standby's copy ends at seq {next_seq - 1} "
+                                "(the rest is not replicated yet); retry, or subscribe at the leader")
         if start is not None and start > next_seq:
             raise ProtocolError(ErrorCode.BAD_MESSAGE, f"from={start} is beyond the next seq {next_seq}")
         if start is not None and start < next_seq:

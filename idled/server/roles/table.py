@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from idled.ops.config import Config
-from idled.ops.fdbudget import Budget
+from idled.ops.fdbudget import Budget, ConnectionLimit
 from idled.server.roles.doorway import ROLE_LABELS, Doorway, Role
 from idled.server.roles.plane import UserPlane
 from idled.server.roles.users import UserSink, run_user
@@ -65,16 +65,18 @@ def user_plane(users: UserSink[Any], connections: dict[str, int], reject: Callab
 
 def connection_limit(max_connections: int, budget: Budget | None, log: logging.Logger, *, shared: bool = False) -> int:
     """``max_connections`` capped to ``budget`` (None: not known yet, uncapped), with a warning giving the
-    arithmetic. ``shared``: ``max_connections`` is the whole daemon's, over several edges (checked
-    against their total elsewhere), so this process's own limit is just its budget."""
-    if budget is None or max_connections <= budget.connections:
+    arithmetic (``ConnectionLimit``: what the status shows). ``shared``: ``max_connections`` is the whole
+    daemon's, over several edges (checked against their total elsewhere), so this process's own limit is just
+    its budget."""
+    limit = ConnectionLimit.of(max_connections, budget)
+    if limit.why is None:
         log.info("connections limited to %d (descriptor budget: %s)", max_connections, budget)
         return max_connections
     if shared:
-        return budget.connections
+        return limit.effective
     log.warning("max_connections %d is more than the descriptors allow (%s): capped to %d",
-                max_connections, budget, budget.connections)
-    return budget.connections
+                max_connections, limit.why, limit.effective)
+    return limit.effective
 
 
 def reload_door(door: Doorway, previous: Config, config: Config, limit: Callable[[int], int]) -> None:

@@ -8,22 +8,24 @@ from pathlib import Path
 from typing import Any, cast
 
 from idled.ops.config import Config
-from idled.server.status.overview import config_summary, status_part, workers_part
+from idled.server.status.overview import settings_part, status_part, workers_part
 from idled.server.workers.edges import Workers
 from idled.server.status.vitals import Sample, Vitals
 
 
-def test_the_config_summary_says_what_shapes_behaviour_and_nothing_secret(tmp_path: Path) -> None:
+def test_the_settings_part_says_what_shapes_behaviour_and_nothing_secret(tmp_path: Path) -> None:
     secret = tmp_path / "secret"
     cfg = Config(tick=0.5, timeout=20.0, fsync="always", secret_file=str(secret), workers=2)
-    summary = config_summary(cfg)
+    summary = settings_part(cfg)
     assert summary["tick"] == 0.5 and summary["timeout"] == 20.0 and summary["fsync"] == "always"
     assert summary["auth"] is True and summary["workers"] == 2 and summary["max_connections"] == cfg.max_connections
     assert str(secret) not in json.dumps(summary) and "secret" not in " ".join(summary)
-    assert config_summary(Config())["auth"] is False
+    assert settings_part(Config())["auth"] is False
 
 
 class FakeSupervisor:
+    public = [object()]  # the public listener the edges share
+
     def view(self) -> list[tuple[str, int | None, int, int, int]]:
         return [("worker-0", 1234, 0, 10, 11), ("worker-1", None, 3, 0, 0)]
 
