@@ -7,9 +7,6 @@ Skips (with the reason) where chromium, chromedriver or selenium are missing, as
 
 from __future__ import annotations
 
-import functools
-import http.server
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +16,7 @@ import pytest
 import trio
 
 from idled.protocol import Event
-from idled.tools.browser import BrowserUnavailable, start_chromium
+from tests.browser import headless_chromium, static_site
 from tests.peers import Daemon, serve_command
 from tests.server.test_websocket import watching
 
@@ -30,26 +27,15 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 @pytest.fixture
 def browser(tmp_path: Path) -> Iterator[Any]:
-    try:
-        driver = start_chromium(tmp_path / "chromium-profile")
-    except BrowserUnavailable as exc:
-        pytest.skip(f"no headless Chromium: {exc}")
-    try:
+    with headless_chromium(tmp_path / "chromium-profile") as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 @pytest.fixture
 def site() -> Iterator[int]:
     """examples/ as static files on loopback: the port."""
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(EXAMPLES))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield server.server_address[1]
-    finally:
-        server.shutdown()
+    with static_site(EXAMPLES) as port:
+        yield port
 
 
 def state_after(browser: Any, wanted: str, timeout: float) -> str:

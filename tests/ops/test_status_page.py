@@ -15,7 +15,7 @@ import socket
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +27,9 @@ from idled.ops.statuspage import CSP, live_query
 from idled.protocol import Login, encode
 from idled.protocol.tokens import API_ROLE, mint
 from idled.tools.bench.daemon import Daemon
-from idled.tools.browser import BrowserUnavailable, start_chromium
 from tests import peers
 from tests.peers import running, start_metrics
+from tests.browser import headless_chromium, until
 
 ROOT = Path(__file__).resolve().parents[2]
 Response = tuple[int, dict[str, str], bytes]
@@ -155,15 +155,9 @@ REBOUND = "evil.example"  # a name Chromium resolves to 127.0.0.1, as a rebindin
 
 @pytest.fixture(scope="module")
 def chromium(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    try:
-        driver = start_chromium(tmp_path_factory.mktemp("chromium-profile"),
-                                flags=(f"--host-resolver-rules=MAP {REBOUND} 127.0.0.1",))
-    except BrowserUnavailable as exc:
-        pytest.skip(f"no headless Chromium: {exc}")
-    try:
+    with headless_chromium(tmp_path_factory.mktemp("chromium-profile"),
+                           (f"--host-resolver-rules=MAP {REBOUND} 127.0.0.1",)) as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 @pytest.fixture
@@ -188,16 +182,6 @@ def screenshot(driver: Any, name: str) -> Path:
     driver.save_screenshot(str(path))
     print(f"screenshot: {path}")
     return path
-
-
-def until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
-        time.sleep(0.05)
 
 
 def problems(driver: Any) -> list[str]:

@@ -8,9 +8,6 @@ here. Skips (with the reason) where chromium, chromedriver or selenium are missi
 
 from __future__ import annotations
 
-import functools
-import http.server
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +18,7 @@ import pytest
 import trio
 
 from idled.protocol import Event
-from idled.tools.browser import BrowserUnavailable, start_chromium
+from tests.browser import headless_chromium, static_site
 from tests.peers import Daemon, serve_command
 from tests.server.test_websocket import watching
 
@@ -44,15 +41,9 @@ ws.onclose = (e) => done({got, code: e.code, reason: e.reason, protocol: ws.prot
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    try:
-        driver = start_chromium(tmp_path_factory.mktemp("chromium-profile"))
-    except BrowserUnavailable as exc:
-        pytest.skip(f"no headless Chromium: {exc}")
-    driver.set_script_timeout(30)
-    try:
+    with headless_chromium(tmp_path_factory.mktemp("chromium-profile")) as driver:
+        driver.set_script_timeout(30)
         yield driver
-    finally:
-        driver.quit()
 
 
 @pytest.fixture(scope="module")
@@ -60,14 +51,8 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     """A static page on loopback: its port."""
     root = tmp_path_factory.mktemp("site")
     (root / "index.html").write_text("<!doctype html><title>presence</title><p>a page</p>")
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server.server_address[1]
-    finally:
-        server.shutdown()
+    with static_site(root) as port:
+        yield port
 
 
 def session(browser: Any, page: str, port: int) -> dict[str, Any]:

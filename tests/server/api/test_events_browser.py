@@ -11,8 +11,7 @@ Skips (with the reason) where Chromium, chromedriver or selenium are missing, as
 from __future__ import annotations
 
 import socket
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +19,8 @@ import pytest
 
 from idled.protocol import Login, encode
 from idled.tools.bench.daemon import Daemon
-from idled.tools.browser import BrowserUnavailable, start_chromium
 from tests import peers
+from tests.browser import headless_chromium, until
 
 pytestmark = pytest.mark.slow
 
@@ -42,24 +41,8 @@ window.source = source;
 
 @pytest.fixture(scope="module")
 def chromium(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    try:
-        driver = start_chromium(tmp_path_factory.mktemp("chromium-profile"))
-    except BrowserUnavailable as exc:
-        pytest.skip(f"no headless Chromium: {exc}")
-    try:
+    with headless_chromium(tmp_path_factory.mktemp("chromium-profile")) as driver:
         yield driver
-    finally:
-        driver.quit()
-
-
-def until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
-        time.sleep(0.05)
 
 
 def login(port: int, uid: str, keepalive: float) -> socket.socket:
