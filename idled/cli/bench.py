@@ -25,10 +25,10 @@ import os
 import sys
 from pathlib import Path
 
-from idled.core.detector import DEFAULT_CHUNK
-from idled.core.factory import DETECTOR_KINDS
 from idled.cli import benchprocs
 from idled.cli.benchprocs import UsageError, print_lines
+from idled.core.detector import DEFAULT_CHUNK
+from idled.core.factory import DETECTOR_KINDS
 from idled.ops.fatal import EXIT_FAILURE, EXIT_OK, EXIT_TARGET_FAILED, EXIT_USAGE
 from idled.tools.bench.detectors import (
     CLOCKS, DEFAULT_SECONDS, DEFAULT_SILENT_FRACTION, DEFAULT_SIZES, DEFAULT_SLOTS, DEFAULT_TIMEOUT, SizeReport,

@@ -23,10 +23,10 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from idled.ops import config as config_module
+from idled.ops import systemd
 from idled.ops.config import Config, ConfigError
 from idled.ops.fatal import EXIT_OK, EXIT_USAGE, Fatal
 from idled.ops.health import probe_directory
-from idled.ops import systemd
 from idled.protocol import tokens
 
 __all__ = ["add_arguments", "run", "as_toml"]

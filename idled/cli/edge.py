@@ -9,15 +9,15 @@ import os
 import socket
 
 
+from idled.cli.serve import fatal, run_until_stopped
+from idled.door.outbound import LinkPolicy
 from idled.ops import config as config_module
 from idled.ops import systemd
-from idled.cli.serve import fatal, run_until_stopped
 from idled.ops.config import Config, ConfigError
 from idled.ops.fatal import EXIT_OK, EXIT_USAGE, Fatal
 from idled.ops.gcpolicy import GcPolicy
 from idled.ops.logs import setup_logging
 from idled.ops.metrics import Metrics
-from idled.door.outbound import LinkPolicy
 from idled.protocol import tokens
 from idled.protocol.address import AddressError, HostPort
 from idled.server.edge import Edge

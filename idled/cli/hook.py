@@ -36,8 +36,8 @@ from idled.hook.config import (
     DEFAULT_BATCH_BYTES, DEFAULT_BATCH_MAX, DEFAULT_BATCH_WAIT, DEFAULT_STOP_GRACE, DEFAULT_TIMEOUT, HookConfig,
 )
 from idled.hook.deliver import Shutdown
-from idled.hook.retry import RetryPolicy
 from idled.hook.redrive import REDRIVE_FILE, RedriveStopped, run_redrive
+from idled.hook.retry import RetryPolicy
 from idled.hook.runner import run_hook
 from idled.hook.sign import GENERATE, parse_secret
 from idled.hook.source import HookGone

@@ -31,10 +31,10 @@ from typing import Any
 import trio
 
 from idled.cli.loadtestflags import DEFAULT_DURATION, DEFAULT_EVENT_RATE_SECONDS, add_arguments
-from idled.protocol import MAX_KEEPALIVE, MIN_KEEPALIVE
-from idled.protocol.address import AddressError, parse_address
 from idled.ops.config import MAX_WORKERS
 from idled.ops.fatal import EXIT_FAILURE, EXIT_OK, EXIT_TARGET_FAILED, EXIT_USAGE
+from idled.protocol import MAX_KEEPALIVE, MIN_KEEPALIVE
+from idled.protocol.address import AddressError, parse_address
 from idled.tools.loadtest.ipc import IpcError
 from idled.tools.loadtest.observer import ObserverLost
 from idled.tools.loadtest.rates import sweep_rows, sweep_table

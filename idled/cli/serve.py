@@ -16,8 +16,8 @@ from idled.ops import config as config_module
 from idled.ops import systemd
 from idled.ops.config import Config, ConfigError
 from idled.ops.fatal import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, describe
-from idled.ops.gcpolicy import GcPolicy
 from idled.ops.fdbudget import open_file_limit
+from idled.ops.gcpolicy import GcPolicy
 from idled.ops.logs import setup_logging, summary_line
 from idled.protocol import tokens
 

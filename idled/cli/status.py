@@ -26,10 +26,10 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from idled.cli.clientflags import UsageError, endpoint, token_for
 from idled.ops.fatal import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from idled.ops.fdbudget import ConnectionLimit
 from idled.ops.logs import plural
-from idled.cli.clientflags import UsageError, endpoint, token_for
 from idled.protocol.tokens import API_ROLE
 
 __all__ = ["add_arguments", "run", "fetch_status", "format_status"]

@@ -20,10 +20,10 @@ import argparse
 import json
 import sys
 
-from idled.cli.events import human_line
 from idled.cli.clientflags import (
     FOLLOW_BACKOFF, Interrupt, add_client_arguments, follower, run_command, tls_context, token_for,
 )
+from idled.cli.events import human_line
 from idled.client import ClientError, Gone
 from idled.client.follow import Following
 from idled.client.observer import Observer

@@ -39,9 +39,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from idled.client.errors import ClientError, ConnectionLost
-from idled.protocol.address import format_address
 from idled.client.link import Link
 from idled.protocol import ErrorCode
+from idled.protocol.address import format_address
 
 __all__ = ["Follow", "Following"]
 

@@ -51,9 +51,9 @@ from wsproto.utilities import RemoteProtocolError
 from idled.ops.config import Config
 from idled.ops.origin import misdirected, same_origin
 from idled.protocol import PONG_FRAME
+from idled.protocol.codec import PONG_BODY
 from idled.protocol.httphead import HeadError, Inbox
 from idled.protocol.websocket import SUBPROTOCOL, WsDecoder, close_code, close_frame, error_of, message, wrap
-from idled.protocol.codec import PONG_BODY
 
 __all__ = ["MAX_HEAD", "UPGRADE", "OriginRule", "WebSocketStream", "WsRefused", "upgrade"]
 

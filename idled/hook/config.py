@@ -7,10 +7,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
-from idled.protocol.address import format_address, parse_addresses
 from idled.hook.batch import Filter
 from idled.hook.retry import RetryPolicy
 from idled.protocol import Uid
+from idled.protocol.address import format_address, parse_addresses
 
 __all__ = ["HookConfig", "DEFAULT_BATCH_MAX", "DEFAULT_BATCH_BYTES", "DEFAULT_BATCH_WAIT", "DEFAULT_TIMEOUT",
            "DEFAULT_STOP_GRACE", "DEFAULT_QUEUE"]

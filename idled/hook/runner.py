@@ -25,12 +25,12 @@ import time
 import trio
 from prometheus_client import CollectorRegistry
 
+from idled.door.door import Door, metrics_gate
 from idled.hook.config import HookConfig
 from idled.hook.deliver import Deliverer, Shutdown
 from idled.hook.metrics import HookMetrics
 from idled.hook.post import Poster
 from idled.hook.source import read_events
-from idled.door.door import Door, metrics_gate
 from idled.hook.state import StateDir, StateError
 from idled.ops.http import serve_metrics
 from idled.protocol import Event

@@ -67,6 +67,7 @@ from idled.log.errors import (
     DiskFull, EventLogError, FsyncFailed, LogLocked, LogStateError, RecordTooLarge, SeqOrderError, WriteFailed,
     write_error,
 )
+from idled.log.lastseen import DEFAULT_LAST_SEEN_HORIZON, LastSeen
 from idled.log.records import HEADER_BYTES, MAX_RECORD_BYTES, DecodeResult, decode_buffer, encode_record
 from idled.log.recovery import (
     RecoveredSessions, Recovery, SegmentReport, damage_totals, quarantine_tail, scan_log, verify_log,
@@ -75,10 +76,9 @@ from idled.log.segments import (
     READ_CHUNK_BYTES, SEGMENT_SUFFIX, SegmentScan, fsync_directory, list_segments, oldest_seq, segment_name,
     write_all,
 )
-from idled.log.lastseen import DEFAULT_LAST_SEEN_HORIZON, LastSeen
+from idled.log.snapshot import OpenSessions, Uid, write_snapshot
 from idled.log.space import RESERVE_AHEAD, Reservation
 from idled.log.spare import NO_DESCRIPTOR, SPARE_NAME, SpareSegment
-from idled.log.snapshot import OpenSessions, Uid, write_snapshot
 from idled.log.tailer import LogTailer, iter_records
 
 __all__ = [

@@ -62,11 +62,11 @@ from typing import Final, Protocol
 import trio
 from prometheus_client import CollectorRegistry, generate_latest
 
-from idled.protocol.httphead import HeadError, Inbox
 from idled.ops.health import Health, health_response
 from idled.ops.metrics import CONTENT_TYPE
 from idled.ops.origin import misdirected, misdirected_text
 from idled.ops.statuspage import LIVE_PATH, PAGE_HEADERS, Asset, load_assets
+from idled.protocol.httphead import HeadError, Inbox
 
 __all__ = ["HEAD_TIMEOUT", "Admitted", "Gate", "serve_metrics"]
 

@@ -29,8 +29,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from idled.protocol.address import format_address
 from idled.ops.fdbudget import ConnectionLimit
+from idled.protocol.address import format_address
 
 if TYPE_CHECKING:
     from idled.ops.config import Config

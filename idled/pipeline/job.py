@@ -45,8 +45,8 @@ from idled.pipeline.aggregate import TABLES, Laps, Tables, build_tables
 from idled.pipeline.decode import EVENT_SCHEMA, daemon_names, file_totals, read_events
 from idled.pipeline.freshness import log_read_of, watermark_of
 from idled.pipeline.output import SmallTables, read_small_tables, summarize, write_summary, write_tables
-from idled.pipeline.rules import FlapParams, check_grace
 from idled.pipeline.pool import TaskPool, local_cores
+from idled.pipeline.rules import FlapParams, check_grace
 from idled.pipeline.spark import master_of, materialize, spark_conf, start_spark
 
 if TYPE_CHECKING:

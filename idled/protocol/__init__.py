@@ -7,6 +7,8 @@ re-exported here: import them from `idled.protocol`. Tokens (`idled.protocol.tok
 their own module.
 """
 
+from idled.protocol.codec import BYE_FRAME, PING_FRAME, PONG_FRAME, decode_client_body, decode_server_body, encode
+from idled.protocol.framing import FrameDecoder
 from idled.protocol.messages import (
     DEFAULT_MAX_FRAME, MAX_FRAME_LIMIT, MAX_UID_BYTES, MAX_DEVICE_BYTES, MAX_NAME_BYTES, MAX_TOKEN_CHARS, MIN_KEEPALIVE,
     MAX_KEEPALIVE, MAX_INT_UID, MAX_SEQ, MAX_DATA_DEPTH, ROLES, ErrorCode, ProtocolError, NEED_DATA,
@@ -16,8 +18,6 @@ from idled.protocol.messages import (
 )
 from idled.protocol.messages import Replicate, Unwatch, Watch
 from idled.protocol.parse import check_device, check_key, check_uid, parse_client_message, parse_server_message
-from idled.protocol.codec import BYE_FRAME, PING_FRAME, PONG_FRAME, decode_client_body, decode_server_body, encode
-from idled.protocol.framing import FrameDecoder
 from idled.protocol.stream import RECEIVE_BYTES, ByteStream, messages, receive_message
 
 __all__ = [

@@ -59,6 +59,11 @@ import trio
 
 from idled.core.factory import make_detector
 from idled.core.presence import PresenceEvent, PresenceTable, ticks_for
+from idled.door.accept import Shortage, accept_all
+from idled.door.addresses import bound_address, display
+from idled.door.door import (
+    Door, Listening, api_gate, client_gate, close_all, http_connections, metrics_gate, reload_gate,
+)
 from idled.log.eventlog import EventLog, Recovery
 from idled.log.seqs import SeqReservation
 from idled.ops import systemd
@@ -66,44 +71,39 @@ from idled.ops.config import Config
 from idled.ops.fatal import fatal_on_log_error
 from idled.ops.fdbudget import Budget, open_file_limit
 from idled.ops.gcpolicy import GcPolicy
-from idled.ops.logs import PeerLog, plural
 from idled.ops.health import Health
 from idled.ops.http import serve_metrics
+from idled.ops.logs import PeerLog, plural
 from idled.ops.metrics import Metrics, NullMetrics
 from idled.protocol import ErrorCode
 from idled.server.api import Api, ApiMetrics, Backend
-from idled.server.engine.bus import EventBus
-from idled.server.runtime.clock import Clock, floor_wall
-from idled.server.roles.doorway import Connection, Doorway, auth_secret, refuse_out_of_descriptors
-from idled.server.engine.degraded import Degraded, LogHold
 from idled.server.election import Election
 from idled.server.election.fence import Fence
-from idled.server.roles.gateways import Gateways
-from idled.server.status.lagwatch import LagWatch
+from idled.server.engine.bus import EventBus
+from idled.server.engine.degraded import Degraded, LogHold
 from idled.server.engine.logtask import LogTask
-from idled.server.runtime.reload import reload
+from idled.server.engine.queries import Queries
+from idled.server.engine.seqs import SeqBlocks
+from idled.server.engine.sessions import Sessions
+from idled.server.engine.ticker import Ticker
+from idled.server.ha.feed import Replicas
+from idled.server.roles.doorway import Connection, Doorway, auth_secret, refuse_out_of_descriptors
+from idled.server.roles.gateways import Gateways
+from idled.server.roles.observers import Observers
+from idled.server.roles.plane import UserPlane
 from idled.server.roles.table import (
     DOOR_RELOADABLE, connection_counts, connection_limit, reload_door, roles, user_plane,
 )
-from idled.door.accept import Shortage, accept_all
-from idled.door.addresses import bound_address, display
-from idled.door.door import (
-    Door, Listening, api_gate, client_gate, close_all, http_connections, metrics_gate, reload_gate,
-)
-from idled.server.runtime.monitor import Monitor
-from idled.server.roles.observers import Observers
-from idled.server.status.overview import status_part
-from idled.server.roles.plane import UserPlane
-from idled.server.engine.queries import Queries
-from idled.server.ha.feed import Replicas
-from idled.server.engine.seqs import SeqBlocks
-from idled.server.engine.sessions import Sessions
-from idled.server.runtime.signals import SIGNALS, until_stopped
-from idled.server.workers.metrics import WorkerCollector
-from idled.server.workers.edges import Workers
-from idled.server.engine.ticker import Ticker
 from idled.server.roles.users import CoreUsers
+from idled.server.runtime.clock import Clock, floor_wall
+from idled.server.runtime.monitor import Monitor
+from idled.server.runtime.reload import reload
+from idled.server.runtime.signals import SIGNALS, until_stopped
+from idled.server.status.lagwatch import LagWatch
+from idled.server.status.overview import status_part
 from idled.server.status.vitals import Sample, Vitals, histogram_source
+from idled.server.workers.edges import Workers
+from idled.server.workers.metrics import WorkerCollector
 
 __all__ = ["RELOADABLE", "NotServing", "Running", "Server"]
 

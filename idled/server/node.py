@@ -44,10 +44,10 @@ from idled.door.door import Door, Listening
 from idled.door.outbound import LinkPolicy
 from idled.ops import systemd
 from idled.ops.config import Config
-from idled.server.roles.doorway import auth_secret
 from idled.server.election import Election, ManualElection
 from idled.server.election.base import Status
 from idled.server.election.fence import stepped_down
+from idled.server.roles.doorway import auth_secret
 from idled.server.runtime.signals import SIGNALS
 
 __all__ = ["Node", "Role", "RoleFactory"]

@@ -42,8 +42,8 @@ from prometheus_client.registry import Collector
 
 from idled.door.accept import Shortage, accept_all
 from idled.door.addresses import bound_address, display
-from idled.door.outbound import LinkPolicy
 from idled.door.door import Door, Listening, client_gate, close_all, http_connections, metrics_gate
+from idled.door.outbound import LinkPolicy
 from idled.log.eventlog import EventLog
 from idled.ops import systemd
 from idled.ops.config import Config, address_setting
@@ -55,14 +55,14 @@ from idled.ops.metrics import Metrics, NullMetrics
 from idled.protocol import ErrorCode, FrameDecoder, Login, ProtocolError, Query, Status, Uid, encode
 from idled.protocol.address import format_address
 from idled.server.engine.bus import EventBus
-from idled.server.runtime.clock import WallClock, floor_wall
-from idled.server.roles.doorway import Connection, Doorway, auth_secret, refuse_out_of_descriptors
-from idled.server.roles.table import connection_counts, connection_limit
-from idled.server.status.overview import settings_part
-from idled.server.roles.observers import Observers
 from idled.server.engine.queries import Queries
-from idled.server.runtime.signals import SIGNALS, until_stopped
 from idled.server.ha.follow import StandbyLink
+from idled.server.roles.doorway import Connection, Doorway, auth_secret, refuse_out_of_descriptors
+from idled.server.roles.observers import Observers
+from idled.server.roles.table import connection_counts, connection_limit
+from idled.server.runtime.clock import WallClock, floor_wall
+from idled.server.runtime.signals import SIGNALS, until_stopped
+from idled.server.status.overview import settings_part
 
 __all__ = ["StandbyServer", "StandbyQueries", "StandbyCollector"]
 

@@ -182,9 +182,9 @@ import msgpack, psutil, trio
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from idled.door.door import Door, Endpoint, metrics_gate
+from idled.ops import systemd
 from idled.ops.http import serve_metrics
 from idled.ops.metrics import Metrics
-from idled.ops import systemd
 
 assert msgpack.unpackb(msgpack.packb({"uid": 1, "k": [1.5, b"x"]})) == {"uid": 1, "k": [1.5, b"x"]}
 psutil.Process().memory_info()

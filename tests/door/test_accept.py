@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import trio
 
-from idled.server.roles.doorway import refuse, refuse_out_of_descriptors
 from idled.door.accept import OVERFLOW_PATIENCE, OVERFLOW_WAIT, Shortage, accept_loop
+from idled.server.roles.doorway import refuse, refuse_out_of_descriptors
 from tests.peers import Client
 
 

@@ -15,8 +15,8 @@ import trio
 
 import time
 
-from idled.protocol import BYE, Error, ErrorCode, Login, PING, Pong, Subscribe, Welcome, tokens
 from idled.door.tls import certificate_names
+from idled.protocol import BYE, Error, ErrorCode, Login, PING, Pong, Subscribe, Welcome, tokens
 from tests.peers import Client, running
 from tests.tlscerts import Certs
 

@@ -26,8 +26,8 @@ FREE = 4  # descriptors left free after the squeeze: the spare, and three connec
 # "room", the loop is given a Room (as an edge's is) that is never full: descriptors run out first.
 SQUEEZED = r"""
 import logging, os, resource, sys, trio
-from idled.server.roles.doorway import refuse
 from idled.door.accept import Shortage, accept_loop
+from idled.server.roles.doorway import refuse
 
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
 FREE = int(sys.argv[1])

@@ -18,8 +18,8 @@ from prometheus_client.registry import Collector
 from idled import __version__
 from idled.door.gate import Gate, Limits
 from idled.ops.http import HEAD_TIMEOUT
-from tests.peers import start_metrics
 from idled.ops.metrics import CONTENT_TYPE, SNAPSHOT_KEYS, Metrics, lateness_buckets
+from tests.peers import start_metrics
 
 
 @pytest.fixture

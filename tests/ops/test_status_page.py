@@ -28,8 +28,8 @@ from idled.protocol import Login, encode
 from idled.protocol.tokens import API_ROLE, mint
 from idled.tools.bench.daemon import Daemon
 from tests import peers
-from tests.peers import running, start_metrics
 from tests.browser import headless_chromium, until
+from tests.peers import running, start_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 Response = tuple[int, dict[str, str], bytes]

@@ -13,8 +13,8 @@ from idled.protocol import (
     NEED_DATA, ROLES, ErrorCode, FrameDecoder, Login, ProtocolError, Welcome, encode, parse_client_message,
     parse_server_message,
 )
-from idled.protocol.replication import encode_replicate, parse_replication_message
 from idled.protocol.replicate import ReplicateChecked
+from idled.protocol.replication import encode_replicate, parse_replication_message
 from idled.protocol.tokens import AuthError, mint, verify
 
 SECRET = b"0123456789abcdef-test-secret"

@@ -11,8 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from idled.protocol import NEED_DATA, PING, ErrorCode, Msg, ProtocolError
-from idled.protocol.websocket import ACTIVITY, WsDecoder, close_code, close_frame, error_of, message, wrap
 from idled.protocol import encode, Error, PONG_FRAME
+from idled.protocol.websocket import ACTIVITY, WsDecoder, close_code, close_frame, error_of, message, wrap
 
 
 def client_frame(payload: bytes, opcode: int = 2, fin: bool = True, mask: bytes | None = None) -> bytes:

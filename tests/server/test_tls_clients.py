@@ -16,8 +16,8 @@ from idled.client import TLSRequired
 from idled.client.asyncio import open_session as asyncio_session
 from idled.client.trio import open_observer, open_session
 from idled.protocol import Login, Welcome
-from tests.peers import running
 from tests.door.test_tls import tls_client
+from tests.peers import running
 from tests.tlscerts import Certs
 
 

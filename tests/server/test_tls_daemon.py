@@ -14,8 +14,8 @@ import trio
 import time
 
 from idled.protocol import BYE, PING, Error, ErrorCode, Login, Pong, Subscribe, encode, tokens
-from tests.peers import Client, Daemon, serve_command
 from tests.door.test_tls import tls_client, tls_login
+from tests.peers import Client, Daemon, serve_command
 from tests.tlscerts import Certs, need_openssl
 
 pytestmark = pytest.mark.slow

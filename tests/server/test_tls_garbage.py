@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from idled.protocol import BYE, ErrorCode, Login, Welcome
 from idled.door.tls import untie
+from idled.protocol import BYE, ErrorCode, Login, Welcome
 from tests.peers import Client, Harness, running
 from tests.tlscerts import Certs
 

@@ -25,14 +25,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from idled.cli import loadtest
+from idled.protocol import DEFAULT_MAX_FRAME, MAX_INT_UID, Attach, Detach, Touch, encode
 from idled.tools.loadtest import ipc
-from idled.tools.loadtest.report import clean_json, compare_ratios, compare_text, summary_text, targets
-from idled.tools.loadtest.target import parse_metrics, parse_stall
 from idled.tools.loadtest.connect import error_name
 from idled.tools.loadtest.gateways import TouchWheel, chunked, uid_bytes, uids_per_frame
 from idled.tools.loadtest.histogram import Histogram
+from idled.tools.loadtest.report import clean_json, compare_ratios, compare_text, summary_text, targets
 from idled.tools.loadtest.stats import BYE, SILENT, Matcher, Plan, make_plan, silent_window
-from idled.protocol import DEFAULT_MAX_FRAME, MAX_INT_UID, Attach, Detach, Touch, encode
+from idled.tools.loadtest.target import parse_metrics, parse_stall
 
 # ------------------------------------------------------------------------------------------- histogram
 

@@ -47,8 +47,8 @@ from typing import Any
 
 import trio
 
-from idled.door.addresses import display
 from idled.door.accept import Shortage, accept_all
+from idled.door.addresses import display
 from idled.door.door import Door, client_gate, close_all, metrics_gate
 from idled.door.outbound import LinkPolicy
 from idled.ops.config import Config
@@ -58,17 +58,17 @@ from idled.ops.health import Health
 from idled.ops.http import serve_metrics
 from idled.ops.metrics import Metrics, NullMetrics
 from idled.protocol import ErrorCode
-from idled.server.runtime.clock import Clock
-from idled.server.roles.doorway import Doorway, auth_secret, refuse, refuse_out_of_descriptors
 from idled.server.edge.link import CoreLink
-from idled.server.workers.occupancy import Occupancy
 from idled.server.edge.users import EdgeUsers
-from idled.server.runtime.reload import reload
+from idled.server.roles.doorway import Doorway, auth_secret, refuse, refuse_out_of_descriptors
 from idled.server.roles.table import (
     DOOR_RELOADABLE, connection_counts, connection_limit, reload_door, roles, user_plane,
 )
+from idled.server.runtime.clock import Clock
 from idled.server.runtime.monitor import Monitor
+from idled.server.runtime.reload import reload
 from idled.server.runtime.signals import SIGNALS, until_stopped
+from idled.server.workers.occupancy import Occupancy
 
 __all__ = ["Edge", "RELOADABLE"]
 

@@ -91,8 +91,8 @@ from idled.client.gatewaylink import EndedCallback, GatewayLink
 from idled.client.leader import LeaderSearch
 from idled.client.link import Conn
 from idled.client.trio import TRIO, TrioConn
-from idled.door.outbound import LinkFailed, LinkPolicy, LinkRound, broken_link, dial
 from idled.core.timeouts import DEFAULT_MAX_TIMEOUT, DEFAULT_TICK, DEFAULT_TIMEOUT, timeout_for
+from idled.door.outbound import LinkFailed, LinkPolicy, LinkRound, broken_link, dial
 from idled.protocol import (
     BYE_FRAME, PING_FRAME, Login, Marked, SessionKey, Welcome, encode, tokens,
 )

@@ -50,11 +50,11 @@ from collections.abc import Callable
 
 import trio
 
-from idled.protocol import ErrorCode, FrameDecoder, Login, ProtocolError, SessionKey, encode
-from idled.server.roles.doorway import Connection, close_with
 from idled.door.outbound import LinkFailed, close_link
 from idled.door.websocket import WebSocketStream
+from idled.protocol import ErrorCode, FrameDecoder, Login, ProtocolError, SessionKey, encode
 from idled.server.edge.link import MAX_ATTACHING, CoreLink, open_core_stream
+from idled.server.roles.doorway import Connection, close_with
 from idled.server.roles.users import Plane
 
 __all__ = ["EdgeUser", "EdgeUsers", "RELAY_BYTES"]

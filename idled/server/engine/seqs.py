@@ -46,8 +46,8 @@ import trio
 from idled.core.presence import PresenceTable
 from idled.log.errors import is_disk_full
 from idled.log.seqs import SEQ_BLOCK, SEQ_HEADROOM, SeqReservation
-from idled.server.engine.degraded import Degraded
 from idled.server.election import Election, ElectionError, EtcdUnavailable
+from idled.server.engine.degraded import Degraded
 
 __all__ = ["SeqBlocks"]
 

@@ -63,8 +63,8 @@ from idled.core.presence import Owner, PresenceEvent, PresenceTable, SessionKey,
 from idled.ops.logs import plural
 from idled.protocol import ErrorCode, ProtocolError
 from idled.server.engine.bus import EventBus
-from idled.server.runtime.clock import Clock
 from idled.server.engine.seqs import SeqBlocks
+from idled.server.runtime.clock import Clock
 
 __all__ = ["Sessions"]
 

@@ -77,9 +77,9 @@ from idled.protocol.replication import (
     ReplicateChecked, encode_records, encode_resync, encode_snapshot_part, parse_standby_message, record_crc,
 )
 from idled.server.engine.bus import EventBus, Subscription
-from idled.server.runtime.clock import WallClock
 from idled.server.roles.doorway import Connection, close_with
 from idled.server.roles.observers import FrameWriter, Stalled
+from idled.server.runtime.clock import WallClock
 
 __all__ = ["FIRST_REQUEST_TIMEOUT", "REPLICA_STALL", "SYNC_TIMEOUT", "Replicas", "ReplicationCollector"]
 

@@ -76,11 +76,11 @@ from idled.log.errors import DiskFull, EventLogError, FsyncFailed, LogStateError
 from idled.log.eventlog import EventLog
 from idled.log.shipping import SnapshotSink, append_raw, move_aside, read_record, record_seqs
 from idled.protocol import Error, ErrorCode, FrameDecoder, Login, ProtocolError, Role, Welcome, encode, tokens
+from idled.protocol.address import format_address
 from idled.protocol.replication import (
     LINK_TIMEOUT, MAX_FRAME, REPLICATE_NEEDS_STANDBY, Records, Resync, SnapshotPart, encode_ack, encode_replicate,
     parse_replication_message, record_crc,
 )
-from idled.protocol.address import format_address
 from idled.protocol.stream import receive_message
 from idled.server.engine.bus import EventBus
 from idled.server.runtime.clock import WallClock

@@ -31,17 +31,17 @@ from typing import Final, Protocol
 
 import trio
 
+from idled.core.presence import Uid
+from idled.door.door import reload_gate
+from idled.door.gate import Gate, Refused
+from idled.door.websocket import UPGRADE, OriginRule, WsRefused, upgrade
 from idled.ops.config import Config
 from idled.ops.logs import PeerLog
 from idled.ops.metrics import Metrics, NullMetrics
-from idled.core.presence import Uid
 from idled.protocol import (
     RECEIVE_BYTES, Error, ErrorCode, FrameDecoder, Login, ProtocolError, encode, receive_message, tokens,
 )
 from idled.protocol.websocket import WsDecoder
-from idled.door.door import reload_gate
-from idled.door.gate import Gate, Refused
-from idled.door.websocket import UPGRADE, OriginRule, WsRefused, upgrade
 from idled.server.runtime.clock import WallClock
 
 __all__ = [

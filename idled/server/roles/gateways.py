@@ -129,8 +129,8 @@ from idled.protocol import (
     encode,
     receive_message,
 )
-from idled.server.roles.doorway import Connection, close_with
 from idled.server.engine.sessions import Sessions
+from idled.server.roles.doorway import Connection, close_with
 
 __all__ = [
     "ATTACH_CHUNK", "FLUSH_INTERVAL", "MAX_OUTSTANDING", "Gateway", "GatewayConnection", "Gateways", "Outbox", "mark_interval",

@@ -82,10 +82,10 @@ from idled.protocol import (
     receive_message,
 )
 from idled.protocol.replication import REPLICATE_NEEDS_STANDBY
-from idled.server.roles import watchlists
 from idled.server.engine.bus import EventBus, Subscription, event_frame
-from idled.server.roles.doorway import SEND_ERROR_TIMEOUT, Connection, close_with
 from idled.server.engine.queries import Queries
+from idled.server.roles import watchlists
+from idled.server.roles.doorway import SEND_ERROR_TIMEOUT, Connection, close_with
 from idled.server.roles.watchlists import DEFAULT_MAX_WATCH, Change
 
 __all__ = [

@@ -57,8 +57,8 @@ from idled.protocol import (
     receive_message,
 )
 from idled.protocol.websocket import ACTIVITY
-from idled.server.roles.doorway import HANDED_OVER, Admission, Connection, close_with
 from idled.server.engine.sessions import Sessions
+from idled.server.roles.doorway import HANDED_OVER, Admission, Connection, close_with
 
 __all__ = ["CoreUsers", "HANDED_OVER", "LOGOUT", "NOTHING", "PONG", "UserSink", "run_user", "user_step"]
 

@@ -18,8 +18,8 @@ from typing import Any
 from idled.ops.config import Config
 from idled.ops.fdbudget import Budget, ConnectionLimit, edge_budget, open_file_limit
 from idled.server.election.fence import Fence
-from idled.server.workers.edges import Workers
 from idled.server.status.vitals import Vitals
+from idled.server.workers.edges import Workers
 
 __all__ = ["connection_limit_of", "settings_part", "status_part", "workers_part"]
 

@@ -28,9 +28,9 @@ from collections.abc import Collection, Sequence
 import trio
 
 from idled.protocol import Login
-from idled.server.workers.occupancy import Occupancy
 from idled.server.roles.gateways import GatewayConnection
 from idled.server.workers.internal import peer_pid
+from idled.server.workers.occupancy import Occupancy
 from idled.server.workers.roster import Roster
 
 __all__ = ["View", "Workers"]

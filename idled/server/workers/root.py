@@ -60,6 +60,7 @@ from idled.ops import systemd
 from idled.ops.config import Config, ConfigError
 from idled.ops.fatal import EXIT_FAILURE, EXIT_LOG, EXIT_USAGE, Fatal
 from idled.protocol.address import UnixPath, format_address
+from idled.server.runtime.signals import SIGNALS, until_stopped
 from idled.server.workers import internal
 from idled.server.workers.children import (
     BACKOFF_MAX, BACKOFF_MIN, STARTUP_TIMEOUT, STEADY, STOP_TIMEOUT, Child, Slot, copy_log, death_signal,
@@ -67,7 +68,6 @@ from idled.server.workers.children import (
 )
 from idled.server.workers.occupancy import Occupancy
 from idled.server.workers.roster import Roster
-from idled.server.runtime.signals import SIGNALS, until_stopped
 
 __all__ = ["CORE_GRACE", "Root", "core_command", "parse_core_fds"]
 

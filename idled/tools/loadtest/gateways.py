@@ -28,8 +28,8 @@ from idled.protocol import (
     parse_server_message, receive_message,
 )
 from idled.tools.loadtest.connect import LoginFailed, error_name, open_from, welcome
-from idled.tools.loadtest.workerstate import Worker
 from idled.tools.loadtest.stats import SILENT
+from idled.tools.loadtest.workerstate import Worker
 
 __all__ = ["TouchWheel", "uid_bytes", "uids_per_frame", "chunked", "run_gateways"]
 

@@ -21,9 +21,9 @@ from idled.log.seqs import SeqReservation
 from idled.server.engine import bus as bus_module
 from idled.server.engine import seqs as seqs_module
 from idled.server.engine.bus import EventBus
-from idled.server.runtime.clock import Clock
 from idled.server.engine.seqs import SeqBlocks
 from idled.server.engine.sessions import Sessions
+from idled.server.runtime.clock import Clock
 
 SESSIONS = 5_000
 BACKLOG = 300  # LOG_BACKLOG_LIMIT, shrunk

@@ -14,8 +14,8 @@ import trio.testing
 
 from idled.protocol import BYE, PING, ErrorCode, FrameDecoder, Login, Query, Subscribe, Welcome, encode, tokens
 from idled.protocol.replication import Records, encode_replicate, parse_replication_message
-from idled.server.roles.observers import REPLICATE_REFUSED
 from idled.server.ha.feed import FIRST_REQUEST_TIMEOUT
+from idled.server.roles.observers import REPLICATE_REFUSED
 from tests.peers import MAX_FRAME, Client, Harness, running
 from tests.tlscerts import Certs
 

@@ -22,11 +22,11 @@ from idled.ops.fdbudget import RESERVE, Budget
 from idled.ops.metrics import ROLES as METRIC_ROLES, Metrics, NullMetrics
 from idled.protocol import ROLES
 from idled.server import app
-from idled.server.roles import table
-from idled.server.runtime.reload import reload
-from idled.server.roles.doorway import ROLE_LABELS, Doorway
 from idled.server.edge import app as edge_app
+from idled.server.roles import table
+from idled.server.roles.doorway import ROLE_LABELS, Doorway
 from idled.server.roles.users import run_user
+from idled.server.runtime.reload import reload
 from tests.tlscerts import Certs
 
 log = logging.getLogger("tests.lifecycle")

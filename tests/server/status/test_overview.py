@@ -9,8 +9,8 @@ from typing import Any, cast
 
 from idled.ops.config import Config
 from idled.server.status.overview import settings_part, status_part, workers_part
-from idled.server.workers.edges import Workers
 from idled.server.status.vitals import Sample, Vitals
+from idled.server.workers.edges import Workers
 
 
 def test_the_settings_part_says_what_shapes_behaviour_and_nothing_secret(tmp_path: Path) -> None:

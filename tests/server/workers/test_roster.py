@@ -13,8 +13,8 @@ import trio
 
 from idled.ops.config import Config
 from idled.server.workers.children import Child
-from idled.server.workers.roster import Roster
 from idled.server.workers.root import Root, parse_core_fds
+from idled.server.workers.roster import Roster
 
 
 def test_what_the_root_writes_the_core_reads() -> None:
