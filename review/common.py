@@ -117,7 +117,7 @@ def read_all(s: socket.socket, wait: float = 2.0) -> bytes:
             if not d:
                 break
             out += d
-    except (socket.timeout, ConnectionResetError):
+    except (TimeoutError, ConnectionResetError):
         pass
     return out
 

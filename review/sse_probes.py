@@ -9,6 +9,8 @@ sys.path.insert(0, "review")
 from common import Daemon, connect, read_all  # noqa: E402
 
 FOLLOWERS = int(sys.argv[1]) if len(sys.argv) > 1 else 200
+USERS = int(sys.argv[2]) if len(sys.argv) > 2 else 1500
+WAIT = float(sys.argv[3]) if len(sys.argv) > 3 else 3
 d = Daemon("--api-max-clients", str(FOLLOWERS + 20), "--max-pending-per-address", "1000")
 TOKEN = d.token("api", "rev")
 
@@ -54,11 +56,22 @@ try:
     answers = [read_all(s, 0.3)[:12] for s in over]
     print("beyond api_max_clients:", {a: answers.count(a) for a in set(answers)})
     t0, c0 = time.monotonic(), d.cpu()
-    events(1500)
-    print(f"3000 events in {time.monotonic()-t0:.1f}s (daemon cpu {d.cpu()-c0:.1f}s); rss {d.rss():.1f} MiB "
+    events(USERS)
+    print(f"{2 * USERS} events in {time.monotonic()-t0:.1f}s (daemon cpu {d.cpu()-c0:.1f}s); rss {d.rss():.1f} MiB "
           f"(+{d.rss()-base:.1f}) with {FOLLOWERS} followers not reading")
-    time.sleep(3)
-    print(f"rss after 3 s: {d.rss():.1f} MiB")
+    time.sleep(WAIT)
+    closed = 0
+    for s in socks:
+        s.setblocking(False)
+        try:
+            while s.recv(1 << 20):
+                pass
+            closed += 1
+        except BlockingIOError:
+            pass
+        except OSError:
+            closed += 1
+    print(f"rss after {WAIT:g} s: {d.rss():.1f} MiB; followers cut (EOF once drained): {closed} of {FOLLOWERS}")
     # SIGTERM with them connected
     t0 = time.monotonic()
     d.proc.send_signal(signal.SIGTERM)

@@ -1,12 +1,11 @@
 """Pre-auth memory: many half-open WebSocket handshakes (a head of ~8,000 bytes that never ends) from many
 loopback addresses, against a real `idled serve` (auth on). Measures the daemon's RSS and how many were taken,
 refused at once, and cut at login_timeout; checks that a real login from another address still gets in."""
-import socket
 import sys
 import time
 
 sys.path.insert(0, "review")
-from common import Daemon, connect, frame, handshake, read_all  # noqa: E402
+from common import Daemon, connect, frame, handshake  # noqa: E402
 
 ADDRS = int(sys.argv[1]) if len(sys.argv) > 1 else 30
 PER = int(sys.argv[2]) if len(sys.argv) > 2 else 110  # 10 over the share of 100
