@@ -31,7 +31,7 @@ try:
     s.settimeout(6)
     try:
         tail = s.recv(4096)
-    except socket.timeout:
+    except TimeoutError:
         tail = b"(nothing within 6 s)"
     print("then the server sent:", tail[:120])
     # ping flood without reading
