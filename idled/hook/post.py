@@ -58,7 +58,10 @@ def redirect_target(origin: httpx.URL, current: httpx.URL, status: int,
         return None, f"a redirect to an unreadable Location {location[:200]!r}"
     if status not in _KEEPS_METHOD:
         return None, f"redirect to {target} not followed: only 307 and 308 keep the POST and its body (fix --url)"
-    if (target.scheme, target.host, target.port) != (origin.scheme, origin.host, origin.port):
+    # raw_host, not host: host decodes punycode, and a receiver's Location whose host is not valid IDNA
+    # (``xn--hooks-example.com``) would raise idna's ValueError there and end the hook. raw_host is the ASCII
+    # (IDNA-encoded, lower-case) form both URLs were parsed to: equal exactly when they name one host.
+    if (target.scheme, target.raw_host, target.port) != (origin.scheme, origin.raw_host, origin.port):
         return None, f"redirect to {target} not followed: another origin than --url's (fix --url)"
     return target, ""
 
@@ -132,6 +135,12 @@ class Poster:
             except (httpx.HTTPError, OSError, ssl.SSLError) as exc:
                 return Outcome(None, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__,
                                result="connect_error")
+            except ValueError as exc:
+                # httpx reads a 3xx's Location even with follow_redirects off (response.next_request): a host that
+                # is punycode but not valid IDNA raises idna's error (a ValueError) there. The receiver's doing:
+                # a failed attempt like any other answer we cannot use, never an exception that ends the hook.
+                return Outcome(None, f"an answer that could not be read ({type(exc).__name__}: {str(exc)[:200]})",
+                               result="http_other")
             label = "http_4xx" if 400 <= status < 500 else "http_5xx" if 500 <= status < 600 else "http_other"
             error = f"HTTP {status} {response.reason_phrase}" + (f": {refusal or text}" if refusal or text else "")
             return Outcome(status, error, retry_after, label)

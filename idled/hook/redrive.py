@@ -80,6 +80,12 @@ class _Letters:
 
     def __init__(self, path: str, offset: int) -> None:
         self._file = open(path, "rb")  # noqa: SIM115 -- closed by close(), across awaits
+        # (past the file's end, including a number seek cannot take -- OverflowError beyond a C long -- is no
+        # line boundary of it)
+        if offset > os.fstat(self._file.fileno()).st_size:
+            self.close()
+            raise StateError("damaged", f"{REDRIVE_OFFSET} ({str(offset)[:40]}) is not a line boundary of "
+                                        f"{REDRIVE_FILE}; fix or remove it")
         if offset:
             self._file.seek(offset - 1)
             if self._file.read(1) != b"\n":
@@ -147,7 +153,9 @@ async def _redrive_one(redriver: _Redriver, state: StateDir, end: int, line: byt
     """Post one dead letter until a 2xx, then move the offset past it; False: shutdown came first."""
     try:
         batch = parse_letter(line)
-    except (ValueError, KeyError, TypeError) as exc:
+    # OverflowError: a seq of 1e400 (int of an infinite float); RecursionError: a line nested past the parser's
+    # depth. Both are damage like a missing field: one line naming it, not a traceback.
+    except (ValueError, KeyError, TypeError, OverflowError, RecursionError) as exc:
         raise StateError("damaged", f"{REDRIVE_FILE}: the line ending at byte {end} is not a dead letter ({exc}); "
                                     "fix or remove it") from None
     if not await redriver.send(batch):

@@ -38,6 +38,10 @@ def test_a_307_or_308_to_the_same_origin_is_followed(status: int, location: str,
     (308, "https://127.0.0.1:8080/hook", "another origin"),
     (307, None, "without a Location"),
     (307, "http://[::1/", "unreadable Location"),
+    # A host that is punycode but not valid IDNA: httpx's URL.host decodes it and raises idna's error (a
+    # ValueError, not InvalidURL); it must be a refused hop, not an exception that ends `idled hook`.
+    (307, "http://xn--hooks-example.com/hook", "another origin"),
+    (308, "http://xn--ls8h.example/hook", "another origin"),
 ])
 def test_anything_else_is_refused_with_the_reason(status: int, location: str | None, why: str) -> None:
     target, reason = redirect_target(ORIGIN, ORIGIN, status, location)
@@ -90,3 +94,29 @@ async def test_real_redirects_followed_refused_and_dead_lettered_with_the_reason
     assert f"more than {MAX_REDIRECTS} redirects" in log
     assert log.count("moved permanently") == 1 and "update --url" in log
     assert [e["uid"] for e in receiver.acked_events()] == ["one", "one", "three", "three"]
+
+
+@pytest.mark.slow
+async def test_a_location_httpx_cannot_read_is_a_failed_attempt_not_the_end_of_the_hook(tmp_path: Path) -> None:
+    # A receiver (or whatever answers at --url) sends a 307 whose Location's host is punycode that is not valid
+    # IDNA: httpx computes the next request even with follow_redirects off and raises idna's ValueError.
+    state, secret_file = tmp_path / "state", tmp_path / "hook-secret"
+    secret_file.write_text(WHSEC)
+    port = peers.free_port()
+    command = peers.serve_command(tmp_path / "data", "--metrics-port", "0")
+    command[command.index("--port") + 1] = str(port)
+    with Receiver(["307:http://xn--hooks-example.com/hook"] * 2) as receiver:
+        async with peers.Daemon(command, tmp_path / "daemon.stderr"):
+            hook = Hook(hook_command(receiver.url, port, state, secret_file, "--from", "1", "--batch-wait", "0.2",
+                                     "--max-attempts", "2", "--backoff-base", "0.05"), tmp_path / "hook.stderr")
+            try:
+                await gateway_events(port, ["u1"], "gw")
+                await until(lambda: (state / "dead-letter.jsonl").exists() or hook.proc.poll() is not None, 20,
+                            "a dead letter or the hook's exit")
+                assert hook.proc.poll() is None, hook.stderr()[-2000:]
+            finally:
+                hook.kill()
+    (line,) = (state / "dead-letter.jsonl").read_text().splitlines()
+    letter = json.loads(line)
+    assert letter["attempts"] == 2 and letter["error"].startswith("an answer that could not be read (")
+    assert len(receiver.attempts) == 2

@@ -141,6 +141,13 @@ async def test_a_letter_that_fails_again_stays_with_the_ones_after_it(tmp_path: 
     (lambda state: (state / "dead-letter.jsonl").open("ab").write(b'{"not": "a letter"}\n'),
      "the line ending at byte"),
     (lambda state: (state / "dead-letter.jsonl").open("ab").write(b'{"torn'), "is torn"),
+    # Edited or corrupted lines that json reads but the letter's fields do not survive: a seq of 1e400 (int()
+    # of an infinite float: OverflowError) and a deeply nested line (RecursionError) -- one line, not a traceback.
+    (lambda state: (state / "dead-letter.jsonl").open("ab").write(
+        b'{"batch": {"events": [{"seq": 1e400, "ts": 1.0, "kind": "online", "uid": "u"}]}}\n'),
+     "the line ending at byte"),
+    (lambda state: (state / "dead-letter.jsonl").open("ab").write(b"[" * 100_000 + b"]" * 100_000 + b"\n"),
+     "the line ending at byte"),
 ])
 async def test_a_damaged_dead_letter_file_stops_the_redrive_at_that_line(tmp_path: Path, damage: object,
                                                                          message: str) -> None:
@@ -153,3 +160,18 @@ async def test_a_damaged_dead_letter_file_stops_the_redrive_at_that_line(tmp_pat
     assert result.returncode == 5 and message in result.stderr and result.stderr.count("fatal") == 1
     assert verified_ids(receiver) == [batches[0].delivery_id]  # the good line before it went, and only it
     assert (state / REDRIVE_FILE).exists()  # the damaged line is still there for the operator
+
+
+async def test_an_offset_no_file_can_have_stops_the_redrive_with_one_line(tmp_path: Path) -> None:
+    # An offset file edited to a number past any file (seek raises OverflowError beyond a C long): damaged,
+    # nothing sent, nothing changed -- not a traceback.
+    state, secret_file = tmp_path / "state", tmp_path / "hook-secret"
+    secret_file.write_text(WHSEC)
+    write_letters(state, 1)
+    (state / "dead-letter.jsonl").rename(state / REDRIVE_FILE)
+    (state / "dead-letter.redrive.offset").write_text('{"offset": 1' + "0" * 30 + "}\n")
+    with Receiver() as receiver:
+        result = redrive(receiver.url, state, secret_file)
+    assert result.returncode == 5 and "is not a line boundary" in result.stderr, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr and result.stderr.count("fatal") == 1
+    assert receiver.attempts == [] and (state / REDRIVE_FILE).exists()

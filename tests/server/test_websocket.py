@@ -193,6 +193,35 @@ async def test_half_open_handshakes_from_one_address_are_bounded_by_the_gate(tmp
         ws.close()
 
 
+async def test_a_half_open_handshake_holds_its_head_once(tmp_path: Path) -> None:
+    # 1,000 upgrade heads of ~8 KiB that never end (an unauthenticated flood within its share): the daemon's
+    # RSS grows by about the head plus an idle connection's cost (~8.8 KiB measured with empty heads), not by
+    # the head twice. Measured: ~24 KiB per connection when the doorway kept the first read alive beside the
+    # handshake's inbox, ~16 KiB after.
+    psutil = pytest.importorskip("psutil")
+    head = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: " + b"a" * 7900
+    async with daemon(tmp_path, "--max-pending-per-address", "2000", "--login-timeout", "60") as d:
+        process = psutil.Process(d.proc.pid)
+        await trio.sleep(0.3)
+        before = process.memory_info().rss
+        socks = []
+        try:
+            for _ in range(1000):
+                sock = socket.create_connection(("127.0.0.1", d.port))
+                sock.sendall(head)
+                socks.append(sock)
+            await trio.sleep(1.5)
+            for sock in socks[:: 100]:  # still held: nothing answered, nothing closed
+                sock.setblocking(False)
+                with pytest.raises(BlockingIOError):
+                    sock.recv(100)
+            per_connection = (process.memory_info().rss - before) / len(socks)
+        finally:
+            for sock in socks:
+                sock.close()
+    assert per_connection < 20 * 1024, f"{per_connection / 1024:.1f} KiB per half-open handshake"
+
+
 async def http_answer(port: int, request: bytes) -> bytes:
     """What the client port answers a raw request (until it closes)."""
     stream = await trio.open_tcp_stream("127.0.0.1", port)

@@ -34,7 +34,7 @@ import trio
 from idled.core.presence import Uid
 from idled.door.door import reload_gate
 from idled.door.gate import Gate, Refused
-from idled.door.websocket import UPGRADE, OriginRule, WsRefused, upgrade
+from idled.door.websocket import UPGRADE, OriginRule, WsRefused, head_inbox, upgrade
 from idled.ops.config import Config
 from idled.ops.logs import PeerLog
 from idled.ops.metrics import Metrics, NullMetrics
@@ -273,8 +273,9 @@ class Doorway:
             if not data.startswith(UPGRADE):
                 decoder.receive_data(data)
                 return stream, decoder
+            inbox, data = head_inbox(data), UPGRADE  # (held once, in the inbox, while the head arrives)
             try:
-                ws = await upgrade(stream, data, self.origins, decoder.max_frame)
+                ws = await upgrade(stream, inbox, self.origins, decoder.max_frame)
             except WsRefused as exc:
                 self.reject("websocket_" + str(exc.status))
                 peer_log.debug("reject", "reject websocket %d from %s: %s", exc.status, address, exc.message)
