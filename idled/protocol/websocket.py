@@ -234,7 +234,7 @@ class WsDecoder(FrameDecoder):
         elif opcode == OP_CLOSE:
             code = _U16.unpack_from(payload)[0] if len(payload) >= 2 else 1005
             self.closed = code
-            self.replies += close_frame(NORMAL_CLOSE if code != 1005 else None)
+            self.replies += close_frame(_close_answer(payload))
         elif opcode != OP_PONG:
             raise ProtocolError(ErrorCode.BAD_FRAME, f"websocket: unknown opcode {opcode}")
 
@@ -312,6 +312,24 @@ def error_of(frames: bytes | bytearray) -> str | None:
             found = code if isinstance(code, str) else found
         pos += 4 + n
     return found
+
+
+def _close_answer(payload: bytes) -> int | None:
+    """The status that answers a peer's close (RFC 6455 5.5.1, 7.4, 8.1): none to a close without one; 1002 to
+    one byte, or to a status that may not be sent (below 1000, the reserved 1004-1006 and 1015, 1016-2999, and
+    above 4999); 1007 to a reason that is not UTF-8; else a normal close."""
+    if not payload:
+        return None
+    if len(payload) == 1:
+        return 1002
+    code = _U16.unpack_from(payload)[0]
+    if not (1000 <= code <= 1014 and code not in (1004, 1005, 1006) or 3000 <= code <= 4999):
+        return 1002
+    try:
+        payload[2:].decode("utf-8")
+    except UnicodeDecodeError:
+        return 1007
+    return NORMAL_CLOSE
 
 
 def close_code(code: str | None) -> int:

@@ -62,6 +62,27 @@ def test_close_ends_the_input_with_an_echo() -> None:
     assert decoder.take_replies() == close_frame(1000)
 
 
+@pytest.mark.parametrize(("payload", "answer"), [
+    (b"", None),  # no status: answered with none
+    (struct.pack(">H", 1001) + b"going", 1000),
+    (struct.pack(">H", 4000), 1000),  # private use
+    (struct.pack(">H", 1012), 1000),  # registered since RFC 6455 (service restart)
+    (b"\x03", 1002),  # one byte: a status needs two (RFC 6455 5.5.1)
+    (struct.pack(">H", 999), 1002),  # below the range
+    (struct.pack(">H", 1005), 1002),  # reserved: never sent on the wire (7.4.1)
+    (struct.pack(">H", 1006), 1002),
+    (struct.pack(">H", 1015), 1002),
+    (struct.pack(">H", 2000), 1002),  # reserved for the specification
+    (struct.pack(">H", 5000), 1002),  # beyond any range
+    (struct.pack(">H", 1000) + b"\xff\xfe", 1007),  # a reason that is not UTF-8 (8.1)
+])
+def test_a_close_is_answered_by_rfc_6455s_rules(payload: bytes, answer: int | None) -> None:
+    decoder = WsDecoder()
+    decoder.receive_data(client_frame(payload, opcode=8))
+    assert decoder.next_event() is NEED_DATA and decoder.closed is not None
+    assert decoder.take_replies() == close_frame(answer)
+
+
 @pytest.mark.parametrize(("data", "code"), [
     (client_frame(b"x" * 5000), ErrorCode.TOO_LARGE),  # refused at its header
     (client_frame(b"x" * 3000, fin=False) + client_frame(b"x" * 3000, opcode=0), ErrorCode.TOO_LARGE),  # reassembled
