@@ -14,8 +14,8 @@ Free text that may carry a path (the readiness reason, a standby's last error, w
 through ``scrub_paths``: the paths the caller knows (the data directory, as configured and resolved) become
 ``<data dir>`` (a file in it ``<data dir>/00000001.seg``), and anything else that looks like an absolute path (``/`` after a blank, a quote, a bracket or
 ``=``, followed by more than itself) becomes ``<path>``, and a network address (an IPv4 address with or
-without its port, a bracketed IPv6 one, a name with a port: the active a standby cannot reach) becomes
-``<address>``. The operating system's words (``No space left on device``) stay: they say what is wrong
+without its port, an IPv6 one bracketed or not, a name with a port: the active a standby cannot reach; a
+dotted name in quotes: the host a certificate is not valid for) becomes ``<address>``. The operating system's words (``No space left on device``) stay: they say what is wrong
 without saying where.
 
 Pure: data in, data out; ``idled.ops.health`` decides who gets which.
@@ -60,10 +60,15 @@ ALLOWED: Final[Mapping[str, Any]] = {
 _DATA_DIR: Final = "<data dir>"
 _PATH_RE: Final = re.compile(r"""(?:^|(?<=[\s'"(\[=]))(?:~|\.\.?)?/[^\s'"()\[\],;]+""")
 # Another machine's address in an error text ("cannot connect to 10.0.0.1:7878", "[2001:db8::1]:7878",
-# "core-b.internal:7878"): an IPv4 address (with its port, if any), a bracketed IPv6 one, a name with a port.
+# "core-b.internal:7878"): an IPv4 address (with its port, if any), a bracketed IPv6 one, a name with a port;
+# an unbracketed IPv6 one ("('::1', 7878, 0, 0)": compressed, or all eight groups, so that a time such as
+# 12:30:45 is not one); and a dotted name in quotes, as TLS names the host a certificate is not valid for.
 _ADDRESS_RE: Final = re.compile(
     r"(?<![\w.:-])(?:\d{1,3}(?:\.\d{1,3}){3}(?::\d{1,5})?|\[[0-9A-Fa-f:.%\w]+\](?::\d{1,5})?"
-    r"|(?=[\w.-]*[A-Za-z])[A-Za-z0-9](?:[\w-]*\.)*[\w-]+:\d{1,5})(?![\w.])")
+    r"|(?=[\w.-]*[A-Za-z])[A-Za-z0-9](?:[\w-]*\.)*[\w-]+:\d{1,5}"
+    r"|(?=[0-9A-Fa-f:]*::)[0-9A-Fa-f:]*[0-9A-Fa-f:](?:\d{1,3}(?:\.\d{1,3}){3})?(?:%\w+)?"
+    r"|(?:[0-9A-Fa-f]{1,4}:){7}[0-9A-Fa-f]{1,4}(?:%\w+)?"
+    r"|(?<=')(?=[\w.-]*\.[A-Za-z])[A-Za-z0-9][\w-]*(?:\.[\w-]+)+(?='))(?![\w.])")
 
 
 def scrub_paths(text: str, known: Iterable[str] = ()) -> str:

@@ -93,6 +93,12 @@ def test_scrub_paths() -> None:
         "the active at [2001:db8::1]:7878 refused: not_allowed": "the active at <address> refused: not_allowed",
         "nothing from core-b.internal:7878 for 5 s, 10.0.0.1 too": "nothing from <address> for 5 s, <address> too",
         "lag 1.5 s at 12:30 (seq 3:4)": "lag 1.5 s at 12:30 (seq 3:4)",  # a time or a seq range is no address
+        "at 12:30:45 (seqs 1:2:3)": "at 12:30:45 (seqs 1:2:3)",
+        # unbracketed IPv6, as a socket address tuple prints it, and a bare name as TLS quotes it
+        "refused by ('::1', 7878, 0, 0)": "refused by ('<address>', 7878, 0, 0)",
+        "from 2001:db8::7 and fe80::1%eth0 and ::ffff:10.0.0.1": "from <address> and <address> and <address>",
+        "to 2001:0db8:0000:0000:0000:ff00:0042:8329 and back": "to <address> and back",
+        "certificate is not valid for 'core-b.internal'": "certificate is not valid for '<address>'",
     }
     for text, expected in cases.items():
         assert scrub_paths(text, known) == expected, text
