@@ -92,7 +92,7 @@ def summary_line(
         f"idled {version}: listen {listen or format_address((cfg.host, cfg.port))}, metrics {metrics}, data dir {data_dir}, "
         f"detector {cfg.detector_kind} ({cfg.slots} slots), timeout {cfg.timeout:g}s, tick {cfg.tick:g}s, "
         f"max timeout {cfg.max_timeout:g}s, auth {auth}, fsync {fsync}, "
-        f"limits: {(limit or ConnectionLimit(cfg.max_connections, cfg.max_connections)).text(' connections')}, "
+        f"limits: {(limit or ConnectionLimit.of(cfg.max_connections, None)).text(' connections')}, "
         f"frame {_size(cfg.max_frame)} "
         f"(gateway {_size(cfg.max_gateway_frame)}), login {cfg.login_timeout:g}s; "
         f"segments {_size(cfg.segment_bytes)}, retention {_size(cfg.retention_bytes)} / {cfg.retention_seconds:g}s; "

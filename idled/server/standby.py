@@ -138,7 +138,7 @@ class StandbyServer:
         self.tokens = WallClock(report=False)  # token expiry's: never goes backwards, never floored (server.clock)
         self.ports: list[int] = []
         self.budget: Budget | None = None  # set by serve() once the listeners are known (the link counts as one)
-        self.limit = ConnectionLimit(config.max_connections, config.max_connections)  # in force, once judged
+        self.limit = ConnectionLimit.of(config.max_connections, None)  # as configured until the budget is known
         self.link: StandbyLink | None = None
         self.observers: Observers | None = None
         self._peers: set[Connection] = set()

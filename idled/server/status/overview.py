@@ -39,7 +39,7 @@ def connection_limit_of(cfg: Config, budget: Budget | None, workers: Workers | N
 def settings_part(cfg: Config, limit: ConnectionLimit | None = None) -> dict[str, Any]:
     """The settings an operator wants beside the figures (see the module docstring); ``limit``: the connection
     limit in force (None: not judged yet, as configured)."""
-    limit = limit or ConnectionLimit(cfg.max_connections, cfg.max_connections)
+    limit = limit or ConnectionLimit.of(cfg.max_connections, None)
     return {
         "tick": cfg.tick,
         "timeout": cfg.timeout,
