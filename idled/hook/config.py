@@ -10,7 +10,7 @@ from typing import Final
 from idled.hook.batch import Filter
 from idled.hook.retry import RetryPolicy
 from idled.protocol import Uid
-from idled.protocol.address import format_address, parse_addresses
+from idled.protocol.address import format_addresses, parse_addresses
 
 __all__ = ["HookConfig", "DEFAULT_BATCH_MAX", "DEFAULT_BATCH_BYTES", "DEFAULT_BATCH_WAIT", "DEFAULT_TIMEOUT",
            "DEFAULT_STOP_GRACE", "DEFAULT_QUEUE"]
@@ -51,6 +51,6 @@ class HookConfig:
     def daemon(self) -> str:
         """The daemon's address, or its cores' (``A:7878, B:7878``), for a log line."""
         try:
-            return ", ".join(format_address(core) for core in parse_addresses(self.host, self.port))
+            return format_addresses(parse_addresses(self.host, self.port), ", ")
         except ValueError:
             return self.host

@@ -43,13 +43,13 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal, NamedTuple, TypeAlias, overload
 
 __all__ = [
     "MAX_ADDRESS_CHARS", "MAX_UNIX_PATH_BYTES", "AddressError", "HostPort", "UnixPath", "Endpoint",
-    "parse_port", "parse_address", "parse_addresses", "format_address",
+    "parse_port", "parse_address", "parse_addresses", "format_address", "format_addresses",
 ]
 
 MAX_ADDRESS_CHARS: Final = 300  # a 253-character name, or a bracketed IPv6 with a scope, a colon, a port
@@ -103,6 +103,11 @@ def format_address(address: tuple[str, int] | UnixPath) -> str:
         return UNIX_PREFIX + address.path
     host, port = address
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def format_addresses(addresses: Iterable[tuple[str, int] | UnixPath], separator: str = ",") -> str:
+    """``A,B,...``: the text `parse_addresses` reads back as ``addresses`` (``separator``: ", " for prose)."""
+    return separator.join(map(format_address, addresses))
 
 
 def parse_port(text: str, *, listen: bool = False) -> int:

@@ -7,7 +7,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from idled.protocol.address import (
-    MAX_ADDRESS_CHARS, MAX_UNIX_PATH_BYTES, AddressError, Endpoint, HostPort, UnixPath, format_address,
+    MAX_ADDRESS_CHARS, MAX_UNIX_PATH_BYTES, AddressError, Endpoint, HostPort, UnixPath, format_address, format_addresses,
     parse_address, parse_addresses, parse_port,
 )
 
@@ -178,7 +178,7 @@ def test_format_then_parse_is_the_address(address: Endpoint) -> None:
 
 @given(st.lists(ENDPOINTS, min_size=1, max_size=6))
 def test_a_formatted_list_reads_back_without_its_duplicates(addresses: list[Endpoint]) -> None:
-    text = ",".join(format_address(a) for a in addresses)
+    text = format_addresses(addresses)
     assert parse_addresses(text, unix=True) == tuple(dict.fromkeys(addresses))
 
 

@@ -96,7 +96,7 @@ from idled.door.outbound import LinkFailed, LinkPolicy, LinkRound, broken_link, 
 from idled.protocol import (
     BYE_FRAME, PING_FRAME, Login, Marked, SessionKey, Welcome, encode, tokens,
 )
-from idled.protocol.address import Endpoint, HostPort, UnixPath, format_address, parse_addresses
+from idled.protocol.address import Endpoint, HostPort, UnixPath, format_address, format_addresses, parse_addresses
 from idled.server.runtime.clock import WallClock
 
 __all__ = ["CoreLink", "CoreParams", "LinkMismatch", "open_core_stream", "parse_cores"]
@@ -191,7 +191,7 @@ class CoreLink(GatewayLink):
                          on_ended=on_ended, max_pending=MAX_PENDING, backoff=backoff or Backoff(base=0.1, cap=5.0),
                          connect_timeout=CONNECT_TIMEOUT)
         self.cores = LeaderSearch(members)
-        self.addresses = ",".join(format_address(member) for member in members)
+        self.addresses = format_addresses(members)
         self.name = name
         self.secret = secret
         self.links = LinkPolicy(strict=False) if links is None else links  # TLS; whether a mismatch is fatal

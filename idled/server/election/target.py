@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass
 from typing import Final
 
-from idled.protocol.address import AddressError, HostPort, format_address, parse_addresses
+from idled.protocol.address import AddressError, HostPort, format_address, format_addresses, parse_addresses
 from idled.server.election.errors import ElectionConfigError
 
 __all__ = ["DEFAULT_PORT", "EtcdTarget", "parse_election_url"]
@@ -50,7 +50,7 @@ class EtcdTarget:
         return f"{self.prefix}/seq"
 
     def __str__(self) -> str:
-        return f"etcd://{','.join(format_address(endpoint) for endpoint in self.endpoints)}{self.prefix}"
+        return f"etcd://{format_addresses(self.endpoints)}{self.prefix}"
 
 
 def parse_election_url(text: str) -> EtcdTarget:
