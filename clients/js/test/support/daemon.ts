@@ -65,6 +65,12 @@ export async function until(condition: () => boolean, what: string, timeout = 20
   }
 }
 
+// A test file that fails or is interrupted must not leave daemons behind: SIGKILL what is still running.
+const live = new Set<{ kill(): void }>();
+process.once("exit", () => {
+  for (const daemon of live) daemon.kill();
+});
+
 export interface DaemonOptions {
   /** `--workers N`: edge processes in front of the core. */
   workers?: number;
@@ -131,6 +137,8 @@ export class Daemon {
     const proc = spawn(cmd!, args, { env: env(), stdio: ["ignore", "ignore", fd] });
     closeSync(fd);
     this.proc = proc;
+    live.add(this);
+    proc.once("exit", () => live.delete(this));
     const limit = Date.now() + (this.options.startTimeout ?? 20) * 1000;
     while (!this.stderr().includes("IDLED_LISTENING")) {
       if (proc.exitCode !== null || proc.signalCode !== null) {
@@ -184,6 +192,18 @@ export class Daemon {
   async close(): Promise<void> {
     await this.stop("SIGTERM", 5);
     rmSync(this.dir, { recursive: true, force: true });
+  }
+
+  /** The last seq published so far (0 for a new log): an observer subscribed from 0 queries nothing, and the
+   * status comes after every event published before the query. */
+  async lastSeq(): Promise<number> {
+    const { Observer } = await import("../../src/index.js");
+    const observer = new Observer({ host: this.address, name: "seq-probe", after: 0, durable: false }).start();
+    let last = 0;
+    observer.on("event", (e) => { last = e.seq; });
+    await observer.query([]);
+    await observer.close(0);
+    return last;
   }
 
   /** A token for `role` `name` (`idled token`); needs `auth: true`. */

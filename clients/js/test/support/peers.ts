@@ -89,6 +89,13 @@ export function collect(observer: Observer, stop: (e: PresenceEvent, all: Presen
   });
 }
 
+/** Every event of `observer` appended to `sink` from now on (events are handed over as they come: a listener
+ * added later misses those before it); returns `sink`. */
+export function record(observer: Observer, sink: PresenceEvent[] = []): PresenceEvent[] {
+  observer.on("event", (event) => sink.push(event));
+  return sink;
+}
+
 export function contiguous(events: PresenceEvent[], first = 1): boolean {
   return events.every((e, i) => e.seq === first + i);
 }
