@@ -83,6 +83,8 @@ export interface DaemonOptions {
   /** Default `--tick 0.1 --timeout 1 --fsync never --metrics-port 0`, as tests/client/support.py. */
   tick?: number;
   timeout?: number;
+  /** A fixed /metrics (and /status) port (default 0: none the test can reach). */
+  metricsPort?: number;
   /** More `idled serve` arguments (last: they win). */
   args?: string[];
   /** A data directory of the caller's (default: one in the daemon's temporary directory). */
@@ -120,7 +122,7 @@ export class Daemon {
     const o = this.options;
     return [
       python(), "-m", "idled.cli.main", "serve", "--host", this.host, "--port", String(this.port),
-      "--data-dir", this.dataDir, "--metrics-port", "0", "--tick", String(o.tick ?? 0.1),
+      "--data-dir", this.dataDir, "--metrics-port", String(o.metricsPort ?? 0), "--tick", String(o.tick ?? 0.1),
       "--timeout", String(o.timeout ?? 1), "--fsync", "never",
       ...(o.workers ? ["--workers", String(o.workers)] : []),
       ...(this.secretFile ? ["--secret-file", this.secretFile] : []),
@@ -204,6 +206,16 @@ export class Daemon {
     await observer.query([]);
     await observer.close(0);
     return last;
+  }
+
+  /** The daemon's /status document (needs `metricsPort`); null while it does not answer. */
+  async status(): Promise<Record<string, unknown> | null> {
+    try {
+      const response = await fetch(`http://127.0.0.1:${this.options.metricsPort}/status`, { signal: AbortSignal.timeout(2000) });
+      return (await response.json()) as Record<string, unknown>;
+    } catch {
+      return null;
+    }
   }
 
   /** A token for `role` `name` (`idled token`); needs `auth: true`. */
