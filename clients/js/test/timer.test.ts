@@ -145,3 +145,30 @@ test("not_leader with a hint goes to the named core at once; a round of refusals
   assert.equal(session.done, true);
   assert.equal(session.error, null);
 });
+
+test("a token function is asked before every login; a failed fetch is retried like a lost connection", async () => {
+  const clock = new FakeClock();
+  const tokens: string[] = [];
+  const connector: Connector = async () => new FakeTransport(clock, (op) => op === "login" ? { op: "welcome", uid: "a", timeout: 30 } : null);
+  let n = 0;
+  const session = new Session({
+    host: "fake:1", uid: "a", connector, clock, backoff: { base: 1, random: () => 1 },
+    token: async () => {
+      n += 1;
+      if (n === 1) throw new Error("backend down");
+      tokens.push(`t${n}`);
+      return `t${n}`;
+    },
+  });
+  const errors: string[] = [];
+  session.on("disconnected", ({ error }) => errors.push(error.message));
+  session.start();
+  await clock.advance(0);
+  assert.deepEqual(errors, ["connection_lost: no login: backend down"]);
+  await clock.advance(1);
+  assert.equal(session.connections, 1);
+  (session as unknown as { drop(e: Error): void }).drop(connectionLost("lost"));
+  await clock.advance(2);
+  assert.equal(session.connections, 2);
+  assert.deepEqual(tokens, ["t2", "t3"]);
+});
