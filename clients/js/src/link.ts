@@ -154,7 +154,7 @@ export abstract class Link<E extends LinkEvents = LinkEvents> extends Emitter<E>
       }
       this.endConnection?.(connectionLost("closed by the client"));
     }
-    await this.running;
+    await this.start().running; // never started: the loop ends at once, `closed` is emitted all the same
   }
 
   /** End the current connection with `error` (the role found it dead); the loop decides what follows. */

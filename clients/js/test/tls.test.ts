@@ -14,6 +14,15 @@ import { encodeBody } from "../src/protocol/frame.js";
 import { Session } from "../src/index.js";
 import type { IdledError } from "../src/index.js";
 
+function hasOpenssl(): boolean {
+  try {
+    execFileSync("openssl", ["version"], { stdio: "ignore" });
+    return true;
+  } catch {
+    return false;
+  }
+}
+const skip = hasOpenssl() ? false : "the openssl binary is not installed (Debian: openssl)";
 const dir = mkdtempSync(join(tmpdir(), "idled-js-tls-"));
 const openssl = (...args: string[]): void => { execFileSync("openssl", args, { stdio: "ignore", timeout: 60_000 }); };
 const EC = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"];
@@ -37,6 +46,7 @@ let ca: Buffer;
 let other: Buffer;
 
 before(async () => {
+  if (skip) return;
   const main = authority("ca");
   const server = certificate("server", main.ca, main.key);
   ca = readFileSync(main.ca);
@@ -48,7 +58,7 @@ after(async () => {
   rmSync(dir, { recursive: true, force: true });
 });
 
-test("tls: {ca} verifies the server, logs in, and a reconnect resumes the TLS session", async () => {
+test("tls: {ca} verifies the server, logs in, and a reconnect resumes the TLS session", { skip }, async () => {
   const session = new Session({ host: idled.address, uid: "tina", keepalive: 5, tls: { ca } }).start();
   await session.waitConnected();
   assert.equal(session.timeout, 7.5);
@@ -66,12 +76,12 @@ test("tls: {ca} verifies the server, logs in, and a reconnect resumes the TLS se
   }
 });
 
-test("plain TCP to the TLS port is tls_required, final", async () => {
+test("plain TCP to the TLS port is tls_required, final", { skip }, async () => {
   const session = new Session({ host: idled.address, uid: "tina" }).start();
   await assert.rejects(session.wait(), (e: IdledError) => e.code === "tls_required" && e.final);
 });
 
-test("a server certificate the given CA did not sign is refused", async () => {
+test("a server certificate the given CA did not sign is refused", { skip }, async () => {
   const session = new Session({ host: idled.address, uid: "tina", tls: { ca: other }, reconnect: false }).start();
   await assert.rejects(session.wait(), (e: IdledError) => e.code === "connection_lost" && /certificate/i.test(e.reason));
 });
