@@ -55,6 +55,9 @@ test("bad bodies are typed errors", () => {
   assert.equal(push([0, 0, 0, 2, 0xc0, 0xc0]), "bad_frame"); // trailing bytes
   assert.equal(push([0, 0, 0, 1, 0xc1]), "bad_frame"); // reserved byte
   assert.equal(push([0, 0, 0, 3, 0xd4, 0x05, 0x00]), "bad_frame"); // an ext type
+  // ... at any depth: {"op": "pong", "x": [timestamp ext -1]}
+  assert.equal(push(frameOf(new Uint8Array([0x82, 0xa2, 0x6f, 0x70, 0xa4, 0x70, 0x6f, 0x6e, 0x67, 0xa1, 0x78, 0x91,
+    0xd6, 0xff, 0, 0, 0, 1]))), "bad_frame");
   assert.equal(push([0, 0, 0, 2, 0x81, 0xa2]), "bad_frame"); // truncated inside
   assert.equal(push(raw([1, 2])), "bad_message"); // not a map
   assert.equal(push(raw({ op: "nope" })), "bad_message");

@@ -19,13 +19,20 @@
  * the uid 42 and the uid "42" stay two keys; `parseServerMessage` turns them back into numbers.
  */
 
-import { Decoder, Encoder, ExtensionCodec } from "@msgpack/msgpack";
+import { Decoder, Encoder } from "@msgpack/msgpack";
+import type { ExtensionCodecType } from "@msgpack/msgpack";
 import { IdledError, ErrorCode } from "./errors.js";
 import { CLIENT_MAX_FRAME, INT_KEY, parseServerMessage } from "./messages.js";
 import type { ClientMessage, ServerMessage } from "./messages.js";
 
-// No ext type is valid anywhere in the protocol; refuse them rather than decode a timestamp into a Date.
-const noExtensions = new ExtensionCodec();
+// No ext type is valid anywhere in the protocol, at any depth: refuse them (bad_frame) rather than decode a
+// timestamp into a Date or hand an ExtData to the application. Encoding: nothing of ours is an extension.
+const noExtensions: ExtensionCodecType<undefined> = {
+  tryToEncode: () => null,
+  decode: (_data: Uint8Array, type: number) => {
+    throw new IdledError(ErrorCode.BAD_FRAME, `msgpack ext types are not allowed (ext type ${type})`);
+  },
+};
 const msgpackEncoder = new Encoder({ ignoreUndefined: true, extensionCodec: noExtensions });
 
 function mapKey(key: unknown): string | number {
@@ -63,9 +70,6 @@ export function decodeBody(body: Uint8Array): ServerMessage {
   } catch (error) {
     if (error instanceof IdledError) throw error;
     throw new IdledError(ErrorCode.BAD_FRAME, `not one msgpack value: ${(error as Error).message}`);
-  }
-  if (typeof value === "object" && value !== null && value.constructor?.name === "ExtData") {
-    throw new IdledError(ErrorCode.BAD_FRAME, "msgpack ext types are not allowed");
   }
   return parseServerMessage(value);
 }
