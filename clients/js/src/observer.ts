@@ -53,6 +53,8 @@ export interface ObserverOptions extends LinkOptions {
   uids?: Iterable<Uid>;
   /** Subscribe on login (default true); false for an observer that only queries. */
   subscribe?: boolean;
+  /** Events `for await` may hold before the connection stops reading (Node; default 1024). */
+  buffer?: number;
 }
 
 export interface ObserverEvents extends LinkEvents {
@@ -82,6 +84,12 @@ export class Observer extends Link<ObserverEvents> {
   private readonly token: ObserverOptions["token"];
   private replies: Reply[] = [];
   private unsettled = false;
+  readonly buffer: number;
+  /** Times the connection stopped reading because `for await` fell `buffer` events behind. */
+  pauses = 0;
+  private queue: PresenceEvent[] | null = null; // the events `for await` has not taken yet (null: not iterating)
+  private wakeReader: (() => void) | null = null;
+  private paused = false;
 
   constructor(options: ObserverOptions, defaultConnector?: Connector) {
     super(options, defaultConnector);
@@ -90,6 +98,53 @@ export class Observer extends Link<ObserverEvents> {
     const uids = options.uids === undefined ? null : [...options.uids].map(checkUid);
     this.cursor = new ObserverCursor(options.after ?? null, options.durable ?? null, uids);
     this.subscribes = options.subscribe ?? true;
+    this.buffer = options.buffer ?? 1024;
+    if (!(Number.isInteger(this.buffer) && this.buffer >= 1)) throw new RangeError("buffer must be at least 1");
+  }
+
+  /** `for await (const event of observer)`: the events, in seq order, as the application takes them; ends when
+   * the observer stops (throwing its final error, if any). While `buffer` events wait, a Node connection stops
+   * reading (the server then cuts it `busy` after 5 s, and the observer resumes by seq once the application
+   * catches up: nothing is lost, memory stays bounded); a WebSocket cannot stop reading, so a page's queue is
+   * not bounded. One iteration at a time; `on("event")` listeners get every event as well. */
+  [Symbol.asyncIterator](): AsyncIterableIterator<PresenceEvent> {
+    if (this.queue !== null) throw new TypeError("this observer is being iterated already");
+    const queue: PresenceEvent[] = (this.queue = []);
+    const stop = (): void => {
+      this.queue = null;
+      this.flowing();
+    };
+    const iterator: AsyncIterableIterator<PresenceEvent> = {
+      next: async (): Promise<IteratorResult<PresenceEvent>> => {
+        for (;;) {
+          const event = queue.shift();
+          if (event !== undefined) {
+            if (this.paused && queue.length <= this.buffer / 2) this.flowing();
+            return { value: event, done: false };
+          }
+          if (this.done) {
+            stop();
+            if (this.error !== null) throw this.error;
+            return { value: undefined, done: true };
+          }
+          await new Promise<void>((resolve) => { this.wakeReader = resolve; });
+          this.wakeReader = null;
+        }
+      },
+      return: async (): Promise<IteratorResult<PresenceEvent>> => {
+        stop();
+        return { value: undefined, done: true };
+      },
+      [Symbol.asyncIterator]: () => iterator,
+    };
+    return iterator;
+  }
+
+  private flowing(): void {
+    if (this.paused) {
+      this.paused = false;
+      this.transport?.resume?.();
+    }
   }
 
   /** Seq of the last event delivered (null: none yet, subscribed from now). */
@@ -170,6 +225,7 @@ export class Observer extends Link<ObserverEvents> {
   }
 
   protected override onWelcome(transport: Transport, welcome: Welcome): void {
+    this.paused = false; // a new connection reads until the queue is full again (its first frame settles it)
     if (!this.subscribes) return;
     // A subscription the server refuses is answered with an error frame; one it takes with events (a replay)
     // or nothing: the first frame after the welcome that is not an error settles the connection, and a ping
@@ -192,8 +248,21 @@ export class Observer extends Link<ObserverEvents> {
       this.settle();
     }
     if (message.op === "event") {
-      if (this.cursor.accept(message)) this.emit("event", message);
-      else this.duplicates += 1;
+      if (!this.cursor.accept(message)) {
+        this.duplicates += 1;
+        return;
+      }
+      this.emit("event", message);
+      const queue = this.queue;
+      if (queue !== null) {
+        queue.push(message);
+        this.wakeReader?.();
+        if (queue.length >= this.buffer && !this.paused && this.transport?.pause) {
+          this.paused = true;
+          this.pauses += 1;
+          this.transport.pause();
+        }
+      }
     } else if (message.op === "status" || message.op === "pong") {
       this.replies.shift()?.resolve(message);
     }
@@ -209,6 +278,7 @@ export class Observer extends Link<ObserverEvents> {
   }
 
   protected override onDone(): void {
+    this.wakeReader?.();
     this.failReplies(this.error ?? connectionLost("the observer is closed"));
   }
 }

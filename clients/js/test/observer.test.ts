@@ -105,3 +105,28 @@ test("query with last_seen: online users, their devices, the last activity of of
   await phone.close();
   await observer.close();
 });
+
+test("for await: every event in order at the application's pace; a full buffer stops the reading", async () => {
+  const first = (await idled.lastSeq()) + 1;
+  const gateway = await RawGateway.login(idled.address, "edge3");
+  gateway.attach(range(1000, 10_000));
+  gateway.detach(range(1000, 10_000));
+  await gateway.sync();
+  const observer = new Observer({ host: idled.address, name: "paced", after: first - 1, buffer: 16 }).start();
+  const events = [];
+  for await (const event of observer) {
+    events.push(event);
+    await new Promise((resolve) => setImmediate(resolve)); // a consumer slower than the socket
+    if (events.length === 2000) break;
+  }
+  assert.ok(contiguous(events, first), "a gap or a duplicate");
+  assert.ok(observer.pauses >= 1, "the connection never stopped reading");
+  const late = (async () => {
+    const rest = [];
+    for await (const event of observer) rest.push(event); // ends when the observer closes
+    return rest;
+  })();
+  await observer.close();
+  assert.deepEqual(await late, []);
+  gateway.close();
+});

@@ -45,3 +45,29 @@ test("slow_observer_is_cut_with_busy_and_resumes", async (t) => {
     await idled.close();
   }
 });
+
+test("slow_observer_is_cut_with_busy_and_resumes, for await: a paused connection is cut and resumed", async (t) => {
+  const idled = await startDaemon();
+  try {
+    const n = 50_000;
+    const gateway = await RawGateway.login(idled.address, "edge");
+    gateway.attach(range(n));
+    gateway.detach(range(n));
+    await gateway.sync();
+    const observer = new Observer({ host: idled.address, name: "slow", after: 0, buffer: 16, backoff: { base: 0.05, cap: 0.5 } }).start();
+    const events: PresenceEvent[] = [];
+    for await (const event of observer) {
+      events.push(event);
+      if (events.length === 1) await new Promise((resolve) => setTimeout(resolve, (OBSERVER_STALL + 2) * 1000));
+      if (event.seq >= 2 * n) break;
+    }
+    t.diagnostic(`cut by: ${observer.lastError?.message}; ${observer.connections} connections, ${observer.pauses} pauses`);
+    assert.ok(observer.connections >= 2, `${observer.connections} connections`);
+    assert.ok(contiguous(events), "a gap or a duplicate");
+    assert.equal(events.length, 2 * n);
+    await observer.close();
+    gateway.close();
+  } finally {
+    await idled.close();
+  }
+});

@@ -84,6 +84,14 @@ class NodeTransport extends BaseTransport {
     return this.socket.writableLength;
   }
 
+  pause(): void {
+    this.socket.pause();
+  }
+
+  resume(): void {
+    this.socket.resume();
+  }
+
   close(): void {
     this.finish(connectionLost(`${this.remote}: closed by the client`));
     this.socket.destroy();

@@ -20,6 +20,9 @@ export interface Transport {
   close(): void;
   /** Bytes accepted by `send` and not yet handed to the network (back-pressure). */
   readonly bufferedAmount: number;
+  /** Stop / start reading (back-pressure from a slow consumer); absent where the platform cannot (WebSocket). */
+  pause?(): void;
+  resume?(): void;
   /** Where this transport is connected ("host:port" or the URL). */
   readonly remote: string;
   onMessage: (message: ServerMessage) => void;
