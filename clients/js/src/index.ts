@@ -1,0 +1,23 @@
+/** The Node entry: the protocol, both transports (TCP/TLS and WebSocket), sessions and observers. */
+export * from "./protocol/index.js";
+export { nodeConnector } from "./transport/node.js";
+export type { NodeTransportOptions } from "./transport/node.js";
+export { webSocketConnector, SUBPROTOCOL } from "./transport/browser.js";
+export type { WebSocketTransportOptions } from "./transport/browser.js";
+export { BaseTransport } from "./transport/transport.js";
+export type { Transport, Connector } from "./transport/transport.js";
+export { splitHostPort, formatAddress, parseAddresses } from "./core/address.js";
+export type { HostPort } from "./core/address.js";
+export { Backoff, KeepaliveTimer, pingInterval, KEEPALIVE_FACTOR } from "./core/keepalive.js";
+export type { BackoffOptions } from "./core/keepalive.js";
+export { LeaderSearch } from "./core/leader.js";
+export { ObserverCursor, uidChunks } from "./core/cursor.js";
+export { Emitter } from "./core/emitter.js";
+export type { Clock } from "./core/clock.js";
+export { realClock } from "./core/clock.js";
+export { Link } from "./link.js";
+export type { LinkOptions, LinkEvents } from "./link.js";
+export type { SessionEvents } from "./session.js";
+export type { ObserverEvents, UserStatus } from "./observer.js";
+export { Session, Observer, connectorFor } from "./platform/node.js";
+export type { SessionOptions, ObserverOptions, NodeConnectOptions } from "./platform/node.js";
