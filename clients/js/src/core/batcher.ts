@@ -21,8 +21,8 @@
  * *Frames.* `take(maxFrame)` encodes the groups in order, each split into frames whose msgpack body stays
  * within `maxFrame` bytes (the `welcome`'s `max_frame`; 4096 before it): keys are counted by an upper bound
  * of their encoded size against `maxFrame` minus a generous fixed overhead for the op, the field names and
- * the keepalive, so a frame can never exceed the limit. Each frame is the 4-byte big-endian body length then
- * the body.
+ * the keepalive, so a frame can never exceed the limit. `take` returns the msgpack bodies; the transport adds
+ * the 4-byte length prefix (TCP) or sends each as one message (WebSocket).
  *
  * *Live sessions.* The batcher also remembers the live keys (attached, not detached, not ended by the server)
  * with their keepalive: after a reconnect the server has forgotten them (they went offline `gateway_lost`),
@@ -34,22 +34,20 @@
  * pending operation: the driver flushes at `firstPending + flushInterval`.
  */
 
-import { encode } from "@msgpack/msgpack";
+import { ErrorCode, IdledError } from "../protocol/errors.js";
+import { encodeBody } from "../protocol/frame.js";
+import {
+  DEFAULT_MAX_FRAME, MAX_DEVICE_BYTES, MAX_KEEPALIVE, MAX_UID_BYTES, MIN_KEEPALIVE,
+} from "../protocol/messages.js";
+import type { Attach, Detach, SessionKey, Touch } from "../protocol/messages.js";
 
-export type Uid = string | number;
-export type DeviceKey = readonly [Uid, string];
-export type SessionKey = Uid | DeviceKey;
 /** The reduced form of a session key (see the theory of operation). */
 export type KeyId = string | number;
+export type DetachReason = NonNullable<Detach["reason"]>;
 
-export const DEFAULT_MAX_FRAME = 4096; // body bytes until a welcome says otherwise
 export const DEFAULT_FLUSH_INTERVAL = 0.05; // seconds a touch may wait for company before it is sent
 export const DEFAULT_MAX_PENDING = 100_000; // keys buffered before a call flushes first
-export const MAX_UID_BYTES = 256;
-export const MAX_DEVICE_BYTES = 64;
-export const MIN_KEEPALIVE = 1;
-export const MAX_KEEPALIVE = 86_400;
-export const DETACH_REASONS: readonly string[] = ["logout", "closed", "shutdown"];
+export const DETACH_REASONS: readonly DetachReason[] = ["logout", "closed", "shutdown"];
 const FRAME_OVERHEAD = 64; // op, field names, keepalive or reason, array header: generous
 
 /** UTF-8 length of `s` (exact, without allocating). */
@@ -70,14 +68,14 @@ export function utf8Length(s: string): number {
   return n;
 }
 
-function badKey(key: unknown, why: string): TypeError {
+function badKey(key: unknown, why: string): IdledError {
   let shown: string;
   try {
     shown = JSON.stringify(key) ?? String(key);
   } catch {
     shown = String(key);
   }
-  return new TypeError(`bad session key ${shown}: ${why}`);
+  return new IdledError(ErrorCode.BAD_MESSAGE, `bad session key ${shown}: ${why}`);
 }
 
 function checkUid(uid: unknown, key: unknown): void {
@@ -93,7 +91,7 @@ function checkUid(uid: unknown, key: unknown): void {
 }
 
 /**
- * `key` reduced to its id, or a TypeError saying what is wrong with it -- raised where the application hands
+ * `key` reduced to its id, or an `IdledError` (`bad_message`) saying what is wrong with it -- raised where the application hands
  * the key over, rather than the server's `bad_message` (which closes the gateway's connection) on the wire.
  */
 export function keyId(key: SessionKey): KeyId {
@@ -130,23 +128,18 @@ type Op = "attach" | "touch" | "detach";
 
 class Group {
   readonly keys = new Map<KeyId, SessionKey>();
-  constructor(readonly op: Op, readonly keepalive: number | undefined, readonly reason: string | undefined) {}
+  constructor(readonly op: Op, readonly keepalive: number | undefined, readonly reason: DetachReason | undefined) {}
 
-  body(keys: SessionKey[]): Record<string, unknown> {
-    const body: Record<string, unknown> = { op: this.op, uids: keys };
-    if (this.keepalive !== undefined) body.keepalive = this.keepalive;
-    if (this.reason !== undefined) body.reason = this.reason;
-    return body;
+  /** The msgpack body of one frame of this group carrying `uids`. */
+  body(uids: SessionKey[]): Uint8Array {
+    if (this.op === "attach") {
+      const attach: Attach = this.keepalive === undefined ? { op: "attach", uids } : { op: "attach", uids, keepalive: this.keepalive };
+      return encodeBody(attach);
+    }
+    if (this.op === "touch") return encodeBody({ op: "touch", uids } satisfies Touch);
+    const detach: Detach = this.reason === undefined ? { op: "detach", uids } : { op: "detach", uids, reason: this.reason };
+    return encodeBody(detach);
   }
-}
-
-/** Frame `body`: the 4-byte big-endian length, then the msgpack body. */
-export function frame(body: unknown): Uint8Array {
-  const payload = encode(body);
-  const out = new Uint8Array(4 + payload.length);
-  new DataView(out.buffer).setUint32(0, payload.length);
-  out.set(payload, 4);
-  return out;
 }
 
 /** A live session: its key as the application gave it, and its keepalive. */
@@ -180,7 +173,7 @@ export class GatewayBatcher {
     return this.groups.some((g) => g.op === "attach");
   }
 
-  private group(op: Op, keepalive: number | undefined, reason: string | undefined, now: number): Group {
+  private group(op: Op, keepalive: number | undefined, reason: DetachReason | undefined, now: number): Group {
     const groups = this.groups;
     const last = groups[groups.length - 1];
     if (last !== undefined && last.op === op && last.keepalive === keepalive && last.reason === reason) return last;
@@ -203,7 +196,7 @@ export class GatewayBatcher {
     // Checked here, where the caller can see it: the server answers a bad keepalive by closing the
     // connection, and the reconnect would send the same attach again.
     if (keepalive !== undefined && !(keepalive >= MIN_KEEPALIVE && keepalive <= MAX_KEEPALIVE)) {
-      throw new RangeError(`keepalive must be within ${MIN_KEEPALIVE}..${MAX_KEEPALIVE} seconds, got ${keepalive}`);
+      throw new IdledError(ErrorCode.BAD_MESSAGE, `keepalive must be within ${MIN_KEEPALIVE}..${MAX_KEEPALIVE} seconds, got ${keepalive}`);
     }
     const ids = keys.map(keyId); // every key checked before anything is recorded
     const group = this.group("attach", keepalive, undefined, now);
@@ -230,9 +223,9 @@ export class GatewayBatcher {
   }
 
   /** These sessions disconnected; `reason` (one of `DETACH_REASONS`) is the offline reason to record. */
-  detach(keys: readonly SessionKey[], now: number, reason?: string): void {
+  detach(keys: readonly SessionKey[], now: number, reason?: DetachReason): void {
     if (reason !== undefined && !DETACH_REASONS.includes(reason)) {
-      throw new RangeError(`a detach reason is one of ${DETACH_REASONS.join(", ")}, got ${reason}`);
+      throw new IdledError(ErrorCode.BAD_MESSAGE, `a detach reason is one of ${DETACH_REASONS.join(", ")}, got ${reason}`);
     }
     const ids = keys.map(keyId);
     const group = this.group("detach", undefined, reason, now);
@@ -247,7 +240,10 @@ export class GatewayBatcher {
     for (const id of ids) this.live.delete(id);
   }
 
-  /** Every pending operation as frames of at most `maxFrame` body bytes, in order; clears them. */
+  /**
+   * Every pending operation as frame bodies (msgpack, without the length prefix the transport adds) of at most
+   * `maxFrame` bytes, in order; clears them.
+   */
   take(maxFrame: number = DEFAULT_MAX_FRAME): Uint8Array[] {
     const budget = maxFrame - FRAME_OVERHEAD;
     if (budget < LARGEST_KEY) throw new RangeError(`max_frame ${maxFrame} is too small for a gateway frame`);
@@ -258,17 +254,22 @@ export class GatewayBatcher {
       for (const key of group.keys.values()) {
         const n = keySize(key);
         if (size + n > budget) {
-          frames.push(frame(group.body(chunk)));
+          frames.push(group.body(chunk));
           chunk = [];
           size = 0;
         }
         chunk.push(key);
         size += n;
       }
-      if (chunk.length > 0) frames.push(frame(group.body(chunk)));
+      if (chunk.length > 0) frames.push(group.body(chunk));
     }
     this.clear();
     return frames;
+  }
+
+  /** Drop what is pending without encoding it (disconnected: the next `reattach` replaces it anyway). */
+  discard(): void {
+    this.clear();
   }
 
   private clear(): void {
