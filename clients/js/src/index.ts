@@ -8,3 +8,4 @@ export { BaseTransport } from "./transport/transport.js";
 export type { Transport, Connector } from "./transport/transport.js";
 export { splitHostPort, formatAddress, parseAddresses } from "./core/address.js";
 export type { HostPort } from "./core/address.js";
+export { Gateway, openGateway, type GatewayOptions, type GatewayEvents, type EndedCallback } from "./gateway.js";
