@@ -9,8 +9,10 @@ One run, every process on loopback and every one of them stopping by itself:
 2. The observer (observe.py), a process of its own, subscribed from seq 1: it records every event the daemon
    publishes, whoever caused it, until the cutoff plus a margin.
 3. The plan (`idled.tools.loadtest.stats.make_plan`, seeded): which sessions go silent and which detach,
-   each at a moment uniform in the *silent window* -- after the attach ramp, early enough that a session
-   silent at its very end is owed its offline (timeout + two ticks) before the cutoff. The same plan drives
+   each at a moment uniform in the *silent window* -- after every session was touched once (the attach
+   burst is applied by the daemon over a second or two, so a session silent since its attach would be
+   judged against a send the daemon read late), early enough that a session silent at its very end is owed
+   its offline (timeout + two ticks) before the cutoff. The same plan drives
    both gateways; the Node gateway's uids are ``0..N-1``, the Python one's ``uid_base..uid_base+N-1``.
 4. The two gateway processes (bench/gateway.ts built into dist/bench/gateway.js, and pygateway.py) start
    together at ``t0``: attach every session, then touch each on its schedule, silence and detach as planned,
@@ -22,8 +24,9 @@ One run, every process on loopback and every one of them stopping by itself:
    it + T + 2 ticks is *missed*; a pinger's offline is *false* unless the gateway's last two touches say it
    had not touched within T. Lateness is the offline's time minus (last touch + T).
 
-The keepalive defaults to 30 s (the issue's target), the run to 150 s after t0: the window then holds ~90 s
-of silencing and every session is touched ~4 times. Whole run at 100k sessions per gateway: ~3 minutes.
+The keepalive defaults to 30 s (the issue's target), the run to 150 s after t0: the window then holds ~70 s
+of silencing (from 38 s to 104 s) and every session is touched ~5 times. Whole run at 100k sessions per
+gateway: ~3 minutes.
 """
 
 from __future__ import annotations
@@ -105,7 +108,10 @@ def run(args: argparse.Namespace) -> int:
     script = None if args.no_build else build_node()
     script = script or PACKAGE / "dist" / "bench" / "gateway.js"
     timeout = 1.5 * args.keepalive
-    ramp_end = args.ramp
+    # Silencing starts once every session has been touched at least once (the first touch comes within
+    # K after the attach): a session silent from its attach on would be judged against the attach call,
+    # which the daemon applies only once it has read the whole burst (~1-2 s for 2 x 100k attaches).
+    ramp_end = args.ramp if args.ramp is not None else args.keepalive * (1.0 + args.jitter) + 5.0
     window = silent_window(duration=args.duration, ramp_end=ramp_end, timeout=timeout, tick=args.tick)
     plan = make_plan(args.sessions, silent_fraction=args.silent_fraction, bye_fraction=args.bye_fraction,
                      window=window, seed=args.seed)
@@ -209,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", type=int, default=100_000, help="sessions per gateway (default 100000)")
     parser.add_argument("--keepalive", type=float, default=30.0, help="seconds (default 30: timeout 45)")
     parser.add_argument("--duration", type=float, default=150.0, help="cutoff, seconds after t0 (default 150)")
-    parser.add_argument("--ramp", type=float, default=10.0, help="silencing starts this long after t0 (default 10)")
+    parser.add_argument("--ramp", type=float, default=None,
+                        help="silencing starts this long after t0 (default: keepalive * (1 + jitter) + 5 s)")
     parser.add_argument("--jitter", type=float, default=0.1, help="touch interval K * U(1-j, 1+j) (default 0.1)")
     parser.add_argument("--silent-fraction", type=float, default=0.01)
     parser.add_argument("--bye-fraction", type=float, default=0.005)

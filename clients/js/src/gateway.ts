@@ -162,9 +162,16 @@ export class Gateway extends EventEmitter<GatewayEvents> {
     this.queued();
   }
 
-  /** These sessions disconnected (a user goes offline when its last session goes; `reason` as recorded). */
+  /**
+   * These sessions disconnected (a user goes offline when its last session goes; `reason` as recorded). On a
+   * gateway that is closed or closing this only checks the keys: its sessions end with it anyway, and a
+   * socket's close handler running after the gateway's `close()` must not throw.
+   */
   detach(keys: readonly SessionKey[], reason?: DetachReason): void {
-    this.usable();
+    if (this.done || this.closing) {
+      keys.forEach(keyId);
+      return;
+    }
     this.batch.detach(keys, now(), reason);
     this.queued();
   }

@@ -167,6 +167,24 @@ describe("restarts", () => {
   });
 });
 
+test("a closed gateway takes detaches (its sessions ended with it) and refuses the rest", async () => {
+  const daemon = await startDaemon();
+  try {
+    const gw = gateway(daemon);
+    await gw.connectedOnce();
+    gw.attach(["a"], 30);
+    await gw.close();
+    assert.equal(gw.done, true);
+    gw.detach(["a"]); // e.g. a socket's close handler running after the server's shutdown
+    assert.throws(() => gw.detach([["a", ""]]), badMessage);
+    assert.throws(() => gw.touch(["a"]), (e: unknown) => e instanceof IdledError && e.code === "connection_lost");
+    assert.throws(() => gw.attach(["b"]), (e: unknown) => e instanceof IdledError && e.code === "connection_lost");
+    await assert.rejects(gw.flush(), (e: unknown) => e instanceof IdledError && e.code === "connection_lost");
+  } finally {
+    await daemon.close();
+  }
+});
+
 describe("refusals", () => {
   test("auth failed is final", async () => {
     const daemon = await startDaemon({ auth: true });
