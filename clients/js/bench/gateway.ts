@@ -64,7 +64,7 @@ async function main(): Promise<void> {
       }
     },
   });
-  await gw.connectedOnce();
+  await gw.waitConnected();
   await sleep(spec.t0 - wall());
 
   const cpu0 = cpu();

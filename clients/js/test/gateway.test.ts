@@ -24,7 +24,7 @@ async function gatewayBatchesTouches(daemon: Daemon): Promise<void> {
   const gw = gateway(daemon, { flushInterval: 0.5 });
   const peek = await Peek.open(daemon.address);
   try {
-    await gw.connectedOnce();
+    await gw.waitConnected();
     gw.attach(range(0, 1000), 30);
     await gw.flush();
     const before = gw.framesSent;
@@ -49,7 +49,7 @@ async function gatewayReportsSessionKeys(daemon: Daemon): Promise<void> {
   const peek = await Peek.open(daemon.address);
   peek.subscribe(1); // from the first event (and filtered): a subscription from now may start late through an edge
   try {
-    await gw.connectedOnce();
+    await gw.waitConnected();
     assert.throws(() => gw.attach([["bob", ""]]), badMessage);
     assert.throws(() => gw.attach([["bob", "a", "b"] as unknown as SessionKey]), badMessage);
     const carol = ["carol", "x"] as const;
@@ -81,7 +81,7 @@ async function gatewayAnswersMarks(daemon: Daemon): Promise<void> {
   const gw = gateway(daemon, { marks: true, onEnded: (keys, reason) => heard.push([keys, reason]) });
   const peek = await Peek.open(daemon.address);
   try {
-    await gw.connectedOnce();
+    await gw.waitConnected();
     gw.attach(["talk", "quiet"], 1); // timeout 1.5 s
     for (let i = 0; i < 8; i++) {
       await sleep(500);
@@ -119,7 +119,7 @@ describe("restarts", () => {
     const gw = gateway(daemon, { onEnded: (keys, reason) => heard.push([keys, reason]) });
     const peek = await Peek.open(daemon.address);
     try {
-      await gw.connectedOnce();
+      await gw.waitConnected();
       assert.throws(() => gw.attach(["quiet"], 0.5), badMessage); // below the protocol's minimum: refused locally
       gw.attach(["quiet"], 1); // timeout 1.5 s, and never touched
       gw.attach(["taken", "stays"], 30);
@@ -148,7 +148,7 @@ describe("restarts", () => {
   test("sessions come back after a restart", async () => {
     const gw = gateway(daemon);
     try {
-      await gw.connectedOnce();
+      await gw.waitConnected();
       gw.attach(range(0, 3000), 5); // several frames of the re-attach under a small limit
       await gw.flush();
       const first = await Peek.open(daemon.address);
@@ -171,7 +171,7 @@ test("a closed gateway takes detaches (its sessions ended with it) and refuses t
   const daemon = await startDaemon();
   try {
     const gw = gateway(daemon);
-    await gw.connectedOnce();
+    await gw.waitConnected();
     gw.attach(["a"], 30);
     await gw.close();
     assert.equal(gw.done, true);
@@ -190,12 +190,12 @@ describe("refusals", () => {
     const daemon = await startDaemon({ auth: true });
     try {
       const gw = openGateway({ host: daemon.address, name: "edge", token: "not-a-token", backoff: FAST });
-      await assert.rejects(gw.connectedOnce(), (e: unknown) => e instanceof IdledError && e.code === "auth_failed");
+      await assert.rejects(gw.waitConnected(), (e: unknown) => e instanceof IdledError && e.code === "auth_failed");
       assert.equal(gw.done, true);
       assert.equal(gw.connections, 0);
       assert.throws(() => gw.touch(["a"]), (e: unknown) => e instanceof IdledError && e.code === "auth_failed");
       const ok = openGateway({ host: daemon.address, name: "edge", token: () => daemon.token("gateway", "edge") });
-      await ok.connectedOnce();
+      await ok.waitConnected();
       await ok.close();
       assert.equal(ok.error, null);
     } finally {
@@ -215,7 +215,7 @@ describe("refusals", () => {
         connector: (address) => { tried.push(address); return tcp(address); },
       });
       const started = Date.now();
-      await gw.connectedOnce();
+      await gw.waitConnected();
       assert.ok(Date.now() - started < 3000, "no backoff between the members of one round");
       assert.equal(gw.lastError?.code, "not_leader");
       assert.deepEqual(tried, [standby.address, leader.address]);

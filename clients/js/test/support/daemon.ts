@@ -65,6 +65,12 @@ export async function until(condition: () => boolean, what: string, timeout = 20
   }
 }
 
+// A test file that fails or is interrupted must not leave daemons behind: SIGKILL what is still running.
+const live = new Set<{ kill(): void }>();
+process.once("exit", () => {
+  for (const daemon of live) daemon.kill();
+});
+
 export interface DaemonOptions {
   /** `--workers N`: edge processes in front of the core. */
   workers?: number;
@@ -77,6 +83,8 @@ export interface DaemonOptions {
   /** Default `--tick 0.1 --timeout 1 --fsync never --metrics-port 0`, as tests/client/support.py. */
   tick?: number;
   timeout?: number;
+  /** A fixed /metrics (and /status) port (default 0: none the test can reach). */
+  metricsPort?: number;
   /** More `idled serve` arguments (last: they win). */
   args?: string[];
   /** A data directory of the caller's (default: one in the daemon's temporary directory). */
@@ -114,7 +122,7 @@ export class Daemon {
     const o = this.options;
     return [
       python(), "-m", "idled.cli.main", "serve", "--host", this.host, "--port", String(this.port),
-      "--data-dir", this.dataDir, "--metrics-port", "0", "--tick", String(o.tick ?? 0.1),
+      "--data-dir", this.dataDir, "--metrics-port", String(o.metricsPort ?? 0), "--tick", String(o.tick ?? 0.1),
       "--timeout", String(o.timeout ?? 1), "--fsync", "never",
       ...(o.workers ? ["--workers", String(o.workers)] : []),
       ...(this.secretFile ? ["--secret-file", this.secretFile] : []),
@@ -131,6 +139,8 @@ export class Daemon {
     const proc = spawn(cmd!, args, { env: env(), stdio: ["ignore", "ignore", fd] });
     closeSync(fd);
     this.proc = proc;
+    live.add(this);
+    proc.once("exit", () => live.delete(this));
     const limit = Date.now() + (this.options.startTimeout ?? 20) * 1000;
     while (!this.stderr().includes("IDLED_LISTENING")) {
       if (proc.exitCode !== null || proc.signalCode !== null) {
@@ -184,6 +194,28 @@ export class Daemon {
   async close(): Promise<void> {
     await this.stop("SIGTERM", 5);
     rmSync(this.dir, { recursive: true, force: true });
+  }
+
+  /** The last seq published so far (0 for a new log): an observer subscribed from 0 queries nothing, and the
+   * status comes after every event published before the query. */
+  async lastSeq(): Promise<number> {
+    const { Observer } = await import("../../src/index.js");
+    const observer = new Observer({ host: this.address, name: "seq-probe", after: 0, durable: false }).start();
+    let last = 0;
+    observer.on("event", (e) => { last = e.seq; });
+    await observer.query([]);
+    await observer.close(0);
+    return last;
+  }
+
+  /** The daemon's /status document (needs `metricsPort`); null while it does not answer. */
+  async status(): Promise<Record<string, unknown> | null> {
+    try {
+      const response = await fetch(`http://127.0.0.1:${this.options.metricsPort}/status`, { signal: AbortSignal.timeout(2000) });
+      return (await response.json()) as Record<string, unknown>;
+    } catch {
+      return null;
+    }
   }
 
   /** A token for `role` `name` (`idled token`); needs `auth: true`. */
