@@ -12,7 +12,6 @@
  * reports. 10,000 touches of the same few thousand keys within one interval cost one or two frames, and the
  * server sees each touch at most `flushInterval` late (keep it well below the users' timeouts).
  *
- *
  * *Connection.* The package's `Link` (link.ts) runs the loop every role shares: connect (TCP or TLS), log in
  * -- here as a gateway, `ended: true` when the application listens for notices, `marks: true` when asked --,
  * reconnect after a full-jitter backoff, follow the leader among several cores (`LeaderSearch`: a
