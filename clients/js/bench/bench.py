@@ -124,7 +124,8 @@ def run(args: argparse.Namespace) -> int:
         stop = cutoff + 1.0  # the gateways keep touching past the cutoff: no offline of theirs is judged
         events_path = work / "events.txt"
         observer = subprocess.Popen([sys.executable, str(HERE / "observe.py"), "--port", str(port), "--out",
-                                     str(events_path), "--ready", str(work / "ready"), "--until", str(stop + 4.0)])
+                                     str(events_path), "--ready", str(work / "ready"), "--until",
+                                     str(stop + 1.5 + args.sessions / 50_000)])  # time to read the tail
         procs.append(observer)
         limit = time.monotonic() + 20
         while not (work / "ready").exists():
