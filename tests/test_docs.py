@@ -30,6 +30,7 @@ DAEMON_LINE = "    python3 -m venv .venv && .venv/bin/pip install -e . && .venv/
 TEST_LINE = (
     "    bash .ci/system-deps && python3 -m venv .venv && .venv/bin/pip install -e '.[test,pipeline,plot]'"
     " && .venv/bin/mypy idled && .venv/bin/ruff check idled tests && .venv/bin/pytest -q"
+    " && (cd clients/js && npm ci && npm test)"
 )
 MAX_README_LINES = 250
 

@@ -102,8 +102,8 @@ export abstract class Link<E extends LinkEvents = LinkEvents> extends Emitter<E>
     this.connector = connector;
   }
 
-  /** The role's login message of a new connection. */
-  protected abstract login(): Login;
+  /** The role's login message of a new connection (a promise when its token is fetched for each login). */
+  protected abstract login(): Login | Promise<Login>;
 
   /** Whether a transport is up and logged in. */
   get connected(): boolean {
@@ -154,7 +154,7 @@ export abstract class Link<E extends LinkEvents = LinkEvents> extends Emitter<E>
       }
       this.endConnection?.(connectionLost("closed by the client"));
     }
-    await this.running;
+    await this.start().running; // never started: the loop ends at once, `closed` is emitted all the same
   }
 
   /** End the current connection with `error` (the role found it dead); the loop decides what follows. */
@@ -230,6 +230,13 @@ export abstract class Link<E extends LinkEvents = LinkEvents> extends Emitter<E>
   }
 
   private async connection(address: string): Promise<IdledError> {
+    let login: Login;
+    try {
+      login = await this.login();
+    } catch (error) {
+      // A token that could not be fetched (the application's backend is down): retried like a lost connection.
+      return connectionLost(`no login: ${error instanceof Error ? error.message : String(error)}`);
+    }
     let transport: Transport;
     try {
       transport = await this.connector(address);
@@ -276,7 +283,7 @@ export abstract class Link<E extends LinkEvents = LinkEvents> extends Emitter<E>
         for (const waiter of this.waiters.splice(0)) waiter.resolve();
         this.emitLink("connected", { welcome: message, connections: this.connections, address });
       };
-      transport.send(encodeBody(this.login()));
+      transport.send(encodeBody(login));
     });
   }
 

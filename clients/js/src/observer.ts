@@ -44,7 +44,7 @@ export interface ObserverOptions extends LinkOptions {
   /** The observer's name (1..128 UTF-8 bytes). */
   name: string;
   /** An observer token (auth on): powerful, it sees every user's presence -- see docs/client-js.md. */
-  token?: string | (() => string);
+  token?: string | (() => string | Promise<string>);
   /** A checkpoint: deliver the events after this seq (0: all retained). Absent: from now. */
   after?: number;
   /** Only events already durable in the event log. Default: true exactly when `after` is given. */
@@ -106,9 +106,9 @@ export class Observer extends Link<ObserverEvents> {
     return this.cursor.uids === null ? null : [...this.cursor.uids];
   }
 
-  protected login(): ObserverLogin {
+  protected async login(): Promise<ObserverLogin> {
     const login: ObserverLogin = { op: "login", observer: this.name };
-    const token = typeof this.token === "function" ? this.token() : this.token;
+    const token = typeof this.token === "function" ? await this.token() : this.token;
     if (token !== undefined) login.token = token;
     return login;
   }

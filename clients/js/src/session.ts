@@ -28,8 +28,9 @@ import type { Connector, Transport } from "./transport/transport.js";
 
 export interface SessionOptions extends LinkOptions {
   uid: Uid;
-  /** The uid's token (auth on); a function is called before every login (a page can fetch a fresh one). */
-  token?: string | (() => string);
+  /** The uid's token (auth on); a function is called before every login, and may return a promise (a page
+   * fetches a fresh token from its backend for each login, so an expired one is never sent again). */
+  token?: string | (() => string | Promise<string>);
   /** Seconds between keepalives the session asks for (1..86400); the server answers with its timeout. */
   keepalive?: number;
   /** This session is one device of the user (key [uid, device]); other devices' sessions coexist. */
@@ -76,9 +77,9 @@ export class Session extends Link<SessionEvents> {
     return this.welcome?.timeout ?? null;
   }
 
-  protected login(): UserLogin {
+  protected async login(): Promise<UserLogin> {
     const login: UserLogin = { op: "login", uid: this.uid };
-    const token = typeof this.token === "function" ? this.token() : this.token;
+    const token = typeof this.token === "function" ? await this.token() : this.token;
     if (token !== undefined) login.token = token;
     if (this.keepalive !== undefined) login.keepalive = this.keepalive;
     if (this.device !== undefined) login.device = this.device;

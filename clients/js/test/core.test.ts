@@ -14,6 +14,7 @@ test("ping interval: min(k, T / 1.5), T / 1.5 without a keepalive, none without 
   assert.equal(pingInterval(60, 3600), 40); // the server capped T: ping a third of T before the deadline
   assert.equal(pingInterval(30, undefined), 20);
   assert.equal(pingInterval(1.5, 1), 1);
+  assert.equal(pingInterval(2, 1), 1); // a timeout raised to the server's tick: still every k
   assert.equal(pingInterval(undefined, 20), null);
   const timer = new KeepaliveTimer(20, 100);
   assert.equal(timer.deadline, 120);

@@ -71,7 +71,19 @@ test("watchlist_observer_watches_and_resumes", async () => {
   assert.deepEqual(seen().slice(5), [["w0001", "online"], ["w1499", "online"], ["x2", "online"]]);
   const seqs = got.map((e) => e.seq);
   assert.deepEqual(seqs, [...new Set(seqs)].sort((a, b) => a - b));
+  // Resuming from a checkpoint replays with the list the new connection sends: its first part (w0001) travels
+  // in watch frames that must precede the subscribe, or the replay would skip that uid's events.
+  const checkpoint = observer.position!;
   await observer.close();
+  gateway.detach(["w0001", "x"]);
+  await gateway.sync();
+  const resumed = new Observer({ host: idled.address, name: "contacts", uids: observer.watchlist!, after: checkpoint });
+  const replayed = record(resumed);
+  resumed.start();
+  await until(() => replayed.length >= 1, "w0001's offline replayed");
+  await resumed.query([]);
+  assert.deepEqual(replayed.map((e) => [e.uid, e.kind, e.reason]), [["w0001", "offline", "detach"]]);
+  await resumed.close();
   gateway.close();
 });
 

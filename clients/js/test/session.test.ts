@@ -99,3 +99,13 @@ test("sessions_come_back_after_a_restart", async () => {
   await session.close();
   await observer.close();
 });
+
+test("close() before start() ends the session at once, with closed", async () => {
+  const session = new Session({ host: idled.address, uid: "zed" });
+  const closed = new Promise((resolve) => session.once("closed", resolve));
+  await session.close();
+  assert.deepEqual(await closed, { error: null });
+  assert.equal(session.done, true);
+  assert.equal(session.connections, 0);
+  await assert.rejects(session.waitConnected(), (e: Error) => /closed/.test(e.message));
+});

@@ -123,7 +123,7 @@ test("a refused first login backs off one step up, then doubles; final errors st
 test("not_leader with a hint goes to the named core at once; a round of refusals backs off", async () => {
   const clock = new FakeClock();
   const dialled: string[] = [];
-  const leader = { current: "b:2" };
+  const leader = { current: "c:3" };
   const connector: Connector = async (address) => {
     dialled.push(address);
     return new FakeTransport(clock, (op) => op !== "login" ? null : address === leader.current
@@ -132,16 +132,44 @@ test("not_leader with a hint goes to the named core at once; a round of refusals
   };
   const session = new Session({ host: ["a:1", "b:2", "c:3"], uid: "a", connector, clock, backoff: { base: 1, random: () => 1 } }).start();
   await clock.advance(0);
-  assert.deepEqual(dialled, ["a:1", "b:2"]);
+  assert.deepEqual(dialled, ["a:1", "c:3"]); // a's hint, not the list's next (b)
   assert.equal(session.connections, 1);
-  leader.current = "c:3";
+  leader.current = "b:2";
   (session as unknown as { drop(e: Error): void }).drop(connectionLost("leader lost"));
   await clock.advance(1);
-  assert.deepEqual(dialled, ["a:1", "b:2", "b:2", "c:3"]);
-  assert.equal(session.address, "c:3");
+  // The last leader first (after the backoff), then at once where its refusal points.
+  assert.deepEqual(dialled, ["a:1", "c:3", "c:3", "b:2"]);
+  assert.equal(session.address, "b:2");
   const closing = session.close(0);
   await clock.advance(2);
   await closing;
   assert.equal(session.done, true);
   assert.equal(session.error, null);
+});
+
+test("a token function is asked before every login; a failed fetch is retried like a lost connection", async () => {
+  const clock = new FakeClock();
+  const tokens: string[] = [];
+  const connector: Connector = async () => new FakeTransport(clock, (op) => op === "login" ? { op: "welcome", uid: "a", timeout: 30 } : null);
+  let n = 0;
+  const session = new Session({
+    host: "fake:1", uid: "a", connector, clock, backoff: { base: 1, random: () => 1 },
+    token: async () => {
+      n += 1;
+      if (n === 1) throw new Error("backend down");
+      tokens.push(`t${n}`);
+      return `t${n}`;
+    },
+  });
+  const errors: string[] = [];
+  session.on("disconnected", ({ error }) => errors.push(error.message));
+  session.start();
+  await clock.advance(0);
+  assert.deepEqual(errors, ["connection_lost: no login: backend down"]);
+  await clock.advance(1);
+  assert.equal(session.connections, 1);
+  (session as unknown as { drop(e: Error): void }).drop(connectionLost("lost"));
+  await clock.advance(2);
+  assert.equal(session.connections, 2);
+  assert.deepEqual(tokens, ["t2", "t3"]);
 });

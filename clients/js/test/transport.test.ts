@@ -47,3 +47,27 @@ test("a refused connect is a retryable connection_lost that says so", async () =
   await assert.rejects(nodeConnector()("127.0.0.1:1"), (error: { code: string; refused: boolean; retryable: boolean }) =>
     error.code === "connection_lost" && error.refused && error.retryable);
 });
+
+test("messages and the end that arrive before the handlers are set are held, messages first", async () => {
+  const { BaseTransport } = await import("../src/transport/transport.js");
+  const { connectionLost } = await import("../src/protocol/errors.js");
+  class Early extends BaseTransport {
+    readonly remote = "early";
+    send(): boolean { return false; }
+    close(): void {}
+    get bufferedAmount(): number { return 0; }
+    arrive(): void {
+      this.onMessage({ op: "pong" });
+      this.finish(connectionLost("gone"));
+    }
+  }
+  for (const order of ["close first", "message first"]) {
+    const early = new Early();
+    early.arrive();
+    const seen: string[] = [];
+    if (order === "close first") early.onClose = (e) => seen.push(e.code);
+    early.onMessage = (m) => seen.push(m.op);
+    if (order === "message first") early.onClose = (e) => seen.push(e.code);
+    assert.deepEqual(seen, ["pong", "connection_lost"], order);
+  }
+});

@@ -51,6 +51,7 @@ export abstract class BaseTransport implements Transport {
     const held = this.held;
     this.held = null;
     for (const message of held ?? []) handler(message);
+    this.deliverHeldClose();
   }
 
   get onClose(): (error: IdledError) => void {
@@ -59,10 +60,15 @@ export abstract class BaseTransport implements Transport {
 
   set onClose(handler: (error: IdledError) => void) {
     this.closeHandler = handler;
-    if (this.heldClose !== null && this.held === null) {
+    this.deliverHeldClose();
+  }
+
+  /** An end that came before both handlers were set: delivered once they are (messages first). */
+  private deliverHeldClose(): void {
+    if (this.heldClose !== null && this.held === null && this.closeHandler !== null) {
       const error = this.heldClose;
       this.heldClose = null;
-      handler(error);
+      this.closeHandler(error);
     }
   }
 
