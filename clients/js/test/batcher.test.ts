@@ -18,7 +18,7 @@ function liveKeys(batch: GatewayBatcher): [SessionKey, number | undefined][] {
   return [...batch.live.values()].map((s) => [s.key, s.keepalive]);
 }
 
-test("batcher coalesces touches and keeps order", () => {
+test("batcher_coalesces_touches_and_keeps_order", () => {
   const batch = new GatewayBatcher();
   batch.attach(["a", "b"], 10, 1.0);
   batch.touch(["a"], 1.1); // the pending attach is activity already
@@ -39,7 +39,7 @@ test("batcher coalesces touches and keeps order", () => {
   assert.deepEqual(liveKeys(batch), [["b", 10]]);
 });
 
-test("batcher splits frames under the limit and bounds pending", () => {
+test("batcher_splits_frames_under_the_limit_and_bounds_pending", () => {
   const batch = new GatewayBatcher(5000);
   const uids = Array.from({ length: 5000 }, (_, i) => i * 1_000_003); // up to 5 bytes each in msgpack
   batch.touch(uids, 0);
@@ -52,7 +52,7 @@ test("batcher splits frames under the limit and bounds pending", () => {
   assert.equal(batch.take(4096).length, 1); // the same key three times is one key
 });
 
-test("batcher reattaches live uids by keepalive", () => {
+test("batcher_reattaches_live_uids_by_keepalive", () => {
   const batch = new GatewayBatcher();
   batch.attach([1, 2], 5, 0);
   batch.attach([3], undefined, 0);
@@ -64,7 +64,7 @@ test("batcher reattaches live uids by keepalive", () => {
   assert.deepEqual(bodies(batch.take()), [{ op: "attach", uids: [1], keepalive: 5 }, { op: "attach", uids: [3] }]);
 });
 
-test("batcher keeps detach reasons apart and in order", () => {
+test("batcher_keeps_detach_reasons_apart_and_in_order", () => {
   const batch = new GatewayBatcher();
   batch.attach(["a", "b", "c"], 30, 0);
   assert.ok(batch.attaching);
@@ -83,7 +83,7 @@ test("batcher keeps detach reasons apart and in order", () => {
   assert.throws(() => batch.detach(["a"], 0, "gone" as "logout"), badMessage);
 });
 
-test("batcher forgets uids the server ended", () => {
+test("batcher_forgets_uids_the_server_ended", () => {
   const batch = new GatewayBatcher();
   batch.attach([1, 2], 5, 0);
   batch.take();
@@ -92,7 +92,7 @@ test("batcher forgets uids the server ended", () => {
   assert.deepEqual(bodies(batch.take()), [{ op: "attach", uids: [2], keepalive: 5 }]);
 });
 
-test("batcher refuses a keepalive the server would refuse", () => {
+test("batcher_refuses_a_keepalive_the_server_would_refuse", () => {
   const batch = new GatewayBatcher();
   for (const bad of [0.5, 86_401, Number.NaN]) {
     assert.throws(() => batch.attach(["a"], bad, 0), badMessage);
@@ -101,7 +101,7 @@ test("batcher refuses a keepalive the server would refuse", () => {
   assert.equal(batch.live.size, 0); // nothing recorded
 });
 
-test("batcher carries session keys as uid device arrays that decode back to the keys", () => {
+test("batcher_carries_session_keys_as_uid_device_arrays_that_decode_back_to_the_keys", () => {
   const phone = ["alice", "phone"] as const;
   const laptop = ["alice", "laptop"] as const;
   const batch = new GatewayBatcher();
@@ -129,7 +129,7 @@ test("a string uid, an integer uid and a device key never share an id", () => {
   assert.equal(keyId(["x", "y"]), keyId(["x", "y"]));
 });
 
-test("batcher splits frames of the largest keys under the limit", () => {
+test("batcher_splits_frames_of_the_largest_keys_under_the_limit", () => {
   const big = "u".repeat(MAX_UID_BYTES);
   const key = [big, "d".repeat(MAX_DEVICE_BYTES)] as const; // the largest key there is
   const batch = new GatewayBatcher();
@@ -146,7 +146,7 @@ test("batcher splits frames of the largest keys under the limit", () => {
   for (const f of batch.take(1024)) assert.ok(f.length <= 1024, `frame of ${f.length} bytes`);
 });
 
-test("keys and devices are checked where the application hands them over", () => {
+test("keys_and_devices_are_checked_where_the_application_hands_them_over", () => {
   assert.equal(keyId(42), 42);
   assert.equal(keyId("é".repeat(128)), "s" + "é".repeat(128)); // 256 bytes: the largest
   const batch = new GatewayBatcher();

@@ -103,18 +103,19 @@ for (const workers of [0, 2]) {
     let daemon: Daemon;
     before(async () => { daemon = await startDaemon({ workers }); });
     after(async () => { await daemon.close(); });
-    test("gateway batches touches", () => gatewayBatchesTouches(daemon));
-    test("gateway reports session keys", () => gatewayReportsSessionKeys(daemon));
-    test("gateway answers marks", () => gatewayAnswersMarks(daemon));
+    test("gateway_batches_touches", () => gatewayBatchesTouches(daemon));
+    test("gateway_reports_session_keys", () => gatewayReportsSessionKeys(daemon));
+    test("gateway_answers_marks", () => gatewayAnswersMarks(daemon));
   });
 }
 
 describe("restarts", () => {
   let daemon: Daemon;
-  before(async () => { daemon = await startDaemon(); });
+  // The smallest gateway frame limit: the welcome says so, and a re-attach of thousands takes many frames.
+  before(async () => { daemon = await startDaemon({ args: ["--max-gateway-frame", "4096"] }); });
   after(async () => { await daemon.close(); });
 
-  test("gateway hears which sessions ended", async () => {
+  test("gateway_hears_which_sessions_ended", async () => {
     const heard: [SessionKey[], string][] = [];
     const gw = gateway(daemon, { onEnded: (keys, reason) => heard.push([keys, reason]) });
     const peek = await Peek.open(daemon.address);
@@ -145,7 +146,7 @@ describe("restarts", () => {
     }
   });
 
-  test("sessions come back after a restart", async () => {
+  test("sessions_come_back_after_a_restart (a gateway's 3,000, re-attached in frames under its limit)", async () => {
     const gw = gateway(daemon);
     try {
       await gw.waitConnected();
@@ -155,8 +156,11 @@ describe("restarts", () => {
       await first.online([0, 2999], (m) => m.get(0) === true && m.get(2999) === true);
       first.close();
       const connections = gw.connections;
+      const framesBefore = gw.framesSent;
       await daemon.restart();
       await until(() => gw.connections === connections + 1, "the reconnect");
+      assert.equal(gw.maxFrame, 4096);
+      assert.ok(gw.framesSent - framesBefore >= 7, `${gw.framesSent - framesBefore} frames`); // 3,000 keys
       const peek = await Peek.open(daemon.address);
       const online = await peek.online(range(0, 3000), (m) => [...m.values()].every(Boolean));
       peek.close();
@@ -186,7 +190,7 @@ test("a closed gateway takes detaches (its sessions ended with it) and refuses t
 });
 
 describe("refusals", () => {
-  test("auth failed is final", async () => {
+  test("auth_failed_is_final (a gateway; a token function is called per login)", async () => {
     const daemon = await startDaemon({ auth: true });
     try {
       const gw = openGateway({ host: daemon.address, name: "edge", token: "not-a-token", backoff: FAST });
