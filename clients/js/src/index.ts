@@ -21,3 +21,4 @@ export type { SessionEvents } from "./session.js";
 export type { ObserverEvents, UserStatus } from "./observer.js";
 export { Session, Observer, connectorFor } from "./platform/node.js";
 export type { SessionOptions, ObserverOptions, NodeConnectOptions } from "./platform/node.js";
+export { Gateway, openGateway, type GatewayOptions, type GatewayEvents, type EndedCallback } from "./gateway.js";
