@@ -29,7 +29,7 @@ PAGES = [README, ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))
 DAEMON_LINE = "    python3 -m venv .venv && .venv/bin/pip install -e . && .venv/bin/idled serve"
 TEST_LINE = (
     "    bash .ci/system-deps && python3 -m venv .venv && .venv/bin/pip install -e '.[test,pipeline,plot]'"
-    " && .venv/bin/mypy idled && .venv/bin/ruff check idled tests && .venv/bin/pytest -q"
+    " && .venv/bin/mypy idled && .venv/bin/ruff check idled tests && .venv/bin/pytest -q -m 'not long'"
     " && (cd clients/js && npm ci && npm test)"
 )
 MAX_README_LINES = 250

@@ -100,6 +100,7 @@ def test_run_command_on_a_standalone_cluster_equals_local(
     assert len({p.parent.parent.parent.name for p in executor_logs(cluster)}) == 2 and apps
 
 
+@pytest.mark.long  # (~26 s: the cluster itself runs in the test before it, on every CI run)
 def test_documented_spark_submit_line_on_the_cluster(
     spark: Any, cluster: Any, data: dict[str, Any], local_tables: dict[str, Any], tmp_path: Path
 ) -> None:

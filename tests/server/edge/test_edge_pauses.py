@@ -81,7 +81,9 @@ async def pause(pid: int, seconds: float) -> None:
         os.kill(pid, signal.SIGCONT)
 
 
-@pytest.mark.parametrize("who", ["edge", "core"])
+# A stopped core (~40 s) is the long variant: the stall guard it relies on is tested with a pause in
+# tests/server/test_server.py (test_stall_guard_a_paused_process_does_not_expire_everyone).
+@pytest.mark.parametrize("who", ["edge", pytest.param("core", marks=pytest.mark.long)])
 async def test_a_stopped_edge_or_core_takes_nobody_offline(tmp_path: Path, who: str) -> None:
     data_dir = tmp_path / "data"
     command = peers.serve_command(data_dir, "--workers", "2", "--tick", "0.5", "--fsync", "never",
@@ -102,6 +104,7 @@ async def test_a_stopped_edge_or_core_takes_nobody_offline(tmp_path: Path, who: 
     assert offlines(data_dir) == Counter({"shutdown": USERS}), daemon.stderr()[-3000:]
 
 
+@pytest.mark.long  # (~30 s: a 20 s pause past the link's 15 s liveness check)
 async def test_an_edge_over_tcp_that_gives_up_on_a_stopped_core_resumes_its_sessions(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     core_command = peers.serve_command(data_dir, "--tick", "0.5", "--fsync", "never", "--metrics-port", "0")

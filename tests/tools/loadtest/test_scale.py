@@ -21,6 +21,7 @@ pytestmark = pytest.mark.slow
 CONNECTIONS = 20_000
 
 
+@pytest.mark.long  # (~45 s: the 100k runs of docs/loadtest.md make the claim at scale)
 def test_20k_connections_through_two_edges_without_a_false_offline(tmp_path: Path) -> None:
     out = tmp_path / "result.json"
     proc = subprocess.run(
