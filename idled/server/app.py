@@ -306,7 +306,8 @@ class Server:
         writer = LogTask(self.log, self.bus, cfg, metrics=self.metrics, fence=self.fence, hold=self.hold,
                          seqs=self.seqs, last_seq=lambda: presence.next_seq - 1)
         # Edges that fall behind say so (the threshold: beyond a GC walk's pause and a couple of ticks).
-        lagwatch = LagWatch(presence.holds, self.clock.now, threshold=max(2.0, 2 * cfg.tick))
+        lagwatch = LagWatch(presence.holds, self.clock.now, threshold=max(2.0, 2 * cfg.tick),
+                            owns=lambda owner: bool(owner.uids))
         damage = (recovery.skipped_bytes + recovery.truncated_bytes, recovery.corrupt_records)
         return recovery, Running(presence, sessions, gateways, observers, replicas, plane, doorway, writer, lagwatch,
                                  damage)
