@@ -53,7 +53,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -76,7 +76,6 @@ from idled.ops.http import serve_metrics
 from idled.ops.logs import PeerLog, plural
 from idled.ops.metrics import Metrics, NullMetrics
 from idled.protocol import ErrorCode
-from idled.server.api import Api, ApiMetrics, Backend
 from idled.server.election import Election
 from idled.server.election.fence import Fence
 from idled.server.engine.bus import EventBus
@@ -103,7 +102,9 @@ from idled.server.status.lagwatch import LagWatch
 from idled.server.status.overview import status_part
 from idled.server.status.vitals import Sample, Vitals, histogram_source
 from idled.server.workers.edges import Workers
-from idled.server.workers.metrics import WorkerCollector
+
+if TYPE_CHECKING:
+    from idled.server.api import Api
 
 __all__ = ["RELOADABLE", "NotServing", "Running", "Server"]
 
@@ -329,6 +330,8 @@ class Server:
         await sessions.close_recovered(recovery.online.values(), nursery)
         self.metrics.register_snapshot(self.snapshot)
         if self.workers is not None and self.metrics.registry is not None:
+            from idled.server.workers.metrics import WorkerCollector  # (psutil: only under --workers)
+
             self.metrics.registry.register(WorkerCollector(self.workers.view, self.workers.core_restarts))
         metrics_listeners = self.listening.pop("metrics", [])
         if metrics_listeners and self.metrics.registry is not None:  # NullMetrics: nothing to export
@@ -364,6 +367,8 @@ class Server:
         nursery.start_soon(self.monitor.run, self._status_line, hooks)
 
     def _start_api(self, running: Running) -> Api:
+        from idled.server.api import Api, ApiMetrics, Backend  # (h11 and the API: only a process that serves it)
+
         backend = Backend(running.sessions, running.observers.queries, self.log, self.vitals, self.status,
                           self.workers.view if self.workers is not None else None, time.monotonic(),
                           running.observers)
