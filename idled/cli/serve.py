@@ -82,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _election(cfg: Config) -> Any:
     """The election of a core whose role may change: etcd (``--election``), or a promotion by hand."""
-    from idled.server.election import EtcdElection, ManualElection, Timings, parse_election_url
+    from idled.server.election import ManualElection, Timings, parse_election_url
+    from idled.server.election.etcd import EtcdElection
 
     if cfg.election is None:
         assert cfg.standby_of is not None

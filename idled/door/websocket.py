@@ -40,13 +40,9 @@ After the welcome a plain WebSocket user is handed over to the user plane like a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import trio
-from wsproto import ConnectionType
-from wsproto.events import AcceptConnection, Request
-from wsproto.handshake import H11Handshake
-from wsproto.utilities import RemoteProtocolError
 
 from idled.ops.config import Config
 from idled.ops.origin import misdirected, same_origin
@@ -54,6 +50,10 @@ from idled.protocol import PONG_FRAME
 from idled.protocol.codec import PONG_BODY
 from idled.protocol.httphead import HeadError, Inbox
 from idled.protocol.websocket import SUBPROTOCOL, WsDecoder, close_code, close_frame, error_of, message, wrap
+
+if TYPE_CHECKING:
+    from wsproto.events import Request
+    from wsproto.handshake import H11Handshake
 
 __all__ = ["MAX_HEAD", "UPGRADE", "OriginRule", "WebSocketStream", "WsRefused", "head_inbox", "upgrade"]
 
@@ -130,6 +130,8 @@ async def upgrade(stream: trio.abc.Stream, inbox: Inbox, rule: OriginRule, max_f
         await _refuse(stream, WsRefused(exc.status, exc.code, exc.message))
     except WsRefused as exc:
         await _refuse(stream, exc)
+    from wsproto.events import AcceptConnection
+
     await stream.send_all(shake.send(AcceptConnection(subprotocol=SUBPROTOCOL if offered else None)))
     decoder = WsDecoder(max_frame)
     decoder.receive_data(bytes(inbox.data))  # (a client may not send before our answer; if it did, keep it)
@@ -137,6 +139,12 @@ async def upgrade(stream: trio.abc.Stream, inbox: Inbox, rule: OriginRule, max_f
 
 
 def _request(head: bytes) -> tuple[H11Handshake, Request]:
+    # wsproto (with h11: ~4 MiB) is loaded by the first upgrade, not by every process that may see one (issue 36).
+    from wsproto import ConnectionType
+    from wsproto.events import Request
+    from wsproto.handshake import H11Handshake
+    from wsproto.utilities import RemoteProtocolError
+
     shake = H11Handshake(ConnectionType.SERVER)
     try:
         shake.receive_data(head)

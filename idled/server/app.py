@@ -53,7 +53,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -76,7 +76,6 @@ from idled.ops.http import serve_metrics
 from idled.ops.logs import PeerLog, plural
 from idled.ops.metrics import Metrics, NullMetrics
 from idled.protocol import ErrorCode
-from idled.server.api import Api, ApiMetrics, Backend
 from idled.server.election import Election
 from idled.server.election.fence import Fence
 from idled.server.engine.bus import EventBus
@@ -103,7 +102,9 @@ from idled.server.status.lagwatch import LagWatch
 from idled.server.status.overview import status_part
 from idled.server.status.vitals import Sample, Vitals, histogram_source
 from idled.server.workers.edges import Workers
-from idled.server.workers.metrics import WorkerCollector
+
+if TYPE_CHECKING:
+    from idled.server.api import Api
 
 __all__ = ["RELOADABLE", "NotServing", "Running", "Server"]
 
@@ -294,6 +295,7 @@ class Server:
         users = CoreUsers(sessions)
         # Logged-in plain TCP users are served by one task (idled.server.roles.plane), not one each.
         plane = user_plane(users, self.connections, self._reject)
+        sessions.drains.append(plane.drain)  # the tick task reads what the plane let gather (its Coalescing)
         doorway = Doorway(
             cfg, sessions=users, roles=roles(users, gateway=gateways.run, observer=observers.run,
                                              standby=replicas.serve),
@@ -306,7 +308,8 @@ class Server:
         writer = LogTask(self.log, self.bus, cfg, metrics=self.metrics, fence=self.fence, hold=self.hold,
                          seqs=self.seqs, last_seq=lambda: presence.next_seq - 1)
         # Edges that fall behind say so (the threshold: beyond a GC walk's pause and a couple of ticks).
-        lagwatch = LagWatch(presence.holds, self.clock.now, threshold=max(2.0, 2 * cfg.tick))
+        lagwatch = LagWatch(presence.holds, self.clock.now, threshold=max(2.0, 2 * cfg.tick),
+                            owns=lambda owner: bool(owner.uids))
         damage = (recovery.skipped_bytes + recovery.truncated_bytes, recovery.corrupt_records)
         return recovery, Running(presence, sessions, gateways, observers, replicas, plane, doorway, writer, lagwatch,
                                  damage)
@@ -327,6 +330,8 @@ class Server:
         await sessions.close_recovered(recovery.online.values(), nursery)
         self.metrics.register_snapshot(self.snapshot)
         if self.workers is not None and self.metrics.registry is not None:
+            from idled.server.workers.metrics import WorkerCollector  # (psutil: only under --workers)
+
             self.metrics.registry.register(WorkerCollector(self.workers.view, self.workers.core_restarts))
         metrics_listeners = self.listening.pop("metrics", [])
         if metrics_listeners and self.metrics.registry is not None:  # NullMetrics: nothing to export
@@ -362,6 +367,8 @@ class Server:
         nursery.start_soon(self.monitor.run, self._status_line, hooks)
 
     def _start_api(self, running: Running) -> Api:
+        from idled.server.api import Api, ApiMetrics, Backend  # (h11 and the API: only a process that serves it)
+
         backend = Backend(running.sessions, running.observers.queries, self.log, self.vitals, self.status,
                           self.workers.view if self.workers is not None else None, time.monotonic(),
                           running.observers)

@@ -59,8 +59,9 @@ stops an edge from reading its users and answering their pings.
   which replaces the backlog by one re-attach of the live uids. A frame from the core is at most the client
   library's ``CLIENT_MAX_FRAME``.
 * *Watermarks* (``idled.core.watermarks``). The link logs in with ``"marks": true``. When the core asks
-  ``mark(t)``, the flusher answers ``marked(t)`` after two event-loop turns -- by then the user plane (and
-  any user task) has read, and touched, whatever a socket held when the request arrived -- and after the
+  ``mark(t)``, the flusher answers ``marked(t)`` after two event-loop turns and a drain of the user plane
+  (``drains``: it lets readiness gather between polls) -- by then every user task and the plane have read, and
+  touched, whatever a socket held when the request arrived -- and after the
   touches it collected, in the same write. The core holds a session of this edge until an answer passes its deadline:
   a keepalive that reached this edge in time is never lost to a lagging or stopped edge, a full batch or a
   busy link. Only the latest request waiting is answered (it covers the earlier ones).
@@ -219,6 +220,7 @@ class CoreLink(GatewayLink):
         # (None, 0: a liveness ping only).
         self._pongs: deque[tuple[trio.Event | None, int]] = deque()
         self._mark: float | None = None  # the latest mark request not answered yet
+        self.drains: list[Callable[[], object]] = []  # what to read before a mark is answered (the user plane)
         self._heard = 0.0  # self.clock() when the core's last frame arrived
         self._core: str | None = None  # the core of the last welcome (to log a switch)
 
@@ -428,6 +430,8 @@ class CoreLink(GatewayLink):
                 # and touched (see the module docstring); the touches go out ahead of the answer.
                 await trio.lowlevel.checkpoint()
                 await trio.lowlevel.checkpoint()
+                for drain in self.drains:
+                    drain()
             attaching = self.batch.attaching
             frames = self._take()
             if marked is not None:

@@ -76,8 +76,9 @@ them ``FLUSH_INTERVAL`` after the first, so that a tick's expiries travel togeth
 larger than the gateway's frame limit, in one write.
 
 *Mark requests* (``idled.core.watermarks``). The task sends ``mark(t)``, ``t`` the server clock at that moment,
-every ``mark_interval`` and at once when the tick task holds a session of this gateway (``want``): the answer,
-``marked(t)`` (``answered``), raises the gateway's watermark. At most ``MAX_OUTSTANDING`` requests are
+every ``mark_interval`` while the gateway owns sessions (``owned``: one that owns none is not asked, so an idle
+edge sleeps; its first attach wakes the task, ``owns_again``) and at once when the tick task holds a session of
+this gateway (``want``): the answer, ``marked(t)`` (``answered``), raises the gateway's watermark. At most ``MAX_OUTSTANDING`` requests are
 unanswered at a time (a stopped gateway is not flooded); a periodic one is sent only when none is, or when
 the newest is a period old; a wanted one whenever no request already sent covers the deadline waited on.
 An answer must echo a request actually sent (a gateway cannot claim a watermark it was never asked for).
@@ -217,6 +218,8 @@ class Gateways:
                             interval=mark_interval(presence.tick))
         gateway = self._claim(str(login.name)) if login.marks else Gateway(str(login.name))
         link = gateway.link = GatewayConnection(gateway, outbox)
+        if outbox is not None:
+            outbox.owned = gateway.uids
         decoder.max_frame = self.max_frame
         self.peers.add(link)
         if login.marks:
@@ -343,6 +346,8 @@ class Gateways:
                 now, wall = clock.now(), clock.wall()
                 refusing = bool(sessions.degraded.reasons)
         sessions.wake_ticker()
+        if gateway.link is not None and gateway.link.outbox is not None:
+            gateway.link.outbox.owns_again()
 
     def _refuse(self, gateway: Gateway, uid: Key) -> None:
         """A degraded server does not start ``uid``'s session (see the module docstring)."""
@@ -445,8 +450,8 @@ class Outbox:
     """One gateway's pending notices and mark requests (see the module docstring). ``notices`` / ``marks``:
     what it opted in to; ``now`` is the server clock marks are read from."""
 
-    __slots__ = ("max_frame", "notices", "marks", "pending", "lock", "sent_frames", "_wake", "_now", "_interval",
-                 "_sent", "_sent_at", "_wanted")
+    __slots__ = ("max_frame", "notices", "marks", "pending", "lock", "sent_frames", "owned", "_wake", "_now",
+                 "_interval", "_sent", "_sent_at", "_wanted", "_unscheduled")
 
     def __init__(self, max_frame: int, *, notices: bool = True, marks: bool = False,
                  now: Callable[[], float] = trio.current_time, interval: float = 0.25) -> None:
@@ -458,12 +463,16 @@ class Outbox:
         self.pending: dict[str, dict[SessionKey, None]] = {}  # reason -> keys, in the order they ended
         self.lock = trio.Lock()
         self.sent_frames = 0
+        # The gateway's sessions (``Gateway.uids``, set once it is claimed): periodic marks only while it has
+        # some -- a watermark nobody is held by need not be fresh, and an idle edge then sleeps (issue 36).
+        self.owned: dict[Key, None] = {}
         self._wake = trio.Event()
         self._now = now
         self._interval = interval
         self._sent: deque[float] = deque()  # mark requests in flight, oldest first
         self._sent_at = -math.inf  # trio time of the newest request sent
         self._wanted = -math.inf  # a request is wanted whose t is at least this
+        self._unscheduled = False  # the task waits with no periodic request scheduled (owns_again wakes it)
 
     # -- ended notices ---------------------------------------------------------------------------------------
 
@@ -515,12 +524,20 @@ class Outbox:
         if full:
             self._wake.set()  # room for a request again
 
+    def owns_again(self) -> None:
+        """The gateway attached sessions: periodic marks resume if they had stopped (it owned none)."""
+        if self._unscheduled:
+            self._wake.set()
+
+    def _periodic(self) -> bool:
+        return self.marks and len(self._sent) < MAX_OUTSTANDING and bool(self.owned)
+
     def _mark_due(self) -> bool:
         if not self.marks or len(self._sent) >= MAX_OUTSTANDING:
             return False
         if self._wanted > -math.inf:
             return True
-        return not self._sent or trio.current_time() >= self._sent_at + self._interval
+        return self._periodic() and (not self._sent or trio.current_time() >= self._sent_at + self._interval)
 
     def _mark_frame(self) -> bytes:
         t = self._now()
@@ -543,9 +560,11 @@ class Outbox:
     async def run(self, stream: trio.abc.SendStream) -> None:
         """Send notices within FLUSH_INTERVAL of the first, and mark requests when due; until cancelled."""
         while True:
-            periodic = self.marks and len(self._sent) < MAX_OUTSTANDING
+            periodic = self._periodic()
+            self._unscheduled = not periodic
             with trio.move_on_at(self._sent_at + self._interval if periodic else math.inf):
                 await self._wake.wait()
+            self._unscheduled = False
             self._wake = trio.Event()
             if self.pending and self._wanted == -math.inf:
                 await trio.sleep(FLUSH_INTERVAL)  # company for the notices (a wanted mark does not wait)

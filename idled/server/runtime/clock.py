@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 Every deadline is measured on ``now() = trio.current_time() - paused``. The monitor task (``monitor.py``)
-calls ``beat(t)`` ten times a tick, so in a healthy process ``now()`` never finds a gap since the last beat
+calls ``beat(t)`` four times a tick, so in a healthy process ``now()`` never finds a gap since the last beat
 longer than a tick or so. If the event loop could not run for ``stall_limit`` seconds or more (SIGSTOP, a VM
 pause, a starved machine), no packet could be read during that time, so silence during it proves nothing:
 the whole pause is added to ``paused``, which moves every deadline later by the pause at once (no per-key

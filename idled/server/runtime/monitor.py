@@ -2,12 +2,12 @@
 
 Theory of operation
 -------------------
-One task sleeps ``interval`` (a tenth of a tick, at most 0.1 s) in a loop. How late each wake-up comes is the
+One task sleeps ``interval`` (a quarter tick, at most 0.25 s) in a loop. How late each wake-up comes is the
 event loop's lag: exported as a histogram and kept as ``largest_stall``. Each wake-up is also the clock's
 beat (``Clock.beat``), after ``Clock.now()`` has applied the stall guard if the wake-up came after a pause.
 It pings the systemd watchdog at the interval the manager asked for and sends a status line every 5 s, and
 runs the periodic hooks the server gives it (extend the seq reservation ahead of need, thaw the GC): cheap
-checks, each at most ten times a tick -- but the GC policy's hourly full walk runs inside its hook, so a hook's
+checks, each at most four times a tick -- but the GC policy's hourly full walk runs inside its hook, so a hook's
 time counts as lag too (and, past the stall limit, as a pause).
 """
 
@@ -29,7 +29,7 @@ STATUS_EVERY = 5.0  # seconds between two systemd STATUS= lines
 class Monitor:
     def __init__(self, clock: Clock, *, tick: float, env: Mapping[str, str], metrics: Metrics | NullMetrics) -> None:
         self.clock = clock
-        self.interval = min(0.1, tick / 10)
+        self.interval = min(0.25, tick / 4)
         self.env = env
         self.metrics = metrics
         self.largest_stall = 0.0  # seconds the event loop was late, at worst

@@ -8,7 +8,7 @@ The event path pays one deque append per event (``on_event``, called by the bus 
 the last ``RECENT`` events are kept as the bus's own event objects and turned into records only when someone
 reads them. Everything else is read off state that exists anyway:
 
-* ``sample(mono, wall)`` -- called by the monitor's periodic hook, at most ten times a tick -- keeps one sample
+* ``sample(mono, wall)`` -- called by the monitor's periodic hook, at most four times a tick -- keeps one sample
   per ``every`` seconds of the monotonic clock ``mono`` (sessions, users, connections by role, events published
   so far: the seq counter) in a ring of ``history`` samples: 600 small tuples for ten minutes at 1 s. Rates
   are differences along that ring. A sample is stamped with ``wall()``, the server's wall clock, which never

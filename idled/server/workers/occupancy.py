@@ -10,7 +10,7 @@ through 6 edges that refused hundreds of logins while the daemon had room for 19
 
 So the supervisor creates one anonymous shared memory file (``memfd``) of N 64-bit counters and passes it to
 every edge with its slot index (``--occupancy FD,INDEX``). Each edge writes its open connections into its
-slot (``publish``, from the accept loop and the monitor: never more than a tenth of a tick stale) and reads
+slot (``publish``, from the accept loop and the monitor: never more than a quarter tick stale) and reads
 the others' when it must decide:
 
 * ``max_connections`` is the daemon's limit, as without workers: an edge is full when the whole daemon holds

@@ -24,7 +24,8 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the checkout, when run as a script
 
-from idled.server.election import EtcdElection, NotLeader, Timings, parse_election_url  # noqa: E402
+from idled.server.election import NotLeader, Timings, parse_election_url  # noqa: E402
+from idled.server.election.etcd import EtcdElection  # noqa: E402
 
 SAMPLE = 0.010
 

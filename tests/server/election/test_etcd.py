@@ -13,7 +13,8 @@ from contextlib import asynccontextmanager
 import pytest
 import trio
 
-from idled.server.election import EtcdElection, NotLeader, Timings, parse_election_url
+from idled.server.election import NotLeader, Timings, parse_election_url
+from idled.server.election.etcd import EtcdElection
 from idled.server.election.etcdclient import EtcdClient
 from idled.tools.etcd import EtcdServer
 

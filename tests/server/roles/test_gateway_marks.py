@@ -78,10 +78,29 @@ async def test_an_answer_to_a_mark_never_sent_is_a_bad_message(
 ) -> None:
     async with running(tmp_path) as h:
         gw = await marking_gateway(h)
+        await gw.send(Attach(("a",), 60.0))
         first = await gw.expect(Mark)
         await gw.send(Marked(first.t + 1000.0))  # a watermark it was never asked for
         error = await gw.expect(Error)
         assert error.code == ErrorCode.BAD_MESSAGE and "no such mark" in error.reason
+
+
+async def test_a_gateway_that_owns_no_session_is_not_asked_until_it_attaches_one(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    # An idle edge must sleep (issue 36): a watermark no session is held by need not be fresh. Periodic
+    # marks start with the first attach and stop once its sessions are gone.
+    async with running(tmp_path, timeout=2.0) as h:
+        gw = await marking_gateway(h)
+        with trio.move_on_after(5.0) as waited:  # 20 mark intervals
+            message = await gw.recv()
+            raise AssertionError(f"a gateway without sessions was sent {message!r}")
+        assert waited.cancelled_caught
+        await gw.send(Attach(("a",), 60.0))
+        first = await gw.expect(Mark)
+        await gw.send(Marked(first.t))
+        second = await gw.expect(Mark)  # periodic while it owns a session
+        assert second.t > first.t
 
 
 async def test_a_gateway_without_marks_is_never_asked(tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:

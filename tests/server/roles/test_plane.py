@@ -81,7 +81,13 @@ async def test_a_user_that_pings_without_reading_stops_being_read_and_goes_idle(
         sent = 0
         with trio.move_on_after(10):
             while sent < 4 * MAX_OUT:  # pongs pile up: the client never reads them
-                sent += await sock.send(ping * 64)
+                rest = memoryview(ping * 64)
+                try:
+                    while rest:  # whole frames only: a partial send's remainder must follow, or the stream is garbage
+                        rest = rest[await sock.send(rest):]
+                except ConnectionResetError:
+                    break  # already closed idle: its socket stopped being read before this loop was done
+                sent += 64 * len(ping)
         assert h.server.running.presence is not None
         with trio.fail_after(10):
             while h.server.running.presence.is_online("frank"):
@@ -168,3 +174,26 @@ async def test_a_login_finishing_after_the_plane_stopped_keeps_its_own_task() ->
         stream = trio.SocketStream(left)
         assert plane.adopt(stream, "late", object(), FrameDecoder()) is False
         assert stream.socket.fileno() == left.fileno()  # untouched: still the task's
+
+
+async def test_keepalives_the_plane_let_gather_count_before_the_tick_judges(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    # The plane sleeps between polls while traffic flows (its Coalescing); here for far longer than alice's
+    # timeout, so her pings sit unread in her socket when her deadline comes. The tick task must read them
+    # first (Sessions.drains): she pings every 0.3 s and must stay online.
+    import idled.server.roles.plane as plane_module
+
+    monkeypatch.setattr(plane_module, "COALESCE", 4.0)
+    async with running(tmp_path, listen=True, tick=0.1, timeout=1.5) as h:
+        observer = await h.observer()
+        alice = await user(h, "alice", keepalive=1.0)  # timeout 1.5 s
+        assert (await observer.expect(Event)).kind == "online"
+        await alice.send(PING)
+        assert await alice.recv() is PONG  # served: the plane now sleeps its 4 s
+        for _ in range(10):  # 3 s of pings, twice her timeout
+            await trio.sleep(0.3)
+            await alice.send(PING)
+        with trio.move_on_after(0.5):
+            event = await observer.expect(Event)
+            raise AssertionError(f"alice pinged every 0.3 s and got {event!r}")
