@@ -8,11 +8,12 @@ connection. The whole engine is ONE trio task (`run_users`) in the worker's trio
 pipes to the coordinator. It waits on its own ``select.epoll`` object's fd with
 `trio.lowlevel.wait_readable`, or sleeps until the next timer, and then makes one *turn*:
 
-1. ``epoll.poll(0)``: every ready socket. A logged-in session's read is compared with `PONG_FRAME` first
-   (one pong, nothing pending: counted, done); anything else goes through `frames.cut_frames` and the
-   protocol's decoder. An ``error`` frame, EOF or a socket error ends the session; a connecting session
-   that turned writable is checked (``SO_ERROR``), sends its PROXY header, steps its TLS handshake or sends its
-   login (``--websocket``: upgrade + login, ``frames``); a logging-in session waits for its ``welcome``.
+1. ``epoll.poll(0)``: every ready socket. A logged-in session's read is compared with the wire's pong first (one
+   pong, nothing pending: counted, done); anything else goes through the wire's cutter and decoder (`wire`:
+   idled's frames, as WebSocket messages with ``--websocket``, or MQTT 3.1.1 with ``--peer mqtt``). An ``error``
+   frame, EOF or a socket error ends the session; a connecting session that turned writable is checked
+   (``SO_ERROR``), sends its PROXY header, steps its TLS handshake or sends its login (``--websocket``: upgrade
+   + login, ``frames``); a logging-in session waits for its ``welcome``.
 2. Timers due (`wheel.TimerWheel`, 40 ms slots; an entry is ``k << 2 | kind``): PING sends a keepalive
    and files the next one (`wheel.Schedule`, the load test's rule), or the session's silent / bye MOMENT
    instead once the next keepalive would fall after it; CONNECT_DEADLINE fails a connection still
