@@ -338,7 +338,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         for k, scenario in enumerate(scenarios):
             if k:
-                time.sleep(2.0)  # let the previous server's sockets settle
+                time.sleep(0.5 if args.peer else 2.0)  # let the previous server's sockets settle (--peer: another port)
             results.append(_run_one(scenario, len(scenarios) > 1, text_out))
         if args.peer:
             document = _peer_table(scenarios[0], results, text_out)

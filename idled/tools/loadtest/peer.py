@@ -10,7 +10,7 @@ keepalive, the same ping cadence (every keepalive x U(1 - jitter, 1 + jitter): t
 silent sessions at the same recorded moments, and the same windows, laid out here:
 
     0 .. ramp_end                              logins at --ramp per second
-    ramp_end .. ramp_end + span                the silent (and bye) moments, `span` = min(5 s, keepalive)
+    ramp_end .. ramp_end + span                the silent (and bye) moments, `span` = min(5 s, keepalive / 2)
     .. + timeout + grace  = steady_from        every silent session's close is owed by now
     steady_from .. duration                    the steady window: nothing but keepalives
     duration ..                                the stop: every connection closes (not measured)
@@ -52,7 +52,7 @@ _RATIO_KEYS: Final = ("lateness_p99", "steady_cpu_percent", "cpu_us_per_keepaliv
 
 def silence_span(keepalive: float) -> float:
     """Seconds after the ramp over which the silent and bye moments fall."""
-    return min(MAX_SPAN, keepalive)
+    return min(MAX_SPAN, keepalive / 2)
 
 
 def steady_from(ramp_end: float, span: float, timeout: float, grace: float) -> float:

@@ -31,7 +31,7 @@ def test_idled_and_mosquitto_side_by_side(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "idled.cli.main", "loadtest", "--peer", "mqtt", "--quiet", "--json", str(out),
          "--connections", str(CONNECTIONS), "--ramp", "3000", "--keepalive", "2", "--peer-grace", "7",
-         "--duration", "15"],
+         "--duration", "14"],
         capture_output=True, text=True, timeout=90, cwd=tmp_path)
     print(proc.stdout)
     print(proc.stderr[-3000:], file=sys.stderr)
