@@ -217,13 +217,13 @@ def _print_progress(line: str, tty: bool, err: IO[str]) -> None:
 
 async def _wind_down(r: RunState, server: ServerProcess, sampler: ProcessSampler | None, observer: Observer | None,
                      observer_scope: trio.CancelScope | None, w: Window) -> None:
-    """End of the measurement: stall, last sample, final fence, then teardown (observer, workers, server)."""
+    """End of the measurement: last sample, stall, final fence, then teardown (observer, workers, server)."""
     w.end_wall = time.time()
-    r.metrics_end = await r.scrape(server.metrics_port) or {}
-    w.end_sample = sampler.sample() if sampler else None
+    w.end_sample = sampler.sample() if sampler else None  # (before the scrape: its CPU is ours, not the load's)
     w.pings_end = r.pool.pings()
     w.client_cpu1 = r.client_cpu()
     w.coordinator_cpu1 = _own_cpu()
+    r.metrics_end = await r.scrape(server.metrics_port) or {}
     if observer is not None and observer_scope is not None:
         if w.aborted is None:
             w.fence_end = await observer.fence(timeout=r.sc.drain_timeout)

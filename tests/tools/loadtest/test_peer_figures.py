@@ -4,6 +4,7 @@ command line that builds both halves of the comparison (the run itself: test_pee
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any
 
 import pytest
@@ -43,6 +44,7 @@ def test_both_halves_share_the_plan_and_the_steady_window() -> None:
     assert idled.window() == broker.window() == (19.0, 24.0)  # the same silent moments (same seed)
     assert (idled.silent_fraction, idled.bye_fraction) == (0.01, 0.0)  # the 1 %
     assert idled.sample_interval == broker.sample_interval == 2.0
+    assert idled.metrics_interval == math.inf  # no /metrics scrape in the steady window (the broker has none)
     assert "--workers" in idled.server_args and idled.server_args[-1] == "0"
     # idled is judged by its own bound (2 ticks), the broker by timeout + grace
     assert idled.bound_ticks * idled.tick == 2.0 and broker.bound_ticks * broker.tick == 10.0
