@@ -89,7 +89,7 @@ def peer_row(result: Mapping[str, Any], name: str) -> dict[str, Any]:
         "lateness_p50": late.get("p50") if late.get("count") else None,
         "lateness_p99": late.get("p99") if late.get("count") else None,
         "lateness_max": late.get("max") if late.get("count") else None,
-        "closes": late.get("count", 0),
+        "timed": late.get("count", 0),  # silent sessions whose offline / close was timed
         "steady_seconds": steady.get("seconds"), "keepalives_per_s": steady.get("events_per_s"),
         "steady_cpu_percent": steady.get("cpu_percent"), "cpu_us_per_keepalive": steady.get("cpu_us_each"),
         "connections": _get(result, "connections", "peak_sessions"),
@@ -146,6 +146,6 @@ def peer_text(rows: Sequence[Mapping[str, Any]], ratios: Mapping[str, float | No
     for r in rows:
         lines.append(f"  generator ({r['name'].split()[0]} run): CPU {_n(r['generator_cpu_percent'], '.1f')} % of one "
                      f"core steady, timer lag p99 {_ms(r['generator_lag_p99'])} ms, max {_ms(r['generator_lag_max'])} "
-                     f"ms; {r['closes']} silent sessions timed; steady window {_n(r['steady_seconds'], '.0f')} s; idle "
+                     f"ms; {r['timed']} silent sessions timed; steady window {_n(r['steady_seconds'], '.0f')} s; idle "
                      f"process RSS {_n(None if r['rss_idle_bytes'] is None else r['rss_idle_bytes'] / 2**20, '.1f')} MiB")
     return "\n".join(lines)

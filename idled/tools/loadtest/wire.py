@@ -81,8 +81,6 @@ def mqtt_message(packet: bytes, keepalive: float) -> object:
         if msg.return_code:
             return Error(f"connack_{msg.return_code}", "the broker refused the connection")
         return Welcome("uid", 0, timeout=KEEPALIVE_FACTOR * keepalive)
-    if msg.type == mqtt.PINGRESP_TYPE:
-        return PONG
     return msg
 
 
