@@ -62,7 +62,7 @@ class ConnTable:
         self.next_k = 0  # the next session to start
         self.inflight = 0  # sessions opening (connect, TLS, login)
         self.live = 0  # sessions started and not yet ended
-        self.closes_are_events = w.cfg.get("wire") == "mqtt"  # report ends as events (wire.py)
+        self.closes_are_events = False  # report ends as events (MQTT): set by the engine from its wire (wire.py)
 
     def index(self, k: int) -> int:
         """The global session index of local session k."""

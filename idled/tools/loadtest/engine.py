@@ -117,6 +117,7 @@ class Engine(ConnTable):
         self.wire = wire = wire_for(w)
         self.ws = wire.name == "websocket"
         self.ping_frame, self.bye_frame, self.pong_frame = wire.ping, wire.bye, wire.pong
+        self.closes_are_events = wire.closes_are_events
         self.heads: set[int] = set()  # sessions whose upgrade answer (101) has not arrived yet
         self.max_frame = DEFAULT_MAX_FRAME  # a user reads pongs and errors
         self._load_plan()
@@ -420,7 +421,7 @@ class Engine(ConnTable):
                 w.timeouts_differ += 1
         self.inflight -= 1
         self.state[k] = UP
-        if self.wire.closes_are_events:  # (MQTT: the CONNACK is the only "online" there is)
+        if self.closes_are_events:  # (MQTT: the CONNACK is the only "online" there is)
             w.online_records.append(self.index(k))
         self._file_next(k, self.schedule.first(welcomed), time.perf_counter())
 
