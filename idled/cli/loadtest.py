@@ -35,7 +35,9 @@ from idled.ops.config import MAX_WORKERS
 from idled.ops.fatal import EXIT_FAILURE, EXIT_OK, EXIT_TARGET_FAILED, EXIT_USAGE
 from idled.protocol import MAX_KEEPALIVE, MIN_KEEPALIVE
 from idled.protocol.address import AddressError, parse_address
+from idled.tools.loadtest import mqtt, peer
 from idled.tools.loadtest.ipc import IpcError
+from idled.tools.loadtest.mosquitto import find_mosquitto, mosquitto_version
 from idled.tools.loadtest.observer import ObserverLost
 from idled.tools.loadtest.rates import sweep_rows, sweep_table
 from idled.tools.loadtest.report import clean_json, compare_ratios, compare_text, plot_results, summary_text
@@ -75,9 +77,9 @@ def parse_target(text: str) -> tuple[str, int]:
 def _where(args: argparse.Namespace) -> tuple[bool, tuple[str, int] | None, list[str]]:
     """(spawn, target, server argv), checked against each other."""
     server_argv = shlex.split(args.server_args or "") + list(args.server_argv or [])
-    spawn = bool(args.spawn or args.compare or args.sweep_workers)
+    spawn = bool(args.spawn or args.compare or args.sweep_workers or args.peer)
     if args.target and spawn:
-        raise UsageError("give either --target or --spawn/--compare/--sweep-workers, not both")
+        raise UsageError("give either --target or --spawn/--compare/--sweep-workers/--peer, not both")
     if not args.target and not spawn:
         raise UsageError("give --target HOST:PORT or --spawn")
     if server_argv and not spawn:
@@ -117,6 +119,13 @@ def _sizing(args: argparse.Namespace) -> tuple[str, int, int, tuple[str, ...]]:
 def scenario_from_args(args: argparse.Namespace) -> Scenario:
     spawn, target, server_argv = _where(args)
     mode, sessions, workers, sources = _sizing(args)
+    if args.peer:
+        return _peer_scenario(args, _scenario(args, spawn, target, server_argv, mode, sessions, workers, sources))
+    return _scenario(args, spawn, target, server_argv, mode, sessions, workers, sources)
+
+
+def _scenario(args: argparse.Namespace, spawn: bool, target: tuple[str, int] | None, server_argv: list[str],
+              mode: str, sessions: int, workers: int, sources: tuple[str, ...]) -> Scenario:
     duration = DEFAULT_DURATION if args.duration is None else args.duration
     tick = args.tick
     spawned_tick = flag_value(server_argv, "--tick")
@@ -153,8 +162,9 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
     front = _front(args, spawn, server_argv)  # (before server_args is taken: it adds to server_argv)
     sc = Scenario(
         mode=mode, sessions=sessions, gateways=args.gateways, workers=workers, sources=sources, ramp=ramp,
-        keepalive=args.keepalive, jitter=args.jitter, silent_fraction=args.silent_fraction,
-        bye_fraction=args.bye_fraction, duration=duration, tick=tick, seed=args.seed, uid_base=uid_base,
+        keepalive=args.keepalive, jitter=args.jitter,
+        silent_fraction=_given(args.silent_fraction, 0.01 if args.peer else 0.05),
+        bye_fraction=_given(args.bye_fraction, 0.0 if args.peer else 0.01), duration=duration, tick=tick, seed=args.seed, uid_base=uid_base,
         target=target, spawn=spawn, server_args=tuple(server_argv), detector=args.detector,
         server_pid=args.server_pid, metrics_port=args.metrics_port, connect_timeout=args.connect_timeout,
         max_inflight=args.max_inflight, gateway_tick=args.gateway_tick, user_tick=args.user_tick,
@@ -165,11 +175,61 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
     )
     if not (0 <= sc.silent_fraction <= 1 and 0 <= sc.bye_fraction <= 1 and sc.silent_fraction + sc.bye_fraction <= 1):
         raise UsageError("--silent-fraction and --bye-fraction must be in [0, 1] and sum to at most 1")
-    try:
-        sc.window()
-    except ValueError:
-        raise UsageError(_too_short(sc)) from None
+    if not args.peer:
+        try:
+            sc.window()
+        except ValueError:
+            raise UsageError(_too_short(sc)) from None
     return sc
+
+
+def _given(value: float | None, default: float) -> float:
+    return default if value is None else value
+
+
+def _peer_scenario(args: argparse.Namespace, sc: Scenario) -> Scenario:
+    """--peer mqtt: the idled half of the comparison (the broker's is `_scenarios`'), with the windows of
+    `idled.tools.loadtest.peer`; refuses what one of the two peers could not do."""
+    if sc.mode != "users" or sc.devices != 1 or sc.late_fraction or sc.tls or sc.websocket or sc.proxy_protocol:
+        raise UsageError("--peer drives plain user connections: no --gateways, --devices, --late-fraction, --tls, "
+                         "--websocket or --proxy-protocol")
+    if args.compare or args.sweep_workers or args.ping_every is not None or args.secret_file:
+        raise UsageError("--peer takes neither --compare, --sweep-workers, --ping-every nor --secret-file")
+    if sc.keepalive != int(sc.keepalive) or not 1 <= sc.keepalive <= mqtt.MAX_KEEPALIVE:
+        raise UsageError(f"--peer: an MQTT keepalive is whole seconds; give --keepalive 1..{mqtt.MAX_KEEPALIVE}, "
+                         f"the same for both peers (got {sc.keepalive:g})")
+    if not 0 <= args.peer_grace <= 3600:
+        raise UsageError("--peer-grace must be 0..3600 s")
+    span = peer.silence_span(sc.keepalive)
+    mqtt_sc = replace(sc, wire="mqtt")
+    start = peer.steady_from(sc.ramp_end, span, max(sc.expected_timeout, mqtt_sc.expected_timeout), args.peer_grace)
+    shortest = peer.min_duration(start, sc.tick)
+    duration = start + peer.DEFAULT_STEADY if args.duration is None else args.duration
+    if duration < shortest:
+        raise UsageError(f"--peer: --duration must be at least {math.ceil(shortest)} s (ramp {sc.ramp_end:.1f} s + "
+                         f"silent moments {span:g} s + timeout {mqtt_sc.expected_timeout:g} s + grace "
+                         f"{args.peer_grace:g} s, then a steady window)")
+    server_args = list(sc.server_args)
+    if flag_value(server_args, "--workers") is None:
+        server_args += ["--workers", "0"]  # one process, as the broker is
+    # /metrics is scraped once after the ramp and once after the last sample, never in the steady window: each
+    # scrape cost idled ~14 ms of CPU at 19,000 connections (py-spy; ~0.3 % of a core at one per 5 s, 1/7 of its
+    # steady CPU at a 20 s keepalive), which the broker would not pay
+    out = replace(sc, duration=duration, silence_span=span, steady_from=start, sample_interval=2.0,
+                  metrics_interval=math.inf, server_args=tuple(server_args))
+    try:  # the same plan for both: the same silent moments (the broker's missed bound is wider)
+        same = out.window() == _broker(out, args.peer_grace).window()
+    except ValueError:
+        same = False
+    if not same:
+        raise UsageError("--peer: the run is too short for the same silent window against both peers: give a longer "
+                         "--duration")
+    return out
+
+
+def _broker(sc: Scenario, grace: float) -> Scenario:
+    """The broker's half of --peer: the same scenario, the users speaking MQTT, missed only past timeout + grace."""
+    return replace(sc, wire="mqtt", server_args=(), detector=None, bound_ticks=grace / sc.tick)
 
 
 def _front(args: argparse.Namespace, spawn: bool, server_argv: list[str]) -> dict[str, Any]:
@@ -281,9 +341,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         for k, scenario in enumerate(scenarios):
             if k:
-                time.sleep(2.0)  # let the previous server's sockets settle
+                time.sleep(0.5 if args.peer else 2.0)  # let the previous server's sockets settle (--peer: another port)
             results.append(_run_one(scenario, len(scenarios) > 1, text_out))
-        if args.compare:
+        if args.peer:
+            document = _peer_table(scenarios[0], results, text_out)
+            _write(args, results, document)
+        elif args.compare:
             ratios = compare_ratios(results)
             print(compare_text(results, ratios), file=text_out)
             _write(args, results, {"compare": [sc.detector for sc in scenarios], "runs": results, "ratios": ratios})
@@ -319,7 +382,10 @@ def _run_one(scenario: Scenario, several: bool, out: Any) -> dict[str, Any]:
 
 
 def _scenarios(args: argparse.Namespace, scenario: Scenario) -> list[Scenario]:
-    """The runs to make: one, or one per --compare detector, or one per --sweep-workers value."""
+    """The runs to make: one, or one per --compare detector, or one per --sweep-workers value, or (--peer) idled
+    then the broker, the broker judged with a bound of its timeout + --peer-grace."""
+    if args.peer:
+        return [scenario, _broker(scenario, args.peer_grace)]
     if args.compare and args.sweep_workers:
         raise UsageError("give --compare or --sweep-workers, not both")
     if args.sweep_workers:
@@ -337,6 +403,21 @@ def _scenarios(args: argparse.Namespace, scenario: Scenario) -> list[Scenario]:
     if len(detectors) < 2:
         raise UsageError("--compare needs at least two detectors, e.g. ring,scan,heap")
     return [replace(scenario, detector=detector) for detector in detectors]
+
+
+def _peer_table(sc: Scenario, results: list[dict[str, Any]], out: Any) -> dict[str, Any]:
+    """Print the --peer table (both rows, the ratios) and return the JSON document."""
+    binary = find_mosquitto()
+    names = [f"idled serve {' '.join(without_flag(list(sc.server_args), '--tick')) or ''}".strip(),
+             f"mosquitto {mosquitto_version(binary) if binary else '?'}"]
+    rows = [peer.peer_row(r, name) for r, name in zip(results, names)]
+    ratios = peer.peer_ratios(rows[0], rows[1])
+    title = (f"peer comparison: {sc.sessions:,} connections, keepalive {sc.keepalive:g} s, "
+             f"{sc.silent_fraction:.1%} silenced, {sc.workers} client processes, steady window from "
+             f"{sc.steady_from:.0f} s to {sc.duration:.0f} s; lateness = offline (idled) or close (mosquitto) "
+             "- (last send + timeout)")
+    print(peer.peer_text(rows, ratios, title), file=out)
+    return {"peer": "mqtt", "rows": rows, "ratios": ratios, "runs": results}
 
 
 def _write(args: argparse.Namespace, results: list[dict[str, Any]], document: dict[str, Any]) -> None:

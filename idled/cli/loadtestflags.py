@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 
+from idled.tools.loadtest.peer import DEFAULT_GRACE, PEERS
 from idled.tools.loadtest.scenario import DEFAULT_RAMP_GATEWAY_SESSIONS, DEFAULT_RAMP_USERS, MAX_PER_WORKER
 
 __all__ = ["DEFAULT_DURATION", "DEFAULT_EVENT_RATE_SECONDS", "add_arguments"]
@@ -53,6 +54,14 @@ def _server_flags(where: argparse._ArgumentGroup) -> None:
     where.add_argument("--detector", metavar="NAME", help="with --spawn: passed to the server as --detector")
     where.add_argument("--compare", metavar="D1,D2,...",
                        help="run the scenario once per detector (spawning a server each), e.g. ring,scan,heap")
+    where.add_argument("--peer", choices=PEERS,
+                       help="run the scenario against a spawned `idled serve` (--workers 0 unless the server flags "
+                            "say) and then against a Mosquitto it starts (Debian's /usr/sbin/mosquitto), the users "
+                            "speaking MQTT 3.1.1; prints both rows and the ratios (docs/peer.md)")
+    where.add_argument("--peer-grace", type=float, default=DEFAULT_GRACE, metavar="S",
+                       help=f"with --peer: seconds past its timeout a silent session may be closed before it counts "
+                            f"as missed by the broker (MQTT sets no bound; idled keeps its own, 2 ticks); the steady "
+                            f"window starts after it (default {DEFAULT_GRACE:g})")
     where.add_argument("--sweep-workers", metavar="W1,W2,...",
                        help="run the scenario once per `idled serve --workers` value (spawning a server each), e.g. "
                             "0,1,2,4, and print logins and keepalives per server CPU-second side by side")
@@ -80,17 +89,19 @@ def _load_flags(load: argparse._ArgumentGroup) -> None:
                            "CPU-second")
     load.add_argument("--jitter", type=float, default=0.1, metavar="F",
                       help="each interval is keepalive x U(1-F, 1+F) (default 0.1)")
-    load.add_argument("--silent-fraction", type=float, default=0.05, metavar="F",
-                      help="fraction of sessions that stop pinging at a recorded moment (default 0.05)")
-    load.add_argument("--bye-fraction", type=float, default=0.01, metavar="F",
-                      help="fraction of sessions that log out with bye / detach (default 0.01)")
+    load.add_argument("--silent-fraction", type=float, metavar="F",
+                      help="fraction of sessions that stop pinging at a recorded moment (default 0.05; 0.01 with "
+                           "--peer)")
+    load.add_argument("--bye-fraction", type=float, metavar="F",
+                      help="fraction of sessions that log out with bye / detach (default 0.01; 0 with --peer)")
     load.add_argument("--late-fraction", type=float, default=0.0, metavar="F",
                       help="user connections: fraction of sessions that send one keepalive --late-by seconds late "
                            "(a lagging client, simulated: past the timeout its offline is right, within it false)")
     load.add_argument("--late-by", type=float, default=0.0, metavar="S",
                       help="with --late-fraction: how late that keepalive is sent, in seconds")
     load.add_argument("--duration", type=float, metavar="S",
-                      help=f"length of the measurement from the first connection (default {DEFAULT_DURATION:g})")
+                      help=f"length of the measurement from the first connection (default {DEFAULT_DURATION:g}; "
+                           "with --peer the steady window's start + 60 s)")
     load.add_argument("--tick", type=float, default=1.0, metavar="S",
                       help="the server's tick: bounds missed offlines (timeout + 2 ticks) and the lateness "
                            "target; passed to a spawned server unless its flags set --tick (default 1.0)")

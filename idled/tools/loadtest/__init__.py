@@ -13,6 +13,9 @@
 - `target`   the server under test: spawning it, finding its pid, sampling CPU / RSS, scraping metrics.
 - `report`   the text summary, the side-by-side comparison, the sizing targets, the plot.
 - `eventrate` event-to-subscriber latency at a steady event rate (`idled loadtest --event-rate`).
+- `wire`     what user connections speak: idled's frames (`frames`; WebSocket too) or MQTT 3.1.1 (`mqtt`, sans-IO).
+- `peer`     `idled loadtest --peer mqtt`: its windows, figures and table; `mosquitto` starts the broker it
+             runs against.
 
-The pure parts are `histogram` (log-linear histogram) and `stats` (plan, matching, verdict).
+The pure parts are `histogram` (log-linear histogram), `stats` (plan, matching, verdict), `mqtt` and `peer`.
 """

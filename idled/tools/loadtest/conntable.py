@@ -15,7 +15,9 @@ take wait in `outq` under EPOLLOUT and their time is read when the last of them 
 place per kind: `_fail` for a connection that never logged in (counted by phase, recorded as failed:
 nothing is expected of it), `_ended` for one that did -- a pinger the server let go is recorded with its
 last two sends, its close time and how, for the coordinator to judge; a silent or bye session's end is
-counted in `closes` -- and `_shutdown` for whatever the stop cut short.
+counted in `closes` -- and `_shutdown` for whatever the stop cut short. With MQTT (`idled.tools.loadtest.wire`)
+`_ended` also records the end of every logged-in session as an offline event (`_close_event`): the broker
+sends none, the close is all there is.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ class ConnTable:
         self.next_k = 0  # the next session to start
         self.inflight = 0  # sessions opening (connect, TLS, login)
         self.live = 0  # sessions started and not yet ended
+        self.closes_are_events = False  # report ends as events (MQTT): set by the engine from its wire (wire.py)
 
     def index(self, k: int) -> int:
         """The global session index of local session k."""
@@ -126,6 +129,8 @@ class ConnTable:
             self._fail(k, f"{PHASE[st]}:{how}")
             return
         i = self.index(k)
+        if self.closes_are_events:  # (MQTT: the close is the broker's only word that the session ended)
+            self._close_event(i, k, st)
         if st == UP:
             w.pinging -= 1
             if k in self.late_planned:
@@ -139,6 +144,15 @@ class ConnTable:
         if error:
             w.errors[f"session:{how}"] += 1
         self._close(k, None if error else f"{'silent' if st == SILENT_WAIT else 'bye'}:{how}")
+
+    def _close_event(self, i: int, k: int, st: int) -> None:
+        """Record the end of logged-in session k as the offline event the broker did not send: the wall time
+        the engine saw the socket closed, ``logout`` after a bye, else ``idle``; the deadline the client's own
+        last send gives it (last send + timeout)."""
+        w = self.w
+        last = self.sent_last[k]
+        timeout = w.timeout or 0.0
+        w.offline_records.append((i, time.time(), "logout" if st == BYE_WAIT else "idle", last + timeout, last))
 
     def _close(self, k: int, closes: str | None) -> None:
         """Close a logged-in connection (counted in `closes` as given: how a silent / bye session ended)."""

@@ -8,11 +8,12 @@ connection. The whole engine is ONE trio task (`run_users`) in the worker's trio
 pipes to the coordinator. It waits on its own ``select.epoll`` object's fd with
 `trio.lowlevel.wait_readable`, or sleeps until the next timer, and then makes one *turn*:
 
-1. ``epoll.poll(0)``: every ready socket. A logged-in session's read is compared with `PONG_FRAME` first
-   (one pong, nothing pending: counted, done); anything else goes through `frames.cut_frames` and the
-   protocol's decoder. An ``error`` frame, EOF or a socket error ends the session; a connecting session
-   that turned writable is checked (``SO_ERROR``), sends its PROXY header, steps its TLS handshake or sends its
-   login (``--websocket``: upgrade + login, ``frames``); a logging-in session waits for its ``welcome``.
+1. ``epoll.poll(0)``: every ready socket. A logged-in session's read is compared with the wire's pong first (one
+   pong, nothing pending: counted, done); anything else goes through the wire's cutter and decoder (`wire`:
+   idled's frames, as WebSocket messages with ``--websocket``, or MQTT 3.1.1 with ``--peer mqtt``). An ``error``
+   frame, EOF or a socket error ends the session; a connecting session that turned writable is checked
+   (``SO_ERROR``), sends its PROXY header, steps its TLS handshake or sends its login (``--websocket``: upgrade
+   + login, ``frames``); a logging-in session waits for its ``welcome``.
 2. Timers due (`wheel.TimerWheel`, 40 ms slots; an entry is ``k << 2 | kind``): PING sends a keepalive
    and files the next one (`wheel.Schedule`, the load test's rule), or the session's silent / bye MOMENT
    instead once the next keepalive would fall after it; CONNECT_DEADLINE fails a connection still
@@ -61,10 +62,7 @@ from typing import Final
 
 import trio
 
-from idled.protocol import (
-    BYE_FRAME, DEFAULT_MAX_FRAME, PING_FRAME, PONG_FRAME, Error, Login, Pong, ProtocolError, Welcome,
-    encode,
-)
+from idled.protocol import DEFAULT_MAX_FRAME, Error, Pong, ProtocolError, Welcome
 from idled.tools.loadtest.connect import client_context, error_name
 from idled.tools.loadtest.conntable import (
     BYE_WAIT, CONNECTING, DONE, HANDSHAKE, LOGIN, PHASE, SILENT_WAIT, UP, WOULD_BLOCK, ConnTable,
@@ -72,12 +70,10 @@ from idled.tools.loadtest.conntable import (
 from idled.tools.loadtest.dial import (
     SO_TIMESTAMPNS, arrival, check_loopback, connect_error, dial, handshake_step, proxy_header, tls_rest, wrap_tls,
 )
-from idled.tools.loadtest.frames import (
-    WS_BYE, WS_PING, WS_PONG, cut_frames, cut_ws_messages, login_frame, login_templates, past_upgrade, server_message,
-    ws_client_frame, ws_upgrade,
-)
+from idled.tools.loadtest.frames import past_upgrade
 from idled.tools.loadtest.stats import BYE, LATE, SILENT
 from idled.tools.loadtest.wheel import Schedule, TimerWheel
+from idled.tools.loadtest.wire import wire_for
 from idled.tools.loadtest.workerstate import Worker
 
 __all__ = ["run_users", "Engine"]
@@ -117,15 +113,13 @@ class Engine(ConnTable):
         self.max_inflight = w.max_inflight
         self.tls: ssl.SSLContext | None = client_context(w.cfg.get("tls_ca")) if w.cfg.get("tls") else None
         self.proxy = bool(w.cfg.get("proxy_protocol"))
-        self.ws = bool(w.cfg.get("websocket"))  # --websocket: the frames as binary messages (frames.py)
-        self.ping_frame, self.bye_frame, self.pong_frame = (
-            (WS_PING, WS_BYE, WS_PONG) if self.ws else (PING_FRAME, BYE_FRAME, PONG_FRAME))
+        # idled's frames, the same as WebSocket messages (--websocket), or MQTT (--peer mqtt): wire.py
+        self.wire = wire = wire_for(w)
+        self.ws = wire.name == "websocket"
+        self.ping_frame, self.bye_frame, self.pong_frame = wire.ping, wire.bye, wire.pong
+        self.closes_are_events = wire.closes_are_events
         self.heads: set[int] = set()  # sessions whose upgrade answer (101) has not arrived yet
         self.max_frame = DEFAULT_MAX_FRAME  # a user reads pongs and errors
-        # --devices K: session i logs in as device "d<i % K>" of uid uid_base + i // K. Without a secret the
-        # K login frames differ only in the uid, so each is encoded once with a placeholder uid and patched
-        # per login (a prefix, the uid as msgpack, a suffix): no Login object or msgpack encode per login.
-        self.login_frames = login_templates(w.keepalive, w.devices) if w.secret is None else None
         self._load_plan()
 
     # ------------------------------------------------------------------------------------------ the loop
@@ -265,11 +259,12 @@ class Engine(ConnTable):
                 return
             self.heads.discard(k)
             data = after
-        bodies, tail = (cut_ws_messages if self.ws else cut_frames)(data, self.max_frame)
+        bodies, tail = self.wire.cut(data, self.max_frame)
         if tail:
             self.pending[k] = tail
+        parse = self.wire.parse
         for body in bodies:
-            yield server_message(body)
+            yield parse(body)
 
     # ----------------------------------------------------------------------------------------- opening
 
@@ -351,8 +346,6 @@ class Engine(ConnTable):
     def _send_login(self, k: int, rearm: bool = True) -> None:
         w = self.w
         i = self.index(k)
-        devices = w.devices
-        uid = w.uid_base + i // devices
         self.state[k] = LOGIN
         sock = self.socks[k]
         if rearm:
@@ -362,14 +355,9 @@ class Engine(ConnTable):
                 sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)  # type: ignore[union-attr]
             except OSError:
                 self.stamps = False
-        templates = self.login_frames
-        if templates is not None:
-            frame = login_frame(templates[i % devices], uid)
-        else:
-            device = f"d{i % devices}" if devices > 1 else None
-            frame = encode(Login("uid", uid, w.token("uid", uid), w.keepalive, device=device))
-        if self.ws:  # the upgrade, the login right behind it (frames.py says why)
-            frame = ws_upgrade(w.host, w.port) + ws_client_frame(frame[4:])
+        # session i is device "d<i % K>" of uid uid_base + i // K (--devices K)
+        frame = self.wire.login(i, w.uid_base + i // w.devices)
+        if self.ws:
             self.heads.add(k)
         self._send(k, frame)
         self.sent_prev[k] = self.sent_last[k]
@@ -433,6 +421,8 @@ class Engine(ConnTable):
                 w.timeouts_differ += 1
         self.inflight -= 1
         self.state[k] = UP
+        if self.closes_are_events:  # (MQTT: the CONNACK is the only "online" there is)
+            w.online_records.append(self.index(k))
         self._file_next(k, self.schedule.first(welcomed), time.perf_counter())
 
     # ---------------------------------------------------------------------------------------- timers

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,6 +72,7 @@ class WorkerPool:
             "secret": self.secret.hex() if self.secret else None,
             "name": f"loadtest-{os.getpid()}-w{w}",
             **sc.front,  # TLS and PROXY, for connect.open_from
+            "wire": sc.wire,  # what the user connections speak (wire.py)
         }
 
     async def start(self, nursery: trio.Nursery, host: str, port: int) -> None:
@@ -119,6 +121,7 @@ class WorkerPool:
                     matcher.closed(i, sent_prev, sent_last, at, how)
                 for i, last_sent, planned in msg.get("late", ()):
                     matcher.late(i, last_sent, planned)
+                self._events(msg)
                 state.last = msg
                 if t == "final":
                     state.final = msg
@@ -130,6 +133,18 @@ class WorkerPool:
                 state.dead = "exited without a final report"
             state.ready.set()
             state.done.set()
+
+    def _events(self, msg: dict[str, Any]) -> None:
+        """MQTT: the workers' record of each CONNACK and each close, fed to the matcher as the events an
+        observer would have seen (one device per uid: `idled.cli.loadtest` refuses --devices with --peer)."""
+        matcher, base = self.matcher, self.sc.uid_base
+        if msg.get("online"):
+            now = time.time()
+            timeout = self.sc.expected_timeout
+            for i in msg["online"]:
+                matcher.event("online", base + i, now, "login", now + timeout, now)
+        for i, at, reason, deadline, last in msg.get("offline", ()):
+            matcher.event("offline", base + i, at, reason, deadline, last)
 
     def all_dead(self) -> bool:
         return all(s.dead for s in self.workers)

@@ -38,6 +38,7 @@ class Window:
     steady_mark: tuple[float, Sample | None, list[tuple[float, int]]] | None = None  # when the ramp ended
     ramp_logins: int = 0  # sessions logged in (attached) by then
     rate_mark: tuple[float, Sample | None, list[tuple[float, int]]] | None = None  # keepalive phase start
+    peer_mark: tuple[float, Sample | None, list[tuple[float, int]]] | None = None  # --peer: steady window start
     end_wall: float = 0.0
     pings_end: list[tuple[float, int]] = field(default_factory=list)
     client_cpu0: float = 0.0  # coordinator + workers (psutil)
@@ -50,7 +51,7 @@ class Window:
     final_lines: list[str] = field(default_factory=list)
 
 
-def build_result(r: RunState, w: Window, observer: Observer, server: ServerProcess) -> dict[str, Any]:
+def build_result(r: RunState, w: Window, observer: Observer | None, server: ServerProcess) -> dict[str, Any]:
     sc = r.sc
     tot = r.pool.totals()
     timeout = (tot["timeouts"][0] if tot["timeouts"] else None) or r.matcher.first_timeout or sc.expected_timeout
@@ -62,12 +63,14 @@ def build_result(r: RunState, w: Window, observer: Observer, server: ServerProce
         login.merge(Histogram.from_dict(final["login_hist"]))
     client_window = w.end_wall - r.t0
     aborted = w.aborted
-    if observer.seq_gaps:
+    if observer is not None and observer.seq_gaps:
         aborted = aborted or f"the observer missed {observer.seq_gaps} events (sequence gaps)"
     return {
         # correct *and* complete: a session that could not even log in is a failed run, though not a
         # presence error (the errors say why: refused, busy, timeout, ...). `finish` adds the targets.
-        "ok": verdict.ok and aborted is None and w.fence is not None and verdict.failed_logins == 0,
+        "ok": verdict.ok and aborted is None and (w.fence is not None or observer is None)
+        and verdict.failed_logins == 0,
+        "wire": sc.wire,
         "aborted": aborted,
         "detector": sc.detector or flag_value(list(sc.server_args), "--detector"),
         "scenario": sc.describe(),
@@ -84,6 +87,7 @@ def build_result(r: RunState, w: Window, observer: Observer, server: ServerProce
         "lateness_hgrm_text": verdict.lateness_generator.hgrm_text(),
         "ping_rate": _ping_rate(r, w, tot),
         "phases": _phases(w),
+        "steady": _steady(w),
         "gc_walks": _gc_walks(server),
         "connect_latency": connect.summary(),
         "login_latency": login.summary(),
@@ -93,11 +97,11 @@ def build_result(r: RunState, w: Window, observer: Observer, server: ServerProce
         },
         "errors": dict(tot["errors"]),
         "closes": dict(tot["closes"]),
-        "observer": {"events": observer.events, "seq_gaps": observer.seq_gaps, "lost": observer.lost,
-                     "seq_duplicates": observer.seq_duplicates, "resubscribes": observer.resubscribes,
-                     "reads": observer.reads,
-                     "fence_start_seconds": w.fence, "fence_end_seconds": w.fence_end,
-                     "delivery_delay": observer.delivery.summary()},
+        "observer": None if observer is None else {
+            "events": observer.events, "seq_gaps": observer.seq_gaps, "lost": observer.lost,
+            "seq_duplicates": observer.seq_duplicates, "resubscribes": observer.resubscribes, "reads": observer.reads,
+            "fence_start_seconds": w.fence, "fence_end_seconds": w.fence_end,
+            "delivery_delay": observer.delivery.summary()},
         "host": _host_summary(r),
         "generator": generator_figures(
             r.pool.finals(), (w.coordinator_cpu1 - w.coordinator_cpu0) / client_window * 100.0
@@ -149,6 +153,14 @@ def _phases(w: Window) -> dict[str, Any]:
     if w.rate_mark is not None and w.end_wall > w.rate_mark[0]:
         keepalive = phase(w.rate_mark[1], w.end_sample, per_s=reported_rate(w.rate_mark[2], w.pings_end))
     return {"login": phase(w.start_sample, w.steady_mark[1], events=w.ramp_logins), "keepalive": keepalive}
+
+
+def _steady(w: Window) -> dict[str, Any] | None:
+    """--peer: the steady window (every silent session's close owed .. the end of the pings), priced like a
+    phase: the server's CPU over it and the keepalives the workers sent in it (`idled.tools.loadtest.peer`)."""
+    if w.peer_mark is None or w.end_wall <= w.peer_mark[0]:
+        return None
+    return phase(w.peer_mark[1], w.end_sample, per_s=reported_rate(w.peer_mark[2], w.pings_end))
 
 
 def _gc_walks(server: ServerProcess) -> dict[str, Any]:

@@ -40,6 +40,7 @@ import trio
 from idled.ops.fatal import exception_leaves
 from idled.protocol.address import format_address
 from idled.tools.loadtest.connect import connect_reason
+from idled.tools.loadtest.mosquitto import spawn_mosquitto
 from idled.tools.loadtest.observer import Observer, ObserverLost
 from idled.tools.loadtest.results import Window, build_result, finish
 from idled.tools.loadtest.scenario import Scenario
@@ -65,7 +66,7 @@ async def run_scenario(sc: Scenario, err: TextIO | None = None) -> dict[str, Any
     try:
         async with trio.open_nursery() as nursery:
             try:
-                server = await get_server(nursery, sc, log_file)
+                server = await (spawn_mosquitto(nursery) if sc.wire == "mqtt" else get_server(nursery, sc, log_file))
                 result = await _drive(r, nursery, server)
             finally:
                 with trio.CancelScope(shield=True):
@@ -104,12 +105,14 @@ def _sampler(r: RunState, server: ServerProcess) -> ProcessSampler | None:
 async def _drive(r: RunState, nursery: trio.Nursery, server: ServerProcess) -> dict[str, Any]:
     sc = r.sc
     sampler = _sampler(r, server)
+    what = "mosquitto" if sc.wire == "mqtt" else f"detector {sc.detector or '(server default)'}"
     r.say(f"idled loadtest: server {format_address((server.host, server.port))} pid {server.pid} "
-          f"detector {sc.detector or '(server default)'}; {sc.sessions} {sc.mode} sessions"
+          f"{what}; {sc.sessions} {sc.mode} sessions"
           + (f" on {sc.gateways} gateways" if sc.mode == "gateways" else "")
           + f", {sc.workers} workers, keepalive {sc.keepalive:g} s, tick {sc.tick:g} s, {sc.duration:g} s")
     w = Window()
-    observer, observer_scope = await _start_observer(r, nursery, server, w)
+    # (MQTT has no observer: the workers report each CONNACK and each close as the events, `pool`)
+    observer, observer_scope = (None, None) if sc.wire == "mqtt" else await _start_observer(r, nursery, server, w)
     await _start_workers(r, nursery, server, sampler, w)
     await _measure(r, server, sampler, observer, w)
     await _wind_down(r, server, sampler, observer, observer_scope, w)
@@ -155,7 +158,7 @@ async def _start_workers(r: RunState, nursery: trio.Nursery, server: ServerProce
     r.client_samples.append((time.time(), w.client_cpu0))
 
 
-async def _measure(r: RunState, server: ServerProcess, sampler: ProcessSampler | None, observer: Observer,
+async def _measure(r: RunState, server: ServerProcess, sampler: ProcessSampler | None, observer: Observer | None,
                    w: Window) -> None:
     """One sample per second until t0 + duration, or until the run cannot go on (w.aborted says why)."""
     sc = r.sc
@@ -182,17 +185,19 @@ async def _measure(r: RunState, server: ServerProcess, sampler: ProcessSampler |
             r.stall_at_ramp_end = r.stall
         elif w.rate_mark is None and w.steady_mark is not None and now >= w.steady_mark[0] + sc.settle:
             w.rate_mark = (now, sample, r.pool.pings())
+        if w.peer_mark is None and sc.steady_from is not None and now >= r.t0 + sc.steady_from:
+            w.peer_mark = (now, sample, r.pool.pings())  # --peer: the steady window starts (peer.py)
         if now >= next_metrics:
             next_metrics = now + sc.metrics_interval
             await r.scrape(server.metrics_port)
         if now >= next_progress and not sc.quiet:
             next_progress = now + (sc.progress_interval if tty else 5.0 * sc.progress_interval)
             _print_progress(r.progress(prev, sample, now), tty, r.err)
-        if observer.lost or server_gone or r.pool.all_dead():
+        if (observer is not None and observer.lost) or server_gone or r.pool.all_dead():
             break
     if tty and not sc.quiet:
         print(file=r.err)
-    if observer.lost:
+    if observer is not None and observer.lost:
         w.aborted = f"observer lost: {observer.lost}"
     elif server_gone:
         w.aborted = "the server exited during the run"
@@ -210,22 +215,23 @@ def _print_progress(line: str, tty: bool, err: IO[str]) -> None:
     print(("\r" + line + "\x1b[K") if tty else line, end="" if tty else "\n", file=err, flush=True)
 
 
-async def _wind_down(r: RunState, server: ServerProcess, sampler: ProcessSampler | None, observer: Observer,
-                     observer_scope: trio.CancelScope, w: Window) -> None:
-    """End of the measurement: stall, last sample, final fence, then teardown (observer, workers, server)."""
+async def _wind_down(r: RunState, server: ServerProcess, sampler: ProcessSampler | None, observer: Observer | None,
+                     observer_scope: trio.CancelScope | None, w: Window) -> None:
+    """End of the measurement: last sample, stall, final fence, then teardown (observer, workers, server)."""
     w.end_wall = time.time()
-    r.metrics_end = await r.scrape(server.metrics_port) or {}
-    w.end_sample = sampler.sample() if sampler else None
+    w.end_sample = sampler.sample() if sampler else None  # (before the scrape: its CPU is ours, not the load's)
     w.pings_end = r.pool.pings()
     w.client_cpu1 = r.client_cpu()
     w.coordinator_cpu1 = _own_cpu()
-    if w.aborted is None:
-        w.fence_end = await observer.fence(timeout=r.sc.drain_timeout)
-        if w.fence_end is None:
-            w.aborted = f"the final fence failed ({observer.lost or 'timeout'})"
-    observer_scope.cancel()
-    await observer.aclose()
-    await r.pool.stop()
+    r.metrics_end = await r.scrape(server.metrics_port) or {}
+    if observer is not None and observer_scope is not None:
+        if w.aborted is None:
+            w.fence_end = await observer.fence(timeout=r.sc.drain_timeout)
+            if w.fence_end is None:
+                w.aborted = f"the final fence failed ({observer.lost or 'timeout'})"
+        observer_scope.cancel()
+        await observer.aclose()
+    await r.pool.stop()  # (MQTT: the workers' final reports carry the last closes)
     if server.process is not None:
         await stop_server(server)
         w.final_lines = list(server.tail)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Final
 
-from idled.core.timeouts import DEFAULT_MAX_TIMEOUT, DEFAULT_TIMEOUT, timeout_for
+from idled.core.timeouts import DEFAULT_MAX_TIMEOUT, DEFAULT_TIMEOUT, KEEPALIVE_FACTOR, timeout_for
 from idled.tools.loadtest.stats import silent_window
 
 __all__ = [
@@ -71,6 +71,12 @@ class Scenario:
     late_fraction: float = 0.0  # users: sessions that send one keepalive late_by seconds late
     late_by: float = 0.0
     devices: int = 1  # users: connections per uid (devices "d0".."d{K-1}"); 1 = one plain login per uid
+    # --peer mqtt (`idled.tools.loadtest.peer`): what the users speak ("idled" | "mqtt": a Mosquitto is started
+    # instead of idled), the silent / bye moments packed into `silence_span` seconds after the ramp, and the
+    # steady window's start (seconds after t0: every silent session's close owed by then)
+    wire: str = "idled"
+    silence_span: float | None = None
+    steady_from: float | None = None
 
     @property
     def front(self) -> dict[str, Any]:
@@ -88,7 +94,10 @@ class Scenario:
 
     @property
     def expected_timeout(self) -> float:
-        """The timeout the server gives each session: its own rule, with its tick and cap."""
+        """The timeout the server gives each session: its own rule, with its tick and cap (an MQTT broker's:
+        1.5 x the keepalive, MQTT-3.1.2-24)."""
+        if self.wire == "mqtt":
+            return KEEPALIVE_FACTOR * self.keepalive
         return timeout_for(self.keepalive, DEFAULT_TIMEOUT, self.tick, self.max_timeout)
 
     @property
@@ -104,8 +113,9 @@ class Scenario:
         """Where silent and bye moments fall; (0, 0) when no session goes silent or says bye."""
         if not (self.silent_fraction or self.bye_fraction or self.late_fraction):
             return (0.0, 0.0)
-        return silent_window(duration=self.duration, ramp_end=self.ramp_end, timeout=self.expected_timeout,
-                             tick=self.tick, bound_ticks=self.bound_ticks)
+        start, end = silent_window(duration=self.duration, ramp_end=self.ramp_end, timeout=self.expected_timeout,
+                                   tick=self.tick, bound_ticks=self.bound_ticks)
+        return (start, min(end, start + self.silence_span)) if self.silence_span else (start, end)
 
     def describe(self) -> dict[str, Any]:
         d = asdict(self)

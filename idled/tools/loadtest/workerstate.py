@@ -87,6 +87,10 @@ class Worker:
         self.closed_records: list[tuple[int, float, float, float, str]] = []
         # planned late sessions: (index, last send, when the delayed keepalive is planned) -- wall clock
         self.late_records: list[tuple[int, float, float]] = []
+        # MQTT (no observer there): sessions accepted, and sessions the broker closed as events --
+        # (index, close time, "idle" | "logout", last send + timeout, last send), wall clock
+        self.online_records: list[int] = []
+        self.offline_records: list[tuple[int, float, str, float, float]] = []
         # self-measurement marks: {"wall", "cpu", "ops"} at start, ramp done, stop
         self.marks: dict[str, dict[str, float]] = {}
 
@@ -137,10 +141,12 @@ class Worker:
             "closes": dict(self.closes), "timeout": self.timeout, "timeouts_differ": self.timeouts_differ,
             "ramp_done": self.ramp_done, "silent": self.silent_records, "bye": self.bye_records,
             "failed": self.failed_records, "closed": self.closed_records, "late": self.late_records,
+            "online": self.online_records, "offline": self.offline_records,
             "ended": self.ended, "gen": self._gen(final),
         }
         self.silent_records, self.bye_records, self.failed_records = [], [], []
         self.closed_records, self.late_records = [], []
+        self.online_records, self.offline_records = [], []
         if final:
             msg["connect_hist"] = self.connect_hist.to_dict()
             msg["login_hist"] = self.login_hist.to_dict()
