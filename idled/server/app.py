@@ -103,7 +103,7 @@ from idled.server.status.overview import status_part
 from idled.server.status.vitals import Sample, Vitals, histogram_source
 from idled.server.workers.edges import Workers
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # (the API is imported by a process that serves it: _start_api)
     from idled.server.api import Api
 
 __all__ = ["RELOADABLE", "NotServing", "Running", "Server"]
@@ -286,10 +286,8 @@ class Server:
         gateways = Gateways(sessions, self._peers, max_frame=cfg.max_gateway_frame, grace=cfg.gateway_grace)
         queries = Queries(presence, self.bus, self.log, first_seq=self.seqs.first, clock=self.clock.now,
                           wall=self.clock.wall)
-        observers = Observers(
-            presence, self.bus, self.log, first_seq=self.seqs.first, peers=self._peers, clock=self.clock.now,
-            max_watch=cfg.max_watch, queries=queries,
-        )
+        observers = Observers(presence, self.bus, self.log, first_seq=self.seqs.first, peers=self._peers,
+                              clock=self.clock.now, max_watch=cfg.max_watch, queries=queries)
         replicas = Replicas(self.bus, self.log, sync=cfg.sync_standby, registry=self.metrics.registry,
                                  peers=self._peers, wall=self.clock.wall)
         users = CoreUsers(sessions)
@@ -331,7 +329,6 @@ class Server:
         self.metrics.register_snapshot(self.snapshot)
         if self.workers is not None and self.metrics.registry is not None:
             from idled.server.workers.metrics import WorkerCollector  # (psutil: only under --workers)
-
             self.metrics.registry.register(WorkerCollector(self.workers.view, self.workers.core_restarts))
         metrics_listeners = self.listening.pop("metrics", [])
         if metrics_listeners and self.metrics.registry is not None:  # NullMetrics: nothing to export
@@ -368,7 +365,6 @@ class Server:
 
     def _start_api(self, running: Running) -> Api:
         from idled.server.api import Api, ApiMetrics, Backend  # (h11 and the API: only a process that serves it)
-
         backend = Backend(running.sessions, running.observers.queries, self.log, self.vitals, self.status,
                           self.workers.view if self.workers is not None else None, time.monotonic(),
                           running.observers)
