@@ -293,7 +293,7 @@ class Server:
         users = CoreUsers(sessions)
         # Logged-in plain TCP users are served by one task (idled.server.roles.plane), not one each.
         plane = user_plane(users, self.connections, self._reject)
-        sessions.drains.append(plane.drain)  # the tick task reads what the plane let gather (its Coalescing)
+        sessions.drain = plane.drain  # the tick task reads what the plane let gather (its Coalescing)
         doorway = Doorway(
             cfg, sessions=users, roles=roles(users, gateway=gateways.run, observer=observers.run,
                                              standby=replicas.serve),

@@ -10,15 +10,21 @@ import { Observer } from "../src/index.js";
 import type { PresenceEvent } from "../src/index.js";
 
 const OBSERVER_STALL = 5; // idled/server/roles/observers.py
+const n = 50_000;
+
+/** 2n events published (n attaches, n detaches) before any observer reads a byte; the gateway, to close. */
+async function published(address: string): Promise<RawGateway> {
+  const gateway = await RawGateway.login(address, "edge");
+  gateway.attach(range(n));
+  gateway.detach(range(n));
+  await gateway.sync();
+  return gateway;
+}
 
 test("slow_observer_is_cut_with_busy_and_resumes", async (t) => {
   const idled = await startDaemon();
   try {
-    const n = 50_000;
-    const gateway = await RawGateway.login(idled.address, "edge");
-    gateway.attach(range(n));
-    gateway.detach(range(n));
-    await gateway.sync(); // 2n events published, before the observer reads a byte
+    const gateway = await published(idled.address);
     const observer = new Observer({ host: idled.address, name: "slow", after: 0, backoff: { base: 0.05, cap: 0.5 } });
     const events: PresenceEvent[] = [];
     let blocked = false;
@@ -49,11 +55,7 @@ test("slow_observer_is_cut_with_busy_and_resumes", async (t) => {
 test("slow_observer_is_cut_with_busy_and_resumes, for await: a paused connection is cut and resumed", async (t) => {
   const idled = await startDaemon();
   try {
-    const n = 50_000;
-    const gateway = await RawGateway.login(idled.address, "edge");
-    gateway.attach(range(n));
-    gateway.detach(range(n));
-    await gateway.sync();
+    const gateway = await published(idled.address);
     const observer = new Observer({ host: idled.address, name: "slow", after: 0, buffer: 16, backoff: { base: 0.05, cap: 0.5 } }).start();
     const events: PresenceEvent[] = [];
     for await (const event of observer) {

@@ -111,7 +111,7 @@ class Edge:
         self.connections = connection_counts()
         relay = self.users.relay
         self.plane = user_plane(self.users, self.connections, lambda code: self.doorway.reject(code))
-        link.drains.append(self.plane.drain)  # a mark is answered after what the plane let gather is read
+        link.drain = self.plane.drain  # a mark is answered after what the plane let gather is read
         self.door = Door.of(config, secret=self.secret is not None, env={}, api=False)
         self.doorway = Doorway(
             config, sessions=self.users, roles=roles(self.users, gateway=relay, observer=relay, standby=relay),

@@ -60,7 +60,7 @@ stops an edge from reading its users and answering their pings.
   library's ``CLIENT_MAX_FRAME``.
 * *Watermarks* (``idled.core.watermarks``). The link logs in with ``"marks": true``. When the core asks
   ``mark(t)``, the flusher answers ``marked(t)`` after two event-loop turns and a drain of the user plane
-  (``drains``: it lets readiness gather between polls) -- by then every user task and the plane have read, and
+  (``drain``: it lets readiness gather between polls) -- by then every user task and the plane have read, and
   touched, whatever a socket held when the request arrived -- and after the
   touches it collected, in the same write. The core holds a session of this edge until an answer passes its deadline:
   a keepalive that reached this edge in time is never lost to a lagging or stopped edge, a full batch or a
@@ -220,7 +220,7 @@ class CoreLink(GatewayLink):
         # (None, 0: a liveness ping only).
         self._pongs: deque[tuple[trio.Event | None, int]] = deque()
         self._mark: float | None = None  # the latest mark request not answered yet
-        self.drains: list[Callable[[], object]] = []  # what to read before a mark is answered (the user plane)
+        self.drain: Callable[[], object] = lambda: None  # read before a mark is answered (the edge's user plane)
         self._heard = 0.0  # self.clock() when the core's last frame arrived
         self._core: str | None = None  # the core of the last welcome (to log a switch)
 
@@ -430,8 +430,7 @@ class CoreLink(GatewayLink):
                 # and touched (see the module docstring); the touches go out ahead of the answer.
                 await trio.lowlevel.checkpoint()
                 await trio.lowlevel.checkpoint()
-                for drain in self.drains:
-                    drain()
+                self.drain()
             attaching = self.batch.attaching
             frames = self._take()
             if marked is not None:

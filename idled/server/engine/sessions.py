@@ -79,7 +79,7 @@ def _no_ticker() -> None:
 
 
 class Sessions:
-    __slots__ = ("presence", "bus", "clock", "seqs", "stopping", "wake_ticker", "degraded", "drains")
+    __slots__ = ("presence", "bus", "clock", "seqs", "stopping", "wake_ticker", "degraded", "drain")
 
     def __init__(self, presence: PresenceTable, bus: EventBus, clock: Clock, seqs: SeqBlocks) -> None:
         self.presence = presence
@@ -88,9 +88,9 @@ class Sessions:
         self.seqs = seqs
         self.degraded = seqs.degraded  # one owner: the seq blocks and the writer report to the same one
         self.stopping = False
-        # Whoever may hold readable sockets unread for a moment (the user plane, coalescing): the tick task
-        # calls each before it judges silence (``idled.server.engine.ticker``'s horizon).
-        self.drains: list[Callable[[], object]] = []
+        # Reads what the user plane let gather (its coalescing): the tick task calls it before it judges silence
+        # (``idled.server.engine.ticker``'s horizon). The server sets it to the plane's ``drain``.
+        self.drain: Callable[[], object] = lambda: None
         # Set by whoever runs the tick task (Ticker.wake): a new session may be due before its wake-up.
         self.wake_ticker: Callable[[], None] = _no_ticker
 

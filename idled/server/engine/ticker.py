@@ -17,7 +17,7 @@ woken by its socket reads it in that batch, and one that found data without wait
 later. So the tick task expires only up to the clock it read *two* checkpoints earlier (``_Horizon``): by
 then every connection task has read, and touched, whatever its socket held at that reading. The user plane
 lets readiness gather for a few ms between its polls (``idled.server.roles.plane``, *Coalescing*), so the
-horizon also drains it (``Sessions.drains``) at each turn, before the clock it read becomes the one judged. An edge's
+horizon also drains it (``Sessions.drain``) at each turn, before the clock it read becomes the one judged. An edge's
 sessions are the edge's watermark's business (``idled.core.watermarks``): the tick task asks an edge for a
 mark at once (``want_mark``) when it holds one of its sessions.
 """
@@ -70,7 +70,7 @@ class Ticker:
     async def _expire_due(self) -> None:
         sessions, lateness = self.sessions, self.metrics.offline_lateness
         presence, bus, clock = sessions.presence, sessions.bus, sessions.clock
-        horizon = _Horizon(clock.now, sessions.drains)
+        horizon = _Horizon(clock.now, sessions.drain)
         await horizon.turn()
         await horizon.turn()
         slice_end = time.perf_counter() + TICK_SLICE
@@ -125,18 +125,17 @@ class Ticker:
 
 class _Horizon:
     """The server clock as read two checkpoints ago: every socket readable then has been read by now (see the
-    module docstring). ``turn()`` is the checkpoint, then the drains."""
+    module docstring). ``turn()`` is the checkpoint, then the drain."""
 
-    __slots__ = ("_now", "_drains", "read", "_next")
+    __slots__ = ("_now", "_drain", "read", "_next")
 
-    def __init__(self, now: Callable[[], float], drains: list[Callable[[], object]]) -> None:
+    def __init__(self, now: Callable[[], float], drain: Callable[[], object]) -> None:
         self._now = now
-        self._drains = drains
+        self._drain = drain
         self.read = -math.inf
         self._next = now()
 
     async def turn(self) -> None:
         await trio.lowlevel.checkpoint()
-        for drain in self._drains:
-            drain()
+        self._drain()
         self.read, self._next = self._next, self._now()

@@ -212,14 +212,12 @@ class Gateways:
 
     async def run(self, stream: trio.abc.Stream, decoder: FrameDecoder, login: Login) -> None:
         presence, clock = self.sessions.presence, self.sessions.clock
+        gateway = self._claim(str(login.name)) if login.marks else Gateway(str(login.name))
         outbox = None
         if login.ended or login.marks:
             outbox = Outbox(self.max_frame, notices=login.ended, marks=login.marks, now=clock.now,
-                            interval=mark_interval(presence.tick))
-        gateway = self._claim(str(login.name)) if login.marks else Gateway(str(login.name))
+                            interval=mark_interval(presence.tick), owned=gateway.uids)
         link = gateway.link = GatewayConnection(gateway, outbox)
-        if outbox is not None:
-            outbox.owned = gateway.uids
         decoder.max_frame = self.max_frame
         self.peers.add(link)
         if login.marks:
@@ -328,6 +326,7 @@ class Gateways:
         sessions.refuse_if_stopping()
         now, wall = clock.now(), clock.wall()
         refusing = bool(sessions.degraded.reasons)
+        owned_none = not gateway.uids
         for index, uid in enumerate(message.uids, 1):
             if refusing and sessions.brings_online(uid):
                 self._refuse(gateway, uid)
@@ -346,7 +345,7 @@ class Gateways:
                 now, wall = clock.now(), clock.wall()
                 refusing = bool(sessions.degraded.reasons)
         sessions.wake_ticker()
-        if gateway.link is not None and gateway.link.outbox is not None:
+        if owned_none and gateway.uids and gateway.link is not None and gateway.link.outbox is not None:
             gateway.link.outbox.owns_again()
 
     def _refuse(self, gateway: Gateway, uid: Key) -> None:
@@ -451,10 +450,11 @@ class Outbox:
     what it opted in to; ``now`` is the server clock marks are read from."""
 
     __slots__ = ("max_frame", "notices", "marks", "pending", "lock", "sent_frames", "owned", "_wake", "_now",
-                 "_interval", "_sent", "_sent_at", "_wanted", "_unscheduled")
+                 "_interval", "_sent", "_sent_at", "_wanted")
 
     def __init__(self, max_frame: int, *, notices: bool = True, marks: bool = False,
-                 now: Callable[[], float] = trio.current_time, interval: float = 0.25) -> None:
+                 now: Callable[[], float] = trio.current_time, interval: float = 0.25,
+                 owned: dict[Key, None] | None = None) -> None:
         if max_frame < _MAX_KEY_SIZE + _FRAME_OVERHEAD:
             raise ValueError(f"max_frame {max_frame} is too small for an ended frame")
         self.max_frame = max_frame
@@ -463,16 +463,15 @@ class Outbox:
         self.pending: dict[str, dict[SessionKey, None]] = {}  # reason -> keys, in the order they ended
         self.lock = trio.Lock()
         self.sent_frames = 0
-        # The gateway's sessions (``Gateway.uids``, set once it is claimed): periodic marks only while it has
-        # some -- a watermark nobody is held by need not be fresh, and an idle edge then sleeps (issue 36).
-        self.owned: dict[Key, None] = {}
+        # The gateway's sessions (``Gateway.uids``): periodic marks only while it has some -- a watermark
+        # nobody is held by need not be fresh, and an idle edge then sleeps (issue 36).
+        self.owned: dict[Key, None] = {} if owned is None else owned
         self._wake = trio.Event()
         self._now = now
         self._interval = interval
         self._sent: deque[float] = deque()  # mark requests in flight, oldest first
         self._sent_at = -math.inf  # trio time of the newest request sent
         self._wanted = -math.inf  # a request is wanted whose t is at least this
-        self._unscheduled = False  # the task waits with no periodic request scheduled (owns_again wakes it)
 
     # -- ended notices ---------------------------------------------------------------------------------------
 
@@ -525,9 +524,8 @@ class Outbox:
             self._wake.set()  # room for a request again
 
     def owns_again(self) -> None:
-        """The gateway attached sessions: periodic marks resume if they had stopped (it owned none)."""
-        if self._unscheduled:
-            self._wake.set()
+        """The gateway owned no session and attached some: periodic marks, stopped meanwhile, resume."""
+        self._wake.set()
 
     def _periodic(self) -> bool:
         return self.marks and len(self._sent) < MAX_OUTSTANDING and bool(self.owned)
@@ -561,10 +559,8 @@ class Outbox:
         """Send notices within FLUSH_INTERVAL of the first, and mark requests when due; until cancelled."""
         while True:
             periodic = self._periodic()
-            self._unscheduled = not periodic
             with trio.move_on_at(self._sent_at + self._interval if periodic else math.inf):
                 await self._wake.wait()
-            self._unscheduled = False
             self._wake = trio.Event()
             if self.pending and self._wanted == -math.inf:
                 await trio.sleep(FLUSH_INTERVAL)  # company for the notices (a wanted mark does not wait)

@@ -22,14 +22,13 @@ import resource
 import shutil
 import socket
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 from typing import Final
 
 import trio
 
-from idled.tools.loadtest.target import ServerProcess, free_port, stop_server
+from idled.tools.loadtest.target import ServerProcess, free_port, scratch_directory, stop_server
 
 __all__ = ["SBIN", "find_mosquitto", "mosquitto_version", "config_text", "spawn_mosquitto"]
 
@@ -80,8 +79,7 @@ async def spawn_mosquitto(nursery: trio.Nursery, binary: str | None = None) -> S
     if binary is None:
         raise RuntimeError("mosquitto not found (on PATH or in /usr/sbin): install Debian's mosquitto package "
                            "(.ci/system-deps does)")
-    directory = tempfile.mkdtemp(prefix="idled-loadtest-mqtt-")
-    nursery.start_soon(_remove_at_exit, directory)
+    directory = scratch_directory(nursery, "idled-loadtest-mqtt-")
     port, conf, log_file = _configure(directory)
     argv = [binary, "-c", conf]
     output = os.path.join(directory, "output.log")  # (what it says before its log file is open)
@@ -129,9 +127,3 @@ def _last_words(*files: str) -> str:
             return last
     return "no output"
 
-
-async def _remove_at_exit(path: str) -> None:
-    try:
-        await trio.sleep_forever()
-    finally:
-        shutil.rmtree(path, ignore_errors=True)

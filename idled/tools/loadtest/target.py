@@ -45,7 +45,8 @@ from idled.tools.loadtest.scenario import Scenario, flag_value, without_flag
 
 __all__ = [
     "LISTENING_RE", "ServerProcess", "spawn_server", "stop_server", "ProcessSampler", "Sample",
-    "find_listening_pid", "scrape_metrics", "parse_metrics", "parse_stall", "free_port", "describe", "get_server",
+    "find_listening_pid", "scrape_metrics", "parse_metrics", "parse_stall", "free_port", "scratch_directory", "describe",
+    "get_server",
 ]
 
 LISTENING_RE = re.compile(r"IDLED_LISTENING\s+host=(\S+)\s+port=(\d+)")
@@ -307,9 +308,7 @@ async def get_server(nursery: trio.Nursery, sc: Scenario, log: IO[str] | None) -
         argv += ["--secret-file", sc.secret_file]  # the tokens we mint are for this secret
     if flag_value(user, "--data-dir") is None:
         # the event log of a throw-away server: a fresh directory, removed when the run ends
-        data_dir = tempfile.mkdtemp(prefix="idled-loadtest-")
-        nursery.start_soon(_remove_at_exit, data_dir)
-        argv += ["--data-dir", data_dir]
+        argv += ["--data-dir", scratch_directory(nursery, "idled-loadtest-")]
     argv += user
     server = await spawn_server(nursery, argv, log=log)
     if server.metrics_port is None:
@@ -318,6 +317,14 @@ async def get_server(nursery: trio.Nursery, sc: Scenario, log: IO[str] | None) -
         await stop_server(server, grace=5)
         raise RuntimeError(f"the spawned server listens on {server.host}, not loopback: refusing to drive it")
     return server
+
+
+def scratch_directory(nursery: trio.Nursery, prefix: str) -> str:
+    """A fresh temporary directory for one run, removed when ``nursery`` ends (a spawned server's event log,
+    a broker's configuration and log)."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    nursery.start_soon(_remove_at_exit, path)
+    return path
 
 
 async def _remove_at_exit(path: str) -> None:

@@ -14,10 +14,11 @@ import pytest
 import trio
 
 from idled.ops.config import Config
-from idled.protocol import PING, PONG, Event, Login, Welcome
+from idled.protocol import Event, Login, Welcome
 from idled.server.edge import Edge
 from tests import peers
 from tests.peers import running
+from tests.server.roles.test_plane import pings_through_a_long_coalescing
 
 
 async def test_keepalives_an_edge_let_gather_count_before_it_answers_a_mark(
@@ -34,12 +35,5 @@ async def test_keepalives_an_edge_let_gather_count_before_it_answers_a_mark(
         await alice.send(Login("uid", "alice", None, 1.0))  # timeout 1.5 s
         await alice.expect(Welcome)
         assert (await observer.expect(Event)).kind == "online"
-        await alice.send(PING)
-        assert await alice.recv() is PONG  # polled: the next poll is 4 s away
-        for _ in range(10):  # 3 s of pings, twice her timeout
-            await trio.sleep(0.3)
-            await alice.send(PING)
-        with trio.move_on_after(0.5):
-            event = await observer.expect(Event)
-            raise AssertionError(f"alice pinged every 0.3 s through the edge and got {event!r}")
+        await pings_through_a_long_coalescing(alice, observer)
         nursery.cancel_scope.cancel()

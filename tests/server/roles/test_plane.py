@@ -181,7 +181,7 @@ async def test_keepalives_the_plane_let_gather_count_before_the_tick_judges(
 ) -> None:
     # The plane sleeps between polls while traffic flows (its Coalescing); here for far longer than alice's
     # timeout, so her pings sit unread in her socket when her deadline comes. The tick task must read them
-    # first (Sessions.drains): she pings every 0.3 s and must stay online.
+    # first (Sessions.drain): she pings every 0.3 s and must stay online.
     import idled.server.roles.plane as plane_module
 
     monkeypatch.setattr(plane_module, "COALESCE", 4.0)
@@ -189,11 +189,17 @@ async def test_keepalives_the_plane_let_gather_count_before_the_tick_judges(
         observer = await h.observer()
         alice = await user(h, "alice", keepalive=1.0)  # timeout 1.5 s
         assert (await observer.expect(Event)).kind == "online"
-        await alice.send(PING)
-        assert await alice.recv() is PONG  # served: the plane now sleeps its 4 s
-        for _ in range(10):  # 3 s of pings, twice her timeout
-            await trio.sleep(0.3)
-            await alice.send(PING)
-        with trio.move_on_after(0.5):
-            event = await observer.expect(Event)
-            raise AssertionError(f"alice pinged every 0.3 s and got {event!r}")
+        await pings_through_a_long_coalescing(alice, observer)
+
+
+async def pings_through_a_long_coalescing(user: Client, observer: Client) -> None:
+    """``user`` (timeout 1.5 s) pings once -- served: the plane's next poll is 4 s away (COALESCE patched) --
+    then every 0.3 s for 3 s, twice its timeout; the observer must see no event meanwhile."""
+    await user.send(PING)
+    assert await user.recv() is PONG
+    for _ in range(10):
+        await trio.sleep(0.3)
+        await user.send(PING)
+    with trio.move_on_after(0.5):
+        event = await observer.expect(Event)
+        raise AssertionError(f"a user pinging every 0.3 s got {event!r}")
