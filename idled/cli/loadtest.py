@@ -139,6 +139,8 @@ def _scenario(args: argparse.Namespace, spawn: bool, target: tuple[str, int] | N
         raise UsageError("--jitter must be in [0, 0.5): a keepalive later than 1.5x would be a real timeout")
     if args.ping_every is not None and not (mode == "users" and 0.05 <= args.ping_every <= args.keepalive):
         raise UsageError("--ping-every needs user connections and 0.05 <= S <= --keepalive")
+    if args.ask_one_in != 1 and not (mode == "users" and 0 <= args.ask_one_in <= 1_000_000):
+        raise UsageError("--ask-one-in needs user connections and 0 <= N <= 1000000")
     if not 0.001 <= args.user_tick <= 1.0:
         raise UsageError("--user-tick must be 0.001..1 s")
     if args.late_fraction and not (mode == "users" and 0 < args.late_fraction <= 1 and args.late_by > 0):
@@ -170,6 +172,7 @@ def _scenario(args: argparse.Namespace, spawn: bool, target: tuple[str, int] | N
         max_inflight=args.max_inflight, gateway_tick=args.gateway_tick, user_tick=args.user_tick,
         secret_file=args.secret_file,
         server_log=args.server_log, quiet=args.quiet, drain_timeout=args.drain_timeout, ping_every=args.ping_every,
+        ask_one_in=args.ask_one_in,
         late_fraction=args.late_fraction, late_by=args.late_by if args.late_fraction else 0.0,
         devices=devices, **front,
     )
@@ -412,7 +415,9 @@ def _peer_table(sc: Scenario, results: list[dict[str, Any]], out: Any) -> dict[s
              f"mosquitto {mosquitto_version(binary) if binary else '?'}"]
     rows = [peer.peer_row(r, name) for r, name in zip(results, names)]
     ratios = peer.peer_ratios(rows[0], rows[1])
-    title = (f"peer comparison: {sc.sessions:,} connections, keepalive {sc.keepalive:g} s, "
+    asks = {1: "every keepalive a ping", 0: "every keepalive quiet"}.get(
+        sc.ask_one_in, f"one keepalive in {sc.ask_one_in} a ping, the others quiet")
+    title = (f"peer comparison: {sc.sessions:,} connections, keepalive {sc.keepalive:g} s ({asks}), "
              f"{sc.silent_fraction:.1%} silenced, {sc.workers} client processes, steady window from "
              f"{sc.steady_from:.0f} s to {sc.duration:.0f} s; lateness = offline (idled) or close (mosquitto) "
              "- (last send + timeout)")

@@ -87,6 +87,11 @@ def _load_flags(load: argparse._ArgumentGroup) -> None:
                       help="user connections: from the end of the login ramp, every session sends a keepalive every "
                            "S seconds (timeouts stay 1.5 x --keepalive): a fixed offered rate, for keepalives per "
                            "CPU-second")
+    load.add_argument("--ask-one-in", type=int, default=1, metavar="N",
+                      help="user connections: one keepalive in N is a ping, which the server answers, the others "
+                           "the quiet keepalive, which asks for no answer (idled: {\"op\":\"msg\"}; MQTT: a "
+                           "PUBLISH at QoS 0); the client libraries ask about once every two timeouts. Default 1: "
+                           "every keepalive a ping; 0: none")
     load.add_argument("--jitter", type=float, default=0.1, metavar="F",
                       help="each interval is keepalive x U(1-F, 1+F) (default 0.1)")
     load.add_argument("--silent-fraction", type=float, metavar="F",

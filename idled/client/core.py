@@ -10,6 +10,10 @@ injected, so every rule is tested with plain numbers. The I/O drivers (`idled.cl
 client pings when it has sent nothing for `ping_interval(T, k)` = min(k, T / 1.5) seconds, so the ping is due
 a third of the timeout before the deadline even when the server capped T (one lost scheduling slice or a slow
 link does not take the user offline). Any frame sent (`msg`) counts as activity and postpones the ping.
+Most keepalives ask for no answer: `asks_for_answer` makes one a `ping` (answered with a `pong`) only when
+the last ping (or the welcome) is `ask_after` seconds old (default two timeouts, `default_ask_after`) and
+has been answered; the others are the quiet keepalive `{"op":"msg"}`, activity the server does not answer. A pong costs the server a send -- most of a keepalive's CPU on a loopback measurement -- and proves
+only what one pong per `ask_after` proves as well: that the path and the server's loop are alive.
 
 *Backoff.* Attempt n (0-based) waits uniform(0, min(cap, base * 2**n)) seconds: "full jitter", so that 100k
 clients cut off by one restart spread their return over the whole window instead of arriving in lockstep.
@@ -55,7 +59,7 @@ from idled.protocol import check_device as _check_device
 from idled.protocol import check_key as _check_key
 
 __all__ = [
-    "ping_interval", "default_durable", "Backoff", "KeepaliveTimer", "GatewayBatcher", "ObserverCursor",
+    "ping_interval", "default_ask_after", "asks_for_answer", "default_durable", "Backoff", "KeepaliveTimer", "GatewayBatcher", "ObserverCursor",
     "DEFAULT_FLUSH_INTERVAL", "DEFAULT_MAX_PENDING", "check_device", "check_key", "uid_chunks",
 ]
 
@@ -68,6 +72,19 @@ def default_durable(after: int | None) -> bool:
     """An observer given a checkpoint (`after`, even 0) reads the durable view; one reading from now, the fast
     one. Checkpointing means the application keeps state that must agree with the log after any crash."""
     return after is not None
+
+
+def default_ask_after(timeout: float) -> float:
+    """Seconds without a frame from the server after which a keepalive asks for an answer: two timeouts, at
+    least a second (at the default keepalive, one keepalive in three is a ping)."""
+    return max(2.0 * timeout, 1.0)
+
+
+def asks_for_answer(now: float, asked: float, ping_sent: float | None, ask_after: float) -> bool:
+    """Whether the keepalive due at ``now`` is a ping (answered) rather than the quiet keepalive: no ping is
+    outstanding (``ping_sent``), and the last one -- or the welcome -- (``asked``) is ``ask_after`` seconds old
+    or older (0: always)."""
+    return ping_sent is None and now - asked >= ask_after
 
 
 def ping_interval(timeout: float | None, keepalive: float | None) -> float | None:

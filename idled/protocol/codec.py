@@ -46,7 +46,7 @@ from idled.protocol.messages import Replicate, Unwatch, Watch
 from idled.protocol.parse import EVENT_KEYS, _short, parse_client_message, parse_server_message
 
 __all__ = [
-    "PING_FRAME", "BYE_FRAME", "PONG_FRAME", "encode", "decode_client_body", "decode_server_body",
+    "PING_FRAME", "BYE_FRAME", "PONG_FRAME", "QUIET_FRAME", "encode", "decode_client_body", "decode_server_body",
 ]
 
 # -------------------------------------------------------------------------------------------- encoding
@@ -67,6 +67,9 @@ PONG_BODY: Final = _packb({"op": "pong"})
 PING_FRAME: Final = _frame({"op": "ping"})
 BYE_FRAME: Final = _frame({"op": "bye"})
 PONG_FRAME: Final = _frame({"op": "pong"})
+# The quiet keepalive: a msg without data -- activity that asks for no answer (protocol.md, "Keepalives").
+QUIET_BODY: Final = _packb({"op": "msg"})
+QUIET_FRAME: Final = _frame({"op": "msg"})
 def _encode_login(m: Login) -> bytes:
     d: dict[str, Any] = {"op": "login", m.role: m.name}
     if m.token is not None:

@@ -36,10 +36,10 @@ from collections.abc import Callable
 from typing import Any, Final, NoReturn, TypeAlias
 
 from idled.protocol.codec import (
-    HEADER, PING_BODY, PING_FRAME, PONG_BODY, PONG_FRAME, body_decoder, decode_client_body, decode_server_body,
+    HEADER, PING_BODY, PING_FRAME, PONG_BODY, PONG_FRAME, QUIET_BODY, QUIET_FRAME, body_decoder, decode_client_body, decode_server_body,
 )
 from idled.protocol.messages import (
-    DEFAULT_MAX_FRAME, MAX_FRAME_LIMIT, NEED_DATA, PING, PONG, ErrorCode, NeedData, ProtocolError,
+    DEFAULT_MAX_FRAME, MAX_FRAME_LIMIT, NEED_DATA, PING, PONG, QUIET, ErrorCode, NeedData, ProtocolError,
 )
 from idled.protocol.parse import parse_client_message, parse_server_message
 
@@ -48,18 +48,20 @@ __all__ = ["FrameDecoder"]
 Parse: TypeAlias = Callable[[Any], Any]
 _unpack_header = HEADER.unpack_from
 
-# parse function -> (canonical frame, its body, its message, body decoder): the canonical keepalive of each
-# direction is recognised by comparing bytes, without calling msgpack at all.
+# parse function -> (canonical frames -> their messages, canonical bodies -> their messages, body decoder):
+# the keepalives of each direction -- a client's ping and quiet keepalive, a server's pong -- are recognised by
+# one dict lookup of their bytes, without calling msgpack at all.
 _PROFILES: Final[dict[Parse, tuple[Any, ...]]] = {
-    parse_client_message: (PING_FRAME, PING_BODY, PING, decode_client_body),
-    parse_server_message: (PONG_FRAME, PONG_BODY, PONG, decode_server_body),
+    parse_client_message: ({PING_FRAME: PING, QUIET_FRAME: QUIET}, {PING_BODY: PING, QUIET_BODY: QUIET},
+                           decode_client_body),
+    parse_server_message: ({PONG_FRAME: PONG}, {PONG_BODY: PONG}, decode_server_body),
 }
 
 
 @functools.lru_cache(maxsize=32)
 def _profile_for(parse: Parse) -> tuple[Any, ...]:
     """A custom parse function gets no fast path; its decoder is built once, not per connection."""
-    return (None, None, None, body_decoder(parse))
+    return ({}, {}, body_decoder(parse))
 
 
 class FrameDecoder:
@@ -133,10 +135,12 @@ class FrameDecoder:
         if not buf:  # idle (then _pos is 0 too): the second call after every packet
             return NEED_DATA
         pos = self._pos
-        fast_frame, fast_body, fast_message, decode = self._profile
-        if pos == 0 and buf == fast_frame:  # a lone keepalive (or pong): the commonest packet of all
+        fast_frames, fast_bodies, decode = self._profile
+        # A lone keepalive (or pong): the commonest packet of all. (A bytearray -- a frame that arrived in
+        # pieces -- is not hashable: it takes the slow path, which gives the same message.)
+        if pos == 0 and type(buf) is bytes and (message := fast_frames.get(buf)) is not None:
             self._buf = b""
-            return fast_message
+            return message
         size = len(buf)
         if size - pos < 4:
             return self._need_data(buf, pos)
@@ -152,8 +156,8 @@ class FrameDecoder:
             self._pos = 0
         else:
             self._pos = end
-        if body == fast_body:
-            return fast_message
+        if type(body) is bytes and (message := fast_bodies.get(body)) is not None:
+            return message
         if not n:
             self._fail(ErrorCode.BAD_FRAME, "empty frame")
         try:

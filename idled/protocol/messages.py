@@ -22,7 +22,7 @@ __all__ = [
     "Login", "Ping", "Msg", "Bye", "Attach", "Touch", "Detach", "Marked", "Subscribe", "Query",
     "Watch", "Unwatch", "Replicate",
     "Welcome", "Pong", "Event", "Status", "Error", "Ended", "Mark", "ENDED_REASONS", "DETACH_REASONS",
-    "PING", "BYE", "PONG", "ClientMessage", "ServerMessage", "Message",
+    "PING", "BYE", "PONG", "QUIET", "ClientMessage", "ServerMessage", "Message",
 ]
 
 # ---------------------------------------------------------------------------------------------- limits
@@ -326,3 +326,4 @@ Message: TypeAlias = ClientMessage | ServerMessage
 PING: Final = Ping()
 BYE: Final = Bye()
 PONG: Final = Pong()
+QUIET: Final = Msg()  # `{"op":"msg"}` without data, the quiet keepalive: the decoders return this one instance

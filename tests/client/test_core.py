@@ -6,7 +6,8 @@ import msgpack
 import pytest
 
 from idled.client.core import (
-    Backoff, GatewayBatcher, KeepaliveTimer, ObserverCursor, check_device, check_key, ping_interval,
+    Backoff, GatewayBatcher, KeepaliveTimer, ObserverCursor, asks_for_answer, check_device, check_key,
+    default_ask_after, ping_interval,
 )
 from idled.client.errors import (
     AuthFailed, Busy, ConnectionLost, Gone, Kicked, ProtocolMismatch, Unavailable, error_from,
@@ -18,6 +19,22 @@ from idled.protocol import (
 
 def bodies(frames: list[bytes]) -> list[dict]:
     return [msgpack.unpackb(frame[4:], strict_map_key=False) for frame in frames]
+
+
+def test_a_keepalive_asks_for_an_answer_only_after_ask_after_without_one() -> None:
+    assert default_ask_after(30.0) == 60.0 and default_ask_after(0.2) == 1.0
+    assert not asks_for_answer(20.0, 0.0, None, 60.0)  # asked (welcomed) 20 s ago: quiet
+    assert asks_for_answer(60.0, 0.0, None, 60.0)  # ask_after since: a ping
+    assert not asks_for_answer(80.0, 0.0, 60.0, 60.0)  # a ping is outstanding: it is the question already
+    assert asks_for_answer(20.0, 19.9, None, 0.0)  # ask_after 0: every keepalive is a ping
+    # at the default keepalive (interval = T / 1.5), one keepalive in three asks
+    timeout, interval, asked, pings = 30.0, 20.0, 0.0, []
+    for n in range(1, 10):
+        now = n * interval
+        pings.append(asks_for_answer(now, asked, None, default_ask_after(timeout)))
+        if pings[-1]:
+            asked = now
+    assert pings == [False, False, True] * 3
 
 
 def test_ping_interval_leaves_a_third_of_the_timeout() -> None:

@@ -8,7 +8,7 @@ export { BaseTransport } from "./transport/transport.js";
 export type { Transport, Connector } from "./transport/transport.js";
 export { splitHostPort, formatAddress, parseAddresses } from "./core/address.js";
 export type { HostPort } from "./core/address.js";
-export { Backoff, KeepaliveTimer, pingInterval, KEEPALIVE_FACTOR } from "./core/keepalive.js";
+export { asksForAnswer, Backoff, defaultAskAfter, KeepaliveTimer, pingInterval, KEEPALIVE_FACTOR } from "./core/keepalive.js";
 export type { BackoffOptions } from "./core/keepalive.js";
 export { LeaderSearch } from "./core/leader.js";
 export { ObserverCursor, uidChunks } from "./core/cursor.js";

@@ -4,11 +4,15 @@
  *
  * Theory of operation
  * -------------------
- * After `welcome` the session knows its timeout T and pings whenever it has sent nothing for
+ * After `welcome` the session knows its timeout T and sends a keepalive whenever it has sent nothing for
  * `pingInterval(T, keepalive)` = min(k, T / 1.5) seconds (core/keepalive.ts): one timer sleeps until
- * `lastSent + interval`, re-checks (a `send` in between moved `lastSent`), and pings. A ping that gets no reply
- * (nor any other frame) within one timeout (at least 1 s) means the path is dead even if TCP has not noticed:
- * the connection is dropped and logged in again after a backoff. A reconnect within the timeout is a login the
+ * `lastSent + interval`, re-checks (a `send` in between moved `lastSent`), and sends one. A keepalive is the
+ * quiet `{op: "msg"}`, which the server does not answer, unless the last ping (or the welcome) is `askAfter`
+ * seconds old (default 2 T, one keepalive in three; 0: every keepalive): then it is a `ping`, answered with a
+ * `pong`. A ping
+ * that gets no reply (nor any other frame) within one timeout (at least 1 s) means the path is dead even if
+ * TCP has not noticed: the connection is dropped and logged in again after a backoff. A silent path is thus
+ * noticed within `askAfter` + one keepalive + T at the most. A reconnect within the timeout is a login the
  * server takes as the same session (newest wins): no offline, no online, no event at all.
  *
  * Events: `online` at every welcome (the first login and each reconnect), `disconnected` when a connection
@@ -19,7 +23,7 @@
 
 import { Link } from "./link.js";
 import type { LinkEvents, LinkOptions } from "./link.js";
-import { KeepaliveTimer, pingInterval } from "./core/keepalive.js";
+import { asksForAnswer, defaultAskAfter, KeepaliveTimer, pingInterval } from "./core/keepalive.js";
 import { connectionLost, ErrorCode } from "./protocol/errors.js";
 import type { IdledError } from "./protocol/errors.js";
 import { checkDevice, checkKeepalive, checkUid } from "./protocol/messages.js";
@@ -35,6 +39,9 @@ export interface SessionOptions extends LinkOptions {
   keepalive?: number;
   /** This session is one device of the user (key [uid, device]); other devices' sessions coexist. */
   device?: string;
+  /** Seconds without a frame from the server after which a keepalive asks for an answer (a `ping`); the
+   * others are quiet. Default two timeouts; 0: every keepalive is a ping. */
+  askAfter?: number;
 }
 
 export interface SessionEvents extends LinkEvents {
@@ -46,11 +53,16 @@ export class Session extends Link<SessionEvents> {
   readonly uid: Uid;
   readonly keepalive: number | undefined;
   readonly device: string | undefined;
+  readonly askAfter: number | undefined;
+  /** Keepalives that asked for an answer (and pings sent by `ping()`). */
   pings = 0;
+  /** Keepalives that did not. */
+  quiet = 0;
   pongs = 0;
   private readonly token: SessionOptions["token"];
   private timer = new KeepaliveTimer(null, 0);
   private pingSent: number | null = null; // when the unanswered ping went out
+  private asked = 0; // when the last ping went out (the welcome arrived, at first)
   private wakeHandle: unknown = null;
 
   constructor(options: SessionOptions, defaultConnector?: Connector) {
@@ -59,6 +71,10 @@ export class Session extends Link<SessionEvents> {
     this.keepalive = options.keepalive === undefined ? undefined : checkKeepalive(options.keepalive);
     this.device = options.device === undefined ? undefined : checkDevice(options.device);
     this.token = options.token;
+    if (options.askAfter !== undefined && !(options.askAfter >= 0)) {
+      throw new RangeError(`askAfter must be >= 0 seconds, got ${String(options.askAfter)}`);
+    }
+    this.askAfter = options.askAfter;
     this.on("connected", ({ welcome, connections, address }) => {
       this.emit("online", { timeout: welcome.timeout ?? null, connections, address });
     });
@@ -101,6 +117,7 @@ export class Session extends Link<SessionEvents> {
     this.timer.sent(now);
     if (message.op === "ping") {
       this.pings += 1;
+      this.asked = now;
       this.pingSent ??= now;
     }
   }
@@ -108,6 +125,7 @@ export class Session extends Link<SessionEvents> {
   protected override onWelcome(_transport: Transport, welcome: Welcome): void {
     this.timer = new KeepaliveTimer(pingInterval(welcome.timeout, this.keepalive), this.clock.now());
     this.pingSent = null;
+    this.asked = this.clock.now();
     this.schedule();
   }
 
@@ -141,7 +159,14 @@ export class Session extends Link<SessionEvents> {
       this.drop(connectionLost(`no reply to a ping within ${patience} s`));
       return;
     }
-    if (this.timer.due(now)) this.send({ op: "ping" });
+    if (this.timer.due(now)) {
+      const askAfter = this.askAfter ?? defaultAskAfter(patience);
+      if (asksForAnswer(now, this.asked, this.pingSent, askAfter)) {
+        this.send({ op: "ping" });
+      } else if (this.send({ op: "msg" })) {
+        this.quiet += 1;
+      }
+    }
     if (this.connected) this.schedule();
   }
 }

@@ -2,12 +2,29 @@
 // worked examples of idled/client/leader.py), the observer cursor, and the Session's timer on a fake clock.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { pingInterval, KeepaliveTimer, Backoff } from "../src/core/keepalive.js";
+import { asksForAnswer, defaultAskAfter, pingInterval, KeepaliveTimer, Backoff } from "../src/core/keepalive.js";
 import { LeaderSearch } from "../src/core/leader.js";
 import { ObserverCursor, uidChunks } from "../src/core/cursor.js";
 import { parseAddresses, splitHostPort } from "../src/core/address.js";
 import { encodeBody } from "../src/protocol/frame.js";
 import type { PresenceEvent } from "../src/protocol/messages.js";
+
+test("a keepalive asks for an answer only askAfter after the last ping (default: one in three)", () => {
+  assert.equal(defaultAskAfter(30), 60);
+  assert.equal(defaultAskAfter(0.2), 1);
+  assert.equal(asksForAnswer(20, 0, null, 60), false); // asked (welcomed) 20 s ago: quiet
+  assert.equal(asksForAnswer(60, 0, null, 60), true);
+  assert.equal(asksForAnswer(80, 0, 60, 60), false); // a ping is outstanding: it is the question already
+  assert.equal(asksForAnswer(20, 19.9, null, 0), true); // askAfter 0: every keepalive is a ping
+  let asked = 0;
+  const pings: boolean[] = [];
+  for (let n = 1; n < 10; n++) {
+    const now = n * 20; // the default keepalive: T / 1.5
+    pings.push(asksForAnswer(now, asked, null, defaultAskAfter(30)));
+    if (pings.at(-1)) asked = now;
+  }
+  assert.deepEqual(pings, [false, false, true, false, false, true, false, false, true]);
+});
 
 test("ping interval: min(k, T / 1.5), T / 1.5 without a keepalive, none without a timeout", () => {
   assert.equal(pingInterval(30, 20), 20); // T = 1.5 k: ping every k

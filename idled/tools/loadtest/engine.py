@@ -117,6 +117,9 @@ class Engine(ConnTable):
         self.wire = wire = wire_for(w)
         self.ws = wire.name == "websocket"
         self.ping_frame, self.bye_frame, self.pong_frame = wire.ping, wire.bye, wire.pong
+        # --ask-one-in N: one keepalive in N (counted over all of the worker's sessions) asks for an answer,
+        # the others are the wire's quiet keepalive; 0: none asks
+        self.quiet_frame, self.ask_one_in, self.asked = wire.quiet, int(w.cfg.get("ask_one_in", 1)), 0
         self.closes_are_events = wire.closes_are_events
         self.heads: set[int] = set()  # sessions whose upgrade answer (101) has not arrived yet
         self.max_frame = DEFAULT_MAX_FRAME  # a user reads pongs and errors
@@ -454,7 +457,7 @@ class Engine(ConnTable):
                 if st != UP:
                     continue  # ended meanwhile
                 w.lag(now - due[k])
-                if self._send(k, self.ping_frame):
+                if self._send(k, self._keepalive()):
                     sent += 1
                 if state[k] != UP:
                     continue
@@ -471,6 +474,17 @@ class Engine(ConnTable):
                 self._close(k, "bye:timeout")
         w.pings += sent
         w.frames += sent
+
+    def _keepalive(self) -> bytes:
+        """The next keepalive's bytes: a ping (answered), or the quiet keepalive (``--ask-one-in``)."""
+        every = self.ask_one_in
+        if every == 1:
+            return self.ping_frame
+        self.asked += 1
+        if every and self.asked >= every:
+            self.asked = 0
+            return self.ping_frame
+        return self.quiet_frame
 
     def _moment(self, k: int, now: float) -> None:
         """The planned moment: go silent (the server must notice), or log out."""

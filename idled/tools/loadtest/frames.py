@@ -31,12 +31,12 @@ from typing import Final
 import msgpack
 
 from idled.protocol import (
-    BYE_FRAME, PING_FRAME, PONG, PONG_FRAME, ErrorCode, Login, ProtocolError, ServerMessage, decode_server_body,
+    BYE_FRAME, PING_FRAME, PONG, PONG_FRAME, QUIET_FRAME, ErrorCode, Login, ProtocolError, ServerMessage, decode_server_body,
     encode,
 )
 
 __all__ = [
-    "PONG_BODY", "WS_BYE", "WS_PING", "WS_PONG", "cut_frames", "cut_ws_messages", "login_frame", "login_templates",
+    "PONG_BODY", "WS_BYE", "WS_PING", "WS_PONG", "WS_QUIET", "cut_frames", "cut_ws_messages", "login_frame", "login_templates",
     "past_upgrade", "server_message", "ws_client_frame", "ws_upgrade",
 ]
 
@@ -123,6 +123,7 @@ def ws_upgrade(host: str, port: int) -> bytes:
 
 WS_PING: Final = ws_client_frame(PING_FRAME[4:])
 WS_BYE: Final = ws_client_frame(BYE_FRAME[4:])
+WS_QUIET: Final = ws_client_frame(QUIET_FRAME[4:])
 WS_PONG: Final = bytes((0x82, len(PONG_BODY))) + PONG_BODY  # the server's (unmasked)
 
 

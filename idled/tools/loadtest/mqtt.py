@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 The peer benchmark holds connections to an MQTT broker the way it holds them to idled: log in, send a
 keepalive every K seconds, stop (the broker must disconnect a client silent for 1.5 x K, MQTT-3.1.2-24) or
-say bye. That needs five packets of MQTT 3.1.1 (OASIS standard, 2014), all built or read here, no socket:
+say bye. That needs six packets of MQTT 3.1.1 (OASIS standard, 2014), all built or read here, no socket:
 
 * ``CONNECT`` (client -> server): protocol name ``MQTT``, protocol level 4, connect flags with only *clean
   session* set, the keepalive as a 16-bit count of **whole seconds**, and the client identifier as the one
@@ -12,7 +12,10 @@ say bye. That needs five packets of MQTT 3.1.1 (OASIS standard, 2014), all built
 * ``CONNACK`` (server -> client): two bytes, the session-present flag and a return code, 0 = accepted
   (`Connack`, read by `parse_packet`);
 * ``PINGREQ`` / ``PINGRESP``: a fixed header and nothing else (`PINGREQ`, `PINGRESP`);
-* ``DISCONNECT`` (client -> server): likewise (`DISCONNECT`); the server closes the connection.
+* ``DISCONNECT`` (client -> server): likewise (`DISCONNECT`); the server closes the connection;
+* ``PUBLISH`` at QoS 0 (client -> server): the quiet keepalive (`publish`). Any control packet resets the
+  broker's keepalive timer (MQTT-3.1.2-23), and a QoS 0 publication gets no answer: it is MQTT's counterpart
+  of idled's quiet keepalive, a keepalive that asks for no reply (``--ask-one-in``).
 
 Every packet starts with a fixed header: one byte (the packet type in the high nibble, flags in the low,
 fixed per type for the packets above) and the *remaining length*, the bytes that follow, in a variable-length
@@ -38,12 +41,13 @@ from typing import Final
 __all__ = [
     "CONNECT", "CONNACK", "PINGREQ_TYPE", "PINGRESP_TYPE", "DISCONNECT_TYPE", "PINGREQ", "PINGRESP", "DISCONNECT",
     "MAX_REMAINING_LENGTH", "MAX_KEEPALIVE", "MqttError", "Packet", "Connack", "Connect", "encode_remaining_length",
-    "decode_remaining_length", "connect", "connack", "cut_packets", "parse_packet", "parse_connect",
+    "decode_remaining_length", "connect", "connack", "publish", "cut_packets", "parse_packet", "parse_connect",
 ]
 
 # packet types (the high nibble of the first byte)
 CONNECT: Final = 1
 CONNACK: Final = 2
+PUBLISH: Final = 3
 PINGREQ_TYPE: Final = 12
 PINGRESP_TYPE: Final = 13
 DISCONNECT_TYPE: Final = 14
@@ -130,6 +134,14 @@ def connect(client_id: str, keepalive: int, *, clean_session: bool = True) -> by
 def connack(return_code: int = 0, session_present: bool = False) -> bytes:
     """A CONNACK packet (the server's; for tests and for comparing a read with the common answer)."""
     return bytes((CONNACK << 4, 2, 1 if session_present else 0, return_code))
+
+
+def publish(topic: str, payload: bytes = b"") -> bytes:
+    """A PUBLISH at QoS 0, not retained (flags 0): the topic as a UTF-8 string with its 2-byte length, then
+    the payload; no packet identifier at QoS 0 (MQTT-3.3.2)."""
+    name = topic.encode()
+    body = len(name).to_bytes(2, "big") + name + payload
+    return bytes([PUBLISH << 4]) + encode_remaining_length(len(body)) + body
 
 
 def cut_packets(data: bytes, max_packet: int) -> tuple[list[bytes], bytes]:

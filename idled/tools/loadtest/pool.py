@@ -63,7 +63,7 @@ class WorkerPool:
             "worker": w, "workers": sc.workers, "mode": sc.mode, "host": host, "port": port,
             "sources": list(sc.sources), "uid_base": sc.uid_base, "sessions": sc.sessions,
             "gateways": sc.gateways, "keepalive": sc.keepalive, "jitter": sc.jitter, "ramp": sc.ramp,
-            "ping_every": sc.ping_every, "late_by": sc.late_by, "devices": sc.devices,
+            "ping_every": sc.ping_every, "ask_one_in": sc.ask_one_in, "late_by": sc.late_by, "devices": sc.devices,
             "max_seconds": sc.duration + sc.drain_timeout + 120.0,  # the worker's own bound on its life
             "connect_timeout": sc.connect_timeout, "max_inflight": sc.max_inflight,
             "gateway_tick": sc.gateway_tick, "user_tick": sc.user_tick, "seed": sc.seed, "report_interval": 0.5,

@@ -92,7 +92,9 @@ def summary_text(result: dict[str, Any]) -> str:
     if sc.get("devices", 1) > 1:
         what += f" ({sc['sessions'] // sc['devices']} users x {sc['devices']} devices; events are per user)"
     lines = [
-        f"idled loadtest: {what}, keepalive {sc['keepalive']:g} s (timeout {result['timeout']:g} s), "
+        f"idled loadtest: {what}, keepalive {sc['keepalive']:g} s (timeout {result['timeout']:g} s"
+        + ("" if sc.get("ask_one_in", 1) == 1 else f"; a ping one in {sc['ask_one_in']}, the others quiet")
+        + "), "
         f"tick {sc['tick']:g} s, "
         + ("against mosquitto" if sc.get("wire") == "mqtt" else f"detector {result['detector'] or '(default)'}")
         + f", {sc['duration']:g} s"

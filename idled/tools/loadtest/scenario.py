@@ -68,6 +68,7 @@ class Scenario:
     proxy_protocol: bool = False  # send a PROXY v2 header first
     websocket: bool = False  # users speak WebSocket (ws://, or wss:// with tls): idled.tools.loadtest.frames
     ping_every: float | None = None  # users: keepalive interval after the ramp (a fixed offered rate)
+    ask_one_in: int = 1  # users: one keepalive in N is a ping (answered), the others quiet; 0: none
     late_fraction: float = 0.0  # users: sessions that send one keepalive late_by seconds late
     late_by: float = 0.0
     devices: int = 1  # users: connections per uid (devices "d0".."d{K-1}"); 1 = one plain login per uid

@@ -8,7 +8,9 @@ say bye, and time the end. Only the bytes differ, so one run picks a `Wire` (the
 ``wire``: ``idled`` -- with ``websocket`` set, the same frames as binary WebSocket messages -- or ``mqtt``) and
 the engine asks it for them:
 
-* the constant frames: `ping`, `bye` and `pong` (the answer the engine's hot path compares a whole read with);
+* the constant frames: `ping`, `quiet` (a keepalive that asks for no answer: idled's `{"op":"msg"}`, MQTT's
+  PUBLISH at QoS 0 to a topic nobody subscribes to; ``--ask-one-in``), `bye` and `pong` (the answer the
+  engine's hot path compares a whole read with);
 * `login(i, uid)`: the first bytes of session i (an idled login, after the WebSocket upgrade with
   ``websocket``; an MQTT CONNECT with client identifier ``lt<uid>`` and the keepalive in whole seconds);
 * `cut(data, limit)` -> (whole frames, tail) and `parse(frame)` -> a message: idled's own messages, and for
@@ -29,11 +31,11 @@ from dataclasses import dataclass
 from typing import Final
 
 from idled.core.timeouts import KEEPALIVE_FACTOR
-from idled.protocol import BYE_FRAME, PING_FRAME, PONG, PONG_FRAME, ErrorCode, Login, ProtocolError, Welcome, encode
+from idled.protocol import BYE_FRAME, PING_FRAME, PONG, PONG_FRAME, QUIET_FRAME, ErrorCode, Login, ProtocolError, Welcome, encode
 from idled.protocol.messages import Error
 from idled.tools.loadtest import mqtt
 from idled.tools.loadtest.frames import (
-    WS_BYE, WS_PING, WS_PONG, cut_frames, cut_ws_messages, login_frame, login_templates, server_message,
+    WS_BYE, WS_PING, WS_PONG, WS_QUIET, cut_frames, cut_ws_messages, login_frame, login_templates, server_message,
     ws_client_frame, ws_upgrade,
 )
 from idled.tools.loadtest.workerstate import Worker
@@ -41,12 +43,14 @@ from idled.tools.loadtest.workerstate import Worker
 __all__ = ["WIRES", "Wire", "wire_for", "mqtt_message", "cut_mqtt", "mqtt_client_id"]
 
 WIRES: Final = ("idled", "mqtt")
+MQTT_QUIET: Final = mqtt.publish("k")  # (one topic for all: the broker finds no subscriber and drops it)
 
 
 @dataclass(frozen=True, slots=True)
 class Wire:
     name: str  # "idled", "websocket" (idled's frames in WebSocket messages) or "mqtt"
     ping: bytes
+    quiet: bytes
     bye: bytes
     pong: bytes
     cut: Callable[[bytes, int], tuple[list[bytes], bytes]]
@@ -92,7 +96,7 @@ def wire_for(w: Worker) -> Wire:
         seconds = int(keepalive)
         if seconds != keepalive:
             raise ValueError(f"an MQTT keepalive is whole seconds, got {keepalive!r}")
-        return Wire("mqtt", mqtt.PINGREQ, mqtt.DISCONNECT, mqtt.PINGRESP, cut_mqtt,
+        return Wire("mqtt", mqtt.PINGREQ, MQTT_QUIET, mqtt.DISCONNECT, mqtt.PINGRESP, cut_mqtt,
                     lambda packet: mqtt_message(packet, keepalive),
                     lambda i, uid: mqtt.connect(mqtt_client_id(uid), seconds), closes_are_events=True)
     if name != "idled":
@@ -100,9 +104,9 @@ def wire_for(w: Worker) -> Wire:
     login = _idled_login(w)
     if w.cfg.get("websocket"):  # the upgrade, the login right behind it (frames.py says why)
         host, port = w.host, w.port
-        return Wire("websocket", WS_PING, WS_BYE, WS_PONG, cut_ws_messages, server_message,
+        return Wire("websocket", WS_PING, WS_QUIET, WS_BYE, WS_PONG, cut_ws_messages, server_message,
                     lambda i, uid: ws_upgrade(host, port) + ws_client_frame(login(i, uid)[4:]))
-    return Wire("idled", PING_FRAME, BYE_FRAME, PONG_FRAME, cut_frames, server_message, login)
+    return Wire("idled", PING_FRAME, QUIET_FRAME, BYE_FRAME, PONG_FRAME, cut_frames, server_message, login)
 
 
 def _idled_login(w: Worker) -> Callable[[int, int], bytes]:

@@ -5,7 +5,10 @@
  * Keepalive: a user asking for keepalive k gets a timeout T = min(1.5 k, max_timeout) in `welcome` (at least a
  * tick). The client pings when it has sent nothing for `pingInterval(T, k)` = min(k, T / 1.5) seconds, so the
  * ping is due a third of the timeout before the deadline even when the server capped T. Any frame sent counts
- * as activity and postpones the ping.
+ * as activity and postpones the ping. Most keepalives ask for no answer: one is a `ping` (answered with a
+ * `pong`) only when the last ping (or the welcome) is `askAfter` seconds old (default two timeouts) and has
+ * been answered; the others are the quiet `{op: "msg"}`, activity the server does not answer (a pong
+ * costs the server a send, most of a keepalive's CPU, and one per `askAfter` proves the path alive as well).
  *
  * Backoff: attempt n (0-based) waits uniform(0, min(cap, base * 2^n)) seconds -- "full jitter", so that 100k
  * clients cut off by one restart spread their return over the whole window instead of arriving in lockstep.
@@ -19,6 +22,19 @@ export function pingInterval(timeout: number | undefined | null, keepalive: numb
   if (timeout === undefined || timeout === null) return null;
   const interval = timeout / KEEPALIVE_FACTOR;
   return keepalive === undefined || keepalive === null ? interval : Math.min(keepalive, interval);
+}
+
+/** Seconds without a frame from the server after which a keepalive asks for an answer: two timeouts, at
+ * least a second (at the default keepalive, one keepalive in three is a ping). */
+export function defaultAskAfter(timeout: number): number {
+  return Math.max(2 * timeout, 1);
+}
+
+/** Whether the keepalive due at `now` is a ping (answered) rather than the quiet `{op: "msg"}`: no ping is
+ * outstanding (`pingSent`), and the last one -- or the welcome -- (`asked`) is `askAfter` seconds old or older
+ * (0: always). */
+export function asksForAnswer(now: number, asked: number, pingSent: number | null, askAfter: number): boolean {
+  return pingSent === null && now - asked >= askAfter;
 }
 
 /** When a ping is due: `sent(now)` after every frame; `deadline` is the next ping's time (null: never). */
