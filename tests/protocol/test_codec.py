@@ -13,10 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from idled.protocol import (
-    BYE, BYE_FRAME, DEFAULT_MAX_FRAME, MAX_DATA_DEPTH, NEED_DATA, PING, PING_FRAME, PONG, PONG_FRAME,
+    BYE, BYE_FRAME, DEFAULT_MAX_FRAME, MAX_DATA_DEPTH, NEED_DATA, PING, PING_FRAME, PONG, PONG_FRAME, QUIET, QUIET_FRAME,
     Attach, Bye, Detach, Error, ErrorCode, Event, FrameDecoder, Login, Mark, Marked, Msg, Ping, Pong, ProtocolError,
     Query,
-    Status, Subscribe, Touch, Welcome, check_uid, encode, parse_client_message, parse_server_message,
+    Status, Subscribe, Touch, Welcome, check_uid, decode_client_body, encode, parse_client_message, parse_server_message,
 )
 from idled.protocol import Unwatch, Watch
 
@@ -247,6 +247,24 @@ def test_idle_decoder_is_small_and_holds_no_buffer() -> None:
     decoder.receive_data(tail[10:])
     assert drain(decoder) == [Msg("x" * 50)]
     assert decoder._buf == b"" and decoder.buffered == 0
+
+
+def test_the_quiet_keepalive_is_the_msg_without_data_in_any_split() -> None:
+    # {"op":"msg"} is recognised by its bytes (like ping): the shared QUIET, equal to what msgpack decodes
+    assert QUIET_FRAME == b"\x00\x00\x00\x08\x81\xa2op\xa3msg" and QUIET == Msg()
+    assert decode_client_body(QUIET_FRAME[4:]) == QUIET
+    stream = QUIET_FRAME + PING_FRAME + QUIET_FRAME + encode(Msg(None)) + QUIET_FRAME
+    for cut in range(len(stream) + 1):
+        decoder = FrameDecoder()
+        events = []
+        for chunk in (stream[:cut], stream[cut:]):
+            decoder.receive_data(chunk)
+            while (event := decoder.next_event()) is not NEED_DATA:
+                events.append(event)
+        assert events == [QUIET, PING, QUIET, Msg(None), QUIET]
+    decoder = FrameDecoder()
+    decoder.receive_data(QUIET_FRAME)
+    assert decoder.next_event() is QUIET  # a lone one: by its bytes, no msgpack
 
 
 def test_caller_buffers_are_copied_when_mutable() -> None:

@@ -43,7 +43,14 @@ Closing from elsewhere (idle, kicked, shutdown) is ``Connection.close``, which c
 through an eventfd. The plane then ends the session (``users.end``), sends the error frame (best effort: a
 fresh socket's buffer takes it), closes the socket and gives the connection's count back (``release``).
 
-Memory per adopted connection: the socket object, a ``FrameDecoder`` (~80 bytes idle), one small record,
+*The lone keepalive.* Nearly every read is one whole keepalive -- a ``ping`` or the quiet ``{"op":"msg"}``,
+12 or 13 bytes -- and nothing else. A plain connection therefore has no decoder while nothing is pending: a
+read that is exactly one of those frames is looked up by its bytes (``_LONE``), touched and answered, and any
+other read gets a ``FrameDecoder`` (the connection's ``limit``) for as long as bytes are pending. The
+descriptor is kept as an int and read and written with ``os.read`` / ``os.write``: a socket object per
+connection would cost 88 bytes and a method call per packet for nothing.
+
+Memory per adopted connection: one small record (the descriptor, no socket object, no decoder while idle)
 and the epoll registration in the kernel. The record and its ``Connection`` point at each other (the
 record is ``conn.scope``); closing unties them, so all of it is freed by reference counting at once rather
 than left in a cycle for the collector (frozen by ``idled.ops.gcpolicy``: until its next thaw).
@@ -55,14 +62,15 @@ import logging
 import math
 import os
 import select
-import socket
 from collections.abc import Callable
 from typing import Any, Final
 
 import trio
 
 from idled.door.websocket import WebSocketStream
-from idled.protocol import NEED_DATA, PONG_FRAME, Error, FrameDecoder, ProtocolError, encode
+from idled.protocol import (
+    NEED_DATA, PING, PING_FRAME, PONG_FRAME, QUIET, QUIET_FRAME, Error, FrameDecoder, ProtocolError, encode,
+)
 from idled.protocol.codec import PONG_BODY
 from idled.protocol.messages import ErrorCode
 from idled.protocol.websocket import WsDecoder, close_code, close_frame, message
@@ -78,23 +86,25 @@ RECV_BYTES: Final = 16384
 _IN = select.EPOLLIN | select.EPOLLRDHUP
 _RETRY: Final = (BlockingIOError, InterruptedError)
 _WS_PONG: Final = message(PONG_BODY)
+_LONE: Final = {PING_FRAME: PING, QUIET_FRAME: QUIET}  # a read that is one whole keepalive (module docstring)
 
 
 class Adopted:
     """One adopted connection; also its connection's ``scope`` (what ``Connection.close`` cancels)."""
 
-    __slots__ = ("plane", "fd", "key", "conn", "sock", "decoder", "out", "reading", "ws")
+    __slots__ = ("plane", "fd", "key", "conn", "decoder", "limit", "out", "reading", "ws")
 
-    def __init__(self, plane: UserPlane, key: Any, conn: Any, sock: socket.socket, decoder: FrameDecoder) -> None:
+    def __init__(self, plane: UserPlane, key: Any, conn: Any, fd: int, decoder: FrameDecoder) -> None:
         self.plane = plane
-        self.fd = sock.fileno()
+        self.fd = fd  # the socket's descriptor, ours alone (module docstring: no socket object)
         self.key = key  # the session key (a uid, or (uid, device)): what a frame touches
         self.conn = conn
-        self.sock = sock
-        self.decoder = decoder
+        self.ws = decoder if isinstance(decoder, WsDecoder) else None  # a WebSocket's (replies, close)
+        # A plain connection's decoder exists only while bytes are pending (module docstring)
+        self.decoder: FrameDecoder | None = decoder if self.ws is not None or decoder.buffered else None
+        self.limit = decoder.max_frame  # the frame limit its login was given
         self.out = b""  # pong bytes the kernel has not taken yet
         self.reading = True
-        self.ws = decoder if isinstance(decoder, WsDecoder) else None  # a WebSocket's (replies, close)
 
     def cancel(self) -> None:
         """``Connection.close`` of an adopted connection: close it at the plane's next step."""
@@ -132,16 +142,17 @@ class UserPlane:
         if type(stream) is not trio.SocketStream or self.stopped:
             return False
         trio.lowlevel.notify_closing(stream.socket)  # out of trio's epoll: ours from now on
-        sock = socket.socket(fileno=stream.socket.detach())
-        sock.setblocking(False)
-        record = Adopted(self, key, conn, sock, decoder)
+        fd = stream.socket.detach()
+        os.set_blocking(fd, False)  # (trio's sockets are already; detaching keeps it, this says so)
+        record = Adopted(self, key, conn, fd, decoder)
         self.conns[record.fd] = record
         conn.scope = record
         self.epoll.register(record.fd, _IN)
         if conn.end is not None:  # closed between the welcome and now
             self.request_close(record)
-        elif decoder.buffered or record.ws is not None and (record.ws.replies or record.ws.closed is not None):
-            self._frames(record, self.users.now())
+        elif record.decoder is not None and (
+                decoder.buffered or record.ws is not None and (record.ws.replies or record.ws.closed is not None)):
+            self._frames(record, record.decoder, self.users.now())
         return True
 
     def request_close(self, record: Adopted) -> None:
@@ -167,7 +178,7 @@ class UserPlane:
             self.stopped = True  # (a login finishing during shutdown must not register in a closed epoll)
             for fd in list(conns):
                 record = conns.pop(fd)
-                record.sock.close()
+                os.close(fd)
                 record.conn = None  # (the cycle, as in _close)
                 self.release()
             epoll.close()
@@ -202,29 +213,39 @@ class UserPlane:
 
     def _read(self, record: Adopted, now: float) -> None:
         try:
-            data = record.sock.recv(RECV_BYTES)
+            data = os.read(record.fd, RECV_BYTES)
         except _RETRY:
             return
         except OSError:
             data = b""
+        decoder = record.decoder
         if not data:
-            if record.decoder.buffered and record.conn.end is None:
+            if decoder is not None and decoder.buffered and record.conn.end is None:
                 self._failed(record, ProtocolError(
-                    ErrorCode.BAD_FRAME, f"end of stream inside a frame ({record.decoder.buffered} bytes pending)"))
+                    ErrorCode.BAD_FRAME, f"end of stream inside a frame ({decoder.buffered} bytes pending)"))
             self._close(record, "closed")
             return
-        record.decoder.receive_data(data)
-        self._frames(record, now)
+        if decoder is None:
+            message = _LONE.get(data)
+            if message is not None:  # one whole keepalive and nothing else: the commonest read of all
+                if record.conn.end is None:
+                    self.users.touch(record.key, now)
+                if message is PING:
+                    self._send(record, PONG_FRAME)
+                return
+            decoder = record.decoder = FrameDecoder(record.limit)
+        decoder.receive_data(data)
+        self._frames(record, decoder, now)
 
     def _failed(self, record: Adopted, exc: ProtocolError) -> None:
         self.reject(exc.code)
         if record.conn.end is None:
             record.conn.end = (exc.code, exc.reason)
 
-    def _frames(self, record: Adopted, now: float) -> None:
+    def _frames(self, record: Adopted, decoder: FrameDecoder, now: float) -> None:
         touch = self.users.touch
         try:
-            while (message := record.decoder.next_event()) is not NEED_DATA:
+            while (message := decoder.next_event()) is not NEED_DATA:
                 if record.conn.end is None:  # a closed connection's last frames are not anyone's activity
                     touch(record.key, now)
                 step = user_step(message)
@@ -238,7 +259,10 @@ class UserPlane:
             self._close(record, "closed")
             return
         ws = record.ws
-        if ws is not None:  # control frames: pongs owed, the peer's close (echoed in the replies)
+        if ws is None:
+            if not decoder.buffered:
+                record.decoder = None  # nothing pending: back to the lone-keepalive path
+        else:  # control frames: pongs owed, the peer's close (echoed in the replies)
             if ws.replies:
                 self._send(record, ws.take_replies())
             if ws.closed is not None:
@@ -249,7 +273,7 @@ class UserPlane:
             record.out += data
         else:
             try:
-                sent = record.sock.send(data)
+                sent = os.write(record.fd, data)
             except _RETRY:
                 sent = 0
             except OSError:
@@ -264,7 +288,7 @@ class UserPlane:
 
     def _flush(self, record: Adopted) -> None:
         try:
-            sent = record.sock.send(record.out)
+            sent = os.write(record.fd, record.out)
         except _RETRY:
             return
         except OSError:
@@ -296,10 +320,10 @@ class UserPlane:
             last = close_frame(close_code(None))  # (bye: a normal close; the peer's own close was echoed)
         if last:
             try:
-                record.sock.send(record.out + last)
+                os.write(record.fd, record.out + last)
             except OSError:
                 pass
         self.epoll.unregister(record.fd)
-        record.sock.close()
+        os.close(record.fd)
         record.conn = None  # conn.scope is this record: a cycle the collector (frozen: a thaw) would have to free
         self.release()

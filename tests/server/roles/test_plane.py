@@ -14,7 +14,7 @@ import msgpack
 import trio
 import trio.testing
 
-from idled.protocol import BYE, PING, PONG, Attach, Error, ErrorCode, Event, Msg, Welcome
+from idled.protocol import BYE, PING, PING_FRAME, PONG, QUIET_FRAME, Attach, Error, ErrorCode, Event, Msg, Welcome
 from idled.server.roles.plane import MAX_OUT
 from tests.peers import Client, Harness, running
 
@@ -43,6 +43,42 @@ async def test_pings_messages_and_bye_through_the_plane(tmp_path: Path) -> None:
         with trio.fail_after(5):
             while h.server.connections["user"]:
                 await trio.sleep(0.01)  # the plane gave the count back
+
+
+async def test_quiet_keepalives_keep_a_user_online_and_are_not_answered(tmp_path: Path) -> None:
+    # {"op":"msg"} is the quiet keepalive: activity, no answer. Only the ping at the end gets a frame back.
+    async with running(tmp_path, listen=True, tick=0.1) as h:
+        observer = await h.observer()
+        ivan = await user(h, "ivan", keepalive=1.0)  # timeout 1.5 s
+        assert (await observer.expect(Event)).kind == "online"
+        for _ in range(10):  # 3 s: twice the timeout
+            await ivan.send_raw(QUIET_FRAME)
+            await trio.sleep(0.3)
+        await ivan.send(PING)
+        # The first frame back is the pong: no answer to any quiet keepalive, and no idle_timeout either.
+        assert await ivan.recv() is PONG
+        with trio.move_on_after(0.3):
+            event = await observer.recv()
+            raise AssertionError(f"an event while ivan kept sending quiet keepalives: {event}")
+
+
+async def test_a_keepalive_split_across_reads_goes_through_a_decoder_then_back_to_none(tmp_path: Path) -> None:
+    # A plain connection has a decoder only while bytes are pending: a frame in two reads needs one, and
+    # once it is whole the connection is back on the lone-keepalive path.
+    async with running(tmp_path, listen=True) as h:
+        judy = await user(h, "judy")
+        plane = h.server.running.plane
+        assert plane is not None
+        record = next(r for r in plane.conns.values() if r.key == "judy")
+        assert record.decoder is None
+        await judy.send_raw(PING_FRAME[:5])
+        with trio.fail_after(5):
+            while record.decoder is None:
+                await trio.sleep(0.01)
+        assert record.decoder.buffered == 5
+        await judy.send_raw(PING_FRAME[5:] + PING_FRAME)  # the rest, then a whole one in the same read
+        assert await judy.recv() is PONG and await judy.recv() is PONG
+        assert record.decoder is None
 
 
 async def test_a_protocol_error_closes_that_connection_with_its_frame(tmp_path: Path) -> None:

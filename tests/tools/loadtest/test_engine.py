@@ -8,6 +8,7 @@ import functools
 import json
 import math
 import subprocess
+from collections import Counter
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ import pytest
 import trio
 
 from idled.protocol import (
-    PING, PONG_FRAME, Error, ErrorCode, FrameDecoder, Login, Welcome, encode, receive_message,
+    PING, PONG_FRAME, QUIET, Error, ErrorCode, FrameDecoder, Login, Welcome, encode, receive_message,
 )
 from idled.tools.loadtest.engine import Engine
 from idled.tools.loadtest.frames import login_frame, login_templates
@@ -32,13 +33,16 @@ def _worker(port: int, sessions: int, **extra: Any) -> Worker:
     return Worker(cfg)
 
 
-async def _peer(stream: trio.SocketStream, kill_uid: int | None, welcome_timeout: float) -> None:
+async def _peer(stream: trio.SocketStream, kill_uid: int | None, welcome_timeout: float,
+                seen: Counter[str] | None = None) -> None:
     """A minimal server: welcome (with a pong glued behind it), a pong per ping; `kill_uid` is sent
-    ``idle_timeout`` and closed after its first ping."""
+    ``idle_timeout`` and closed after its first ping. ``seen`` counts the pings and quiet keepalives."""
     decoder = FrameDecoder()
     uid = None
     try:
         while (msg := await receive_message(stream, decoder)) is not None:
+            if seen is not None:
+                seen["ping" if msg is PING else "quiet" if msg is QUIET else "other"] += 1
             if type(msg) is Login:
                 uid = msg.name
                 await stream.send_all(encode(Welcome("uid", uid, timeout=welcome_timeout)) + PONG_FRAME)
@@ -53,10 +57,11 @@ async def _peer(stream: trio.SocketStream, kill_uid: int | None, welcome_timeout
         await stream.aclose()
 
 
-async def _run_engine(w: Worker, kill_uid: int | None, max_seconds: float) -> None:
+async def _run_engine(w: Worker, kill_uid: int | None, max_seconds: float,
+                      seen: Counter[str] | None = None) -> None:
     async with trio.open_nursery() as nursery:
         listeners = await nursery.start(functools.partial(trio.serve_tcp, host="127.0.0.1"),
-                                        lambda s: _peer(s, kill_uid, 1.5), 0)
+                                        lambda s: _peer(s, kill_uid, 1.5, seen), 0)
         w.cfg["port"] = w.port = listeners[0].socket.getsockname()[1]
         w.max_seconds = max_seconds
         w.t0 = trio.current_time() + 0.05
@@ -80,6 +85,22 @@ async def test_the_engine_logs_in_pings_records_closes_and_stops_by_itself() -> 
     assert w.lag_hist.count == w.pings and w.turn_hist.count > 0
     assert set(w.marks) == {"ramp", "stop"}  # (the worker process adds "start")
     assert w.ramp_done
+
+
+@pytest.mark.parametrize("one_in", [3, 0])
+async def test_ask_one_in_n_keepalives_is_a_ping_the_others_are_quiet(one_in: int) -> None:
+    w, seen = _worker(0, 30, ask_one_in=one_in), Counter[str]()
+    await _run_engine(w, kill_uid=None, max_seconds=2.5, seen=seen)
+    assert seen["other"] == 30 and w.pings > 30  # the logins; ~2 s of 1 s keepalives
+    got = seen["ping"] + seen["quiet"]
+    lost = w.pings - got  # sent as the engine stopped, never read by the peer (cancelled with it)
+    assert 0 <= lost <= 30
+    if one_in:  # the engine's count is over all its sessions: one in N exactly, give or take the lost
+        assert abs(seen["ping"] - got / one_in) <= 1 + lost, (seen, w.pings)
+    else:
+        assert seen["ping"] == 0
+    # an answer to pings only (and, at most, the 30 glued to the welcomes)
+    assert seen["ping"] - lost <= w.pongs <= 30 + seen["ping"], (w.pongs, seen)
 
 
 async def test_a_planned_late_session_delays_one_keepalive_and_says_so() -> None:

@@ -57,6 +57,14 @@ def test_an_mqtt_keepalive_is_whole_seconds_in_16_bits(keepalive: float) -> None
         mqtt.connect("x", keepalive)  # type: ignore[arg-type]
 
 
+def test_a_qos0_publish_is_the_standards_layout() -> None:
+    # MQTT-3.3.1: type 3, flags 0 (QoS 0, not retained, no DUP); then the topic (2-byte length) and payload
+    assert mqtt.publish("k") == b"\x30\x03\x00\x01k"
+    assert mqtt.publish("a/b", b"xy") == b"\x30\x07\x00\x03a/bxy"
+    long = mqtt.publish("t", bytes(200))
+    assert long[:3] == b"\x30\xcb\x01" and len(long) == 3 + 203  # a remaining length of two bytes
+
+
 def test_the_constant_packets() -> None:
     assert (mqtt.PINGREQ, mqtt.PINGRESP, mqtt.DISCONNECT) == (b"\xc0\x00", b"\xd0\x00", b"\xe0\x00")
     assert mqtt.parse_packet(mqtt.PINGRESP) == mqtt.Packet(mqtt.PINGRESP_TYPE, 0, b"")
