@@ -56,7 +56,26 @@ class FakeTransport extends BaseTransport {
 import { encode } from "@msgpack/msgpack";
 const encodeMap = (value: object): Uint8Array => encode(value);
 
-test("pings every min(k, T/1.5) of silence; a msg postpones the next one", async () => {
+test("askAfter 0: pings every min(k, T/1.5) of silence; a msg postpones the next one", async () => {
+  const clock = new FakeClock();
+  const transports: FakeTransport[] = [];
+  const connector: Connector = async () => {
+    const t = new FakeTransport(clock, (op) => op === "login" ? { op: "welcome", uid: "a", timeout: 30 } : op === "ping" ? { op: "pong" } : null);
+    transports.push(t);
+    return t;
+  };
+  const session = new Session({ host: "fake:1", uid: "a", keepalive: 20, connector, clock, askAfter: 0 }).start();
+  await clock.advance(0);
+  assert.ok(session.connected);
+  await clock.advance(45);
+  assert.deepEqual(transports[0]!.sent.map((s) => [s.at, s.op]), [[0, "login"], [20, "ping"], [40, "ping"]]);
+  session.sendData("x"); // at 45
+  await clock.advance(70);
+  assert.deepEqual(transports[0]!.sent.slice(3).map((s) => [s.at, s.op]), [[45, "msg"], [65, "ping"]]);
+  assert.equal(session.pongs, 3);
+});
+
+test("by default most keepalives are quiet: a ping only two timeouts after the last one", async () => {
   const clock = new FakeClock();
   const transports: FakeTransport[] = [];
   const connector: Connector = async () => {
@@ -66,13 +85,14 @@ test("pings every min(k, T/1.5) of silence; a msg postpones the next one", async
   };
   const session = new Session({ host: "fake:1", uid: "a", keepalive: 20, connector, clock }).start();
   await clock.advance(0);
-  assert.ok(session.connected);
   await clock.advance(45);
-  assert.deepEqual(transports[0]!.sent.map((s) => [s.at, s.op]), [[0, "login"], [20, "ping"], [40, "ping"]]);
-  session.sendData("x"); // at 45
-  await clock.advance(70);
-  assert.deepEqual(transports[0]!.sent.slice(3).map((s) => [s.at, s.op]), [[45, "msg"], [65, "ping"]]);
-  assert.equal(session.pongs, 3);
+  assert.deepEqual(transports[0]!.sent.map((s) => [s.at, s.op]), [[0, "login"], [20, "msg"], [40, "msg"]]);
+  session.sendData("x"); // at 45: activity, not a question
+  await clock.advance(150); // (advance takes the clock to a time)
+  // 65: the welcome is 60 s (2 T) old: a ping; then quiet until the ping is 60 s old
+  assert.deepEqual(transports[0]!.sent.slice(3).map((s) => [s.at, s.op]),
+    [[45, "msg"], [65, "ping"], [85, "msg"], [105, "msg"], [125, "ping"], [145, "msg"]]);
+  assert.deepEqual([session.pings, session.quiet, session.pongs], [2, 5, 2]);
 });
 
 test("a ping unanswered for one timeout drops the connection; the backoff then counts from zero", async () => {
@@ -85,7 +105,7 @@ test("a ping unanswered for one timeout drops the connection; the backoff then c
     return t;
   };
   const delays: number[] = [];
-  const session = new Session({ host: "fake:1", uid: "a", keepalive: 2, connector, clock, backoff: { base: 1, cap: 8, random: () => 0.5 } });
+  const session = new Session({ host: "fake:1", uid: "a", keepalive: 2, connector, clock, askAfter: 0, backoff: { base: 1, cap: 8, random: () => 0.5 } });
   session.on("disconnected", ({ retryIn }) => delays.push(retryIn));
   session.start();
   await clock.advance(0);
@@ -99,6 +119,20 @@ test("a ping unanswered for one timeout drops the connection; the backoff then c
   await clock.advance(5.5);
   assert.equal(session.connections, 2);
   assert.equal(transports.length, 2);
+});
+
+test("by default a dead path is noticed within askAfter + one interval + one timeout", async () => {
+  const clock = new FakeClock();
+  const connector: Connector = async () => new FakeTransport(clock, (op) => op === "login" ? { op: "welcome", uid: "a", timeout: 3 } : null);
+  const session = new Session({ host: "fake:1", uid: "a", keepalive: 2, connector, clock, reconnect: false }).start();
+  await clock.advance(0); // welcomed at 0; nothing answers from now on
+  // quiet at 2 and 4, the ping at 6 (askAfter 2 T = 6 s), unanswered; quiet at 8 (the ping is outstanding)
+  await clock.advance(8.9);
+  assert.equal(session.connected, true);
+  assert.deepEqual([session.quiet, session.pings], [3, 1]);
+  await clock.advance(9.1); // 6 + one timeout (3 s): dropped
+  assert.equal(session.connected, false);
+  assert.equal(session.lastError?.code ?? session.error?.code, "connection_lost");
 });
 
 test("a refused first login backs off one step up, then doubles; final errors stop at once", async () => {
