@@ -22,13 +22,16 @@ themselves (see *Coalescing*). The same frame rule as the task
 loop applies (``users.user_step``): any frame is activity, ``ping`` is answered with ``pong``, ``bye`` logs
 out, anything else is a protocol error (one error frame, closed).
 
-*Coalescing.* The task polls at most once per ``COALESCE`` (10 ms): woken sooner after its last poll, it
-sleeps the rest of that time first, and takes whatever became ready meanwhile in one poll. A trio wake-up
-costs more than a keepalive (two loop turns, an ``epoll_ctl``, a second ``epoll_wait``): with keepalives
-arriving one by one -- real clients, not a load generator's bursts -- a wake-up per packet is the most of
-the plane's CPU. Traffic in bursts further apart than that (a load generator's) is served as before, at
-once. What it costs: a pong, and the time a keepalive is stamped with, up to 10 ms
-later (a later stamp moves a deadline later, never earlier). What it must not cost is the rule above, that a
+*Coalescing: readiness when idle, a timer when busy.* An idle plane waits for its epoll to turn readable
+(``wait_readable``) and serves what is ready at once. Then, as long as each poll finds something, it polls on
+a timer -- every ``COALESCE`` (20 ms) -- instead of waiting for readiness again: a trio wake-up costs more
+than several keepalives (a loop turn with its own ``epoll_wait``, and re-arming the one-shot registration
+with an ``epoll_ctl``), and with keepalives arriving one by one -- real clients -- or in a load generator's
+bursts a few ms apart, waiting for readiness would wake the task for nearly every packet or burst. On the
+timer it is one loop turn per 20 ms whatever the rate. The first poll that finds nothing puts it back on
+readiness, so an idle plane costs nothing. What it costs: a pong, and the time a keepalive is stamped with, up
+to 20 ms later (a later stamp moves a deadline later, never earlier: an offline at most one tick + 20 ms
+after the last keepalive's deadline, within the load test's bound of one tick + 50 ms). What it must not cost is the rule above, that a
 socket readable when someone judged silence has been read: whoever judges -- the tick task before it expires
 (``idled.server.engine.ticker``), an edge before it answers a mark (``idled.server.edge.link``) -- first calls
 ``drain()``, which serves every ready socket at once, synchronously.
@@ -59,7 +62,6 @@ than left in a cycle for the collector (frozen by ``idled.ops.gcpolicy``: until 
 from __future__ import annotations
 
 import logging
-import math
 import os
 import select
 from collections.abc import Callable
@@ -80,7 +82,7 @@ __all__ = ["COALESCE", "MAX_OUT", "Adopted", "UserPlane"]
 
 log = logging.getLogger("idled.server.roles.plane")
 
-COALESCE: Final = 0.010  # seconds the task lets readiness gather after a batch (module docstring)
+COALESCE: Final = 0.020  # seconds between polls while each finds work (module docstring)
 MAX_OUT: Final = 65536  # bytes of pongs a user may leave unread before the plane stops reading it
 RECV_BYTES: Final = 16384
 _IN = select.EPOLLIN | select.EPOLLRDHUP
@@ -166,14 +168,11 @@ class UserPlane:
     async def run(self) -> None:
         """Serve every adopted connection until cancelled; then close whatever is left."""
         epoll, conns = self.epoll, self.conns
-        polled = -math.inf  # trio time of the last poll
         try:
             while True:
-                await trio.lowlevel.wait_readable(epoll.fileno())
-                if (early := polled + COALESCE - trio.current_time()) > 0:
-                    await trio.sleep(early)  # coalescing (module docstring): at most one poll per COALESCE
-                polled = trio.current_time()
-                self.drain()
+                await trio.lowlevel.wait_readable(epoll.fileno())  # idle: on readiness
+                while self.drain():  # busy: on the timer until a poll finds nothing (module docstring)
+                    await trio.sleep(COALESCE)
         finally:
             self.stopped = True  # (a login finishing during shutdown must not register in a closed epoll)
             for fd in list(conns):
@@ -184,11 +183,12 @@ class UserPlane:
             epoll.close()
             os.close(self._wakeup)
 
-    def drain(self) -> None:
-        """Serve every socket ready now, in one poll, before returning (module docstring)."""
+    def drain(self) -> int:
+        """Serve every socket ready now, in one poll, before returning (module docstring); returns how many
+        were ready."""
         conns = self.conns
         if self.stopped:
-            return
+            return 0
         events = self.epoll.poll(0, len(conns) + 1)
         now = self.users.now()  # read after the poll: no frame here arrived after it
         for fd, mask in events:
@@ -210,6 +210,7 @@ class UserPlane:
                 pass
             for record in list(self._closing):
                 self._close(record, "closed")
+        return len(events)
 
     def _read(self, record: Adopted, now: float) -> None:
         try:

@@ -27,7 +27,7 @@ from idled.protocol import (
 )
 from idled.server.edge import Edge
 from tests import peers
-from tests.server.edge.test_edge_link import ScriptedCore, serve_forever, vanish_after, wait_for
+from tests.server.edge.test_edge_link import ScriptedCore, serve_forever, wait_for
 
 PHONE, LAPTOP = ("alice", "phone"), ("alice", "laptop")
 
@@ -120,9 +120,11 @@ async def test_ended_notices_close_the_connection_of_that_key_only(tmp_path: Pat
 
 
 async def test_the_reattach_after_the_link_drops_carries_every_key(tmp_path: Path) -> None:
-    core = Core(vanish_after(3))  # the first core connection dies after three frames
+    core = Core()
     async with edge_before(core, tmp_path) as port:
         clients = [await device(port, 7, f"d{i}") for i in range(3)] + [await device(port, 8, None)]
+        await wait_for(lambda: len(core.keys(Attach)) == 4)
+        await core.streams[-1].aclose()  # the link drops with all four attached (not during the logins: a race)
         await wait_for(lambda: len(core.scripted.seen) >= 2 and len(core.keys(Attach, 1)) == 4)
         assert core.frames(Attach, 1)[0] == Attach(((7, "d0"), (7, "d1"), (7, "d2"), 8), 30.0)
         for client in clients:
