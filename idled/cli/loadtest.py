@@ -203,6 +203,8 @@ def _peer_scenario(args: argparse.Namespace, sc: Scenario) -> Scenario:
                          f"the same for both peers (got {sc.keepalive:g})")
     if not 0 <= args.peer_grace <= 3600:
         raise UsageError("--peer-grace must be 0..3600 s")
+    if args.peer_ask_one_in is not None and not 0 <= args.peer_ask_one_in <= 1_000_000:
+        raise UsageError("--peer-ask-one-in must be 0..1000000")
     span = peer.silence_span(sc.keepalive)
     mqtt_sc = replace(sc, wire="mqtt")
     start = peer.steady_from(sc.ramp_end, span, max(sc.expected_timeout, mqtt_sc.expected_timeout), args.peer_grace)
@@ -347,7 +349,7 @@ def run(args: argparse.Namespace) -> int:
                 time.sleep(0.5 if args.peer else 2.0)  # let the previous server's sockets settle (--peer: another port)
             results.append(_run_one(scenario, len(scenarios) > 1, text_out))
         if args.peer:
-            document = _peer_table(scenarios[0], results, text_out)
+            document = _peer_table(scenarios[0], scenarios[1], results, text_out)
             _write(args, results, document)
         elif args.compare:
             ratios = compare_ratios(results)
@@ -388,7 +390,10 @@ def _scenarios(args: argparse.Namespace, scenario: Scenario) -> list[Scenario]:
     """The runs to make: one, or one per --compare detector, or one per --sweep-workers value, or (--peer) idled
     then the broker, the broker judged with a bound of its timeout + --peer-grace."""
     if args.peer:
-        return [scenario, _broker(scenario, args.peer_grace)]
+        broker = _broker(scenario, args.peer_grace)
+        if args.peer_ask_one_in is not None:
+            broker = replace(broker, ask_one_in=args.peer_ask_one_in)
+        return [scenario, broker]
     if args.compare and args.sweep_workers:
         raise UsageError("give --compare or --sweep-workers, not both")
     if args.sweep_workers:
@@ -408,15 +413,20 @@ def _scenarios(args: argparse.Namespace, scenario: Scenario) -> list[Scenario]:
     return [replace(scenario, detector=detector) for detector in detectors]
 
 
-def _peer_table(sc: Scenario, results: list[dict[str, Any]], out: Any) -> dict[str, Any]:
+def _asks(one_in: int) -> str:
+    return {1: "every keepalive a ping", 0: "every keepalive quiet"}.get(
+        one_in, f"one keepalive in {one_in} a ping, the others quiet")
+
+
+def _peer_table(sc: Scenario, broker: Scenario, results: list[dict[str, Any]], out: Any) -> dict[str, Any]:
     """Print the --peer table (both rows, the ratios) and return the JSON document."""
     binary = find_mosquitto()
     names = [f"idled serve {' '.join(without_flag(list(sc.server_args), '--tick')) or ''}".strip(),
              f"mosquitto {mosquitto_version(binary) if binary else '?'}"]
     rows = [peer.peer_row(r, name) for r, name in zip(results, names)]
     ratios = peer.peer_ratios(rows[0], rows[1])
-    asks = {1: "every keepalive a ping", 0: "every keepalive quiet"}.get(
-        sc.ask_one_in, f"one keepalive in {sc.ask_one_in} a ping, the others quiet")
+    asks = _asks(sc.ask_one_in) if broker.ask_one_in == sc.ask_one_in else (
+        f"idled: {_asks(sc.ask_one_in)}; mosquitto: {_asks(broker.ask_one_in)}")
     title = (f"peer comparison: {sc.sessions:,} connections, keepalive {sc.keepalive:g} s ({asks}), "
              f"{sc.silent_fraction:.1%} silenced, {sc.workers} client processes, steady window from "
              f"{sc.steady_from:.0f} s to {sc.duration:.0f} s; lateness = offline (idled) or close (mosquitto) "

@@ -62,6 +62,9 @@ def _server_flags(where: argparse._ArgumentGroup) -> None:
                        help=f"with --peer: seconds past its timeout a silent session may be closed before it counts "
                             f"as missed by the broker (MQTT sets no bound; idled keeps its own, 2 ticks); the steady "
                             f"window starts after it (default {DEFAULT_GRACE:g})")
+    where.add_argument("--peer-ask-one-in", type=int, metavar="N",
+                       help="with --peer: the broker's users' --ask-one-in (default: the same as idled's); 1 is what "
+                            "MQTT clients do, a PINGREQ for every keepalive")
     where.add_argument("--sweep-workers", metavar="W1,W2,...",
                        help="run the scenario once per `idled serve --workers` value (spawning a server each), e.g. "
                             "0,1,2,4, and print logins and keepalives per server CPU-second side by side")

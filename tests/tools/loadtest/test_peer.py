@@ -36,13 +36,13 @@ def test_idled_and_mosquitto_side_by_side(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "idled.cli.main", "loadtest", "--peer", "mqtt", "--quiet", "--json", str(out),
          "--connections", str(CONNECTIONS), "--ramp", "3000", "--keepalive", "2", "--peer-grace", "7", "--bye-fraction", "0.01",
-         "--duration", "14"],
+         "--duration", "14", "--ask-one-in", "3"],  # two keepalives in three quiet (idled's msg, MQTT's PUBLISH)
         capture_output=True, text=True, timeout=90, cwd=tmp_path)
     print(proc.stdout)
     print(proc.stderr[-3000:], file=sys.stderr)
     assert proc.returncode == 0, proc.stderr[-2000:]
     # both rows and the ratios, printed
-    assert "peer comparison: 300 connections, keepalive 2 s" in proc.stdout
+    assert "peer comparison: 300 connections, keepalive 2 s (one keepalive in 3 a ping" in proc.stdout
     rows = [line for line in proc.stdout.splitlines() if line.startswith(("idled serve --workers 0", "mosquitto 2."))]
     assert len(rows) == 2, proc.stdout
     assert any(line.startswith("idled / mosquitto") for line in proc.stdout.splitlines())
