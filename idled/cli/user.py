@@ -1,8 +1,9 @@
 """`idled user UID`: log in as a user from the terminal and keep the session alive, printing what happens.
 
-The session is the client library's (`idled.client.trio.open_session`): it pings whenever it has sent
-nothing for the interval its timeout calls for, and this command prints the welcome (with the timeout the
-daemon granted), each ping and pong, and how the session ended. Ctrl-C logs out (``bye``: the daemon records
+The session is the client library's (`idled.client.trio.open_session`): it sends a keepalive whenever it
+has sent nothing for the interval its timeout calls for -- a ping once the last one is ``--ask-after``
+seconds old, else the quiet keepalive -- and this command prints the welcome (with the timeout the daemon
+granted), each ping, quiet keepalive and pong, and how the session ended. Ctrl-C logs out (``bye``: the daemon records
 reason ``logout``) and exits 0.
 
 ``--silent`` logs in and then sends nothing at all, so the daemon marks the user offline after its timeout
@@ -36,6 +37,7 @@ from idled.client.link import Conn
 from idled.client.session import Session
 from idled.client.trio import TRIO, running
 from idled.ops.fatal import EXIT_OK
+from idled.protocol import PING_FRAME, QUIET_FRAME
 
 __all__ = ["add_arguments", "run"]
 
@@ -51,10 +53,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="log in as this device of the user (1..64 bytes): sessions of other devices of the "
                              "same uid stay; the same device again replaces this one (default none: the user's "
                              "one plain session)")
+    parser.add_argument("--ask-after", type=_seconds, default=None, metavar="SECONDS",
+                        help="a keepalive asks for an answer (a ping) once the last ping is this old, else it is "
+                             "the quiet keepalive (default: two timeouts; 0: every keepalive a ping)")
     parser.add_argument("--silent", action="store_true",
                         help="log in, then send nothing: wait for the idle timeout and exit 0 (default off)")
-    parser.add_argument("--quiet", "-q", action="store_true", help="do not print each ping and pong (default off)")
+    parser.add_argument("--quiet", "-q", action="store_true",
+                        help="do not print each keepalive and pong (default off)")
     add_client_arguments(parser)
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 seconds, got {text!r}")
+    return value
 
 
 def _device(text: str) -> str:
@@ -83,8 +96,8 @@ class TerminalSession(Following, Session):
 
     def _sent(self, frame: bytes) -> None:
         super()._sent(frame)
-        if not self.quiet:
-            say("ping")
+        if not self.quiet and (frame is PING_FRAME or frame is QUIET_FRAME):
+            say("ping" if frame is PING_FRAME else "keepalive (quiet)")
 
     async def _on_message(self, message: Any) -> None:
         await super()._on_message(message)
@@ -101,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     async def body(interrupt: Interrupt) -> int:
         token = token_for(args, "uid", args.uid)
         session = TerminalSession(TRIO, args.host, args.port, args.uid, token=token, keepalive=args.keepalive,
-                                  device=args.device, reconnect=False, connect_timeout=args.connect_timeout,
+                                  device=args.device, ask_after=args.ask_after, reconnect=False, connect_timeout=args.connect_timeout,
                                   ssl_context=tls_context(args), silent=args.silent, quiet=args.quiet,
                                   backoff=FOLLOW_BACKOFF)
         session.follow = follower(args, PROG)

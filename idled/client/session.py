@@ -54,7 +54,7 @@ class Session(Link):
         self.keepalive = keepalive
         self.ask_after = ask_after  # None: default_ask_after(the welcome's timeout)
         self.pings = 0  # keepalives that asked for an answer (and pings sent by `ping()`)
-        self.quiet = 0  # keepalives that did not
+        self.quiet_keepalives = 0  # keepalives that did not
         self.pongs = 0
         self._timer = KeepaliveTimer(None, 0.0)  # replaced at each welcome; no clock read outside a loop
         self._ping_sent: float | None = None  # when the unanswered ping went out
@@ -96,7 +96,7 @@ class Session(Link):
             if self._ping_sent is None:
                 self._ping_sent = now
         elif frame is QUIET_FRAME:
-            self.quiet += 1
+            self.quiet_keepalives += 1
 
     async def _on_welcome(self, conn: Conn, welcome: Welcome) -> None:
         self._timer = KeepaliveTimer(ping_interval(welcome.timeout, self.keepalive), self.runtime.now())

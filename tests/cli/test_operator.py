@@ -124,7 +124,7 @@ def test_first_five_minutes_user_goes_idle_and_watch_sees_it(daemon: LiveDaemon)
 
 
 def test_user_online_query_status_and_ctrl_c_logs_out(daemon: LiveDaemon) -> None:
-    user = subprocess.Popen([*IDLED, "user", "bob", "--keepalive", "1", *daemon.client_flags()],
+    user = subprocess.Popen([*IDLED, "user", "bob", "--keepalive", "1", "--ask-after", "0", *daemon.client_flags()],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 20
@@ -146,7 +146,7 @@ def test_user_online_query_status_and_ctrl_c_logs_out(daemon: LiveDaemon) -> Non
         if user.poll() is None:
             user.kill()
     assert user.returncode == 0
-    assert "pong" in out and "logged out (bye)" in out
+    assert "ping" in out and "pong" in out and "quiet" not in out and "logged out (bye)" in out  # --ask-after 0
     replay = idled("watch", *daemon.client_flags(), "--from", "1", "--count", "2").stdout
     assert "bob  offline  logout" in replay
 

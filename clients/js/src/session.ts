@@ -57,7 +57,7 @@ export class Session extends Link<SessionEvents> {
   /** Keepalives that asked for an answer (and pings sent by `ping()`). */
   pings = 0;
   /** Keepalives that did not. */
-  quiet = 0;
+  quietKeepalives = 0;
   pongs = 0;
   private readonly token: SessionOptions["token"];
   private timer = new KeepaliveTimer(null, 0);
@@ -164,7 +164,7 @@ export class Session extends Link<SessionEvents> {
       if (asksForAnswer(now, this.asked, this.pingSent, askAfter)) {
         this.send({ op: "ping" });
       } else if (this.send({ op: "msg" })) {
-        this.quiet += 1;
+        this.quietKeepalives += 1;
       }
     }
     if (this.connected) this.schedule();

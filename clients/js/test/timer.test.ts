@@ -92,7 +92,7 @@ test("by default most keepalives are quiet: a ping only two timeouts after the l
   // 65: the welcome is 60 s (2 T) old: a ping; then quiet until the ping is 60 s old
   assert.deepEqual(transports[0]!.sent.slice(3).map((s) => [s.at, s.op]),
     [[45, "msg"], [65, "ping"], [85, "msg"], [105, "msg"], [125, "ping"], [145, "msg"]]);
-  assert.deepEqual([session.pings, session.quiet, session.pongs], [2, 5, 2]);
+  assert.deepEqual([session.pings, session.quietKeepalives, session.pongs], [2, 5, 2]);
 });
 
 test("a ping unanswered for one timeout drops the connection; the backoff then counts from zero", async () => {
@@ -129,7 +129,7 @@ test("by default a dead path is noticed within askAfter + one interval + one tim
   // quiet at 2 and 4, the ping at 6 (askAfter 2 T = 6 s), unanswered; quiet at 8 (the ping is outstanding)
   await clock.advance(8.9);
   assert.equal(session.connected, true);
-  assert.deepEqual([session.quiet, session.pings], [3, 1]);
+  assert.deepEqual([session.quietKeepalives, session.pings], [3, 1]);
   await clock.advance(9.1); // 6 + one timeout (3 s): dropped
   assert.equal(session.connected, false);
   assert.equal(session.lastError?.code ?? session.error?.code, "connection_lost");
