@@ -117,8 +117,7 @@ class Engine(ConnTable):
         self.wire = wire = wire_for(w)
         self.ws = wire.name == "websocket"
         self.ping_frame, self.bye_frame, self.pong_frame = wire.ping, wire.bye, wire.pong
-        # --ask-one-in N: one keepalive in N (counted over all of the worker's sessions) asks for an answer,
-        # the others are the wire's quiet keepalive; 0: none asks
+        # --ask-one-in N: one keepalive in N (over all the worker's sessions) asks for an answer; 0: none
         self.quiet_frame, self.ask_one_in, self.asked = wire.quiet, int(w.cfg.get("ask_one_in", 1)), 0
         self.closes_are_events = wire.closes_are_events
         self.heads: set[int] = set()  # sessions whose upgrade answer (101) has not arrived yet
@@ -476,12 +475,9 @@ class Engine(ConnTable):
         w.frames += sent
 
     def _keepalive(self) -> bytes:
-        """The next keepalive's bytes: a ping (answered), or the quiet keepalive (``--ask-one-in``)."""
-        every = self.ask_one_in
-        if every == 1:
-            return self.ping_frame
+        """The next keepalive: a ping (answered) one time in ``--ask-one-in`` N, else the quiet one (0: never)."""
         self.asked += 1
-        if every and self.asked >= every:
+        if self.ask_one_in and self.asked >= self.ask_one_in:
             self.asked = 0
             return self.ping_frame
         return self.quiet_frame
