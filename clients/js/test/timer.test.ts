@@ -56,7 +56,8 @@ class FakeTransport extends BaseTransport {
 import { encode } from "@msgpack/msgpack";
 const encodeMap = (value: object): Uint8Array => encode(value);
 
-test("askAfter 0: pings every min(k, T/1.5) of silence; a msg postpones the next one", async () => {
+/** A fake clock and a connector whose transports welcome with timeout 30 and answer every ping. */
+function ponging(): { clock: FakeClock; transports: FakeTransport[]; connector: Connector } {
   const clock = new FakeClock();
   const transports: FakeTransport[] = [];
   const connector: Connector = async () => {
@@ -64,6 +65,11 @@ test("askAfter 0: pings every min(k, T/1.5) of silence; a msg postpones the next
     transports.push(t);
     return t;
   };
+  return { clock, transports, connector };
+}
+
+test("askAfter 0: pings every min(k, T/1.5) of silence; a msg postpones the next one", async () => {
+  const { clock, transports, connector } = ponging();
   const session = new Session({ host: "fake:1", uid: "a", keepalive: 20, connector, clock, askAfter: 0 }).start();
   await clock.advance(0);
   assert.ok(session.connected);
@@ -76,13 +82,7 @@ test("askAfter 0: pings every min(k, T/1.5) of silence; a msg postpones the next
 });
 
 test("by default most keepalives are quiet: a ping only two timeouts after the last one", async () => {
-  const clock = new FakeClock();
-  const transports: FakeTransport[] = [];
-  const connector: Connector = async () => {
-    const t = new FakeTransport(clock, (op) => op === "login" ? { op: "welcome", uid: "a", timeout: 30 } : op === "ping" ? { op: "pong" } : null);
-    transports.push(t);
-    return t;
-  };
+  const { clock, transports, connector } = ponging();
   const session = new Session({ host: "fake:1", uid: "a", keepalive: 20, connector, clock }).start();
   await clock.advance(0);
   await clock.advance(45);
