@@ -40,7 +40,7 @@ from idled.tools.loadtest.ipc import IpcError
 from idled.tools.loadtest.mosquitto import find_mosquitto, mosquitto_version
 from idled.tools.loadtest.observer import ObserverLost
 from idled.tools.loadtest.rates import sweep_rows, sweep_table
-from idled.tools.loadtest.report import clean_json, compare_ratios, compare_text, plot_results, summary_text
+from idled.tools.loadtest.report import asks_text, clean_json, compare_ratios, compare_text, plot_results, summary_text
 from idled.tools.loadtest.run import run_scenario
 from idled.tools.loadtest.scenario import (
     DEFAULT_RAMP_GATEWAY_SESSIONS, DEFAULT_RAMP_USERS, MAX_PER_WORKER, SOURCES_PER, Scenario, flag_value,
@@ -413,11 +413,6 @@ def _scenarios(args: argparse.Namespace, scenario: Scenario) -> list[Scenario]:
     return [replace(scenario, detector=detector) for detector in detectors]
 
 
-def _asks(one_in: int) -> str:
-    return {1: "every keepalive a ping", 0: "every keepalive quiet"}.get(
-        one_in, f"one keepalive in {one_in} a ping, the others quiet")
-
-
 def _peer_table(sc: Scenario, broker: Scenario, results: list[dict[str, Any]], out: Any) -> dict[str, Any]:
     """Print the --peer table (both rows, the ratios) and return the JSON document."""
     binary = find_mosquitto()
@@ -425,8 +420,8 @@ def _peer_table(sc: Scenario, broker: Scenario, results: list[dict[str, Any]], o
              f"mosquitto {mosquitto_version(binary) if binary else '?'}"]
     rows = [peer.peer_row(r, name) for r, name in zip(results, names)]
     ratios = peer.peer_ratios(rows[0], rows[1])
-    asks = _asks(sc.ask_one_in) if broker.ask_one_in == sc.ask_one_in else (
-        f"idled: {_asks(sc.ask_one_in)}; mosquitto: {_asks(broker.ask_one_in)}")
+    asks = asks_text(sc.ask_one_in) if broker.ask_one_in == sc.ask_one_in else (
+        f"idled: {asks_text(sc.ask_one_in)}; mosquitto: {asks_text(broker.ask_one_in)}")
     title = (f"peer comparison: {sc.sessions:,} connections, keepalive {sc.keepalive:g} s ({asks}), "
              f"{sc.silent_fraction:.1%} silenced, {sc.workers} client processes, steady window from "
              f"{sc.steady_from:.0f} s to {sc.duration:.0f} s; lateness = offline (idled) or close (mosquitto) "

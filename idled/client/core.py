@@ -12,8 +12,9 @@ a third of the timeout before the deadline even when the server capped T (one lo
 link does not take the user offline). Any frame sent (`msg`) counts as activity and postpones the ping.
 Most keepalives ask for no answer: `asks_for_answer` makes one a `ping` (answered with a `pong`) only when
 the last ping (or the welcome) is `ask_after` seconds old (default two timeouts, `default_ask_after`) and
-has been answered; the others are the quiet keepalive `{"op":"msg"}`, activity the server does not answer. A pong costs the server a send -- most of a keepalive's CPU on a loopback measurement -- and proves
-only what one pong per `ask_after` proves as well: that the path and the server's loop are alive.
+has been answered; the others are the quiet keepalive `{"op":"msg"}`, activity the server does not answer. A
+pong costs the server a send (a fifth of a keepalive's CPU at 4,700 a second, docs/peer.md) and proves only
+what one pong per `ask_after` proves as well: that the path and the server's loop are alive.
 
 *Backoff.* Attempt n (0-based) waits uniform(0, min(cap, base * 2**n)) seconds: "full jitter", so that 100k
 clients cut off by one restart spread their return over the whole window instead of arriving in lockstep.
@@ -59,7 +60,8 @@ from idled.protocol import check_device as _check_device
 from idled.protocol import check_key as _check_key
 
 __all__ = [
-    "ping_interval", "default_ask_after", "asks_for_answer", "default_durable", "Backoff", "KeepaliveTimer", "GatewayBatcher", "ObserverCursor",
+    "ping_interval", "default_ask_after", "asks_for_answer", "default_durable", "Backoff", "KeepaliveTimer",
+    "GatewayBatcher", "ObserverCursor",
     "DEFAULT_FLUSH_INTERVAL", "DEFAULT_MAX_PENDING", "check_device", "check_key", "uid_chunks",
 ]
 
@@ -75,8 +77,8 @@ def default_durable(after: int | None) -> bool:
 
 
 def default_ask_after(timeout: float) -> float:
-    """Seconds without a frame from the server after which a keepalive asks for an answer: two timeouts, at
-    least a second (at the default keepalive, one keepalive in three is a ping)."""
+    """Seconds after the last ping (or the welcome) at which a keepalive asks for an answer again: two
+    timeouts, at least a second (at the default keepalive, one keepalive in three is a ping)."""
     return max(2.0 * timeout, 1.0)
 
 

@@ -8,7 +8,7 @@ their own module.
 """
 
 from idled.protocol.codec import BYE_FRAME, PING_FRAME, PONG_FRAME, QUIET_FRAME, decode_client_body, decode_server_body, encode
-from idled.protocol.framing import FrameDecoder
+from idled.protocol.framing import KEEPALIVE_FRAMES, FrameDecoder
 from idled.protocol.messages import (
     DEFAULT_MAX_FRAME, MAX_FRAME_LIMIT, MAX_UID_BYTES, MAX_DEVICE_BYTES, MAX_NAME_BYTES, MAX_TOKEN_CHARS, MIN_KEEPALIVE,
     MAX_KEEPALIVE, MAX_INT_UID, MAX_SEQ, MAX_DATA_DEPTH, ROLES, ErrorCode, ProtocolError, NEED_DATA,
@@ -29,6 +29,6 @@ __all__ = [
     "ENDED_REASONS", "DETACH_REASONS", "PING", "BYE",
     "PONG", "QUIET", "ClientMessage", "ServerMessage", "Message", "parse_client_message", "parse_server_message",
     "check_uid", "check_device", "check_key", "PING_FRAME", "BYE_FRAME", "PONG_FRAME", "QUIET_FRAME", "encode", "decode_client_body",
-    "decode_server_body", "FrameDecoder", "RECEIVE_BYTES", "ByteStream", "messages", "receive_message",
+    "decode_server_body", "FrameDecoder", "KEEPALIVE_FRAMES", "RECEIVE_BYTES", "ByteStream", "messages", "receive_message",
     "Watch", "Unwatch", "Replicate",
 ]

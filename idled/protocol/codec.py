@@ -68,7 +68,6 @@ PING_FRAME: Final = _frame({"op": "ping"})
 BYE_FRAME: Final = _frame({"op": "bye"})
 PONG_FRAME: Final = _frame({"op": "pong"})
 # The quiet keepalive: a msg without data -- activity that asks for no answer (protocol.md, "Keepalives").
-QUIET_BODY: Final = _packb({"op": "msg"})
 QUIET_FRAME: Final = _frame({"op": "msg"})
 def _encode_login(m: Login) -> bytes:
     d: dict[str, Any] = {"op": "login", m.role: m.name}

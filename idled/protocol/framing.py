@@ -36,32 +36,39 @@ from collections.abc import Callable
 from typing import Any, Final, NoReturn, TypeAlias
 
 from idled.protocol.codec import (
-    HEADER, PING_BODY, PING_FRAME, PONG_BODY, PONG_FRAME, QUIET_BODY, QUIET_FRAME, body_decoder, decode_client_body, decode_server_body,
+    HEADER, PING_FRAME, PONG_FRAME, QUIET_FRAME, body_decoder, decode_client_body, decode_server_body,
 )
 from idled.protocol.messages import (
     DEFAULT_MAX_FRAME, MAX_FRAME_LIMIT, NEED_DATA, PING, PONG, QUIET, ErrorCode, NeedData, ProtocolError,
 )
 from idled.protocol.parse import parse_client_message, parse_server_message
 
-__all__ = ["FrameDecoder"]
+__all__ = ["FrameDecoder", "KEEPALIVE_FRAMES"]
 
 Parse: TypeAlias = Callable[[Any], Any]
 _unpack_header = HEADER.unpack_from
 
-# parse function -> (canonical frames -> their messages, canonical bodies -> their messages, body decoder):
-# the keepalives of each direction -- a client's ping and quiet keepalive, a server's pong -- are recognised by
-# one dict lookup of their bytes, without calling msgpack at all.
+# A client's keepalives, frame -> message: ping and the quiet keepalive. Recognised by one dict lookup of their
+# bytes, without calling msgpack at all (here, and by the user plane on a read that is one of them).
+KEEPALIVE_FRAMES: Final = {PING_FRAME: PING, QUIET_FRAME: QUIET}
+
+
+def _profile(frames: dict[bytes, Any], decode: Callable[[bytes], Any]) -> tuple[Any, ...]:
+    """(canonical frames -> messages, their bodies -> messages, body decoder)."""
+    return frames, {frame[4:]: message for frame, message in frames.items()}, decode
+
+
+# parse function -> its profile: the keepalives of each direction (a client's, a server's pong) by their bytes
 _PROFILES: Final[dict[Parse, tuple[Any, ...]]] = {
-    parse_client_message: ({PING_FRAME: PING, QUIET_FRAME: QUIET}, {PING_BODY: PING, QUIET_BODY: QUIET},
-                           decode_client_body),
-    parse_server_message: ({PONG_FRAME: PONG}, {PONG_BODY: PONG}, decode_server_body),
+    parse_client_message: _profile(KEEPALIVE_FRAMES, decode_client_body),
+    parse_server_message: _profile({PONG_FRAME: PONG}, decode_server_body),
 }
 
 
 @functools.lru_cache(maxsize=32)
 def _profile_for(parse: Parse) -> tuple[Any, ...]:
     """A custom parse function gets no fast path; its decoder is built once, not per connection."""
-    return ({}, {}, body_decoder(parse))
+    return _profile({}, body_decoder(parse))
 
 
 class FrameDecoder:

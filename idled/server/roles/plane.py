@@ -45,7 +45,8 @@ fresh socket's buffer takes it), closes the socket and gives the connection's co
 
 *The lone keepalive.* Nearly every read is one whole keepalive -- a ``ping`` or the quiet ``{"op":"msg"}``,
 12 or 13 bytes -- and nothing else. A plain connection therefore has no decoder while nothing is pending: a
-read that is exactly one of those frames is looked up by its bytes (``_LONE``), touched and answered, and any
+read that is exactly one of those frames is looked up by its bytes (``KEEPALIVE_FRAMES``, the decoder's own
+table), touched and answered, and any
 other read gets a ``FrameDecoder`` (the connection's ``limit``) for as long as bytes are pending. (The
 socket object stays: ``os.read`` / ``os.write`` on the bare descriptor would save its 88 bytes, but here
 they cost twice the system time of ``recv`` / ``send`` -- 17 against 9 us per keepalive, measured.)
@@ -70,7 +71,7 @@ import trio
 
 from idled.door.websocket import WebSocketStream
 from idled.protocol import (
-    NEED_DATA, PING, PING_FRAME, PONG_FRAME, QUIET, QUIET_FRAME, Error, FrameDecoder, ProtocolError, encode,
+    KEEPALIVE_FRAMES, NEED_DATA, PING, PONG_FRAME, Error, FrameDecoder, ProtocolError, encode,
 )
 from idled.protocol.codec import PONG_BODY
 from idled.protocol.messages import ErrorCode
@@ -87,7 +88,6 @@ RECV_BYTES: Final = 16384
 _IN = select.EPOLLIN | select.EPOLLRDHUP
 _RETRY: Final = (BlockingIOError, InterruptedError)
 _WS_PONG: Final = message(PONG_BODY)
-_LONE: Final = {PING_FRAME: PING, QUIET_FRAME: QUIET}  # a read that is one whole keepalive (module docstring)
 
 
 class Adopted:
@@ -152,9 +152,8 @@ class UserPlane:
         self.epoll.register(record.fd, _IN)
         if conn.end is not None:  # closed between the welcome and now
             self.request_close(record)
-        elif record.decoder is not None and (
-                decoder.buffered or record.ws is not None and (record.ws.replies or record.ws.closed is not None)):
-            self._frames(record, record.decoder, self.users.now())
+        elif decoder.buffered or record.ws is not None and (record.ws.replies or record.ws.closed is not None):
+            self._frames(record, decoder, self.users.now())  # (the record keeps this decoder: see Adopted)
         return True
 
     def request_close(self, record: Adopted) -> None:
@@ -228,7 +227,7 @@ class UserPlane:
             self._close(record, "closed")
             return
         if decoder is None:
-            message = _LONE.get(data)
+            message = KEEPALIVE_FRAMES.get(data)
             if message is not None:  # one whole keepalive and nothing else: the commonest read of all
                 if record.conn.end is None:
                     self.users.touch(record.key, now)

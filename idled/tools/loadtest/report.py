@@ -10,7 +10,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["targets", "summary_text", "compare_ratios", "compare_text", "format_table", "plot_results", "clean_json"]
+__all__ = ["targets", "asks_text", "summary_text", "compare_ratios", "compare_text", "format_table", "plot_results", "clean_json"]
 
 RSS_PER_CONNECTION_LIMIT = 8 * 1024  # bytes
 TLS_RSS_PER_CONNECTION_LIMIT = 32 * 1024  # bytes, with --tls: an OpenSSL connection's state (docs/tls.md)
@@ -81,6 +81,12 @@ def _lat(summary: dict[str, Any]) -> str:
             f"min {_ms(summary['min'])})")
 
 
+def asks_text(one_in: int) -> str:
+    """What ``--ask-one-in`` N makes of the keepalives, in words."""
+    return {1: "every keepalive a ping", 0: "every keepalive quiet"}.get(
+        one_in, f"one keepalive in {one_in} a ping, the others quiet")
+
+
 def summary_text(result: dict[str, Any]) -> str:
     sc = result["scenario"]
     v = result["verdict"]
@@ -93,7 +99,7 @@ def summary_text(result: dict[str, Any]) -> str:
         what += f" ({sc['sessions'] // sc['devices']} users x {sc['devices']} devices; events are per user)"
     lines = [
         f"idled loadtest: {what}, keepalive {sc['keepalive']:g} s (timeout {result['timeout']:g} s"
-        + ("" if sc.get("ask_one_in", 1) == 1 else f"; a ping one in {sc['ask_one_in']}, the others quiet")
+        + ("" if sc.get("ask_one_in", 1) == 1 else f"; {asks_text(sc['ask_one_in'])}")
         + "), "
         f"tick {sc['tick']:g} s, "
         + ("against mosquitto" if sc.get("wire") == "mqtt" else f"detector {result['detector'] or '(default)'}")
