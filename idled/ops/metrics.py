@@ -17,9 +17,10 @@ There are two kinds of metric:
   and a custom collector turns it into gauges *at scrape time*.
 
 The snapshot must be read on the trio event loop (the presence table is not thread-safe), yet the
-scrape must not run on the loop: the standard process collector counts ``/proc/self/fd`` to
-export ``process_open_fds``, and that listing costs ~21 ms with 19k fds open (measured here,
-~0.11 ms per 100 fds), ~110 ms at 100k connections -- the very stall idled exists to avoid. So
+scrape must not run on the loop: rendering takes milliseconds, and prometheus_client's own process collector
+listed ``/proc/self/fd`` to export ``process_open_fds`` -- ~21 ms with 19k fds open, ~110 ms at 100k
+connections, the very stall idled exists to avoid. (``idled.ops.procstats`` now counts them with one
+``stat`` where the kernel allows, and lists only on kernels before 6.2.) So
 :func:`idled.ops.http.serve_metrics` renders in a worker thread (``trio.to_thread.run_sync``), and the snapshot
 collector hops back onto the loop for just the snapshot call (``trio.from_thread.run_sync`` with
 the token captured when the snapshot was registered). Every value in one scrape therefore comes
@@ -43,13 +44,13 @@ from prometheus_client import (
     Gauge,
     Histogram,
     PlatformCollector,
-    ProcessCollector,
     generate_latest,
 )
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from idled import __version__
+from idled.ops.procstats import ProcessStats
 
 __all__ = [
     "CONTENT_TYPE",
@@ -321,7 +322,7 @@ class Metrics:
         self._snapshot = _SnapshotCollector()
         r.register(self._snapshot)
         if process_collectors:
-            ProcessCollector(registry=r)
+            r.register(ProcessStats())
             GCCollector(registry=r)
             PlatformCollector(registry=r)
 
