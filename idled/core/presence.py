@@ -78,7 +78,7 @@ from idled.core.detector import Detector, DetectorStats, Entry
 from idled.core.devices import DEFAULT_MAX_DEVICES, MAX_DEVICES_LIMIT, SessionKey, Uid, UserKeys, uid_of
 from idled.core.events import PresenceEvent
 from idled.core.grace import MAX_OFFLINE_GRACE, GraceQueue, Pending
-from idled.core.timeouts import ticks_for, timeout_for
+from idled.core.timeouts import SharedTimeouts, ticks_for, timeout_for
 from idled.core.watermarks import Holds
 
 __all__ = [
@@ -123,6 +123,7 @@ class PresenceTable:
         "_detector", "_sessions", "_plain_touch", "_touch_entry", "_detector_name",  # the detector and its map
         "_tick", "_timeout", "_timeout_ticks", "_max_timeout", "_next_seq",
         "_tick_low", "_tick_high", "_tick_now",  # the activity-tick cache
+        "_timeouts", "_own_tick_now",  # what sessions of the same non-default timeout share
         "_ending", "_user_keys", "_users", "_grace_queue", "_grace", "holds",
     )
 
@@ -159,6 +160,8 @@ class PresenceTable:
         # Cache of the current activity tick: one int object shared by every touch within a tick.
         self._tick_low = self._tick_high = math.inf
         self._tick_now = 0
+        self._timeouts = SharedTimeouts(timeout)  # and _own_tick_now: 24 + 32 bytes a session would hold else
+        self._own_tick_now = 0
         self._ending: list[SessionKey] = []  # end_all's snapshot of the keys still to end
         # Sessions due while their owner's watermark lagged (see idled.core.watermarks).
         self.holds: Holds[SessionEntry] = Holds()
@@ -189,8 +192,11 @@ class PresenceTable:
         return math.ceil((now + timeout) / self._tick - 1e-9)
 
     def _own_tick(self, session: SessionEntry, now: float) -> int:
-        """The activity tick of a session whose timeout is not the default."""
-        return self._due_tick(now, session.seconds) - session.timeout
+        """The activity tick of a session whose timeout is not the default (the last one's int if equal)."""
+        tick = self._due_tick(now, session.seconds) - session.timeout
+        if tick != self._own_tick_now:
+            self._own_tick_now = tick
+        return self._own_tick_now
 
     # -- changes ------------------------------------------------------------------------------------------
 
@@ -202,7 +208,7 @@ class PresenceTable:
         ``max_devices`` -- as (key, owner) for the caller to tell ``kicked``, or None; the online event or
         None)."""
         timeout = self.timeout_for(keepalive)
-        session = SessionEntry(owner, now, self._timeout if timeout == self._timeout else timeout)
+        session = SessionEntry(owner, now, self._timeouts.share(timeout))
         old = self._sessions.get(key)
         if old is None and self.holds.held:
             old = self.holds.take(key)
@@ -256,7 +262,8 @@ class PresenceTable:
             self._detector.add(key, self._activity_tick(now), None, session)
         else:
             ticks = self.ticks_for(session.seconds)
-            self._detector.add(key, self._due_tick(now, session.seconds) - ticks, ticks, session)
+            session.timeout = ticks  # (_own_tick reads it)
+            self._detector.add(key, self._own_tick(session, now), ticks, session)
 
     def _take(self, key: SessionKey) -> SessionEntry | None:
         """Take ``key``'s session out of the detector (or the holds), whoever owns it."""

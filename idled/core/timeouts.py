@@ -17,7 +17,10 @@ from __future__ import annotations
 import math
 from typing import Final
 
-__all__ = ["DEFAULT_MAX_TIMEOUT", "DEFAULT_TICK", "DEFAULT_TIMEOUT", "KEEPALIVE_FACTOR", "ticks_for", "timeout_for"]
+__all__ = [
+    "DEFAULT_MAX_TIMEOUT", "DEFAULT_TICK", "DEFAULT_TIMEOUT", "KEEPALIVE_FACTOR", "SharedTimeouts", "ticks_for",
+    "timeout_for",
+]
 
 KEEPALIVE_FACTOR: Final = 1.5  # seconds of silence allowed per second of promised keepalive
 DEFAULT_TIMEOUT: Final = 30.0  # seconds: a client that asks for no keepalive
@@ -38,3 +41,23 @@ def ticks_for(seconds: float, tick: float) -> int:
     """Whole ticks in a timeout, rounded up: a timeout is never shortened by the tick granularity. The
     server sizes the detector's default timeout with it, so it must match the presence table's own rounding."""
     return max(1, math.ceil(seconds / tick - 1e-9))
+
+
+class SharedTimeouts:
+    """One float object per distinct timeout, for every session of that timeout to hold (24 bytes a session
+    less; ``default`` is returned as itself, the identity the presence table tests). The first ``limit``
+    distinct values are kept: clients ask for a few, and a client asking for arbitrary ones cannot grow it."""
+
+    __slots__ = ("_shared", "_limit")
+
+    def __init__(self, default: float, limit: int = 256) -> None:
+        self._shared = {default: default}
+        self._limit = limit
+
+    def share(self, timeout: float) -> float:
+        shared = self._shared.get(timeout)
+        if shared is None:
+            shared = timeout
+            if len(self._shared) < self._limit:
+                self._shared[timeout] = timeout
+        return shared

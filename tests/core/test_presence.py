@@ -425,3 +425,24 @@ def test_ended_sessions_leave_no_garbage_cycles(kind: str) -> None:
         assert gc.collect() == 0
     finally:
         gc.enable()
+
+
+# -- memory: what sessions with the same timeout share -------------------------------------------------------
+
+
+def test_sessions_asking_the_same_keepalive_share_one_timeout_and_one_activity_tick() -> None:
+    """A float (24 bytes) and an int past 256 (32 bytes) per session would be a tenth of its memory: sessions
+    of the same timeout hold the same objects, as default-timeout sessions always did."""
+    detector = make_detector("ring-lazy", timeout=10, slots=16)
+    p = PresenceTable(detector, tick=1.0, timeout=10.0, max_timeout=60.0, detector_name="ring-lazy")
+    start = 1000.25  # ticks past 256: ints the interpreter does not cache
+    for i in range(4):
+        p.login(f"u{i}", Owner(f"c{i}"), start, wall(start), keepalive=20.0)
+    assert p.timeout_of("u0") == 30.0
+    assert all(p.timeout_of(f"u{i}") is p.timeout_of("u0") for i in range(4))
+    for i in range(4):
+        p.touch(f"u{i}", start + 3.5 + i / 20)  # (one tick: 1003.75 to 1003.9)
+    ticks = [detector.entries[f"u{i}"].tick for i in range(4)]
+    assert ticks[0] > 256 and all(t is ticks[0] for t in ticks)
+    # ... and the rules are unchanged: due at the first tick at or after the last touch + 30 s
+    assert run_until_expired(p, "u3", 2000.0)[0] == 1034.0

@@ -7,7 +7,9 @@ from hypothesis import strategies as st
 
 from idled.core.factory import make_detector
 from idled.core.presence import PresenceTable, ticks_for
-from idled.core.timeouts import DEFAULT_MAX_TIMEOUT, DEFAULT_TICK, DEFAULT_TIMEOUT, KEEPALIVE_FACTOR, timeout_for
+from idled.core.timeouts import (
+    DEFAULT_MAX_TIMEOUT, DEFAULT_TICK, DEFAULT_TIMEOUT, KEEPALIVE_FACTOR, SharedTimeouts, timeout_for,
+)
 
 
 def test_no_keepalive_gets_the_default_itself() -> None:
@@ -55,3 +57,14 @@ def test_bounds_and_the_tables_rule_agree(keepalive: float, tick: float, max_ove
     table = PresenceTable(make_detector("ring-lazy", timeout=ticks_for(max_timeout, tick), slots=8), tick=tick,
                           timeout=max_timeout, max_timeout=max_timeout, detector_name="ring-lazy")
     assert table.timeout_for(keepalive) == got
+
+
+def test_shared_timeouts_one_object_per_value_and_a_bounded_table() -> None:
+    default = 30.0
+    shared = SharedTimeouts(default, limit=3)
+    assert shared.share(30.0 + 0.0) is default
+    first = shared.share(float("4.5"))
+    assert shared.share(float("4.5")) is first
+    assert shared.share(7.0) == 7.0  # the third value: kept
+    unshared = float("9.5")
+    assert shared.share(unshared) is unshared and shared.share(float("9.5")) is not unshared  # past the limit

@@ -54,8 +54,8 @@ from idled.door.outbound import LinkFailed, close_link
 from idled.door.websocket import WebSocketStream
 from idled.protocol import ErrorCode, FrameDecoder, Login, ProtocolError, SessionKey, encode
 from idled.server.edge.link import MAX_ATTACHING, CoreLink, open_core_stream
-from idled.server.roles.doorway import Connection, close_with
-from idled.server.roles.users import Plane
+from idled.server.roles.doorway import close_with
+from idled.server.roles.users import Plane, UserConnection
 
 __all__ = ["EdgeUser", "EdgeUsers", "RELAY_BYTES"]
 
@@ -71,7 +71,7 @@ _ENDED_TEXT = {ErrorCode.KICKED: "ended at the core: logged in elsewhere, or by 
                ErrorCode.UNAVAILABLE: "the server cannot take new sessions now (its disk is full); retry later"}
 
 
-class EdgeUser(Connection):
+class EdgeUser(UserConnection):
     """A user connection at the edge: the login time and timeout (for crossed notices) beside the scope."""
 
     __slots__ = ("since", "timeout", "attached")

@@ -39,8 +39,8 @@ reading the connection, as a task blocked in ``send_all`` would: a user that pin
 counting as active and its session goes idle.
 
 Closing from elsewhere (idle, kicked, shutdown) is ``Connection.close``, which cancels the connection's
-``scope``; an adopted connection's scope is its ``Adopted`` record, which files the close and wakes the plane
-through an eventfd. The plane then ends the session (``users.end``), sends the error frame (best effort: a
+``scope``; an adopted connection (``UserConnection``, its ``plane`` set) files the close with the plane instead
+(``request_close``), which wakes the plane through an eventfd. The plane then ends the session (``users.end``), sends the error frame (best effort: a
 fresh socket's buffer takes it), closes the socket and gives the connection's count back (``release``).
 
 *The lone keepalive.* Nearly every read is one whole keepalive -- a ``ping`` or the quiet ``{"op":"msg"}``,
@@ -51,10 +51,12 @@ other read gets a ``FrameDecoder`` (the connection's ``limit``) for as long as b
 socket object stays: ``os.read`` / ``os.write`` on the bare descriptor would save its 88 bytes, but here
 they cost twice the system time of ``recv`` / ``send`` -- 17 against 9 us per keepalive, measured.)
 
-Memory per adopted connection: the socket object, one small record (no decoder while idle) and the epoll
-registration in the kernel. The record and its ``Connection`` point at each other (the
-record is ``conn.scope``); closing unties them, so all of it is freed by reference counting at once rather
-than left in a cycle for the collector (frozen by ``idled.ops.gcpolicy``: until its next thaw).
+Memory per adopted connection: the socket object, the connection object itself -- the ``UserConnection`` the
+presence table already holds as the session's owner is the plane's record too (its task's cancel scope is
+dropped), so no second object points back at it -- one slot in the descriptor-indexed table, no decoder while
+idle, and the epoll registration in the kernel. Nothing here forms a cycle: a closed connection is freed by
+reference counting at once, never left for the collector (frozen by ``idled.ops.gcpolicy``: until its next
+thaw).
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ import math
 import os
 import select
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Final
 
 import trio
@@ -76,9 +78,9 @@ from idled.protocol import (
 from idled.protocol.codec import PONG_BODY
 from idled.protocol.messages import ErrorCode
 from idled.protocol.websocket import WsDecoder, close_code, close_frame, message
-from idled.server.roles.users import LOGOUT, PONG, UserSink, user_step
+from idled.server.roles.users import LOGOUT, PONG, UserConnection, UserSink, user_step
 
-__all__ = ["COALESCE", "MAX_OUT", "Adopted", "UserPlane"]
+__all__ = ["COALESCE", "MAX_OUT", "UserPlane"]
 
 log = logging.getLogger("idled.server.roles.plane")
 
@@ -88,29 +90,6 @@ RECV_BYTES: Final = 16384
 _IN = select.EPOLLIN | select.EPOLLRDHUP
 _RETRY: Final = (BlockingIOError, InterruptedError)
 _WS_PONG: Final = message(PONG_BODY)
-
-
-class Adopted:
-    """One adopted connection; also its connection's ``scope`` (what ``Connection.close`` cancels)."""
-
-    __slots__ = ("plane", "fd", "key", "conn", "sock", "decoder", "limit", "out", "reading", "ws")
-
-    def __init__(self, plane: UserPlane, key: Any, conn: Any, sock: socket.socket, decoder: FrameDecoder) -> None:
-        self.plane = plane
-        self.fd = sock.fileno()
-        self.sock = sock
-        self.key = key  # the session key (a uid, or (uid, device)): what a frame touches
-        self.conn = conn
-        self.ws = decoder if isinstance(decoder, WsDecoder) else None  # a WebSocket's (replies, close)
-        # A plain connection's decoder exists only while bytes are pending (module docstring)
-        self.decoder: FrameDecoder | None = decoder if self.ws is not None or decoder.buffered else None
-        self.limit = decoder.max_frame  # the frame limit its login was given
-        self.out = b""  # pong bytes the kernel has not taken yet
-        self.reading = True
-
-    def cancel(self) -> None:
-        """``Connection.close`` of an adopted connection: close it at the plane's next step."""
-        self.plane.request_close(self)
 
 
 class UserPlane:
@@ -123,42 +102,66 @@ class UserPlane:
         self.release = release
         self.reject = reject
         self.epoll = select.epoll()
-        self.conns: dict[int, Adopted] = {}
+        # descriptor -> connection: a list, not a dict -- 8 bytes a connection where a dict entry and the int
+        # object of its key cost ~64 (descriptors are small and dense)
+        self.conns: list[UserConnection | None] = []
+        self._count = 0
         self.stopped = False  # run() has ended: the epoll is closed, a late login keeps its own task
-        self._closing: dict[Adopted, None] = {}
+        self._closing: dict[UserConnection, None] = {}
         self._wakeup = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self.epoll.register(self._wakeup, select.EPOLLIN)
 
     def __len__(self) -> int:
-        return len(self.conns)
+        return self._count
+
+    def records(self) -> Iterator[UserConnection]:
+        """Every adopted connection."""
+        return (record for record in self.conns if record is not None)
+
+    def _record(self, fd: int) -> UserConnection | None:
+        return self.conns[fd] if 0 <= fd < len(self.conns) else None
 
     # -- entering ------------------------------------------------------------------------------------------
 
     def adopt(self, stream: trio.abc.Stream, key: Any, conn: Any, decoder: FrameDecoder) -> bool:
-        """Take over a logged-in user's connection (True), or leave it to its task (False: not a plain socket).
+        """Take over a logged-in user's connection (True), or leave it to its task (False: not a plain socket,
+        or not a ``UserConnection``).
 
         The caller's task must end without touching the stream again; what the decoder still holds is served
         at the plane's next step."""
         if isinstance(stream, WebSocketStream):  # plain WebSocket: its socket, read through its WsDecoder
             decoder, stream = stream.decoder, stream.raw
-        if type(stream) is not trio.SocketStream or self.stopped:
+        if type(stream) is not trio.SocketStream or self.stopped or not isinstance(conn, UserConnection):
             return False
         trio.lowlevel.notify_closing(stream.socket)  # out of trio's epoll: ours from now on
         sock = socket.socket(fileno=stream.socket.detach())
         sock.setblocking(False)
-        record = Adopted(self, key, conn, sock, decoder)
-        self.conns[record.fd] = record
-        conn.scope = record
-        self.epoll.register(record.fd, _IN)
+        record = conn  # (the connection is the plane's record of it: UserConnection)
+        record.key = key
+        record.sock = sock  # (its descriptor is its place in the table: no int object of its own)
+        record.ws = decoder if isinstance(decoder, WsDecoder) else None
+        # A plain connection's decoder exists only while bytes are pending (module docstring)
+        record.decoder = decoder if record.ws is not None or decoder.buffered else None
+        record.limit = decoder.max_frame
+        record.out = b""
+        record.reading = True
+        record.plane = self  # from now on close() asks the plane (request_close)
+        del record.scope  # its task is ending, and its cancel scope with it
+        fd = sock.fileno()
+        if fd >= len(self.conns):
+            self.conns.extend([None] * (max(fd + 1, 2 * len(self.conns)) - len(self.conns)))
+        self.conns[fd] = record
+        self._count += 1
+        self.epoll.register(fd, _IN)
         if conn.end is not None:  # closed between the welcome and now
             self.request_close(record)
         elif decoder.buffered or record.ws is not None and (record.ws.replies or record.ws.closed is not None):
-            self._frames(record, decoder, self.users.now())  # (the record keeps this decoder: see Adopted)
+            self._frames(record, decoder, self.users.now())  # (the record keeps this decoder: see adopt)
         return True
 
-    def request_close(self, record: Adopted) -> None:
+    def request_close(self, record: UserConnection) -> None:
         """Close ``record``'s connection at the plane's next step (its ``conn.end`` says how)."""
-        if self.conns.get(record.fd) is record and record not in self._closing:
+        if self._record(record.sock.fileno()) is record and record not in self._closing:
             self._closing[record] = None
             os.eventfd_write(self._wakeup, 1)
 
@@ -177,11 +180,11 @@ class UserPlane:
                 self.drain()
         finally:
             self.stopped = True  # (a login finishing during shutdown must not register in a closed epoll)
-            for fd in list(conns):
-                record = conns.pop(fd)
+            for record in self.records():
                 record.sock.close()
-                record.conn = None  # (the cycle, as in _close)
                 self.release()
+            conns.clear()
+            self._count = 0
             epoll.close()
             os.close(self._wakeup)
 
@@ -190,10 +193,10 @@ class UserPlane:
         conns = self.conns
         if self.stopped:
             return
-        events = self.epoll.poll(0, len(conns) + 1)
+        events = self.epoll.poll(0, self._count + 1)
         now = self.users.now()  # read after the poll: no frame here arrived after it
         for fd, mask in events:
-            record = conns.get(fd)
+            record = conns[fd] if fd < len(conns) else None  # (the wake-up eventfd may lie beyond them)
             if record is None:
                 continue
             try:
@@ -212,7 +215,7 @@ class UserPlane:
             for record in list(self._closing):
                 self._close(record, "closed")
 
-    def _read(self, record: Adopted, now: float) -> None:
+    def _read(self, record: UserConnection, now: float) -> None:
         try:
             data = record.sock.recv(RECV_BYTES)
         except _RETRY:
@@ -221,7 +224,7 @@ class UserPlane:
             data = b""
         decoder = record.decoder
         if not data:
-            if decoder is not None and decoder.buffered and record.conn.end is None:
+            if decoder is not None and decoder.buffered and record.end is None:
                 self._failed(record, ProtocolError(
                     ErrorCode.BAD_FRAME, f"end of stream inside a frame ({decoder.buffered} bytes pending)"))
             self._close(record, "closed")
@@ -229,7 +232,7 @@ class UserPlane:
         if decoder is None:
             message = KEEPALIVE_FRAMES.get(data)
             if message is not None:  # one whole keepalive and nothing else: the commonest read of all
-                if record.conn.end is None:
+                if record.end is None:
                     self.users.touch(record.key, now)
                 if message is PING:
                     self._send(record, PONG_FRAME)
@@ -238,16 +241,16 @@ class UserPlane:
         decoder.receive_data(data)
         self._frames(record, decoder, now)
 
-    def _failed(self, record: Adopted, exc: ProtocolError) -> None:
+    def _failed(self, record: UserConnection, exc: ProtocolError) -> None:
         self.reject(exc.code)
-        if record.conn.end is None:
-            record.conn.end = (exc.code, exc.reason)
+        if record.end is None:
+            record.end = (exc.code, exc.reason)
 
-    def _frames(self, record: Adopted, decoder: FrameDecoder, now: float) -> None:
+    def _frames(self, record: UserConnection, decoder: FrameDecoder, now: float) -> None:
         touch = self.users.touch
         try:
             while (message := decoder.next_event()) is not NEED_DATA:
-                if record.conn.end is None:  # a closed connection's last frames are not anyone's activity
+                if record.end is None:  # a closed connection's last frames are not anyone's activity
                     touch(record.key, now)
                 step = user_step(message)
                 if step == PONG:
@@ -269,7 +272,7 @@ class UserPlane:
             if ws.closed is not None:
                 self._close(record, "closed")
 
-    def _send(self, record: Adopted, data: bytes) -> None:
+    def _send(self, record: UserConnection, data: bytes) -> None:
         if record.out:
             record.out += data
         else:
@@ -282,12 +285,12 @@ class UserPlane:
             if sent == len(data):
                 return
             record.out = data[sent:]
-            self.epoll.modify(record.fd, _IN | select.EPOLLOUT)
+            self.epoll.modify(record.sock, _IN | select.EPOLLOUT)
         if len(record.out) > MAX_OUT and record.reading:
             record.reading = False  # it does not read: stop reading it (its session goes idle)
-            self.epoll.modify(record.fd, select.EPOLLOUT)
+            self.epoll.modify(record.sock, select.EPOLLOUT)
 
-    def _flush(self, record: Adopted) -> None:
+    def _flush(self, record: UserConnection) -> None:
         try:
             sent = record.sock.send(record.out)
         except _RETRY:
@@ -298,20 +301,22 @@ class UserPlane:
         record.out = record.out[sent:]
         if not record.out:
             record.reading = True
-            self.epoll.modify(record.fd, _IN)
+            self.epoll.modify(record.sock, _IN)
 
     # -- leaving ---------------------------------------------------------------------------------------------
 
-    def _close(self, record: Adopted, reason: str) -> None:
+    def _close(self, record: UserConnection, reason: str) -> None:
         """End the connection: its session (``users.end`` does nothing if it no longer owns it), the error
         frame if it was closed by the server or for a protocol error (best effort: a socket's buffer takes
         it), the socket, and its count."""
         self._closing.pop(record, None)
-        if self.conns.get(record.fd) is not record:
+        fd = record.sock.fileno()
+        if self._record(fd) is not record:
             return
-        del self.conns[record.fd]
-        self.users.end(record.key, record.conn, reason)
-        end = record.conn.end
+        self.conns[fd] = None
+        self._count -= 1
+        self.users.end(record.key, record, reason)
+        end = record.end
         last = b""
         if end is not None:
             last = encode(Error(str(end[0]), end[1]))
@@ -324,7 +329,6 @@ class UserPlane:
                 record.sock.send(record.out + last)
             except OSError:
                 pass
-        self.epoll.unregister(record.fd)
+        self.epoll.unregister(fd)
         record.sock.close()
-        record.conn = None  # conn.scope is this record: a cycle the collector (frozen: a thaw) would have to free
         self.release()

@@ -47,6 +47,7 @@ the session (``idle_timeout``; the error frame's write is bounded by ``SEND_ERRO
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
@@ -56,11 +57,11 @@ from idled.protocol import (
     BYE, PING, PONG_FRAME, ErrorCode, FrameDecoder, Login, Msg, ProtocolError, SessionKey, Welcome, encode,
     receive_message,
 )
-from idled.protocol.websocket import ACTIVITY
+from idled.protocol.websocket import ACTIVITY, WsDecoder
 from idled.server.engine.sessions import Sessions
 from idled.server.roles.doorway import HANDED_OVER, Admission, Connection, close_with
 
-__all__ = ["CoreUsers", "HANDED_OVER", "LOGOUT", "NOTHING", "PONG", "UserSink", "run_user", "user_step"]
+__all__ = ["CoreUsers", "HANDED_OVER", "LOGOUT", "NOTHING", "PONG", "UserConnection", "UserSink", "run_user", "user_step"]
 
 NOTHING, PONG, LOGOUT = 0, 1, 2  # what a user's frame asks for (user_step)
 
@@ -75,6 +76,35 @@ def user_step(message: Any) -> int:
     if type(message) is not Msg and message is not ACTIVITY:  # (ACTIVITY: a WebSocket control ping)
         raise ProtocolError(ErrorCode.NOT_ALLOWED, f"{type(message).__name__.lower()} is not for users")
     return NOTHING
+
+class UserConnection(Connection):
+    """A user's connection: served by its task (``scope``) until the user plane adopts it (``plane`` set), and
+    from then on also the plane's record of it -- the socket, the session key, the decoder while a frame is
+    partly read, the pongs the kernel has not taken -- in one object rather than two (48 bytes a connection
+    less). Only ``idled.server.roles.plane`` reads or writes those slots."""
+
+    __slots__ = ("plane", "key", "sock", "decoder", "limit", "out", "reading", "ws")
+
+    key: Any  # the session key (a uid, or (uid, device)): what a frame touches
+    sock: socket.socket
+    decoder: FrameDecoder | None  # a plain connection's: only while a frame is partly read
+    limit: int  # the frame limit its login was given
+    out: bytes  # pong bytes the kernel has not taken yet
+    reading: bool  # False while ``out`` is over the plane's limit
+    ws: WsDecoder | None  # a WebSocket's decoder (its control replies, its close)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.plane: Any = None  # the UserPlane serving it, once adopted
+
+    def close(self, code: str, reason: str) -> None:
+        if self.plane is None:
+            super().close(code, reason)
+        else:  # adopted: its task is gone; the plane closes it at its next step
+            if self.end is None:
+                self.end = (code, reason)
+            self.plane.request_close(self)
+
 
 C = TypeVar("C", bound=Connection)
 
@@ -130,20 +160,20 @@ class CoreUsers:
     def refuse_if_stopping(self) -> None:
         self.sessions.refuse_if_stopping()
 
-    async def begin(self, login: Login) -> Connection:
+    async def begin(self, login: Login) -> UserConnection:
         sessions, key = self.sessions, login.key
         await sessions.admit(key)
-        conn = Connection()
+        conn = UserConnection()
         replaced, event = sessions.presence.login(key, conn, self.now(), self.wall(), login.keepalive)
         sessions.take_over(key, replaced, conn)
         sessions.publish(event)
         sessions.wake_ticker()
         return conn
 
-    async def ready(self, key: SessionKey, conn: Connection) -> float:
+    async def ready(self, key: SessionKey, conn: UserConnection) -> float:
         return self.sessions.presence.timeout_of(key)
 
-    def end(self, key: SessionKey, conn: Connection, reason: str) -> None:
+    def end(self, key: SessionKey, conn: UserConnection, reason: str) -> None:
         self.sessions.logout(key, conn, self.now(), self.wall(), reason)
 
 

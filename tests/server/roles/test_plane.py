@@ -22,7 +22,7 @@ from tests.peers import Client, Harness, running
 async def user(h: Harness, uid: str, keepalive: float = 30.0) -> Client:
     client = await Client.login(h.port, "uid", uid, keepalive=keepalive)
     with trio.fail_after(5):
-        while h.server.running.plane is None or not any(r.key == uid for r in h.server.running.plane.conns.values()):
+        while h.server.running.plane is None or not any(r.key == uid for r in h.server.running.plane.records()):
             await trio.sleep(0.01)  # handed over right after the welcome
     return client
 
@@ -69,7 +69,7 @@ async def test_a_keepalive_split_across_reads_goes_through_a_decoder_then_back_t
         judy = await user(h, "judy")
         plane = h.server.running.plane
         assert plane is not None
-        record = next(r for r in plane.conns.values() if r.key == "judy")
+        record = next(r for r in plane.records() if r.key == "judy")
         assert record.decoder is None
         await judy.send_raw(PING_FRAME[:5])
         with trio.fail_after(5):

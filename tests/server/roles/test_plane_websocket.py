@@ -31,7 +31,7 @@ def login(port: int, uid: str) -> ClientConnection:
 async def adopted(h: Harness, uid: str) -> None:
     with trio.fail_after(5):
         while h.server.running.plane is None or not any(
-                r.key == uid and r.ws is not None for r in h.server.running.plane.conns.values()):
+                r.key == uid and r.ws is not None for r in h.server.running.plane.records()):
             await trio.sleep(0.01)
 
 
