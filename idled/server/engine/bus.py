@@ -9,8 +9,8 @@ Theory of operation
    *before* state changes, by producers awaiting ``room()``; so a slow disk slows logins and expiry down --
    backpressure -- and never drops or reorders an event; on a full disk the writer stops taking records and
    they wait here, in seq order, until it can write again: ``idled.server.engine.degraded``);
-2. encodes the observer frame once and stores it in the *window*: a ring of the last ``RECENT_EVENTS``
-   frames, indexed by ``seq % RECENT_EVENTS`` (seqs within a run are consecutive, so a seq's place is
+2. encodes the observer frame once and stores it in the *window*: the last ``RECENT_EVENTS`` frames, packed
+   in pages (``idled.server.engine.window``; seqs within a run are consecutive, so a seq's place is
    arithmetic and taking a batch from any position costs only the batch);
 3. wakes the live subscribers.
 
@@ -75,12 +75,13 @@ import trio
 
 from idled.core.presence import PresenceEvent
 from idled.protocol import Event, Uid, encode
+from idled.server.engine.window import FrameWindow
 
 __all__ = ["LOG_BACKLOG_LIMIT", "RECENT_EVENTS", "WATCH_QUEUE_BYTES", "EventBus", "Subscription", "event_frame"]
 
 log = logging.getLogger("idled.server.engine.bus")
 
-RECENT_EVENTS = 100_000  # frames kept in memory (~100 B a frame: ~10 MB), shared by every observer
+RECENT_EVENTS = 100_000  # frames kept in memory (~150 B a frame, packed: ~15 MB), shared by every observer
 LOG_BACKLOG_LIMIT = 50_000  # producers wait in room() while more records than this await the writer (the default)
 WATCH_QUEUE_BYTES = 1 << 20  # frame bytes a watchlist subscription's own queue holds before it replays instead
 
@@ -179,9 +180,7 @@ class EventBus:
         self.log_stalled = False  # the writer cannot write now (a full disk): nothing waits for it to catch up
         self.log_send, self.log_receive = trio.open_memory_channel[dict[str, Any]](math.inf)
         self._size = RECENT_EVENTS  # read here, so tests can shrink the module constant before a server starts
-        self._ring: list[bytes] = [b""] * self._size
-        self._next = 0  # seq of the next event (set by start())
-        self._count = 0  # frames in the window: seqs [_next - _count, _next)
+        self._recent = FrameWindow(self._size)  # its ``next``: the seq of the next event (set by start())
         self.durable_seq = 0  # highest seq durable subscribers may be sent (see "Synchronous standbys")
         self.log_durable_seq = 0  # highest seq the writer reported durable
         self.sync_acked: int | None = None  # a synchronous standby's acknowledged seq; None: none attached
@@ -199,8 +198,8 @@ class EventBus:
     def start(self, first_seq: int) -> None:
         """This run's events begin at ``first_seq``; everything before it was recovered from disk, so it is as
         durable as it will ever be (a crash between runs may leave a gap of seqs that never existed)."""
-        if not self._count:
-            self._next = first_seq
+        if not len(self._recent):
+            self._recent.next = first_seq
         self.log_durable_seq = max(self.log_durable_seq, first_seq - 1)
         self.durable_seq = max(self.durable_seq, first_seq - 1)
 
@@ -225,12 +224,8 @@ class EventBus:
         self._window(record["seq"], record["uid"], record)
 
     def _window(self, seq: int, uid: Uid, record: dict[str, Any]) -> None:
-        if seq != self._next:  # never within a run (but a standby's gap); the window restarts rather than lie
-            self._count = 0
-        frame = self._ring[seq % self._size] = event_frame(record)
-        self._next = seq + 1
-        if self._count < self._size:
-            self._count += 1
+        frame = event_frame(record)
+        self._recent.append(seq, frame)  # (a seq out of turn -- a standby's gap -- restarts the window: never lies)
         for subscription in self._live:
             subscription.wake()
         if self._watchers:
@@ -289,20 +284,20 @@ class EventBus:
     @property
     def next_seq(self) -> int:
         """The seq the next event will get."""
-        return self._next
+        return self._recent.next
 
     def subscribe(self, subscription: Subscription, from_seq: int | None, *, durable: bool = False,
                   feed: bool = False) -> None:
         """Start ``subscription`` at ``from_seq`` (None: the next event). A subscription whose ``watching`` is
         set (by ``watch``, before this call) is a watchlist one: its queue fills from the next event on.
         ``feed``: the replication feed, woken as the log's durability advances (not the sync standby's)."""
-        subscription.cursor = self._next if from_seq is None else from_seq
+        subscription.cursor = self._recent.next if from_seq is None else from_seq
         subscription.durable = durable or feed
         subscription.feed = feed
         if feed:
             self._feeds.add(subscription)
         elif subscription.watching is not None:
-            subscription.live_from = self._next
+            subscription.live_from = self._recent.next
             if durable:
                 self._durable.add(subscription)  # woken as durability advances, not per event
         else:
@@ -337,7 +332,7 @@ class EventBus:
             subscription.watching = set()
             if not self._watchers:
                 self._uids = [None] * self._size
-                self.uids_from = self._next
+                self.uids_from = self._recent.next
             self._watchers.add(subscription)
         watching, index = subscription.watching, self._index
         added = []
@@ -370,18 +365,16 @@ class EventBus:
         """The frames of seqs ``[start, below)`` in the window whose uid is watched -- in ``watching``, unless
         ``override`` says otherwise for that uid -- stopping once ``max_bytes`` are taken or ``max_scan`` seqs
         were looked at; and the seq to go on from. ``start`` must be in the window."""
-        oldest = self._next - self._count
-        if not (self._count and oldest <= start < self._next):
-            raise ValueError(f"seq {start} is not in the window [{oldest}, {self._next})")
-        ring, uids, size = self._ring, self._uids, self._size
-        uids_from = self.uids_from if self.uids_from is not None else self._next
-        stop = min(below, self._next, start + max_scan)
+        self._check_held(start)
+        recent, uids, size = self._recent, self._uids, self._size
+        uids_from = self.uids_from if self.uids_from is not None else self._recent.next
+        stop = min(below, self._recent.next, start + max_scan)
         out: list[bytes] = []
         taken = 0
         for seq in range(start, stop):
-            uid = uids[seq % size] if seq >= uids_from else frame_uid(ring[seq % size])
+            uid = uids[seq % size] if seq >= uids_from else frame_uid(recent.get(seq))
             if (uid in watching) if override is None or uid not in override else override[uid]:
-                frame = ring[seq % size]
+                frame = recent.get(seq)
                 out.append(frame)
                 taken += len(frame)
                 if taken >= max_bytes:
@@ -391,24 +384,27 @@ class EventBus:
     def limit(self, subscription: Subscription) -> int:
         """One past the last seq ``subscription`` may be sent now."""
         if subscription.durable:
-            return min(self._next, (self.log_durable_seq if subscription.feed else self.durable_seq) + 1)
-        return self._next
+            return min(self._recent.next, (self.log_durable_seq if subscription.feed else self.durable_seq) + 1)
+        return self._recent.next
 
     def oldest_recent(self) -> int | None:
         """The oldest seq in the window (None: empty)."""
-        return self._next - self._count if self._count else None
+        return self._recent.oldest()
+
+    def _check_held(self, start: int) -> None:
+        oldest = self._recent.oldest()
+        if oldest is None or not oldest <= start < self._recent.next:
+            raise ValueError(f"seq {start} is not in the window [{oldest}, {self._recent.next})")
 
     def frames(self, start: int, below: int, max_bytes: int) -> list[bytes]:
         """Frames for seqs ``[start, below)`` from the window, stopping once ``max_bytes`` are taken (at least
         one frame). ``start`` must be in the window."""
-        oldest = self._next - self._count
-        if not (self._count and oldest <= start < self._next):
-            raise ValueError(f"seq {start} is not in the window [{oldest}, {self._next})")
-        ring, size = self._ring, self._size
+        self._check_held(start)
+        recent = self._recent
         out: list[bytes] = []
         taken = 0
-        for seq in range(start, min(below, self._next)):
-            frame = ring[seq % size]
+        for seq in range(start, min(below, recent.next)):
+            frame = recent.get(seq)
             out.append(frame)
             taken += len(frame)
             if taken >= max_bytes:
@@ -429,4 +425,4 @@ class EventBus:
         return total
 
     def _pending_limit(self, subscription: Subscription) -> int:
-        return min(self._next, self.log_durable_seq + 1) if subscription.durable else self._next
+        return min(self._recent.next, self.log_durable_seq + 1) if subscription.durable else self._recent.next
