@@ -72,7 +72,8 @@ _ENDED_TEXT = {ErrorCode.KICKED: "ended at the core: logged in elsewhere, or by 
 
 
 class EdgeUser(UserConnection):
-    """A user connection at the edge: the login time and timeout (for crossed notices) beside the scope."""
+    """A user connection at the edge: the login time and timeout (for crossed notices) beside what every user
+    connection holds."""
 
     __slots__ = ("since", "timeout", "attached")
 

@@ -172,8 +172,9 @@ class Subscription:
 
 class EventBus:
     """``max_backlog`` (``LOG_BACKLOG_LIMIT``, read when the bus is made, so tests can shrink it): records
-    awaiting the writer beyond which producers wait in ``room()``. It stays below ``RECENT_EVENTS``, so an
-    observer behind the window reads what is already written."""
+    awaiting the writer beyond which producers wait in ``room()``. It stays below what the window holds
+    (``RECENT_EVENTS`` less at most one page), so an observer behind the window reads what is already
+    written."""
 
     def __init__(self, *, on_event: Callable[[PresenceEvent], None] | None = None) -> None:
         self.max_backlog = LOG_BACKLOG_LIMIT
@@ -372,9 +373,15 @@ class EventBus:
         out: list[bytes] = []
         taken = 0
         for seq in range(start, stop):
-            uid = uids[seq % size] if seq >= uids_from else frame_uid(recent.get(seq))
-            if (uid in watching) if override is None or uid not in override else override[uid]:
+            frame = None
+            if seq >= uids_from:
+                uid = uids[seq % size]
+            else:
                 frame = recent.get(seq)
+                uid = frame_uid(frame)
+            if (uid in watching) if override is None or uid not in override else override[uid]:
+                if frame is None:
+                    frame = recent.get(seq)
                 out.append(frame)
                 taken += len(frame)
                 if taken >= max_bytes:

@@ -17,7 +17,8 @@ of the frame's ~145 bytes, and a list slot: ~185 bytes a frame, 18 MB at 100,000
 * a seq that does not follow the last one (a standby's gap) empties the window first: it never serves a
   frame under the wrong seq.
 
-Reading a sealed frame slices it out of its page (a copy of its bytes); observers read each frame once.
+Reading a sealed frame slices it out of its page: a copy of its ~150 bytes for each observer that reads it
+from memory, where the list shared one object (~0.1 us a frame; observers that keep up get the open page's).
 """
 
 from __future__ import annotations
@@ -70,9 +71,11 @@ class FrameWindow:
             self._count -= self.page
 
     def get(self, seq: int) -> bytes:
-        """The frame of ``seq``, which must be held (``oldest() <= seq < next``)."""
+        """The frame of ``seq``, which must be held (``oldest() <= seq < next``; else IndexError)."""
         sealed = len(self._pages) * self.page
         index = seq - (self.next - self._count)
+        if not 0 <= index < self._count:  # (a negative index would read another frame)
+            raise IndexError(f"seq {seq} is not held: [{self.next - self._count}, {self.next})")
         if index >= sealed:
             return self._open[index - sealed]
         joined, offsets = self._pages[index // self.page]

@@ -52,9 +52,10 @@ socket object stays: ``os.read`` / ``os.write`` on the bare descriptor would sav
 they cost twice the system time of ``recv`` / ``send`` -- 17 against 9 us per keepalive, measured.)
 
 Memory per adopted connection: the socket object, the connection object itself -- the ``UserConnection`` the
-presence table already holds as the session's owner is the plane's record too (its task's cancel scope is
-dropped), so no second object points back at it -- one slot in the descriptor-indexed table, no decoder while
-idle, and the epoll registration in the kernel. Nothing here forms a cycle: a closed connection is freed by
+session already has as its owner (the presence table's; at an edge, ``EdgeUsers.users``') is the plane's record
+too (its task's cancel scope is dropped), so no second object points back at it -- one slot in the
+descriptor-indexed table, no decoder while idle, and the epoll registration in the kernel. (A user connection
+that is never adopted -- TLS -- carries the plane's eight slots empty: 64 bytes beside its task's ~6 KiB.) Nothing here forms a cycle: a closed connection is freed by
 reference counting at once, never left for the collector (frozen by ``idled.ops.gcpolicy``: until its next
 thaw).
 """
@@ -102,8 +103,9 @@ class UserPlane:
         self.release = release
         self.reject = reject
         self.epoll = select.epoll()
-        # descriptor -> connection: a list, not a dict -- 8 bytes a connection where a dict entry and the int
-        # object of its key cost ~64 (descriptors are small and dense)
+        # descriptor -> connection: a list, not a dict -- 8 bytes a slot (up to the highest descriptor seen,
+        # grown by doubling, never shrunk) where a dict entry and the int object of its key cost ~64 a
+        # connection (descriptors are small and dense)
         self.conns: list[UserConnection | None] = []
         self._count = 0
         self.stopped = False  # run() has ended: the epoll is closed, a late login keeps its own task
@@ -125,13 +127,19 @@ class UserPlane:
 
     def adopt(self, stream: trio.abc.Stream, key: Any, conn: Any, decoder: FrameDecoder) -> bool:
         """Take over a logged-in user's connection (True), or leave it to its task (False: not a plain socket,
-        or not a ``UserConnection``).
+        not a ``UserConnection``, the plane has stopped, or the kernel would not watch one more descriptor).
 
         The caller's task must end without touching the stream again; what the decoder still holds is served
         at the plane's next step."""
         if isinstance(stream, WebSocketStream):  # plain WebSocket: its socket, read through its WsDecoder
             decoder, stream = stream.decoder, stream.raw
         if type(stream) is not trio.SocketStream or self.stopped or not isinstance(conn, UserConnection):
+            return False
+        fd = stream.socket.fileno()
+        try:
+            self.epoll.register(fd, _IN)  # first: if the kernel refuses (its epoll watch limit), nothing changed
+        except OSError as exc:
+            log.warning("user plane: cannot watch a connection (%s); it keeps its own task", exc)
             return False
         trio.lowlevel.notify_closing(stream.socket)  # out of trio's epoll: ours from now on
         sock = socket.socket(fileno=stream.socket.detach())
@@ -147,16 +155,14 @@ class UserPlane:
         record.reading = True
         record.plane = self  # from now on close() asks the plane (request_close)
         del record.scope  # its task is ending, and its cancel scope with it
-        fd = sock.fileno()
         if fd >= len(self.conns):
             self.conns.extend([None] * (max(fd + 1, 2 * len(self.conns)) - len(self.conns)))
         self.conns[fd] = record
         self._count += 1
-        self.epoll.register(fd, _IN)
         if conn.end is not None:  # closed between the welcome and now
             self.request_close(record)
         elif decoder.buffered or record.ws is not None and (record.ws.replies or record.ws.closed is not None):
-            self._frames(record, decoder, self.users.now())  # (the record keeps this decoder: see adopt)
+            self._frames(record, decoder, self.users.now())  # (the record keeps this decoder, as set above)
         return True
 
     def request_close(self, record: UserConnection) -> None:

@@ -61,7 +61,9 @@ from idled.protocol.websocket import ACTIVITY, WsDecoder
 from idled.server.engine.sessions import Sessions
 from idled.server.roles.doorway import HANDED_OVER, Admission, Connection, close_with
 
-__all__ = ["CoreUsers", "HANDED_OVER", "LOGOUT", "NOTHING", "PONG", "UserConnection", "UserSink", "run_user", "user_step"]
+__all__ = [
+    "CoreUsers", "HANDED_OVER", "LOGOUT", "NOTHING", "PONG", "UserConnection", "UserSink", "run_user", "user_step",
+]
 
 NOTHING, PONG, LOGOUT = 0, 1, 2  # what a user's frame asks for (user_step)
 
@@ -76,6 +78,15 @@ def user_step(message: Any) -> int:
     if type(message) is not Msg and message is not ACTIVITY:  # (ACTIVITY: a WebSocket control ping)
         raise ProtocolError(ErrorCode.NOT_ALLOWED, f"{type(message).__name__.lower()} is not for users")
     return NOTHING
+
+class Plane(Protocol):
+    """Whoever takes logged-in connections over (``idled.server.roles.plane.UserPlane``)."""
+
+    def adopt(self, stream: trio.abc.Stream, key: SessionKey, conn: UserConnection, decoder: FrameDecoder) -> bool:
+        ...
+
+    def request_close(self, conn: UserConnection) -> None: ...
+
 
 class UserConnection(Connection):
     """A user's connection: served by its task (``scope``) until the user plane adopts it (``plane`` set), and
@@ -95,7 +106,7 @@ class UserConnection(Connection):
 
     def __init__(self) -> None:
         super().__init__()
-        self.plane: Any = None  # the UserPlane serving it, once adopted
+        self.plane: Plane | None = None  # the plane serving it, once adopted
 
     def close(self, code: str, reason: str) -> None:
         if self.plane is None:
@@ -106,13 +117,7 @@ class UserConnection(Connection):
             self.plane.request_close(self)
 
 
-C = TypeVar("C", bound=Connection)
-
-
-class Plane(Protocol):
-    """Whoever takes logged-in connections over (``idled.server.roles.plane.UserPlane``)."""
-
-    def adopt(self, stream: trio.abc.Stream, key: SessionKey, conn: Any, decoder: FrameDecoder) -> bool: ...
+C = TypeVar("C", bound=UserConnection)
 
 
 class UserSink(Admission, Protocol[C]):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from idled.core.factory import make_detector
 from idled.core.presence import PresenceEvent, PresenceTable
 from idled.server.engine.bus import EventBus, Subscription
@@ -72,3 +74,31 @@ def test_undelivered_counts_what_waits_for_the_sync_standby() -> None:
     bus.durable_to(5)
     assert bus.limit(durable) == 1  # nothing acknowledged: nothing may be sent yet
     assert bus.undelivered() == 5  # but a clean stop waits for them
+
+
+def test_watched_frames_across_pages_and_the_uid_ring(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A filtered replay from the window reads frames from sealed pages and from the open one, uids decoded
+    below ``uids_from`` and from the ring above it, each frame under its own seq."""
+    import idled.server.engine.bus as bus_module
+    from idled.server.engine.bus import event_frame
+
+    monkeypatch.setattr(bus_module, "RECENT_EVENTS", 64)  # pages of 8 frames
+    bus = EventBus()
+    bus.start(1)
+
+    def uid_record(seq: int) -> dict[str, object]:
+        return {**record(seq), "uid": f"u{seq % 3}"}
+
+    for seq in range(1, 31):
+        bus.relay(uid_record(seq))
+    watcher = Subscription()
+    bus.watch(watcher, ["u1"])
+    bus.subscribe(watcher, 1)
+    assert bus.uids_from == 31
+    for seq in range(31, 45):
+        bus.relay(uid_record(seq))
+    frames, resume = bus.watched_frames(3, 45, 1 << 20, 1000, {"u1"})
+    assert resume == 45
+    assert frames == [event_frame(uid_record(seq)) for seq in range(3, 45) if seq % 3 == 1]
+    frames, resume = bus.watched_frames(3, 45, 1, 1000, {"u2"})  # stops at the first frame over max_bytes
+    assert frames == [event_frame(uid_record(5))] and resume == 6

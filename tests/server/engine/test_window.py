@@ -50,3 +50,17 @@ def test_packed_frames_cost_their_bytes_and_about_four_more() -> None:
         tracemalloc.stop()
     assert window.page == PAGE_FRAMES
     assert per_frame < 145 + 8, per_frame  # one bytes object per frame would cost ~185
+
+
+def test_a_seq_not_held_is_an_error_not_another_frame() -> None:
+    window = FrameWindow(16)  # pages of 2
+    for seq in range(10, 40):
+        window.append(seq, frame(seq))
+    oldest = window.oldest()
+    assert oldest is not None
+    for seq in (oldest - 1, window.next, 0):
+        try:
+            window.get(seq)
+        except IndexError:
+            continue
+        raise AssertionError(f"seq {seq} outside [{oldest}, {window.next}) gave a frame")

@@ -153,8 +153,8 @@ async def test_welcome_then_frames_already_buffered_are_served(tmp_path: Path) -
 
 
 async def test_closed_plane_connections_leave_no_cycles(tmp_path: Path) -> None:
-    # An adopted connection's Connection and its record point at each other (conn.scope is the record): the
-    # plane unties them on close, so reference counting frees both, the socket and the decoder at once --
+    # An adopted connection is its own record (UserConnection): nothing points back at it from the plane but its
+    # table slot, cleared on close, so reference counting frees it, the socket and the decoder at once --
     # cyclic garbage would wait for a GC thaw (idled.ops.gcpolicy freezes what survives a full collection).
     import gc
     from collections import Counter
@@ -198,6 +198,7 @@ async def test_a_login_finishing_after_the_plane_stopped_keeps_its_own_task() ->
     # welcome: its hand-over must leave the connection to its task, not register in the closed epoll.
     from idled.protocol import FrameDecoder
     from idled.server.roles.plane import UserPlane
+    from idled.server.roles.users import UserConnection
 
     plane = UserPlane(cast(Any, None), release=lambda: None, reject=lambda code: None)
     async with trio.open_nursery() as nursery:
@@ -208,7 +209,7 @@ async def test_a_login_finishing_after_the_plane_stopped_keeps_its_own_task() ->
     left, right = trio.socket.socketpair()
     with left, right:
         stream = trio.SocketStream(left)
-        assert plane.adopt(stream, "late", object(), FrameDecoder()) is False
+        assert plane.adopt(stream, "late", UserConnection(), FrameDecoder()) is False
         assert stream.socket.fileno() == left.fileno()  # untouched: still the task's
 
 
@@ -239,3 +240,60 @@ async def pings_through_a_long_coalescing(user: Client, observer: Client) -> Non
     with trio.move_on_after(0.5):
         event = await observer.expect(Event)
         raise AssertionError(f"a user pinging every 0.3 s got {event!r}")
+
+
+class _Sink:
+    """Stands in for a UserSink: counts touches and ends."""
+
+    def __init__(self) -> None:
+        self.touched: list[Any] = []
+        self.ended: list[Any] = []
+
+    def touch(self, key: Any, now: float) -> None:
+        self.touched.append(key)
+
+    def now(self) -> float:
+        return trio.current_time()
+
+    def end(self, key: Any, conn: Any, reason: str) -> None:
+        self.ended.append((key, reason))
+
+
+async def test_a_descriptor_reused_by_a_new_connection_is_not_closed_by_the_old_ones_close() -> None:
+    """Descriptors are the plane's table index: a connection closed, its descriptor taken by the next one, and
+    the first closed again (a late kick, an idle expiry) must leave the second alone."""
+    import socket
+
+    from idled.protocol import FrameDecoder, PONG_FRAME
+    from idled.server.roles.plane import UserPlane
+    from idled.server.roles.users import UserConnection
+
+    sink, released = _Sink(), []
+    plane = UserPlane(cast(Any, sink), release=lambda: released.append(1), reject=lambda code: None)
+
+    def adopted(key: str) -> tuple[UserConnection, socket.socket]:
+        ours, peer = socket.socketpair()
+        conn = UserConnection()
+        assert plane.adopt(trio.SocketStream(trio.socket.from_stdlib_socket(ours)), key, conn, FrameDecoder())
+        return conn, peer
+
+    first, first_peer = adopted("first")
+    fd = first.sock.fileno()
+    first.close(ErrorCode.KICKED, "logged in elsewhere")
+    plane.drain()
+    assert sink.ended == [("first", "closed")] and len(plane) == 0 and released == [1]
+    assert first_peer.recv(4096)  # its error frame
+    second, second_peer = adopted("second")
+    assert second.sock.fileno() == fd  # the descriptor was reused
+    first.close(ErrorCode.IDLE_TIMEOUT, "late")
+    first.release("first", ErrorCode.IDLE_TIMEOUT, "late again")
+    plane.drain()
+    assert len(plane) == 1 and sink.ended == [("first", "closed")] and second.end is None
+    second_peer.sendall(PING_FRAME)
+    with trio.fail_after(5):
+        while not sink.touched:
+            await trio.sleep(0.01)
+            plane.drain()
+    assert sink.touched == ["second"] and second_peer.recv(64) == PONG_FRAME
+    for peer in (first_peer, second_peer):
+        peer.close()
