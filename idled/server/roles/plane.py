@@ -40,8 +40,9 @@ counting as active and its session goes idle.
 
 Closing from elsewhere (idle, kicked, shutdown) is ``Connection.close``, which cancels the connection's
 ``scope``; an adopted connection (``UserConnection``, its ``plane`` set) files the close with the plane instead
-(``request_close``), which wakes the plane through an eventfd. The plane then ends the session (``users.end``), sends the error frame (best effort: a
-fresh socket's buffer takes it), closes the socket and gives the connection's count back (``release``).
+(``request_close``), which wakes the plane through an eventfd. The plane then ends the session
+(``users.end``), sends the error frame (best effort: a fresh socket's buffer takes it), closes the socket and
+gives the connection's count back (``release``).
 
 *The lone keepalive.* Nearly every read is one whole keepalive -- a ``ping`` or the quiet ``{"op":"msg"}``,
 12 or 13 bytes -- and nothing else. A plain connection therefore has no decoder while nothing is pending: a
@@ -52,12 +53,12 @@ socket object stays: ``os.read`` / ``os.write`` on the bare descriptor would sav
 they cost twice the system time of ``recv`` / ``send`` -- 17 against 9 us per keepalive, measured.)
 
 Memory per adopted connection: the socket object, the connection object itself -- the ``UserConnection`` the
-session already has as its owner (the presence table's; at an edge, ``EdgeUsers.users``') is the plane's record
+session already has as its owner (the presence table's; at an edge, ``EdgeUsers.users``'s) is the plane's record
 too (its task's cancel scope is dropped), so no second object points back at it -- one slot in the
 descriptor-indexed table, no decoder while idle, and the epoll registration in the kernel. (A user connection
-that is never adopted -- TLS -- carries the plane's eight slots empty: 64 bytes beside its task's ~6 KiB.) Nothing here forms a cycle: a closed connection is freed by
-reference counting at once, never left for the collector (frozen by ``idled.ops.gcpolicy``: until its next
-thaw).
+that is never adopted -- TLS -- carries the plane's eight slots empty: 64 bytes beside its task's ~6 KiB.)
+Nothing here forms a cycle: a closed connection is freed by reference counting at once, never left for the
+collector (frozen by ``idled.ops.gcpolicy``: until its next thaw).
 """
 
 from __future__ import annotations
