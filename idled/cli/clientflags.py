@@ -39,7 +39,7 @@ from idled.protocol.tokens import SecretError, load_secret, mint
 
 __all__ = [
     "add_client_arguments", "address_of", "endpoint", "follower", "UsageError", "Interrupt", "token_for",
-    "tls_context", "run_command", "TOKEN_TTL", "FAILOVER_TIMEOUT", "FOLLOW_BACKOFF",
+    "tls_context", "run_command", "seconds", "TOKEN_TTL", "FAILOVER_TIMEOUT", "FOLLOW_BACKOFF",
 ]
 
 T = TypeVar("T")
@@ -62,7 +62,7 @@ def add_client_arguments(parser: argparse.ArgumentParser, *, follow: bool = True
                              "among them (a member without a port takes --port)")
     parser.add_argument("--port", type=_port, default=7878, help="daemon client port (default 7878)")
     if follow:
-        parser.add_argument("--failover-timeout", type=_seconds, default=FAILOVER_TIMEOUT, metavar="SECONDS",
+        parser.add_argument("--failover-timeout", type=seconds, default=FAILOVER_TIMEOUT, metavar="SECONDS",
                             help="with several cores: after losing the connection, look for the leader this long "
                                  f"before giving up with status 1 (default {FAILOVER_TIMEOUT:g}; 0: never)")
     auth = parser.add_mutually_exclusive_group()
@@ -100,7 +100,8 @@ def endpoint(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _seconds(text: str) -> float:
+def seconds(text: str) -> float:
+    """An argparse type: seconds, 0 or more (finite)."""
     try:
         value = float(text)
     except ValueError:

@@ -28,7 +28,8 @@ from typing import Any
 import trio
 
 from idled.cli.clientflags import (
-    FOLLOW_BACKOFF, Interrupt, add_client_arguments, address_of, follower, run_command, tls_context, token_for,
+    FOLLOW_BACKOFF, Interrupt, add_client_arguments, address_of, follower, run_command, seconds, tls_context,
+    token_for,
 )
 from idled.client import IdleTimeout
 from idled.client.core import check_device
@@ -53,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="log in as this device of the user (1..64 bytes): sessions of other devices of the "
                              "same uid stay; the same device again replaces this one (default none: the user's "
                              "one plain session)")
-    parser.add_argument("--ask-after", type=_seconds, default=None, metavar="SECONDS",
+    parser.add_argument("--ask-after", type=seconds, default=None, metavar="SECONDS",
                         help="a keepalive asks for an answer (a ping) once the last ping is this old, else it is "
                              "the quiet keepalive (default: two timeouts; 0: every keepalive a ping)")
     parser.add_argument("--silent", action="store_true",
@@ -61,13 +62,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", "-q", action="store_true",
                         help="do not print each keepalive and pong (default off)")
     add_client_arguments(parser)
-
-
-def _seconds(text: str) -> float:
-    value = float(text)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0 seconds, got {text!r}")
-    return value
 
 
 def _device(text: str) -> str:
@@ -114,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
     async def body(interrupt: Interrupt) -> int:
         token = token_for(args, "uid", args.uid)
         session = TerminalSession(TRIO, args.host, args.port, args.uid, token=token, keepalive=args.keepalive,
-                                  device=args.device, ask_after=args.ask_after, reconnect=False, connect_timeout=args.connect_timeout,
+                                  device=args.device, ask_after=args.ask_after, reconnect=False,
+                                  connect_timeout=args.connect_timeout,
                                   ssl_context=tls_context(args), silent=args.silent, quiet=args.quiet,
                                   backoff=FOLLOW_BACKOFF)
         session.follow = follower(args, PROG)

@@ -199,7 +199,7 @@ class EventBus:
     def start(self, first_seq: int) -> None:
         """This run's events begin at ``first_seq``; everything before it was recovered from disk, so it is as
         durable as it will ever be (a crash between runs may leave a gap of seqs that never existed)."""
-        if not len(self._recent):
+        if not self._recent:
             self._recent.next = first_seq
         self.log_durable_seq = max(self.log_durable_seq, first_seq - 1)
         self.durable_seq = max(self.durable_seq, first_seq - 1)
@@ -373,15 +373,10 @@ class EventBus:
         out: list[bytes] = []
         taken = 0
         for seq in range(start, stop):
-            frame = None
-            if seq >= uids_from:
-                uid = uids[seq % size]
-            else:
-                frame = recent.get(seq)
-                uid = frame_uid(frame)
+            frame = recent.get(seq) if seq < uids_from else None  # (its uid is in no ring: read from the frame)
+            uid = uids[seq % size] if frame is None else frame_uid(frame)
             if (uid in watching) if override is None or uid not in override else override[uid]:
-                if frame is None:
-                    frame = recent.get(seq)
+                frame = frame if frame is not None else recent.get(seq)
                 out.append(frame)
                 taken += len(frame)
                 if taken >= max_bytes:

@@ -24,6 +24,7 @@ from memory, where the list shared one object (~0.1 us a frame; observers that k
 from __future__ import annotations
 
 from array import array
+from itertools import accumulate
 from typing import Final
 
 __all__ = ["PAGE_FRAMES", "FrameWindow"]
@@ -59,11 +60,7 @@ class FrameWindow:
         self.next = seq + 1
         self._count += 1
         if len(self._open) == self.page:
-            offsets = array("I", [0])
-            end = 0
-            for each in self._open:
-                end += len(each)
-                offsets.append(end)
+            offsets = array("I", accumulate(map(len, self._open), initial=0))
             self._pages.append((b"".join(self._open), offsets))
             self._open.clear()
         while self._count > self.size:  # (only sealed pages can take it past: the open one is under size / 8)

@@ -94,6 +94,10 @@ class Connection:
         """Make the connection's own task send ``code`` and close (the first reason given wins)."""
         if self.end is None:
             self.end = (code, reason)
+        self._stop()
+
+    def _stop(self) -> None:
+        """Make whoever serves the connection close it: its own task, cancelled."""
         self.scope.cancel()
 
     def release(self, uid: Uid, code: str, reason: str) -> None:

@@ -145,25 +145,24 @@ class UserPlane:
         trio.lowlevel.notify_closing(stream.socket)  # out of trio's epoll: ours from now on
         sock = socket.socket(fileno=stream.socket.detach())
         sock.setblocking(False)
-        record = conn  # (the connection is the plane's record of it: UserConnection)
-        record.key = key
-        record.sock = sock  # (its descriptor is its place in the table: no int object of its own)
-        record.ws = decoder if isinstance(decoder, WsDecoder) else None
+        conn.key = key
+        conn.sock = sock  # (the connection is the plane's record of it; its descriptor, its place in the table)
+        conn.ws = decoder if isinstance(decoder, WsDecoder) else None
         # A plain connection's decoder exists only while bytes are pending (module docstring)
-        record.decoder = decoder if record.ws is not None or decoder.buffered else None
-        record.limit = decoder.max_frame
-        record.out = b""
-        record.reading = True
-        record.plane = self  # from now on close() asks the plane (request_close)
-        del record.scope  # its task is ending, and its cancel scope with it
+        conn.decoder = decoder if conn.ws is not None or decoder.buffered else None
+        conn.limit = decoder.max_frame
+        conn.out = b""
+        conn.reading = True
+        conn.plane = self  # from now on close() asks the plane (request_close)
+        del conn.scope  # its task is ending, and its cancel scope with it
         if fd >= len(self.conns):
             self.conns.extend([None] * (max(fd + 1, 2 * len(self.conns)) - len(self.conns)))
-        self.conns[fd] = record
+        self.conns[fd] = conn
         self._count += 1
         if conn.end is not None:  # closed between the welcome and now
-            self.request_close(record)
-        elif decoder.buffered or record.ws is not None and (record.ws.replies or record.ws.closed is not None):
-            self._frames(record, decoder, self.users.now())  # (the record keeps this decoder, as set above)
+            self.request_close(conn)
+        elif decoder.buffered or conn.ws is not None and (conn.ws.replies or conn.ws.closed is not None):
+            self._frames(conn, decoder, self.users.now())  # (the record keeps this decoder, as set above)
         return True
 
     def request_close(self, record: UserConnection) -> None:

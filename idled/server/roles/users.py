@@ -108,12 +108,10 @@ class UserConnection(Connection):
         super().__init__()
         self.plane: Plane | None = None  # the plane serving it, once adopted
 
-    def close(self, code: str, reason: str) -> None:
+    def _stop(self) -> None:
         if self.plane is None:
-            super().close(code, reason)
+            super()._stop()
         else:  # adopted: its task is gone; the plane closes it at its next step
-            if self.end is None:
-                self.end = (code, reason)
             self.plane.request_close(self)
 
 
