@@ -101,7 +101,13 @@ async def test_sigkill_after_retention_still_closes_a_long_online_session(tmp_pa
             await client.send(BYE)
             await client.stream.aclose()
         await steady.send(PING)
+        # Every bye handled before the kill: sessions left open would be closed at restart too, and their records
+        # could roll steady's closing record out of this 4 KiB retention before the test reads it.
+        observer = await peers.Client.login(port, "observer", "obs")
+        churned = [f"churn-{n}" for n in range(150)]
         with trio.fail_after(20):
+            while any((await observer.status_of(churned)).online.values()):
+                await trio.sleep(0.05)
             while not list_snapshots(data_dir) or any(r["uid"] == "steady" for r in iter_records(data_dir)):
                 await trio.sleep(0.05)
         daemon.kill()  # SIGKILL: steady never logged out
