@@ -31,7 +31,8 @@ once. What it costs: a pong, and the time a keepalive is stamped with, up to 10 
 later (a later stamp moves a deadline later, never earlier). What it must not cost is the rule above, that a
 socket readable when someone judged silence has been read: whoever judges -- the tick task before it expires
 (``idled.server.engine.ticker``), an edge before it answers a mark (``idled.server.edge.link``) -- first calls
-``drain()``, which serves every ready socket at once, synchronously.
+``drain()``, which serves every ready socket at once, synchronously. After each of its own polls the task
+calls ``polled()``: an edge's link sends what the poll touched at once (``idled.server.edge.link``, *Batching*).
 
 Writes: a pong is sent at once (``send`` on a non-blocking socket). What the kernel does not take waits in
 the connection's ``out`` buffer, flushed when the socket is writable; past ``MAX_OUT`` bytes the plane stops
@@ -40,7 +41,9 @@ counting as active and its session goes idle.
 
 Closing from elsewhere (idle, kicked, shutdown) is ``Connection.close``, which cancels the connection's
 ``scope``; an adopted connection (``UserConnection``, its ``plane`` set) files the close with the plane instead
-(``request_close``), which wakes the plane through an eventfd. The plane then ends the session
+(``request_close``), which wakes the plane through an eventfd (read whenever a poll reports it, even when
+that connection's hang-up, in the same poll, closed it first: else it stays readable and the task polls every
+``COALESCE`` for ever). The plane then ends the session
 (``users.end``), sends the error frame (best effort: a fresh socket's buffer takes it), closes the socket and
 gives the connection's count back (``release``).
 
@@ -103,6 +106,7 @@ class UserPlane:
         self.users = users
         self.release = release
         self.reject = reject
+        self.polled: Callable[[], None] = lambda: None  # called after each of the task's own polls
         self.epoll = select.epoll()
         # descriptor -> connection: a list, not a dict -- 8 bytes a slot (up to the highest descriptor seen,
         # grown by doubling, never shrunk) where a dict entry and the int object of its key cost ~64 a
@@ -184,6 +188,7 @@ class UserPlane:
                     await trio.sleep(early)  # coalescing (module docstring): at most one poll per COALESCE
                 polled = trio.current_time()
                 self.drain()
+                self.polled()
         finally:
             self.stopped = True  # (a login finishing during shutdown must not register in a closed epoll)
             for record in self.records():
@@ -202,8 +207,10 @@ class UserPlane:
         events = self.epoll.poll(0, self._count + 1)
         now = self.users.now()  # read after the poll: no frame here arrived after it
         for fd, mask in events:
-            record = conns[fd] if fd < len(conns) else None  # (the wake-up eventfd may lie beyond them)
+            record = conns[fd] if fd < len(conns) else None
             if record is None:
+                if fd == self._wakeup:  # consumed even when nothing is left to close (a hang-up came first)
+                    os.eventfd_read(self._wakeup)
                 continue
             try:
                 if mask & select.EPOLLOUT:
@@ -214,10 +221,6 @@ class UserPlane:
                 log.exception("user plane: serving %r failed (bug); connection closed", record.key)
                 self._close(record, "closed")
         if self._closing:
-            try:
-                os.eventfd_read(self._wakeup)
-            except BlockingIOError:
-                pass
             for record in list(self._closing):
                 self._close(record, "closed")
 

@@ -297,3 +297,26 @@ async def test_a_descriptor_reused_by_a_new_connection_is_not_closed_by_the_old_
     assert sink.touched == ["second"] and second_peer.recv(64) == PONG_FRAME
     for peer in (first_peer, second_peer):
         peer.close()
+
+
+async def test_a_close_requested_while_the_peer_hangs_up_leaves_nothing_ready() -> None:
+    """A kick (``request_close`` wakes the plane through its eventfd) and the peer's own hang-up, served in the
+    same poll: the hang-up closes the connection first. The wake-up must still be consumed, or the eventfd
+    stays readable and the plane wakes, and polls, every COALESCE for ever."""
+    import socket
+
+    from idled.protocol import FrameDecoder
+    from idled.server.roles.plane import UserPlane
+    from idled.server.roles.users import UserConnection
+
+    sink = _Sink()
+    plane = UserPlane(cast(Any, sink), release=lambda: None, reject=lambda code: None)
+    ours, peer = socket.socketpair()
+    conn = UserConnection()
+    assert plane.adopt(trio.SocketStream(trio.socket.from_stdlib_socket(ours)), "alice", conn, FrameDecoder())
+    peer.close()
+    conn.close(ErrorCode.KICKED, "logged in elsewhere")
+    assert len(plane.epoll.poll(0)) == 2  # her hang-up and the wake-up
+    plane.drain()
+    assert sink.ended == [("alice", "closed")] and len(plane) == 0
+    assert plane.epoll.poll(0) == []
