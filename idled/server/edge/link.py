@@ -22,7 +22,7 @@ stops an edge from reading its users and answering their pings.
   operation, or at once when ``flush_size`` touches are pending, all frames in one write. A keepalive's
   deadline at the core therefore moves by at most the batch interval plus transfer time. The user plane's
   poll is a batch already (it reads every ready socket at once, at most once per its own 10 ms): after each
-  the plane calls ``polled()`` and its touches go out at once: waiting the interval as well cost the edge a
+  the plane calls ``polled()`` and its touches go out at once. Waiting the interval as well cost the edge a
   timer wake-up per poll and the core up to 10 ms of each keepalive's stamp.
 * *Attaches are acknowledged.* An attach is flushed followed by a ping; the core handles a gateway's frames
   in order, so its pong says the attach is done. ``attach`` returns the event that pong sets (shared by
