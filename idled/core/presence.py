@@ -191,9 +191,9 @@ class PresenceTable:
         """The first tick at or after ``now + timeout`` (the same 1e-9 slack as ``ticks_for``)."""
         return math.ceil((now + timeout) / self._tick - 1e-9)
 
-    def _own_tick(self, session: SessionEntry, now: float) -> int:
-        """The activity tick of a session whose timeout is not the default (the last one's int if equal)."""
-        tick = self._due_tick(now, session.seconds) - session.timeout
+    def _own_tick(self, now: float, seconds: float, ticks: int) -> int:
+        """The activity tick of a session with its own timeout (``seconds``; ``ticks``): the last one's int if equal."""
+        tick = self._due_tick(now, seconds) - ticks
         if tick != self._own_tick_now:
             self._own_tick_now = tick
         return self._own_tick_now
@@ -249,7 +249,7 @@ class PresenceTable:
             if session.seconds is self._timeout:
                 tick = self._activity_tick(now)
             else:
-                tick = self._own_tick(session, now)
+                tick = self._own_tick(now, session.seconds, session.timeout)
             if self._plain_touch:
                 session.tick = tick
             else:
@@ -262,8 +262,7 @@ class PresenceTable:
             self._detector.add(key, self._activity_tick(now), None, session)
         else:
             ticks = self.ticks_for(session.seconds)
-            session.timeout = ticks  # (_own_tick reads it)
-            self._detector.add(key, self._own_tick(session, now), ticks, session)
+            self._detector.add(key, self._own_tick(now, session.seconds, ticks), ticks, session)
 
     def _take(self, key: SessionKey) -> SessionEntry | None:
         """Take ``key``'s session out of the detector (or the holds), whoever owns it."""
@@ -286,7 +285,8 @@ class PresenceTable:
         if session.owner is not owner:
             return False
         session.seen = now
-        tick = self._activity_tick(now) if session.seconds is self._timeout else self._own_tick(session, now)
+        seconds = session.seconds
+        tick = self._activity_tick(now) if seconds is self._timeout else self._own_tick(now, seconds, session.timeout)
         if self._plain_touch:
             session.tick = tick
         else:

@@ -394,9 +394,8 @@ class EventBus:
         return self._recent.oldest()
 
     def _check_held(self, start: int) -> None:
-        oldest = self._recent.oldest()
-        if oldest is None or not oldest <= start < self._recent.next:
-            raise ValueError(f"seq {start} is not in the window [{oldest}, {self._recent.next})")
+        if not self._recent.holds(start):
+            raise ValueError(f"seq {start} is not in the window [{self._recent.oldest()}, {self._recent.next})")
 
     def frames(self, start: int, below: int, max_bytes: int) -> list[bytes]:
         """Frames for seqs ``[start, below)`` from the window, stopping once ``max_bytes`` are taken (at least

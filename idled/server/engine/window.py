@@ -67,12 +67,16 @@ class FrameWindow:
             del self._pages[0]
             self._count -= self.page
 
+    def holds(self, seq: int) -> bool:
+        """Whether the frame of ``seq`` is held (``oldest() <= seq < next``)."""
+        return 0 <= seq - (self.next - self._count) < self._count
+
     def get(self, seq: int) -> bytes:
-        """The frame of ``seq``, which must be held (``oldest() <= seq < next``; else IndexError)."""
-        sealed = len(self._pages) * self.page
+        """The frame of ``seq``, which must be held (``holds(seq)``; else IndexError)."""
         index = seq - (self.next - self._count)
-        if not 0 <= index < self._count:  # (a negative index would read another frame)
+        if not 0 <= index < self._count:  # (as holds(); a negative index would read another frame)
             raise IndexError(f"seq {seq} is not held: [{self.next - self._count}, {self.next})")
+        sealed = len(self._pages) * self.page
         if index >= sealed:
             return self._open[index - sealed]
         joined, offsets = self._pages[index // self.page]

@@ -130,15 +130,15 @@ class UserPlane:
 
     # -- entering ------------------------------------------------------------------------------------------
 
-    def adopt(self, stream: trio.abc.Stream, key: Any, conn: Any, decoder: FrameDecoder) -> bool:
+    def adopt(self, stream: trio.abc.Stream, key: Any, conn: UserConnection, decoder: FrameDecoder) -> bool:
         """Take over a logged-in user's connection (True), or leave it to its task (False: not a plain socket,
-        not a ``UserConnection``, the plane has stopped, or the kernel would not watch one more descriptor).
+        the plane has stopped, or the kernel would not watch one more descriptor).
 
         The caller's task must end without touching the stream again; what the decoder still holds is served
         at the plane's next step."""
         if isinstance(stream, WebSocketStream):  # plain WebSocket: its socket, read through its WsDecoder
             decoder, stream = stream.decoder, stream.raw
-        if type(stream) is not trio.SocketStream or self.stopped or not isinstance(conn, UserConnection):
+        if type(stream) is not trio.SocketStream or self.stopped:
             return False
         fd = stream.socket.fileno()
         try:
