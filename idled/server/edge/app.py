@@ -112,7 +112,6 @@ class Edge:
         relay = self.users.relay
         self.plane = user_plane(self.users, self.connections, lambda code: self.doorway.reject(code))
         link.drain = self.plane.drain  # a mark is answered after what the plane let gather is read
-        self.plane.after_poll = link.polled  # and a plane's poll is flushed at once: the poll was the batch
         self.door = Door.of(config, secret=self.secret is not None, env={}, api=False)
         self.doorway = Doorway(
             config, sessions=self.users, roles=roles(self.users, gateway=relay, observer=relay, standby=relay),

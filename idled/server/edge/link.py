@@ -20,10 +20,7 @@ stops an edge from reading its users and answering their pings.
   it flushes (after the attach/detach groups: a touch of a uid detached meanwhile is ignored by the core, one
   attached meanwhile is covered by the attach). The flusher sends at most ``flush_interval`` (10 ms) after the first pending
   operation, or at once when ``flush_size`` touches are pending, all frames in one write. A keepalive's
-  deadline at the core therefore moves by at most the batch interval plus transfer time. The user plane's
-  poll is a batch already (it reads every ready socket at once, at most once per its own 10 ms): after each
-  the plane calls ``polled()`` and its touches go out at once. Waiting the interval as well cost the edge a
-  timer wake-up per poll and the core up to 10 ms of each keepalive's stamp.
+  deadline at the core therefore moves by at most the batch interval plus transfer time.
 * *Attaches are acknowledged.* An attach is flushed followed by a ping; the core handles a gateway's frames
   in order, so its pong says the attach is done. ``attach`` returns the event that pong sets (shared by
   every attach of that flush; released too if the connection ends): the edge sends the user's welcome after
@@ -278,12 +275,6 @@ class CoreLink(GatewayLink):
                 self._wake.set()
             elif len(touches) >= FLUSH_SIZE:
                 self._urgent.set()
-
-    def polled(self) -> None:
-        """The user plane has read every socket that was ready: what it touched goes out now, not a flush
-        interval later (see Batching) -- its poll was the batch."""
-        if self.touches:
-            self._urgent.set()
 
     def detach(self, uid: SessionKey, reason: str) -> None:
         """``uid``'s connection here ended: ``reason`` is ``logout`` (bye) or ``closed``."""

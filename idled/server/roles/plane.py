@@ -31,8 +31,7 @@ once. What it costs: a pong, and the time a keepalive is stamped with, up to 10 
 later (a later stamp moves a deadline later, never earlier). What it must not cost is the rule above, that a
 socket readable when someone judged silence has been read: whoever judges -- the tick task before it expires
 (``idled.server.engine.ticker``), an edge before it answers a mark (``idled.server.edge.link``) -- first calls
-``drain()``, which serves every ready socket at once, synchronously. After each of its own polls the task
-calls ``after_poll()``: an edge's link sends what the poll touched at once (``idled.server.edge.link``, *Batching*).
+``drain()``, which serves every ready socket at once, synchronously.
 
 Writes: a pong is sent at once (``send`` on a non-blocking socket). What the kernel does not take waits in
 the connection's ``out`` buffer, flushed when the socket is writable; past ``MAX_OUT`` bytes the plane stops
@@ -106,7 +105,6 @@ class UserPlane:
         self.users = users
         self.release = release
         self.reject = reject
-        self.after_poll: Callable[[], None] = lambda: None  # called after each of the task's own polls
         self.epoll = select.epoll()
         # descriptor -> connection: a list, not a dict -- 8 bytes a slot (up to the highest descriptor seen,
         # grown by doubling, never shrunk) where a dict entry and the int object of its key cost ~64 a
@@ -188,7 +186,6 @@ class UserPlane:
                     await trio.sleep(early)  # coalescing (module docstring): at most one poll per COALESCE
                 polled = trio.current_time()
                 self.drain()
-                self.after_poll()
         finally:
             self.stopped = True  # (a login finishing during shutdown must not register in a closed epoll)
             for record in self.records():

@@ -223,21 +223,6 @@ async def test_touches_are_sent_within_the_batch_interval() -> None:
         assert took <= link.flush_interval + TOUCH_SLACK, f"a touch took {took:.3f} s (interval {link.flush_interval} s)"
 
 
-async def test_a_plane_poll_is_flushed_at_once_not_a_batch_interval_later() -> None:
-    """The user plane calls ``polled()`` once it has read every ready socket: its touches are one batch
-    already, so they go out at once. (Waiting the interval too cost an edge a second timer wake-up per poll.)"""
-    async with linked(serve_forever) as peers:
-        core, link = peers.core, peers.link
-        link.flush_interval = 5.0  # a touch alone would wait this long
-        await peers.attach("ivy", 30.0)
-        sent = trio.current_time()
-        link.touch("ivy")
-        link.polled()
-        await wait_for(lambda: any(type(m) is Touch for m in core.seen[0]), timeout=10.0)
-        took = trio.current_time() - sent
-        assert took <= TOUCH_SLACK, f"a polled touch took {took:.3f} s"
-
-
 async def test_the_edge_freezes_its_long_lived_objects_like_the_core(tmp_path: Any) -> None:
     """Full collections walking every user's task and stream stop the edge's loop (hundreds of ms at 10k+
     connections), and every keepalive read meanwhile reaches the core that much later: the edge runs the
