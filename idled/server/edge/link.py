@@ -210,6 +210,7 @@ class CoreLink(GatewayLink):
         self._first: list[bytes] = []  # the re-attach, for the flusher to write first
         self._wake = trio.Event()
         self._urgent = trio.Event()
+        self._token: trio.lowlevel.TrioToken  # run()'s
         self._scope: trio.CancelScope | None = None  # the connection's flusher's: cancelled to drop a connection
         self._down = trio.Event()  # set when the current connection ended
         self._attached = trio.Event()  # set when the attaches filed since the last flush are done at the core
@@ -223,6 +224,10 @@ class CoreLink(GatewayLink):
         self.drain: Callable[[], object] = lambda: None  # read before a mark is answered (the edge's user plane)
         self._heard = 0.0  # self.clock() when the core's last frame arrived
         self._core: str | None = None  # the core of the last welcome (to log a switch)
+
+    async def run(self) -> None:
+        self._token = trio.lowlevel.current_trio_token()  # (for _touched: the plane's thread wakes the flusher)
+        await super().run()
 
     @property
     def core(self) -> Endpoint:
@@ -272,9 +277,17 @@ class CoreLink(GatewayLink):
             touches = self.touches
             touches[uid] = None
             if len(touches) == 1:
-                self._wake.set()
+                self._touched(False)
             elif len(touches) >= FLUSH_SIZE:
-                self._urgent.set()
+                self._touched(True)
+
+    def _touched(self, urgent: bool) -> None:
+        """Wake the flusher for touches: from a task at once; from the user plane's thread (under the loop
+        lock, ``idled.server.runtime.looplock``) through the loop, since trio's run state is per thread."""
+        if trio.lowlevel.in_trio_run():
+            (self._urgent if urgent else self._wake).set()
+        else:
+            self._token.run_sync_soon(self._touched, urgent)
 
     def detach(self, uid: SessionKey, reason: str) -> None:
         """``uid``'s connection here ended: ``reason`` is ``logout`` (bye) or ``closed``."""

@@ -65,11 +65,14 @@ collector (frozen by ``idled.ops.gcpolicy``: until its next thaw).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import select
 import socket
+import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, Final
 
@@ -82,6 +85,7 @@ from idled.protocol import (
 from idled.protocol.codec import PONG_BODY
 from idled.protocol.messages import ErrorCode
 from idled.protocol.websocket import WsDecoder, close_code, close_frame, message
+from idled.server.runtime.looplock import loop_lock
 from idled.server.roles.users import LOGOUT, PONG, UserConnection, UserSink, user_step
 
 __all__ = ["COALESCE", "MAX_OUT", "UserPlane"]
@@ -112,8 +116,12 @@ class UserPlane:
         self.conns: list[UserConnection | None] = []
         self._count = 0
         self.stopped = False  # run() has ended: the epoll is closed, a late login keeps its own task
-        self._closing: dict[UserConnection, None] = {}
-        self._wakeup = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._ending: dict[UserConnection, str] = {}  # closed, waiting for the task to end them (_settle)
+        self._work = trio.Event()  # the task's wake-up: something to end, or the thread failed
+        self._asked = False  # the thread has asked the loop to set _work (once until the task runs)
+        self._crashed: BaseException | None = None
+        self._halt = threading.Event()  # the thread's stop (and its coalescing sleep, cut short by it)
+        self._wakeup = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)  # the stop, for a thread in its epoll wait
         self.epoll.register(self._wakeup, select.EPOLLIN)
 
     def __len__(self) -> int:
@@ -165,49 +173,93 @@ class UserPlane:
             self.request_close(conn)
         elif decoder.buffered or conn.ws is not None and (conn.ws.replies or conn.ws.closed is not None):
             self._frames(conn, decoder, self.users.now())  # (the record keeps this decoder, as set above)
+            self._settle()
         return True
 
     def request_close(self, record: UserConnection) -> None:
-        """Close ``record``'s connection at the plane's next step (its ``conn.end`` says how)."""
-        if self._record(record.sock.fileno()) is record and record not in self._closing:
-            self._closing[record] = None
-            os.eventfd_write(self._wakeup, 1)
+        """Close ``record``'s connection soon, on the plane's task (its ``conn.end`` says how)."""
+        if self._record(record.sock.fileno()) is record:
+            self._close(record, "closed")
+            self._work.set()
 
-    # -- the task --------------------------------------------------------------------------------------------
+    # -- the task and its thread -----------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Serve every adopted connection until cancelled; then close whatever is left."""
-        epoll, conns = self.epoll, self.conns
-        polled = -math.inf  # trio time of the last poll
+        """Serve every adopted connection until cancelled; then close whatever is left.
+
+        The keepalives are served by a thread (module docstring); this task ends the connections it closes."""
+        lock, token = loop_lock(), trio.lowlevel.current_trio_token()
+        thread = threading.Thread(target=self._serve_thread, args=(lock, token), name="idled-plane", daemon=True)
+        thread.start()
         try:
             while True:
-                await trio.lowlevel.wait_readable(epoll.fileno())
-                if (early := polled + COALESCE - trio.current_time()) > 0:
-                    await trio.sleep(early)  # coalescing (module docstring): at most one poll per COALESCE
-                polled = trio.current_time()
-                self.drain()
+                await self._work.wait()
+                self._work, self._asked = trio.Event(), False
+                if self._crashed is not None:
+                    raise RuntimeError("the user plane's thread failed") from self._crashed
+                self._settle()
         finally:
             self.stopped = True  # (a login finishing during shutdown must not register in a closed epoll)
+            self._halt.set()
+            os.eventfd_write(self._wakeup, 1)  # out of its epoll wait
+            lock.release()  # the thread may be waiting for the loop lock: it takes it, sees stopped, and ends
+            try:
+                thread.join()
+            finally:
+                lock.acquire()
             for record in self.records():
                 record.sock.close()
                 self.release()
-            conns.clear()
+            self.conns.clear()
             self._count = 0
-            epoll.close()
+            self.epoll.close()
             os.close(self._wakeup)
 
+    def _serve_thread(self, lock: threading.Lock, token: trio.lowlevel.TrioToken) -> None:
+        """The thread: wait on the epoll holding neither the GIL nor the loop lock, serve what is ready under the
+        lock, and ask the task to end what closed. At most one poll per ``COALESCE`` (*Coalescing*)."""
+        epoll, halt = self.epoll, self._halt
+        polled = -math.inf  # time.monotonic() of the last poll
+        try:
+            while not halt.is_set():
+                events: list[tuple[int, int]] | None = epoll.poll(-1, self._count + 1)
+                if (early := polled + COALESCE - time.monotonic()) > 0:
+                    halt.wait(early)  # woken sooner than COALESCE after the last poll: let readiness gather
+                    events = None  # (polled again under the lock)
+                with lock:
+                    if self.stopped:
+                        return
+                    polled = time.monotonic()
+                    self._serve(epoll.poll(0, self._count + 1) if events is None else events)
+                    if self._ending and not self._asked:  # wake the task: connections wait to be ended
+                        self._asked = True
+                        token.run_sync_soon(self._wake_task)
+        except BaseException as exc:  # a bug: the task raises it (a plane that stopped serving must not go unseen)
+            with lock:
+                self._crashed = exc
+                token.run_sync_soon(self._wake_task)
+
+    def _wake_task(self) -> None:
+        self._work.set()  # (run by the loop: self._work is whichever Event the task awaits now)
+
     def drain(self) -> None:
-        """Serve every socket ready now, in one poll, before returning (module docstring)."""
+        """Serve every socket ready now, in one poll, and end what closed, before returning (module docstring).
+        Called by a task: the loop lock is held, so the plane's thread is not serving meanwhile."""
+        if not self.stopped:
+            self._serve(self.epoll.poll(0, self._count + 1))
+            self._settle()
+
+    def _serve(self, events: list[tuple[int, int]]) -> None:
+        """Serve the sockets ``events`` report (under the loop lock, from the thread or a task): reads, touches,
+        pongs and flushes. What closes is only filed here (``_close``); the task ends it (``_settle``)."""
         conns = self.conns
-        if self.stopped:
-            return
-        events = self.epoll.poll(0, self._count + 1)
         now = self.users.now()  # read after the poll: no frame here arrived after it
         for fd, mask in events:
             record = conns[fd] if fd < len(conns) else None
             if record is None:
-                if fd == self._wakeup:  # consumed even when nothing is left to close (a hang-up came first)
-                    os.eventfd_read(self._wakeup)
+                if fd == self._wakeup:  # the thread's stop
+                    with contextlib.suppress(BlockingIOError):
+                        os.eventfd_read(self._wakeup)
                 continue
             try:
                 if mask & select.EPOLLOUT:
@@ -217,9 +269,13 @@ class UserPlane:
             except Exception:  # a bug: that connection is closed, the others are served on
                 log.exception("user plane: serving %r failed (bug); connection closed", record.key)
                 self._close(record, "closed")
-        if self._closing:
-            for record in list(self._closing):
-                self._close(record, "closed")
+
+    def _settle(self) -> None:
+        """On a task: end every connection filed as closed (``_finish``), in the order they were filed."""
+        ending = self._ending
+        while ending:
+            record = next(iter(ending))
+            self._finish(record, ending.pop(record))
 
     def _read(self, record: UserConnection, now: float) -> None:
         try:
@@ -312,14 +368,19 @@ class UserPlane:
     # -- leaving ---------------------------------------------------------------------------------------------
 
     def _close(self, record: UserConnection, reason: str) -> None:
+        """File the connection as closed (``reason``: ``logout`` or ``closed``): out of the epoll and no longer
+        read at once; its end waits for the task (``_finish``: ending a session calls into trio)."""
+        if record in self._ending or self._record(record.sock.fileno()) is not record:
+            return
+        self._ending[record] = reason
+        record.reading = False
+        self.epoll.unregister(record.sock)
+
+    def _finish(self, record: UserConnection, reason: str) -> None:
         """End the connection: its session (``users.end`` does nothing if it no longer owns it), the error
         frame if it was closed by the server or for a protocol error (best effort: a socket's buffer takes
         it), the socket, and its count."""
-        self._closing.pop(record, None)
-        fd = record.sock.fileno()
-        if self._record(fd) is not record:
-            return
-        self.conns[fd] = None
+        self.conns[record.sock.fileno()] = None
         self._count -= 1
         self.users.end(record.key, record, reason)
         end = record.end
@@ -335,6 +396,5 @@ class UserPlane:
                 record.sock.send(record.out + last)
             except OSError:
                 pass
-        self.epoll.unregister(fd)
         record.sock.close()
         self.release()

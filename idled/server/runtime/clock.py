@@ -51,7 +51,7 @@ log = logging.getLogger("idled.server.runtime.clock")
 class Clock:
     """The pause-adjusted monotonic clock (``now``) and the trio deadline for a server-clock time."""
 
-    __slots__ = ("paused", "stall_limit", "_last_beat", "wall", "tokens")
+    __slots__ = ("paused", "stall_limit", "_last_beat", "_current", "wall", "tokens")
 
     def __init__(self, stall_limit: float) -> None:
         self.wall = WallClock()  # wall-clock time that never goes backwards (see the module docstring)
@@ -59,10 +59,14 @@ class Clock:
         self.paused = 0.0  # seconds the event loop could not run, summed: every deadline moved by this
         self.stall_limit = stall_limit  # a gap between beats at least this long is a stall (SIGHUP may change it)
         self._last_beat = 0.0
+        # trio's time; from start() on, the run's clock object itself: trio.current_time() works in the loop's
+        # thread only, and the user plane's thread stamps keepalives too (under the loop lock: runtime.looplock)
+        self._current = trio.current_time
 
     def start(self) -> None:
         """The first beat: call it when the tasks that beat (the monitor) are about to start."""
-        self._last_beat = trio.current_time()
+        self._current = trio.lowlevel.current_clock().current_time
+        self._last_beat = self._current()
 
     def beat(self, t: float) -> None:
         """The loop ran at trio time ``t`` (after ``now()`` applied any stall up to it)."""
@@ -70,14 +74,14 @@ class Clock:
 
     def heartbeat(self) -> float:
         """The loop is running: apply any stall up to here (``now``), then ``beat``. Returns the trio time."""
-        t = trio.current_time()
+        t = self._current()
         self.now()
         self._last_beat = t
         return t
 
     def now(self) -> float:
         """The pause-adjusted monotonic clock every deadline is measured on."""
-        t = trio.current_time()
+        t = self._current()
         gap = t - self._last_beat
         if gap > self.stall_limit:
             self._last_beat = t

@@ -11,10 +11,11 @@ from typing import Any, cast
 from pathlib import Path
 
 import msgpack
+import pytest
 import trio
 import trio.testing
 
-from idled.protocol import BYE, PING, PING_FRAME, PONG, QUIET_FRAME, Attach, Error, ErrorCode, Event, Msg, Welcome
+from idled.protocol import BYE, PING, PING_FRAME, PONG, PONG_FRAME, QUIET_FRAME, Attach, Error, ErrorCode, Event, Msg, Welcome
 from idled.server.roles.plane import MAX_OUT
 from tests.peers import Client, Harness, running
 
@@ -43,6 +44,43 @@ async def test_pings_messages_and_bye_through_the_plane(tmp_path: Path) -> None:
         with trio.fail_after(5):
             while h.server.connections["user"]:
                 await trio.sleep(0.01)  # the plane gave the count back
+
+
+class _LoopTurns(trio.abc.Instrument):
+    def __init__(self) -> None:
+        self.turns = 0
+
+    def after_io_wait(self, timeout: float) -> None:
+        self.turns += 1
+
+
+async def test_keepalives_are_answered_without_turns_of_the_event_loop(tmp_path: Path) -> None:
+    # The plane serves keepalives from its own thread (idled.runtime.looplock): a ping costs no trio loop turn.
+    # The client pings from a plain blocking socket in a worker thread, so the loop's only turns are its own
+    # timers' (its monitor beats four times a tick) and the worker's return: far fewer than the pings.
+    import os
+    import socket
+
+    async with running(tmp_path, listen=True, tick=1.0) as h:
+        kim = await user(h, "kim")
+        sock = socket.socket(fileno=os.dup(kim.stream.socket.fileno()))
+        sock.setblocking(True)
+
+        def pings(n: int) -> int:
+            answered = 0
+            for _ in range(n):
+                sock.sendall(PING_FRAME)
+                answered += sock.recv(64) == PONG_FRAME  # (a pong is one segment: 4 + 11 bytes)
+            return answered
+
+        counter = _LoopTurns()
+        trio.lowlevel.add_instrument(counter)
+        try:
+            assert await trio.to_thread.run_sync(pings, 200) == 200
+        finally:
+            trio.lowlevel.remove_instrument(counter)
+            sock.close()
+        assert counter.turns < 50, f"{counter.turns} loop turns for 200 keepalives"
 
 
 async def test_quiet_keepalives_keep_a_user_online_and_are_not_answered(tmp_path: Path) -> None:
@@ -299,24 +337,51 @@ async def test_a_descriptor_reused_by_a_new_connection_is_not_closed_by_the_old_
         peer.close()
 
 
-async def test_a_close_requested_while_the_peer_hangs_up_leaves_nothing_ready() -> None:
-    """A kick (``request_close`` wakes the plane through its eventfd) and the peer's own hang-up, served in the
-    same poll: the hang-up closes the connection first. The wake-up must still be consumed, or the eventfd
-    stays readable and the plane wakes, and polls, every COALESCE for ever."""
+async def test_a_close_requested_while_the_peer_hangs_up_ends_it_once_and_leaves_nothing_ready() -> None:
+    """A kick (``request_close``) and the peer's own hang-up, served in the same drain: the connection is ended
+    once, with the kick's error frame attempted, and the epoll holds nothing ready after (a descriptor left
+    in it would be reported for ever: a hang-up is reported whatever events are asked for)."""
     import socket
 
     from idled.protocol import FrameDecoder
     from idled.server.roles.plane import UserPlane
     from idled.server.roles.users import UserConnection
 
-    sink = _Sink()
-    plane = UserPlane(cast(Any, sink), release=lambda: None, reject=lambda code: None)
+    sink, released = _Sink(), []
+    plane = UserPlane(cast(Any, sink), release=lambda: released.append(1), reject=lambda code: None)
     ours, peer = socket.socketpair()
     conn = UserConnection()
     assert plane.adopt(trio.SocketStream(trio.socket.from_stdlib_socket(ours)), "alice", conn, FrameDecoder())
     peer.close()
     conn.close(ErrorCode.KICKED, "logged in elsewhere")
-    assert len(plane.epoll.poll(0)) == 2  # her hang-up and the wake-up
     plane.drain()
-    assert sink.ended == [("alice", "closed")] and len(plane) == 0
+    assert sink.ended == [("alice", "closed")] and len(plane) == 0 and released == [1]
     assert plane.epoll.poll(0) == []
+
+
+async def test_a_failure_in_the_planes_thread_ends_its_task_with_the_error() -> None:
+    """The thread serves every keepalive: if it fails (a bug), the plane's task must raise, not serve on
+    without it (every session would go idle unseen)."""
+    import socket
+
+    from idled.protocol import FrameDecoder
+    from idled.server.roles.plane import UserPlane
+    from idled.server.roles.users import UserConnection
+
+    class Broken(_Sink):
+        def now(self) -> float:
+            raise ZeroDivisionError("a bug")
+
+    plane = UserPlane(cast(Any, Broken()), release=lambda: None, reject=lambda code: None)
+    ours, peer = socket.socketpair()
+    with peer:
+        assert plane.adopt(trio.SocketStream(trio.socket.from_stdlib_socket(ours)), "alice", UserConnection(),
+                           FrameDecoder())
+        failed = pytest.RaisesExc(RuntimeError, match="thread failed",
+                                  check=lambda exc: isinstance(exc.__cause__, ZeroDivisionError))
+        with pytest.RaisesGroup(failed), trio.fail_after(5):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(plane.run)
+                await trio.testing.wait_all_tasks_blocked()
+                peer.sendall(PING_FRAME)
+    assert plane.stopped
