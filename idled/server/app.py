@@ -131,7 +131,7 @@ class Running:
     gateways: Gateways
     observers: Observers
     replicas: Replicas  # standbys (idled.server.ha.feed)
-    plane: UserPlane  # logged-in plain TCP users, one task for all (idled.server.roles.plane)
+    plane: UserPlane  # logged-in plain TCP users, one thread and one task for all (idled.server.roles.plane)
     doorway: Doorway
     writer: LogTask  # the log-writer task (idled.server.engine.logtask)
     lagwatch: LagWatch
@@ -291,7 +291,7 @@ class Server:
         replicas = Replicas(self.bus, self.log, sync=cfg.sync_standby, registry=self.metrics.registry,
                                  peers=self._peers, wall=self.clock.wall)
         users = CoreUsers(sessions)
-        # Logged-in plain TCP users are served by one task (idled.server.roles.plane), not one each.
+        # Logged-in plain TCP users are served by one thread and one task (idled.server.roles.plane), not one each.
         plane = user_plane(users, self.connections, self._reject)
         sessions.drain = plane.drain  # the tick task reads what the plane let gather (its Coalescing)
         doorway = Doorway(

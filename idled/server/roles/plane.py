@@ -1,4 +1,4 @@
-"""The user plane: every logged-in plain-TCP user connection served by one task, none by a task of its own.
+"""The user plane: every logged-in plain-TCP user served by one thread and one task, not by a task of its own.
 
 Theory of operation
 -------------------
@@ -13,25 +13,37 @@ TLS connections and test streams are never handed over: they keep their task. A 
 pings, the echo of the peer's close) are sent after each read, and the final error message is followed by the
 close frame carrying its code.
 
-The plane owns one ``select.epoll`` holding every adopted socket, and one trio task awaiting that epoll's
-descriptor (``wait_readable``: a nested epoll). Each wake-up it takes *every* ready socket in one poll
-(``drain``) and serves them all before it yields. The rule the tick task's horizon and an edge's watermark
-answers count on (``idled.server.engine.ticker``, ``idled.server.edge.link``) is that a socket readable when
-they judged has been read, and its keepalive touched, before they act on the judgement: they call ``drain``
-themselves (see *Coalescing*). The same frame rule as the task
-loop applies (``users.user_step``): any frame is activity, ``ping`` is answered with ``pong``, ``bye`` logs
-out, anything else is a protocol error (one error frame, closed).
+The plane owns one ``select.epoll`` holding every adopted socket, one thread waiting on it, and one trio task.
+*The thread* blocks in ``epoll_wait`` holding neither the GIL nor the loop lock
+(``idled.server.runtime.looplock``: a ``threading.Lock`` the trio loop holds whenever it runs, and lets go of
+only while it waits for I/O). Woken, it takes the lock -- so it runs only while no task does, and the two never
+interleave -- serves *every* ready socket of that poll (``_serve``: reads, touches, pongs, flushes), and lets
+go. A batch of keepalives thus costs no trio loop turn at all: on this VM a turn costs several times a
+keepalive (trio's ``epoll_wait`` with a timer armed, an ``epoll_ctl`` re-arming its one-shot registration, the
+task's step), and a thread's wake-up costs a fraction of one (docs/peer.md, "A thread for the plane"). The
+thread never calls trio (its run state is per thread: ``current_time``, ``Event.set`` fail or corrupt from
+another): the time it stamps comes from the clock object itself (``Clock.now``), an edge's link is woken
+through ``run_sync_soon`` (``CoreLink._touched``), and a connection that closes is only *filed*
+(``_close``: out of the epoll at once). *The task* ends what was filed (``_settle`` -> ``_finish``: ending a
+session logs an event, wakes observers, gives a count back -- all trio's) when the thread asks it through
+``run_sync_soon``, which happens only when something closed. A failure of the thread outside one connection
+(a bug) is raised by the task: a plane that stopped serving must not go unseen.
 
-*Coalescing.* The task polls at most once per ``COALESCE`` (10 ms): woken sooner after its last poll, it
-sleeps the rest of that time first, and takes whatever became ready meanwhile in one poll. A trio wake-up
-costs more than a keepalive (two loop turns, an ``epoll_ctl``, a second ``epoll_wait``): with keepalives
-arriving one by one -- real clients, not a load generator's bursts -- a wake-up per packet is the most of
-the plane's CPU. Traffic in bursts further apart than that (a load generator's) is served as before, at
-once. What it costs: a pong, and the time a keepalive is stamped with, up to 10 ms
-later (a later stamp moves a deadline later, never earlier). What it must not cost is the rule above, that a
-socket readable when someone judged silence has been read: whoever judges -- the tick task before it expires
-(``idled.server.engine.ticker``), an edge before it answers a mark (``idled.server.edge.link``) -- first calls
-``drain()``, which serves every ready socket at once, synchronously.
+The rule the tick task's horizon and an edge's watermark answers count on (``idled.server.engine.ticker``,
+``idled.server.edge.link``) is that a socket readable when they judged has been read, and its keepalive
+touched, before they act on the judgement: they call ``drain`` themselves (see *Coalescing*), which serves
+every ready socket and ends what closed, synchronously (a task holds the loop lock: the thread is not serving
+meanwhile). The same frame rule as the task loop applies (``users.user_step``): any frame is activity,
+``ping`` is answered with ``pong``, ``bye`` logs out, anything else is a protocol error (one error frame,
+closed).
+
+*Coalescing.* The thread polls at most once per ``COALESCE`` (10 ms): woken sooner after its last poll, it
+sleeps the rest of that time first (without the lock), and takes whatever became ready meanwhile in one poll.
+With keepalives arriving one by one -- real clients, not a load generator's bursts -- a wake-up per packet
+would be the most of the plane's CPU; bursts further apart than that (a load generator's) are served at
+once. What it costs: a pong, and the time a keepalive is stamped with, up to 10 ms later (a later stamp moves
+a deadline later, never earlier). What it must not cost is the rule above: whoever judges silence first
+calls ``drain()``.
 
 Writes: a pong is sent at once (``send`` on a non-blocking socket). What the kernel does not take waits in
 the connection's ``out`` buffer, flushed when the socket is writable; past ``MAX_OUT`` bytes the plane stops
@@ -40,11 +52,9 @@ counting as active and its session goes idle.
 
 Closing from elsewhere (idle, kicked, shutdown) is ``Connection.close``, which cancels the connection's
 ``scope``; an adopted connection (``UserConnection``, its ``plane`` set) files the close with the plane instead
-(``request_close``), which wakes the plane through an eventfd (read whenever a poll reports it, even when
-that connection's hang-up, in the same poll, closed it first: else it stays readable and the task polls every
-``COALESCE`` for ever). The plane then ends the session
-(``users.end``), sends the error frame (best effort: a fresh socket's buffer takes it), closes the socket and
-gives the connection's count back (``release``).
+(``request_close``) and wakes the task, which ends the session (``users.end``), sends the error frame (best
+effort: a fresh socket's buffer takes it), closes the socket and gives the connection's count back
+(``release``). The eventfd the plane also watches is the thread's stop: it cuts its ``epoll_wait`` short.
 
 *The lone keepalive.* Nearly every read is one whole keepalive -- a ``ping`` or the quiet ``{"op":"msg"}``,
 12 or 13 bytes -- and nothing else. A plain connection therefore has no decoder while nothing is pending: a
@@ -262,7 +272,9 @@ class UserPlane:
                         os.eventfd_read(self._wakeup)
                 continue
             try:
-                if mask & select.EPOLLOUT:
+                # (the thread's events were polled before it took the lock: one may be for a connection filed
+                # as closed since, out of the epoll -- not to be re-armed -- and no longer read)
+                if mask & select.EPOLLOUT and record not in self._ending:
                     self._flush(record)
                 if mask & ~select.EPOLLOUT and record.reading:
                     self._read(record, now)

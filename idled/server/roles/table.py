@@ -11,8 +11,8 @@ here, once:
 * ``roles``: the doorway's table, login role -> handler. Users run the shared user loop
   (``idled.server.roles.users.run_user``) on the process's ``UserSink``; gateways, observers and standbys get the
   process's own handler (the core serves them, an edge relays them);
-* ``user_plane``: the one task serving every logged-in plain TCP user; a connection it closes gives its
-  count back;
+* ``user_plane``: the one thread (and task) serving every logged-in plain TCP user; a connection it closes
+  gives its count back;
 * ``connection_limit``: ``max_connections`` capped to the descriptor budget (``idled.ops.fdbudget``), with a
   warning giving the arithmetic, so descriptors never run out under the log's (or the link's) feet;
 * ``reload_door``: a SIGHUP's new configuration (``idled.server.runtime.reload``) handed to the doorway: the

@@ -32,8 +32,8 @@ session by cancelling the connection's scope (``Connection.release``); this task
 and closes.
 
 *Handing over.* Right after the welcome a plain TCP connection is handed over to the user plane
-(``idled.server.roles.plane``: one task for every logged-in user, no task of its own) when the ``UserSink``
-has one: the task returns ``HANDED_OVER`` and ends, and the doorway leaves the connection open and counted
+(``idled.server.roles.plane``: one thread and one task for every logged-in user, none of its own) when the
+``UserSink`` has one: the task returns ``HANDED_OVER`` and ends, and the doorway leaves the connection open and counted
 (the plane gives the count back when it closes it). TLS connections and in-memory test streams stay here.
 Both loops apply the same frame rule (``user_step``). ``end`` is called however the connection ends but by cancellation -- bye (``logout``), end of
 stream, a broken stream or a protocol error (``closed``), or the server closing it -- and does nothing unless
