@@ -278,7 +278,7 @@ class CoreLink(GatewayLink):
             touches[uid] = None
             if len(touches) == 1:
                 self._touched(False)
-            elif len(touches) >= FLUSH_SIZE:
+            elif len(touches) == FLUSH_SIZE:  # (once: from the plane's thread each wake-up is a syscall)
                 self._touched(True)
 
     def _touched(self, urgent: bool) -> None:

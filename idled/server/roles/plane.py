@@ -27,7 +27,12 @@ through ``run_sync_soon`` (``CoreLink._touched``), and a connection that closes 
 (``_close``: out of the epoll at once). *The task* ends what was filed (``_settle`` -> ``_finish``: ending a
 session logs an event, wakes observers, gives a count back -- all trio's) when the thread asks it through
 ``run_sync_soon``, which happens only when something closed. A failure of the thread outside one connection
-(a bug) is raised by the task: a plane that stopped serving must not go unseen.
+(a bug) is raised by the task: a plane that stopped serving must not go unseen. A ``bye`` or a hang-up the
+thread read is thus applied one loop turn later than it was read, as it was when a task served the plane.
+``threading.Lock`` has no hand-off: a loop busy with tasks (a login storm) waits for I/O with a zero timeout
+and takes the lock straight back, and the thread would wait for it indefinitely. So a thread that has not got
+the lock within ``COALESCE`` hands its batch to the loop (``_serve_on_loop``, through ``run_sync_soon``), which
+serves it at its next turn, and waits for that: pongs stay within ~10 ms and a loop turn under any load.
 
 The rule the tick task's horizon and an edge's watermark answers count on (``idled.server.engine.ticker``,
 ``idled.server.edge.link``) is that a socket readable when they judged has been read, and its keepalive
@@ -54,7 +59,8 @@ Closing from elsewhere (idle, kicked, shutdown) is ``Connection.close``, which c
 ``scope``; an adopted connection (``UserConnection``, its ``plane`` set) files the close with the plane instead
 (``request_close``) and wakes the task, which ends the session (``users.end``), sends the error frame (best
 effort: a fresh socket's buffer takes it), closes the socket and gives the connection's count back
-(``release``). The eventfd the plane also watches is the thread's stop: it cuts its ``epoll_wait`` short.
+(``release``). The eventfd the plane also watches is the thread's stop: it cuts its ``epoll_wait`` and its
+coalescing nap short.
 
 *The lone keepalive.* Nearly every read is one whole keepalive -- a ``ping`` or the quiet ``{"op":"msg"}``,
 12 or 13 bytes -- and nothing else. A plain connection therefore has no decoder while nothing is pending: a
@@ -75,7 +81,6 @@ collector (frozen by ``idled.ops.gcpolicy``: until its next thaw).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
@@ -102,7 +107,7 @@ __all__ = ["COALESCE", "MAX_OUT", "UserPlane"]
 
 log = logging.getLogger("idled.server.roles.plane")
 
-COALESCE: Final = 0.010  # seconds the task lets readiness gather after a batch (module docstring)
+COALESCE: Final = 0.010  # seconds the thread lets readiness gather after a batch (module docstring)
 MAX_OUT: Final = 65536  # bytes of pongs a user may leave unread before the plane stops reading it
 RECV_BYTES: Final = 16384
 _IN = select.EPOLLIN | select.EPOLLRDHUP
@@ -130,9 +135,13 @@ class UserPlane:
         self._work = trio.Event()  # the task's wake-up: something to end, or the thread failed
         self._asked = False  # the thread has asked the loop to set _work (once until the task runs)
         self._crashed: BaseException | None = None
-        self._halt = threading.Event()  # the thread's stop (and its coalescing sleep, cut short by it)
-        self._wakeup = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)  # the stop, for a thread in its epoll wait
+        self._served = threading.Event()  # the loop served a batch the thread handed it (_serve_on_loop)
+        # The thread's stop: cuts its epoll wait and its coalescing nap short (a poll of this descriptor alone:
+        # a timed wait costs ~20-30 us of CPU here, threading.Event's ~8 more than a poll's)
+        self._wakeup = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self.epoll.register(self._wakeup, select.EPOLLIN)
+        self._nap = select.poll()
+        self._nap.register(self._wakeup, select.POLLIN)
 
     def __len__(self) -> int:
         return self._count
@@ -210,7 +219,7 @@ class UserPlane:
                 self._settle()
         finally:
             self.stopped = True  # (a login finishing during shutdown must not register in a closed epoll)
-            self._halt.set()
+            self._served.set()  # (the loop will serve no batch for it any more)
             os.eventfd_write(self._wakeup, 1)  # out of its epoll wait
             lock.release()  # the thread may be waiting for the loop lock: it takes it, sees stopped, and ends
             try:
@@ -228,15 +237,23 @@ class UserPlane:
     def _serve_thread(self, lock: threading.Lock, token: trio.lowlevel.TrioToken) -> None:
         """The thread: wait on the epoll holding neither the GIL nor the loop lock, serve what is ready under the
         lock, and ask the task to end what closed. At most one poll per ``COALESCE`` (*Coalescing*)."""
-        epoll, halt = self.epoll, self._halt
+        epoll = self.epoll
         polled = -math.inf  # time.monotonic() of the last poll
         try:
-            while not halt.is_set():
+            while not self.stopped:
                 events: list[tuple[int, int]] | None = epoll.poll(-1, self._count + 1)
                 if (early := polled + COALESCE - time.monotonic()) > 0:
-                    halt.wait(early)  # woken sooner than COALESCE after the last poll: let readiness gather
+                    self._nap.poll(early * 1000)  # woken sooner than COALESCE after the last poll: let readiness gather
                     events = None  # (polled again under the lock)
-                with lock:
+                if not lock.acquire(timeout=COALESCE):
+                    # The loop has not waited for I/O for that long: busy (a login storm), it would win the lock
+                    # back after each of its waits (no hand-off). It serves this batch itself, one turn from now.
+                    self._served.clear()
+                    token.run_sync_soon(self._serve_on_loop)
+                    self._served.wait()
+                    polled = time.monotonic()
+                    continue
+                try:
                     if self.stopped:
                         return
                     polled = time.monotonic()
@@ -244,6 +261,8 @@ class UserPlane:
                     if self._ending and not self._asked:  # wake the task: connections wait to be ended
                         self._asked = True
                         token.run_sync_soon(self._wake_task)
+                finally:
+                    lock.release()
         except BaseException as exc:  # a bug: the task raises it (a plane that stopped serving must not go unseen)
             with lock:
                 self._crashed = exc
@@ -251,6 +270,13 @@ class UserPlane:
 
     def _wake_task(self) -> None:
         self._work.set()  # (run by the loop: self._work is whichever Event the task awaits now)
+
+    def _serve_on_loop(self) -> None:
+        """Run by the loop for a thread that could not get the lock: the batch, then the thread goes on."""
+        try:
+            self.drain()
+        finally:
+            self._served.set()
 
     def drain(self) -> None:
         """Serve every socket ready now, in one poll, and end what closed, before returning (module docstring).
@@ -266,10 +292,7 @@ class UserPlane:
         now = self.users.now()  # read after the poll: no frame here arrived after it
         for fd, mask in events:
             record = conns[fd] if fd < len(conns) else None
-            if record is None:
-                if fd == self._wakeup:  # the thread's stop
-                    with contextlib.suppress(BlockingIOError):
-                        os.eventfd_read(self._wakeup)
+            if record is None:  # (the stop's eventfd, or a connection ended since the thread polled)
                 continue
             try:
                 # (the thread's events were polled before it took the lock: one may be for a connection filed

@@ -1,4 +1,4 @@
-"""The user plane (idled.server.roles.plane): logged-in plain TCP users served by one task, in-process, real sockets.
+"""The user plane (idled.server.roles.plane): logged-in plain TCP users served by its thread, in-process, real sockets.
 
 Every behaviour a user sees from its own task must be the same from the plane: pong, bye, the error frame
 of a protocol error or of a close by the server, the end of its session, its connection count.
@@ -7,6 +7,7 @@ of a protocol error or of a close by the server, the end of its session, its con
 from __future__ import annotations
 
 import struct
+import time
 from typing import Any, cast
 from pathlib import Path
 
@@ -61,10 +62,10 @@ async def test_keepalives_are_answered_without_turns_of_the_event_loop(tmp_path:
     import os
     import socket
 
-    async with running(tmp_path, listen=True, tick=1.0) as h:
+    async with running(tmp_path, listen=True, tick=2.0) as h:
         kim = await user(h, "kim")
         sock = socket.socket(fileno=os.dup(kim.stream.socket.fileno()))
-        sock.setblocking(True)
+        sock.settimeout(5.0)  # (not setblocking(True): the duplicate shares kim's file status flags)
 
         def pings(n: int) -> int:
             answered = 0
@@ -81,6 +82,39 @@ async def test_keepalives_are_answered_without_turns_of_the_event_loop(tmp_path:
             trio.lowlevel.remove_instrument(counter)
             sock.close()
         assert counter.turns < 50, f"{counter.turns} loop turns for 200 keepalives"
+
+
+async def test_keepalives_are_answered_while_the_event_loop_is_busy(tmp_path: Path) -> None:
+    # A loop that always has a task to run waits for I/O with a zero timeout and takes the loop lock straight
+    # back: the thread must still get its keepalives answered (it hands its batch to the loop).
+    import os
+    import socket
+
+    async with running(tmp_path, listen=True, tick=2.0) as h:
+        lee = await user(h, "lee")
+        sock = socket.socket(fileno=os.dup(lee.stream.socket.fileno()))
+        sock.settimeout(5.0)  # (a starved plane fails the test instead of hanging it)
+
+        def pings(n: int) -> int:
+            answered = 0
+            for _ in range(n):
+                sock.sendall(PING_FRAME)
+                answered += sock.recv(64) == PONG_FRAME
+            return answered
+
+        async def busy(done: trio.Event) -> None:
+            while not done.is_set():
+                await trio.lowlevel.checkpoint()  # always runnable: every I/O wait has a zero timeout
+
+        done = trio.Event()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(busy, done)
+                answered = await trio.to_thread.run_sync(pings, 50)
+                done.set()
+        finally:
+            sock.close()
+        assert answered == 50
 
 
 async def test_quiet_keepalives_keep_a_user_online_and_are_not_answered(tmp_path: Path) -> None:
@@ -291,7 +325,7 @@ class _Sink:
         self.touched.append(key)
 
     def now(self) -> float:
-        return trio.current_time()
+        return time.monotonic()  # (called from the plane's thread too: trio's clock is the loop thread's only)
 
     def end(self, key: Any, conn: Any, reason: str) -> None:
         self.ended.append((key, reason))
