@@ -18,9 +18,14 @@ stops an edge from reading its users and answering their pings.
   a detach's reason, frames split by the core's frame limit, and the live uids with their keepalive). A touch
   -- the per-packet path -- is one dict store into ``touches``; the flusher folds them into the batcher when
   it flushes (after the attach/detach groups: a touch of a uid detached meanwhile is ignored by the core, one
-  attached meanwhile is covered by the attach). The flusher sends at most ``flush_interval`` (10 ms) after the first pending
-  operation, or at once when ``flush_size`` touches are pending, all frames in one write. A keepalive's
-  deadline at the core therefore moves by at most the batch interval plus transfer time.
+  attached meanwhile is covered by the attach). The flusher sends at most ``flush_interval`` (10 ms) after the
+  first pending attach or detach, and touches alone at most ``touch_interval`` (30 ms) after the first, or at
+  once when ``flush_size`` touches are pending, all frames in one write (an attach or detach filed while
+  touches wait goes out at once, with them). A keepalive's deadline at the core therefore moves by at most
+  the touch interval plus transfer time. Why touches wait longer: each flush costs the edge and the core
+  loop turns that cost far more than the frame; with 10 ms, at 19,000 users through 2 edges the flushes were
+  ~40 % of the tree's CPU per keepalive (docs/peer.md, "A thread for the plane"), and a deadline moved later
+  by 30 ms at most stays well within the one tick offlines may be late by.
 * *Attaches are acknowledged.* An attach is flushed followed by a ping; the core handles a gateway's frames
   in order, so its pong says the attach is done. ``attach`` returns the event that pong sets (shared by
   every attach of that flush; released too if the connection ends): the edge sends the user's welcome after
@@ -104,7 +109,8 @@ __all__ = ["CoreLink", "CoreParams", "LinkMismatch", "open_core_stream", "parse_
 
 log = logging.getLogger("idled.server.edge.link")
 
-FLUSH_INTERVAL: Final = 0.010  # seconds an operation may wait for company
+FLUSH_INTERVAL: Final = 0.010  # seconds an attach or detach may wait for company
+TOUCH_INTERVAL: Final = 0.030  # seconds touches alone may wait for company (module docstring, *Batching*)
 FLUSH_SIZE: Final = 4096  # pending touches that trigger a flush at once
 MAX_PENDING: Final = 1_000_000  # pending attach/detach uids before the connection is dropped and re-attached
 TOKEN_TTL: Final = 86400.0  # a gateway token minted per connection lives this long
@@ -179,6 +185,7 @@ class CoreLink(GatewayLink):
         on_ended: EndedCallback,
         links: LinkPolicy | None = None,
         flush_interval: float = FLUSH_INTERVAL,
+        touch_interval: float = TOUCH_INTERVAL,
         backoff: Backoff | None = None,
         ping_interval: float = 5.0,
         dead_after: float = 15.0,
@@ -200,6 +207,8 @@ class CoreLink(GatewayLink):
         self.round = LinkRound()  # what the cores answered this round; the mismatches logged
         self._attempt = self.address  # the core of the latest attempt (`address` moves on when it fails)
         self.flush_interval = flush_interval
+        self.touch_interval = touch_interval
+        self._touches_wait = False  # the flusher waits touch_interval for touches alone (an operation cuts it short)
         self.ping_interval = ping_interval
         self._dead_after = dead_after
         self.clock = clock
@@ -304,6 +313,8 @@ class CoreLink(GatewayLink):
 
     def _pending(self) -> None:
         self._wake.set()
+        if self._touches_wait:
+            self._urgent.set()  # (an attach or detach waits no longer than flush_interval: it goes out now)
         if self.batch.pending > MAX_PENDING and self._scope is not None:
             log.warning("core link: %d operations pending, the core is not reading; reconnecting", self.batch.pending)
             self._scope.cancel()
@@ -430,8 +441,10 @@ class CoreLink(GatewayLink):
             with trio.move_on_after(max(0.0, next_ping - trio.current_time())):
                 await self._wake.wait()
             if self._wake.is_set():
-                with trio.move_on_after(self.flush_interval):
+                self._touches_wait = not self.batch.pending and self._mark is None
+                with trio.move_on_after(self.touch_interval if self._touches_wait else self.flush_interval):
                     await self._urgent.wait()
+                self._touches_wait = False
                 self._wake, self._urgent = trio.Event(), trio.Event()
             silent = self.clock() - self._heard
             if silent > self.dead_after:

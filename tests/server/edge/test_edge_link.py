@@ -206,9 +206,9 @@ async def test_logins_waiting_for_an_attach_are_released_when_the_link_is_lost()
         await wait_for(lambda: any(type(m) is Attach and "gina" in m.uids for m in core.seen[1]))
 
 
-# What a touch may take on top of the batch interval to reach the scripted core over loopback: a few loop
-# turns of this one trio loop (link and core share it), with room for a busy 2-core test machine. 25 times
-# the 10 ms interval, and far below the link's 5 s ping, which a link that stopped flushing on time would wait for.
+# What a touch may take on top of its interval to reach the scripted core over loopback: a few loop turns of
+# this one trio loop (link and core share it), with room for a busy 2-core test machine. Far below the link's
+# 5 s ping, which a link that stopped flushing on time would wait for.
 TOUCH_SLACK = 0.25
 
 
@@ -220,7 +220,25 @@ async def test_touches_are_sent_within_the_batch_interval() -> None:
         link.touch("hank")
         await wait_for(lambda: any(type(m) is Touch for m in core.seen[0]), timeout=10.0)
         took = trio.current_time() - sent
-        assert took <= link.flush_interval + TOUCH_SLACK, f"a touch took {took:.3f} s (interval {link.flush_interval} s)"
+        assert took <= link.touch_interval + TOUCH_SLACK, f"a touch took {took:.3f} s (interval {link.touch_interval} s)"
+
+
+async def test_touches_alone_wait_the_touch_interval_and_a_detach_filed_meanwhile_cuts_it_short() -> None:
+    # Touches alone wait for company longer than attaches and detaches (fewer flushes: fewer loop turns at
+    # the edge and at the core); a detach -- a logout the observers wait for -- must not wait with them.
+    async with linked(serve_forever) as peers:
+        core, link = peers.core, peers.link
+        await peers.attach("ivy", 30.0)
+        await peers.attach("jon", 30.0)
+        link.touch_interval = 5.0
+        link.touch("ivy")
+        await trio.sleep(0.3)
+        assert not any(type(m) is Touch for m in core.seen[0])  # still waiting for company
+        sent = trio.current_time()
+        link.detach("jon", "logout")
+        await wait_for(lambda: Detach(("jon",), "logout") in core.seen[0], timeout=10.0)
+        assert trio.current_time() - sent <= link.flush_interval + TOUCH_SLACK
+        assert any(type(m) is Touch and "ivy" in m.uids for m in core.seen[0])  # the touch went with it
 
 
 async def test_the_edge_freezes_its_long_lived_objects_like_the_core(tmp_path: Any) -> None:
