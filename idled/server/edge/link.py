@@ -18,14 +18,9 @@ stops an edge from reading its users and answering their pings.
   a detach's reason, frames split by the core's frame limit, and the live uids with their keepalive). A touch
   -- the per-packet path -- is one dict store into ``touches``; the flusher folds them into the batcher when
   it flushes (after the attach/detach groups: a touch of a uid detached meanwhile is ignored by the core, one
-  attached meanwhile is covered by the attach). The flusher sends at most ``flush_interval`` (10 ms) after the
-  first pending attach or detach, and touches alone at most ``touch_interval`` (30 ms) after the first, or at
-  once when ``flush_size`` touches are pending, all frames in one write (an attach or detach filed while
-  touches wait goes out at once, with them). A keepalive's deadline at the core therefore moves by at most
-  the touch interval plus transfer time. Why touches wait longer: each flush costs the edge and the core
-  loop turns that cost far more than the frame; with 10 ms, at 19,000 users through 2 edges the flushes were
-  ~40 % of the tree's CPU per keepalive (docs/peer.md, "A thread for the plane"), and a deadline moved later
-  by 30 ms at most stays well within the one tick offlines may be late by.
+  attached meanwhile is covered by the attach). All goes in one write, at most ``flush_interval`` (10 ms)
+  after the first attach or detach, touches alone ``touch_interval`` (30 ms) after the first (a flush costs
+  loop turns: docs/peer.md, "A thread for the plane"), at once at ``flush_size`` touches.
 * *Attaches are acknowledged.* An attach is flushed followed by a ping; the core handles a gateway's frames
   in order, so its pong says the attach is done. ``attach`` returns the event that pong sets (shared by
   every attach of that flush; released too if the connection ends): the edge sends the user's welcome after
@@ -66,8 +61,8 @@ stops an edge from reading its users and answering their pings.
 * *Watermarks* (``idled.core.watermarks``). The link logs in with ``"marks": true``. When the core asks
   ``mark(t)``, the flusher answers ``marked(t)`` after two event-loop turns and a drain of the user plane
   (``drain``: it lets readiness gather between polls) -- by then every user task and the plane have read, and
-  touched, whatever a socket held when the request arrived -- and after the
-  touches it collected, in the same write. The core holds a session of this edge until an answer passes its deadline:
+  touched, whatever a socket held when the request arrived -- and after the touches it collected, in the
+  same write. The core holds a session of this edge until an answer passes its deadline:
   a keepalive that reached this edge in time is never lost to a lagging or stopped edge, a full batch or a
   busy link. Only the latest request waiting is answered (it covers the earlier ones).
 * *Admission.* ``attaches_in_flight`` counts the attaches the core has not acknowledged yet; past ``MAX_ATTACHING``
@@ -219,7 +214,7 @@ class CoreLink(GatewayLink):
         self._first: list[bytes] = []  # the re-attach, for the flusher to write first
         self._wake = trio.Event()
         self._urgent = trio.Event()
-        self._token: trio.lowlevel.TrioToken  # run()'s
+        self._token: trio.lowlevel.TrioToken  # _open()'s
         self._scope: trio.CancelScope | None = None  # the connection's flusher's: cancelled to drop a connection
         self._down = trio.Event()  # set when the current connection ended
         self._attached = trio.Event()  # set when the attaches filed since the last flush are done at the core
@@ -233,10 +228,6 @@ class CoreLink(GatewayLink):
         self.drain: Callable[[], object] = lambda: None  # read before a mark is answered (the edge's user plane)
         self._heard = 0.0  # self.clock() when the core's last frame arrived
         self._core: str | None = None  # the core of the last welcome (to log a switch)
-
-    async def run(self) -> None:
-        self._token = trio.lowlevel.current_trio_token()  # (for _touched: the plane's thread wakes the flusher)
-        await super().run()
 
     @property
     def core(self) -> Endpoint:
@@ -291,8 +282,7 @@ class CoreLink(GatewayLink):
                 self._touched(True)
 
     def _touched(self, urgent: bool) -> None:
-        """Wake the flusher for touches: from a task at once; from the user plane's thread (under the loop
-        lock, ``idled.server.runtime.looplock``) through the loop, since trio's run state is per thread."""
+        """Wake the flusher: from a task at once, from the plane's thread through the loop (trio's is per thread)."""
         if trio.lowlevel.in_trio_run():
             (self._urgent if urgent else self._wake).set()
         else:
@@ -322,6 +312,7 @@ class CoreLink(GatewayLink):
     # -- the connection (the loop itself is Link.run's) -------------------------------------------------------
 
     async def _open(self) -> Conn:
+        self._token = trio.lowlevel.current_trio_token()  # (before any welcome: for _touched, before any touch)
         self._attempt = self.address
         try:
             stream = await open_core_stream(self.core, self.links)
