@@ -249,6 +249,8 @@ class UserPlane:
                     # The loop has not waited for I/O for that long: busy (a login storm), it would win the lock
                     # back after each of its waits (no hand-off). It serves this batch itself, one turn from now.
                     self._served.clear()
+                    if self.stopped:  # (after the clear: a stop that set _served before it is seen here)
+                        return
                     token.run_sync_soon(self._serve_on_loop)
                     self._served.wait()
                     polled = time.monotonic()
