@@ -197,8 +197,7 @@ class UserPlane:
 
     def request_close(self, record: UserConnection) -> None:
         """Close ``record``'s connection soon, on the plane's task (its ``conn.end`` says how)."""
-        if self._record(record.sock.fileno()) is record:
-            self._close(record, "closed")
+        if self._close(record, "closed"):
             self._work.set()
 
     # -- the task and its thread -----------------------------------------------------------------------------
@@ -404,14 +403,16 @@ class UserPlane:
 
     # -- leaving ---------------------------------------------------------------------------------------------
 
-    def _close(self, record: UserConnection, reason: str) -> None:
+    def _close(self, record: UserConnection, reason: str) -> bool:
         """File the connection as closed (``reason``: ``logout`` or ``closed``): out of the epoll and no longer
-        read at once; its end waits for the task (``_finish``: ending a session calls into trio)."""
+        read at once; its end waits for the task (``_finish``: ending a session calls into trio). False: it is
+        filed already, or no longer the plane's (its descriptor ended, or went to another connection)."""
         if record in self._ending or self._record(record.sock.fileno()) is not record:
-            return
+            return False
         self._ending[record] = reason
         record.reading = False
         self.epoll.unregister(record.sock)
+        return True
 
     def _finish(self, record: UserConnection, reason: str) -> None:
         """End the connection: its session (``users.end`` does nothing if it no longer owns it), the error

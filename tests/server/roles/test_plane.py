@@ -55,65 +55,56 @@ class _LoopTurns(trio.abc.Instrument):
         self.turns += 1
 
 
-async def test_keepalives_are_answered_without_turns_of_the_event_loop(tmp_path: Path) -> None:
-    # The plane serves keepalives from its own thread (idled.runtime.looplock): a ping costs no trio loop turn.
-    # The client pings from a plain blocking socket in a worker thread, so the loop's only turns are its own
-    # timers' (its monitor beats four times a tick) and the worker's return: far fewer than the pings.
+async def blocking_pings(client: Client, n: int) -> int:
+    """``n`` pings, each waiting for its pong, from a plain socket in a worker thread (no loop turn of this
+    client's own); how many were answered. The socket is a duplicate of the client's descriptor, with a timeout
+    (not ``setblocking(True)``: a duplicate shares the file status flags), so a starved plane fails, not hangs."""
     import os
     import socket
 
-    async with running(tmp_path, listen=True, tick=2.0) as h:
-        kim = await user(h, "kim")
-        sock = socket.socket(fileno=os.dup(kim.stream.socket.fileno()))
-        sock.settimeout(5.0)  # (not setblocking(True): the duplicate shares kim's file status flags)
+    with socket.socket(fileno=os.dup(client.stream.socket.fileno())) as sock:
+        sock.settimeout(5.0)
 
-        def pings(n: int) -> int:
+        def pings() -> int:
             answered = 0
             for _ in range(n):
                 sock.sendall(PING_FRAME)
                 answered += sock.recv(64) == PONG_FRAME  # (a pong is one segment: 4 + 11 bytes)
             return answered
 
+        return await trio.to_thread.run_sync(pings)
+
+
+async def test_keepalives_are_answered_without_turns_of_the_event_loop(tmp_path: Path) -> None:
+    # The plane serves keepalives from its own thread (idled.runtime.looplock): a ping costs no trio loop turn.
+    # The client pings from a plain blocking socket in a worker thread, so the loop's only turns are its own
+    # timers' (its monitor beats four times a tick) and the worker's return: far fewer than the pings.
+    async with running(tmp_path, listen=True, tick=2.0) as h:
+        kim = await user(h, "kim")
         counter = _LoopTurns()
         trio.lowlevel.add_instrument(counter)
         try:
-            assert await trio.to_thread.run_sync(pings, 200) == 200
+            assert await blocking_pings(kim, 200) == 200
         finally:
             trio.lowlevel.remove_instrument(counter)
-            sock.close()
         assert counter.turns < 50, f"{counter.turns} loop turns for 200 keepalives"
 
 
 async def test_keepalives_are_answered_while_the_event_loop_is_busy(tmp_path: Path) -> None:
     # A loop that always has a task to run waits for I/O with a zero timeout and takes the loop lock straight
     # back: the thread must still get its keepalives answered (it hands its batch to the loop).
-    import os
-    import socket
-
     async with running(tmp_path, listen=True, tick=2.0) as h:
         lee = await user(h, "lee")
-        sock = socket.socket(fileno=os.dup(lee.stream.socket.fileno()))
-        sock.settimeout(5.0)  # (a starved plane fails the test instead of hanging it)
-
-        def pings(n: int) -> int:
-            answered = 0
-            for _ in range(n):
-                sock.sendall(PING_FRAME)
-                answered += sock.recv(64) == PONG_FRAME
-            return answered
 
         async def busy(done: trio.Event) -> None:
             while not done.is_set():
                 await trio.lowlevel.checkpoint()  # always runnable: every I/O wait has a zero timeout
 
         done = trio.Event()
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(busy, done)
-                answered = await trio.to_thread.run_sync(pings, 50)
-                done.set()
-        finally:
-            sock.close()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(busy, done)
+            answered = await blocking_pings(lee, 50)
+            done.set()
         assert answered == 50
 
 
