@@ -48,7 +48,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from idled.core.timeouts import KEEPALIVE_FACTOR
 from idled.protocol import (
@@ -164,20 +164,19 @@ def _key_size(key: SessionKey) -> int:
 
 class _Group:
     """One run of consecutive operations of one kind: the uids (an insertion-ordered dict used as a set) and
-    what the frame carries beside them (an attach's keepalive, a detach's reason)."""
+    what the frame carries beside them, ``arg``: an attach's keepalive, a touch's age, a detach's reason."""
 
-    __slots__ = ("keepalive", "op", "reason", "uids")
+    __slots__ = ("arg", "op", "uids")
 
-    def __init__(self, op: str, keepalive: float | None, reason: str | None) -> None:
+    def __init__(self, op: str, arg: Any) -> None:
         self.op = op
-        self.keepalive = keepalive
-        self.reason = reason
+        self.arg = arg
         self.uids: dict[SessionKey, None] = {}
 
     def encode(self, uids: list[SessionKey]) -> bytes:
         if self.op == "attach":
-            return encode(Attach(tuple(uids), self.keepalive))
-        return encode(Touch(tuple(uids)) if self.op == "touch" else Detach(tuple(uids), self.reason))
+            return encode(Attach(tuple(uids), self.arg))
+        return encode(Touch(tuple(uids), self.arg) if self.op == "touch" else Detach(tuple(uids), self.arg))
 
 
 class GatewayBatcher:
@@ -205,13 +204,12 @@ class GatewayBatcher:
         """Whether an attach is pending (an edge acknowledges the flush that carries one)."""
         return any(group.op == "attach" for group in self._groups)
 
-    def _add(self, op: str, keepalive: float | None, reason: str | None, uids: Iterable[SessionKey],
-             now: float) -> None:
+    def _add(self, op: str, arg: Any, uids: Iterable[SessionKey], now: float) -> None:
         groups = self._groups
-        if groups and (last := groups[-1]).op == op and last.keepalive == keepalive and last.reason == reason:
+        if groups and (last := groups[-1]).op == op and last.arg == arg:
             group = last
         else:
-            group = _Group(op, keepalive, reason)
+            group = _Group(op, arg)
             groups.append(group)
             if self.first_pending is None:
                 self.first_pending = now
@@ -227,16 +225,17 @@ class GatewayBatcher:
         uids = tuple(uids)
         for uid in uids:
             self.live[uid] = keepalive
-        self._add("attach", keepalive, None, uids, now)
+        self._add("attach", keepalive, uids, now)
 
-    def touch(self, uids: Iterable[SessionKey], now: float) -> None:
+    def touch(self, uids: Iterable[SessionKey], now: float, ago: float = 0.0) -> None:
+        """Activity of these uids, read ``ago`` seconds before ``now`` (``Touch.ago``: 0, read just now)."""
         groups = self._groups
         if groups and groups[-1].op == "attach":
             attached = groups[-1].uids
             uids = [uid for uid in uids if uid not in attached]
             if not uids:
                 return
-        self._add("touch", None, None, uids, now)
+        self._add("touch", ago, uids, now)
 
     def detach(self, uids: Iterable[SessionKey], now: float, reason: str | None = None) -> None:
         """These uids disconnected; `reason` (one of the protocol's `DETACH_REASONS`, e.g. an edge's ``logout``
@@ -245,7 +244,7 @@ class GatewayBatcher:
         uids = tuple(uids)
         for uid in uids:
             self.live.pop(uid, None)
-        self._add("detach", None, reason, uids, now)
+        self._add("detach", reason, uids, now)
 
     def forget(self, uids: Iterable[SessionKey]) -> None:
         """The server ended these sessions itself (idle, kicked): no longer live, not re-attached."""
@@ -286,7 +285,7 @@ class GatewayBatcher:
         for uid, keepalive in self.live.items():
             by_keepalive.setdefault(keepalive, []).append(uid)
         for keepalive, uids in by_keepalive.items():
-            self._add("attach", keepalive, None, uids, now)
+            self._add("attach", keepalive, uids, now)
 
 
 def uid_chunks(uids: Iterable[Uid], max_frame: int = DEFAULT_MAX_FRAME) -> list[tuple[Uid, ...]]:

@@ -11,7 +11,7 @@ from idled.protocol.codec import BYE_FRAME, PING_FRAME, PONG_FRAME, QUIET_FRAME,
 from idled.protocol.framing import KEEPALIVE_FRAMES, FrameDecoder
 from idled.protocol.messages import (
     DEFAULT_MAX_FRAME, MAX_FRAME_LIMIT, MAX_UID_BYTES, MAX_DEVICE_BYTES, MAX_NAME_BYTES, MAX_TOKEN_CHARS, MIN_KEEPALIVE,
-    MAX_KEEPALIVE, MAX_INT_UID, MAX_SEQ, MAX_DATA_DEPTH, ROLES, ErrorCode, ProtocolError, NEED_DATA,
+    MAX_KEEPALIVE, MAX_TOUCH_AGO, MAX_INT_UID, MAX_SEQ, MAX_DATA_DEPTH, ROLES, ErrorCode, ProtocolError, NEED_DATA,
     NeedData, Uid, SessionKey, Role, EventKind, Login, Ping, Msg, Bye, Attach, Touch, Detach, Marked, Subscribe, Query, Welcome, Pong,
     Event, Status, Error, Ended, Mark, ENDED_REASONS, DETACH_REASONS, PING, BYE, PONG, QUIET, ClientMessage,
     ServerMessage,
@@ -23,7 +23,7 @@ from idled.protocol.stream import RECEIVE_BYTES, ByteStream, messages, receive_m
 
 __all__ = [
     "DEFAULT_MAX_FRAME", "MAX_FRAME_LIMIT", "MAX_UID_BYTES", "MAX_DEVICE_BYTES", "MAX_NAME_BYTES", "MAX_TOKEN_CHARS",
-    "MIN_KEEPALIVE", "MAX_KEEPALIVE", "MAX_INT_UID", "MAX_SEQ", "MAX_DATA_DEPTH", "ROLES", "ErrorCode",
+    "MIN_KEEPALIVE", "MAX_KEEPALIVE", "MAX_TOUCH_AGO", "MAX_INT_UID", "MAX_SEQ", "MAX_DATA_DEPTH", "ROLES", "ErrorCode",
     "ProtocolError", "NEED_DATA", "NeedData", "Uid", "SessionKey", "Role", "EventKind", "Login", "Ping", "Msg", "Bye", "Attach",
     "Touch", "Detach", "Marked", "Subscribe", "Query", "Welcome", "Pong", "Event", "Status", "Error", "Ended", "Mark",
     "ENDED_REASONS", "DETACH_REASONS", "PING", "BYE",

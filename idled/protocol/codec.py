@@ -144,7 +144,7 @@ _ENCODERS: Final[dict[type, Callable[[Any], bytes]]] = {
     Login: _encode_login,
     Msg: lambda m: _frame({"op": "msg", "data": m.data}),
     Attach: _encode_attach,
-    Touch: lambda m: _frame({"op": "touch", "uids": m.uids}),
+    Touch: lambda m: _frame({"op": "touch", "uids": m.uids} if not m.ago else {"op": "touch", "uids": m.uids, "ago": m.ago}),
     Detach: lambda m: _frame({"op": "detach", "uids": m.uids} if m.reason is None
                              else {"op": "detach", "uids": m.uids, "reason": m.reason}),
     Subscribe: _encode_subscribe,

@@ -17,7 +17,7 @@ from typing import Any, Final, Literal, TypeAlias
 
 __all__ = [
     "DEFAULT_MAX_FRAME", "MAX_FRAME_LIMIT", "MAX_UID_BYTES", "MAX_DEVICE_BYTES", "MAX_NAME_BYTES", "MAX_TOKEN_CHARS",
-    "MIN_KEEPALIVE", "MAX_KEEPALIVE", "MAX_INT_UID", "MAX_SEQ", "MAX_DATA_DEPTH", "ROLES",
+    "MIN_KEEPALIVE", "MAX_KEEPALIVE", "MAX_TOUCH_AGO", "MAX_INT_UID", "MAX_SEQ", "MAX_DATA_DEPTH", "ROLES",
     "ErrorCode", "ProtocolError", "NEED_DATA", "NeedData", "Uid", "SessionKey", "Role", "EventKind",
     "Login", "Ping", "Msg", "Bye", "Attach", "Touch", "Detach", "Marked", "Subscribe", "Query",
     "Watch", "Unwatch", "Replicate",
@@ -37,6 +37,9 @@ MAX_TOKEN_CHARS: Final = 1024
 # below that cannot be honoured, and a tiny one (1e-300) would mean a timeout of ~0.
 MIN_KEEPALIVE: Final = 1.0  # seconds
 MAX_KEEPALIVE: Final = 86400.0  # seconds
+# A touch's `ago` is accepted up to this; the server applies at most half a tick of it (a later stamp is never
+# an early offline), so anything larger is a gateway's mistake, not a clock to trust.
+MAX_TOUCH_AGO: Final = 60.0  # seconds
 MAX_INT_UID: Final = 2**63 - 1  # int uids: 0..2**63-1 (fits a signed 64-bit column everywhere)
 MAX_SEQ: Final = 2**63 - 1
 # `msg` data may nest at most this deep (a scalar is depth 0). msgpack alone would allow 1024 levels, which
@@ -153,9 +156,12 @@ class Attach:
 
 @dataclass(frozen=True, slots=True)
 class Touch:
-    """Gateway: activity from these sessions (session keys, as in `Attach`)."""
+    """Gateway: activity from these sessions (session keys, as in `Attach`). `ago` (optional, seconds in
+    0..`MAX_TOUCH_AGO`): how long before sending the gateway read that activity (a batching gateway holds
+    touches for a while); the server stamps it that much earlier, within its own cap (half a tick)."""
 
     uids: tuple[SessionKey, ...]
+    ago: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,7 +30,7 @@ from typing import Any, Final
 import msgpack
 
 from idled.protocol.messages import (
-    BYE, DETACH_REASONS, MAX_DATA_DEPTH, MAX_DEVICE_BYTES, MAX_FRAME_LIMIT, MAX_INT_UID, MAX_KEEPALIVE, MAX_NAME_BYTES, MAX_SEQ, MAX_TOKEN_CHARS,
+    BYE, DETACH_REASONS, MAX_DATA_DEPTH, MAX_DEVICE_BYTES, MAX_FRAME_LIMIT, MAX_INT_UID, MAX_KEEPALIVE, MAX_NAME_BYTES, MAX_TOUCH_AGO, MAX_SEQ, MAX_TOKEN_CHARS,
     MAX_UID_BYTES, MIN_KEEPALIVE, PING, PONG, Attach, Bye, ClientMessage, Detach, Error, ErrorCode, Event,
     EventKind, Ended, Login, Mark, Marked, Msg, Ping, ProtocolError, Query, Role, ServerMessage, SessionKey, Status, Subscribe, Touch,
     Uid, Welcome,
@@ -143,6 +143,13 @@ def _keepalive(value: Any) -> float:
     raise _bad(f"keepalive must be a number of seconds in {MIN_KEEPALIVE:g}..{MAX_KEEPALIVE:g}, got {_short(value)}")
 
 
+def _touch_ago(value: Any) -> float:
+    t = type(value)
+    if (t is float or t is int) and 0 <= value <= MAX_TOUCH_AGO:  # NaN fails every comparison
+        return float(value)
+    raise _bad(f"ago must be a number of seconds in 0..{MAX_TOUCH_AGO:g}, got {_short(value)}")
+
+
 def _positive(value: Any, what: str) -> float:
     t = type(value)
     if (t is float or t is int) and 0 < value < math.inf:  # NaN fails every comparison
@@ -199,6 +206,7 @@ _DETACH_KEYS: Final = frozenset({"op", "uids", "reason"})
 _MSG_KEYS: Final = frozenset({"op", "data"})
 _ATTACH_KEYS: Final = frozenset({"op", "uids", "keepalive"})
 _UIDS_KEYS: Final = frozenset({"op", "uids"})
+_TOUCH_KEYS: Final = frozenset({"op", "uids", "ago"})
 _SUBSCRIBE_KEYS: Final = frozenset({"op", "from", "durable", "uids"})
 _QUERY_KEYS: Final = frozenset({"op", "uids", "last_seen"})
 
@@ -296,6 +304,14 @@ def _keys_of(obj: dict[str, Any], op: str) -> tuple[SessionKey, ...]:
     return _key_list(obj["uids"])
 
 
+def _parse_touch(obj: dict[str, Any]) -> Touch:
+    _only(obj, _TOUCH_KEYS, "touch")
+    if "uids" not in obj:
+        raise _bad("touch needs uids")
+    ago = obj.get("ago")  # nil counts as absent, as everywhere
+    return Touch(_key_list(obj["uids"]), 0.0 if ago is None else _touch_ago(ago))
+
+
 def _parse_detach(obj: dict[str, Any]) -> Detach:
     reason = obj.get("reason")
     if reason is None:
@@ -335,7 +351,7 @@ _CLIENT_PARSERS: Final[dict[str, Callable[[dict[str, Any]], ClientMessage]]] = {
     "login": _parse_login,
     "bye": _parse_bye,
     "attach": _parse_attach,
-    "touch": lambda obj: Touch(_keys_of(obj, "touch")),
+    "touch": _parse_touch,
     "detach": _parse_detach,
     "marked": _parse_marked,
     "subscribe": _parse_subscribe,

@@ -252,6 +252,21 @@ def test_touch_owned_is_ignored_unless_the_owner_matches() -> None:
     assert run_until_expired(p, "u", 5.0)[0] == pytest.approx(3.9)
 
 
+def test_a_gateway_touch_stamped_before_the_sessions_last_activity_changes_nothing() -> None:
+    # A gateway's touch carries how long ago it read the activity (``ago``), so a touch may be stamped before
+    # what the session already has (its attach, or a later touch): the latest activity wins, a deadline never
+    # moves back (a detector that has placed the session by its later deadline would then find it too late).
+    p = table(tick=0.1, timeout=1.0)
+    gw = Owner("gw")
+    p.login("u", gw, 2.0, wall(2.0))
+    assert p.touch_owned("u", gw, 1.95)  # read before the attach was applied: the attach's time stays
+    assert p.last_activity("u") == 2.0
+    assert p.touch_owned("u", gw, 2.5)
+    assert p.touch_owned("u", gw, 2.4)
+    assert p.last_activity("u") == 2.5
+    assert run_until_expired(p, "u", 5.0)[0] == pytest.approx(3.5)
+
+
 def test_takeover_with_another_keepalive_changes_the_timeout() -> None:
     p = table(tick=0.1, timeout=1.0)
     p.login("u", Owner("a"), 0.0, wall(0.0), keepalive=4.0)

@@ -37,6 +37,7 @@ CLIENT_MESSAGES = [
     Attach((1, "two", 3, 3), 20.0),
     Attach(()),
     Touch(tuple(range(1000))),
+    Touch((1, "a"), 0.09),
     Detach(("a", 2**63 - 1, 0)),
     Marked(123456.789),
     Subscribe(),

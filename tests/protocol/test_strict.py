@@ -11,8 +11,8 @@ import msgpack
 import pytest
 
 from idled.protocol import (
-    MAX_KEEPALIVE, MIN_KEEPALIVE, NEED_DATA, PING, Attach, ErrorCode, Event, FrameDecoder, Login, Msg,
-    ProtocolError, Status, Welcome, decode_client_body, decode_server_body, encode, parse_client_message,
+    MAX_KEEPALIVE, MAX_TOUCH_AGO, MIN_KEEPALIVE, NEED_DATA, PING, Attach, ErrorCode, Event, FrameDecoder, Login,
+    Msg, ProtocolError, Status, Touch, Welcome, decode_client_body, decode_server_body, encode, parse_client_message,
     parse_server_message,
 )
 
@@ -216,6 +216,24 @@ def test_keepalive_outside_the_range_is_bad_message_naming_the_range(keepalive: 
         err = error_of(pack(obj))
         assert err.code == ErrorCode.BAD_MESSAGE
         assert "keepalive must be a number of seconds in 1..86400" in err.reason
+
+
+# ------------------------------------------------------------------------------------------ touch ago
+
+
+@pytest.mark.parametrize("ago", [0, 0.0, 0.01, 1, MAX_TOUCH_AGO])
+def test_a_touch_may_say_how_long_ago_its_activity_was_read(ago: float) -> None:
+    assert accepted(pack({"op": "touch", "uids": [1], "ago": ago})) == Touch((1,), ago)
+    assert accepted(pack({"op": "touch", "uids": [1]})) == Touch((1,))  # absent: now, as before
+    assert accepted(pack({"op": "touch", "uids": [1], "ago": None})) == Touch((1,), 0.0)
+
+
+@pytest.mark.parametrize("ago", [-0.001, -1, MAX_TOUCH_AGO + 0.001, math.nan, math.inf, -math.inf, "1", True],
+                         ids=repr)
+def test_a_touch_ago_outside_the_range_is_bad_message_naming_the_range(ago: Any) -> None:
+    err = error_of(pack({"op": "touch", "uids": [1], "ago": ago}))
+    assert err.code == ErrorCode.BAD_MESSAGE
+    assert f"ago must be a number of seconds in 0..{MAX_TOUCH_AGO:g}" in err.reason
 
 
 # ------------------------------------------------------------------------------------- NaN and inf

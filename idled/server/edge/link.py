@@ -19,8 +19,13 @@ stops an edge from reading its users and answering their pings.
   -- the per-packet path -- is one dict store into ``touches``; the flusher folds them into the batcher when
   it flushes (after the attach/detach groups: a touch of a uid detached meanwhile is ignored by the core, one
   attached meanwhile is covered by the attach). All goes in one write, at most ``flush_interval`` (10 ms)
-  after the first attach or detach, touches alone ``touch_interval`` (30 ms) after the first (a flush costs
-  loop turns: docs/peer.md, "A thread for the plane"), at once at ``flush_size`` touches.
+  after the first attach or detach, touches alone ``touch_interval`` (100 ms) after the first (a flush costs
+  loop turns here and at the core: docs/peer.md, "Touch ages"), at once at ``flush_size`` touches.
+* *Touch ages.* A touch is filed with the time its activity was read (``TOUCH_CLOCK``, the users' ``now``)
+  and travels with its age (``Touch.ago``), so the core stamps it when this edge read it, not when the batch
+  arrived: the wait above moves no deadline. Touches of one flush go in one frame per ``AGE_STEP`` (10 ms)
+  of age, floored: a touch may look up to a step younger than it is (a deadline that much later), never
+  older (an early offline).
 * *Attaches are acknowledged.* An attach is flushed followed by a ping; the core handles a gateway's frames
   in order, so its pong says the attach is done. ``attach`` returns the event that pong sets (shared by
   every attach of that flush; released too if the connection ends): the edge sends the user's welcome after
@@ -80,6 +85,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Final
@@ -95,7 +101,7 @@ from idled.client.trio import TRIO, TrioConn
 from idled.core.timeouts import DEFAULT_MAX_TIMEOUT, DEFAULT_TICK, DEFAULT_TIMEOUT, timeout_for
 from idled.door.outbound import LinkFailed, LinkPolicy, LinkRound, broken_link, dial
 from idled.protocol import (
-    BYE_FRAME, PING_FRAME, Login, Marked, SessionKey, Welcome, encode, tokens,
+    BYE_FRAME, MAX_TOUCH_AGO, PING_FRAME, Login, Marked, SessionKey, Welcome, encode, tokens,
 )
 from idled.protocol.address import Endpoint, HostPort, UnixPath, format_address, format_addresses, parse_addresses
 from idled.server.runtime.clock import WallClock
@@ -105,7 +111,9 @@ __all__ = ["CoreLink", "CoreParams", "LinkMismatch", "open_core_stream", "parse_
 log = logging.getLogger("idled.server.edge.link")
 
 FLUSH_INTERVAL: Final = 0.010  # seconds an attach or detach may wait for company
-TOUCH_INTERVAL: Final = 0.030  # seconds touches alone may wait for company (module docstring, *Batching*)
+TOUCH_INTERVAL: Final = 0.100  # seconds touches alone may wait for company (module docstring, *Batching*)
+AGE_STEP: Final = 0.010  # a touch's age travels floored to this (module docstring, *Touch ages*)
+TOUCH_CLOCK: Final = time.monotonic  # what touches are stamped with (EdgeUsers.now) and aged by
 FLUSH_SIZE: Final = 4096  # pending touches that trigger a flush at once
 MAX_PENDING: Final = 1_000_000  # pending attach/detach uids before the connection is dropped and re-attached
 TOKEN_TTL: Final = 86400.0  # a gateway token minted per connection lives this long
@@ -208,7 +216,7 @@ class CoreLink(GatewayLink):
         self._dead_after = dead_after
         self.clock = clock
         self.wall = WallClock() if wall is None else wall  # a minted token's expiry: the edge's wall clock
-        self.touches: dict[SessionKey, None] = {}
+        self.touches: dict[SessionKey, float] = {}  # session key -> when its latest activity was read (TOUCH_CLOCK)
         self.params: CoreParams | None = None
         self.ready = trio.Event()
         self._first: list[bytes] = []  # the re-attach, for the flusher to write first
@@ -270,12 +278,12 @@ class CoreLink(GatewayLink):
         self.batch.live[uid] = keepalive
         return None
 
-    def touch(self, uid: SessionKey, now: float = 0.0) -> None:
-        """Activity from ``uid``. ``now`` is not used: the core stamps a touch when it arrives (the argument
-        makes this the user loop's ``touch(uid, now())``, as the core's presence table is)."""
+    def touch(self, uid: SessionKey, now: float) -> None:
+        """Activity from ``uid``, read at ``now`` (``TOUCH_CLOCK``: the user loop's ``touch(uid, now())``, as
+        the core's presence table is)."""
         if self.up:
             touches = self.touches
-            touches[uid] = None
+            touches[uid] = now
             if len(touches) == 1:
                 self._touched(False)
             elif len(touches) == FLUSH_SIZE:  # (once: from the plane's thread each wake-up is a syscall)
@@ -470,7 +478,13 @@ class CoreLink(GatewayLink):
 
     def _take(self) -> list[bytes]:
         if self.touches:
-            self.batch.touch(self.touches, 0.0)
+            # One touch frame per AGE_STEP of age: ages floored (younger than they are: never an early offline).
+            now = TOUCH_CLOCK()
+            by_age: dict[int, list[SessionKey]] = {}
+            for uid, read in self.touches.items():
+                by_age.setdefault(int((now - read) / AGE_STEP), []).append(uid)
+            for steps, uids in sorted(by_age.items(), reverse=True):
+                self.batch.touch(uids, now, min(steps * AGE_STEP, MAX_TOUCH_AGO))
             self.touches = {}
         return self.batch.take(self.max_frame)
 

@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 *Users.* After the doorway's login (``idled.server.roles.doorway.Doorway``: admission, login timeout, auth, error
 frames -- the server's own code), a user runs the server's own user loop (``idled.server.roles.users.run_user``)
-with this object as its ``UserSink``: the login is ``link.attach``, every frame ``link.touch(uid)`` (a
+with this object as its ``UserSink``: the login is ``link.attach``, every frame ``link.touch(uid, now)`` (a
 dict store), a ping is answered with a pong from here, and ``bye`` or the end of the stream ends it
 (``link.detach``). Its ``welcome`` carries the timeout the core would give (``CoreParams.timeout_for``). There
 is no per-connection timer or buffer beyond the decoder: idleness is the core's job, and the core says when
@@ -45,7 +45,6 @@ someone else's login: it must not borrow the edge's identity).
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 
 import trio
@@ -53,7 +52,7 @@ import trio
 from idled.door.outbound import LinkFailed, close_link
 from idled.door.websocket import WebSocketStream
 from idled.protocol import ErrorCode, FrameDecoder, Login, ProtocolError, SessionKey, encode
-from idled.server.edge.link import MAX_ATTACHING, CoreLink, open_core_stream
+from idled.server.edge.link import MAX_ATTACHING, TOUCH_CLOCK, CoreLink, open_core_stream
 from idled.server.roles.doorway import close_with
 from idled.server.roles.users import Plane, UserConnection
 
@@ -88,9 +87,9 @@ class EdgeUsers:
     """The edge's ``UserSink`` for the shared user loop (``idled.server.roles.users.run_user``), the relay for
     the other roles (``relay``), and ``ended`` notices."""
 
-    # The link stamps nothing (the core stamps a touch when it arrives): any cheap clock fills the loop's
-    # ``touch(uid, now())``, and a C function costs no Python frame per packet.
-    now = staticmethod(time.monotonic)
+    # The clock the link ages touches by (it tells the core how long ago each was read); a C function costs
+    # no Python frame per packet.
+    now = staticmethod(TOUCH_CLOCK)
 
     def __init__(self, link: CoreLink, core_address: str) -> None:
         self.link = link

@@ -43,6 +43,13 @@ Attaches and detaches do not wait for the log's room meanwhile (``_room``): the 
 reading its touches (a keepalive left unread is a false offline in waiting), and what they can add to memory
 is bounded already (no new session; a logout that cannot be held is left to its deadline: ``Sessions.logout``).
 
+*Touch ages.* A batching gateway holds its touches a while before they travel (an edge: up to its
+``touch_interval``); a ``touch`` carrying ``ago`` is stamped that much before it arrived, so that a deadline
+is its user's last keepalive plus the timeout and not plus the batch's wait as well. The core applies at most
+half a tick of it: a stamp later than the activity is never an early offline, and so capped a deadline never
+lands on a tick the detector has already judged (``ago`` < a tick, see ``idled.core.presence``'s ticks); a
+touch stamped before what the session already has changes nothing (``touch_owned``).
+
 A gateway that logs in with ``"marks": true`` (every edge) reports watermarks: the presence table tracks it
 as an owner (``idled.core.watermarks``), its outbox sends ``mark`` requests, and each ``marked`` answer
 raises its watermark -- waking the tick task when held sessions became due. Its sessions expire ``idle``
@@ -293,12 +300,13 @@ class Gateways:
         sessions = self.sessions
         presence, now = sessions.presence, sessions.clock.now
         gateway, outbox = link.gateway, link.outbox
+        max_ago = presence.tick / 2  # (module docstring, *Touch ages*)
         while True:
             message = await receive_message(stream, decoder)
             if message is None or message is BYE:
                 return message is BYE
             if type(message) is Touch:
-                t = now()
+                t = now() - min(message.ago, max_ago)
                 for uid in message.uids:
                     presence.touch_owned(uid, gateway, t)
             elif type(message) is Marked and outbox is not None and outbox.marks:

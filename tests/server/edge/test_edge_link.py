@@ -9,6 +9,7 @@ link (``idled.client.gatewaylink``): the edge's ``CoreLink`` and the client libr
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -21,7 +22,7 @@ from idled.client.gateway import Gateway
 from idled.client.gatewaylink import GatewayLink
 from idled.client.trio import TRIO
 from idled.protocol import BYE, PING, PONG_FRAME, Attach, Detach, FrameDecoder, Login, Touch, Welcome, encode, receive_message
-from idled.server.edge.link import CoreLink
+from idled.server.edge.link import AGE_STEP, CoreLink
 
 Script = Callable[[trio.SocketStream, FrameDecoder, list[Any]], Awaitable[None]]
 
@@ -151,7 +152,7 @@ async def test_close_during_a_live_link_sends_the_pending_detaches_then_bye() ->
     async with linked(serve_forever) as peers:
         core, link = peers.core, peers.link
         await peers.attach("dave", 10.0)
-        link.touch("dave")
+        link.touch("dave", time.monotonic())
         link.detach("dave", "shutdown")
         with trio.fail_after(10):
             await link.close(timeout=10.0)
@@ -217,10 +218,29 @@ async def test_touches_are_sent_within_the_batch_interval() -> None:
         core, link = peers.core, peers.link
         await peers.attach("hank", 30.0)
         sent = trio.current_time()
-        link.touch("hank")
+        link.touch("hank", time.monotonic())
         await wait_for(lambda: any(type(m) is Touch for m in core.seen[0]), timeout=10.0)
         took = trio.current_time() - sent
         assert took <= link.touch_interval + TOUCH_SLACK, f"a touch took {took:.3f} s (interval {link.touch_interval} s)"
+
+
+async def test_touches_say_how_long_ago_they_were_read_never_longer() -> None:
+    # Touches wait at the edge for company; each carries its age so the core stamps the activity when the
+    # edge read it, not when the batch arrived. Ages are floored (to the link's AGE_STEP): a touch may look
+    # younger than it is -- a later deadline -- never older, which would be an early offline.
+    async with linked(serve_forever) as peers:
+        core, link = peers.core, peers.link
+        await peers.attach("ivy", 30.0)
+        await peers.attach("jon", 30.0)
+        read_ivy = time.monotonic() - 0.25  # as if read by the plane a quarter of a second ago
+        link.touch("ivy", read_ivy)
+        link.touch("jon", read_jon := time.monotonic())
+        await wait_for(lambda: sum(len(m.uids) for m in core.seen[0] if type(m) is Touch) == 2, timeout=10.0)
+        arrived = time.monotonic()
+        ago = {uid: m.ago for m in core.seen[0] if type(m) is Touch for uid in m.uids}
+        assert 0.0 <= ago["jon"] <= arrived - read_jon
+        assert ago["ivy"] <= arrived - read_ivy
+        assert ago["ivy"] - ago["jon"] == pytest.approx(0.25, abs=AGE_STEP)
 
 
 async def test_touches_alone_wait_the_touch_interval_and_a_detach_filed_meanwhile_cuts_it_short() -> None:
@@ -231,7 +251,7 @@ async def test_touches_alone_wait_the_touch_interval_and_a_detach_filed_meanwhil
         await peers.attach("ivy", 30.0)
         await peers.attach("jon", 30.0)
         link.touch_interval = 5.0
-        link.touch("ivy")
+        link.touch("ivy", time.monotonic())
         await trio.sleep(0.3)
         assert not any(type(m) is Touch for m in core.seen[0])  # still waiting for company
         sent = trio.current_time()
