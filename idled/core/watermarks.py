@@ -22,7 +22,7 @@ owner *ready*, and ``release`` returns the held sessions whose deadline it passe
 An owner that lags -- or is stopped -- for any length of time thus delays its own sessions' offlines by that
 long, and never causes one; other owners' sessions are not affected. Owners that do not track marks (direct
 connections, gateways that did not opt in) are never held here: the server stamps their activity when it
-reads it.
+reads it (less a gateway touch's ``ago``: ``idled.server.roles.gateways``, *Touch ages*).
 
 ``wanted`` records, per owner, the latest deadline a held session is waiting on: the server asks that owner
 for a mark now instead of at its next periodic one, so a held session costs one round trip, not a period.

@@ -121,6 +121,8 @@ def _encode_welcome(m: Welcome) -> bytes:
         d["tick"] = m.tick
     if m.max_timeout is not None:
         d["max_timeout"] = m.max_timeout
+    if m.ages:
+        d["ages"] = True
     return _frame(d)
 
 
@@ -144,7 +146,8 @@ _ENCODERS: Final[dict[type, Callable[[Any], bytes]]] = {
     Login: _encode_login,
     Msg: lambda m: _frame({"op": "msg", "data": m.data}),
     Attach: _encode_attach,
-    Touch: lambda m: _frame({"op": "touch", "uids": m.uids} if not m.ago else {"op": "touch", "uids": m.uids, "ago": m.ago}),
+    Touch: lambda m: _frame({"op": "touch", "uids": m.uids} if not m.ago
+                            else {"op": "touch", "uids": m.uids, "ago": m.ago}),
     Detach: lambda m: _frame({"op": "detach", "uids": m.uids} if m.reason is None
                              else {"op": "detach", "uids": m.uids, "reason": m.reason}),
     Subscribe: _encode_subscribe,

@@ -235,7 +235,9 @@ class Query:
 class Welcome:
     """Login accepted. `timeout` (seconds): a user's own timeout, or for a gateway the server's default;
     `max_frame` optionally tells a peer its new limit. A gateway's welcome also carries the server's `tick`
-    and `max_timeout`, so an edge can answer its users' logins exactly as the server would."""
+    and `max_timeout`, so an edge can answer its users' logins exactly as the server would, and `ages`
+    (wire ``"ages": true``): the server honours a touch's `ago` (a gateway sends it only then: an older server
+    refuses the unknown field)."""
 
     role: Role
     name: Uid
@@ -243,6 +245,7 @@ class Welcome:
     max_frame: int | None = None
     tick: float | None = None
     max_timeout: float | None = None
+    ages: bool = False
 
 
 @dataclass(frozen=True, slots=True)

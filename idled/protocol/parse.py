@@ -297,19 +297,17 @@ def _uids_of(obj: dict[str, Any], op: str) -> tuple[Uid, ...]:
     return _uid_list(obj["uids"])
 
 
-def _keys_of(obj: dict[str, Any], op: str) -> tuple[SessionKey, ...]:
-    _only(obj, _UIDS_KEYS, op)
+def _keys_of(obj: dict[str, Any], op: str, allowed: frozenset[str] = _UIDS_KEYS) -> tuple[SessionKey, ...]:
+    _only(obj, allowed, op)
     if "uids" not in obj:
         raise _bad(f"{op} needs uids")
     return _key_list(obj["uids"])
 
 
 def _parse_touch(obj: dict[str, Any]) -> Touch:
-    _only(obj, _TOUCH_KEYS, "touch")
-    if "uids" not in obj:
-        raise _bad("touch needs uids")
+    uids = _keys_of(obj, "touch", _TOUCH_KEYS)
     ago = obj.get("ago")  # nil counts as absent, as everywhere
-    return Touch(_key_list(obj["uids"]), 0.0 if ago is None else _touch_ago(ago))
+    return Touch(uids, 0.0 if ago is None else _touch_ago(ago))
 
 
 def _parse_detach(obj: dict[str, Any]) -> Detach:
@@ -397,7 +395,7 @@ def _parse_welcome(obj: dict[Any, Any]) -> Welcome:
     return Welcome(
         role, name, None if timeout is None else _positive(timeout, "timeout"), max_frame,
         None if tick is None else _positive(tick, "tick"),
-        None if max_timeout is None else _positive(max_timeout, "max_timeout"))
+        None if max_timeout is None else _positive(max_timeout, "max_timeout"), obj.get("ages") is True)
 
 
 def _parse_ended(obj: dict[Any, Any]) -> Ended:

@@ -58,6 +58,7 @@ SERVER_MESSAGES = [
     Error(ErrorCode.KICKED, "a newer login replaced this connection"),
     Error("some_future_code", ""),
     Mark(123456.789),
+    Welcome("gateway", "edge-1", 45.0, 1 << 20, 1.0, 3600.0, ages=True),
 ]
 
 

@@ -25,7 +25,10 @@ stops an edge from reading its users and answering their pings.
   and travels with its age (``Touch.ago``), so the core stamps it when this edge read it, not when the batch
   arrived: the wait above moves no deadline. Touches of one flush go in one frame per ``AGE_STEP`` (10 ms)
   of age, floored: a touch may look up to a step younger than it is (a deadline that much later), never
-  older (an early offline).
+  older (an early offline). The core applies at most half its tick of an age, so touches alone wait no longer
+  than that (a 0.1 s tick: 50 ms), and older ones travel as that old. A core that does not say ``ages`` in
+  its welcome (an older version: it would refuse the field) gets no ages, and touches wait only
+  ``flush_interval``, as attaches do.
 * *Attaches are acknowledged.* An attach is flushed followed by a ping; the core handles a gateway's frames
   in order, so its pong says the attach is done. ``attach`` returns the event that pong sets (shared by
   every attach of that flush; released too if the connection ends): the edge sends the user's welcome after
@@ -211,7 +214,8 @@ class CoreLink(GatewayLink):
         self._attempt = self.address  # the core of the latest attempt (`address` moves on when it fails)
         self.flush_interval = flush_interval
         self.touch_interval = touch_interval
-        self._touches_wait = False  # the flusher waits touch_interval for touches alone (an operation cuts it short)
+        self._touches_wait = False  # the flusher waits for touches alone (an operation cuts it short)
+        self._max_age: float | None = None  # the age the core applies (half its tick); None: it takes no ages
         self.ping_interval = ping_interval
         self._dead_after = dead_after
         self.clock = clock
@@ -365,6 +369,7 @@ class CoreLink(GatewayLink):
 
     async def _on_welcome(self, conn: Conn, welcome: Welcome) -> None:
         self.params = CoreParams(welcome)
+        self._max_age = min(self.params.tick / 2, MAX_TOUCH_AGO) if welcome.ages else None
         self._down = trio.Event()
         self._scope = trio.CancelScope()  # the flusher runs in it; a cancel before it starts counts too
         self.touches = {}
@@ -441,7 +446,7 @@ class CoreLink(GatewayLink):
                 await self._wake.wait()
             if self._wake.is_set():
                 self._touches_wait = not self.batch.pending and self._mark is None
-                with trio.move_on_after(self.touch_interval if self._touches_wait else self.flush_interval):
+                with trio.move_on_after(self._touch_wait() if self._touches_wait else self.flush_interval):
                     await self._urgent.wait()
                 self._touches_wait = False
                 self._wake, self._urgent = trio.Event(), trio.Event()
@@ -476,16 +481,24 @@ class CoreLink(GatewayLink):
             if closing:
                 await trio.sleep_forever()  # the core closes the connection after the bye
 
+    def _touch_wait(self) -> float:
+        """How long touches alone wait (*Touch ages*): no longer than the core applies of their age."""
+        return self.flush_interval if self._max_age is None else min(self.touch_interval, self._max_age)
+
     def _take(self) -> list[bytes]:
-        if self.touches:
-            # One touch frame per AGE_STEP of age: ages floored (younger than they are: never an early offline).
-            now = TOUCH_CLOCK()
+        touches, max_age = self.touches, self._max_age
+        if touches and max_age is None:
+            self.batch.touch(touches, 0.0)
+        elif touches and max_age is not None:
+            # One touch frame per AGE_STEP of age, floored (younger than they are: never an early offline),
+            # and none older than the core applies (a link that lagged sends one frame for all of those).
+            now, top = TOUCH_CLOCK(), int(max_age / AGE_STEP)
             by_age: dict[int, list[SessionKey]] = {}
-            for uid, read in self.touches.items():
-                by_age.setdefault(int((now - read) / AGE_STEP), []).append(uid)
+            for uid, read in touches.items():
+                by_age.setdefault(min(int((now - read) / AGE_STEP), top), []).append(uid)
             for steps, uids in sorted(by_age.items(), reverse=True):
-                self.batch.touch(uids, now, min(steps * AGE_STEP, MAX_TOUCH_AGO))
-            self.touches = {}
+                self.batch.touch(uids, 0.0, steps * AGE_STEP)
+        self.touches = {}
         return self.batch.take(self.max_frame)
 
     async def close(self, timeout: float = 2.0) -> None:

@@ -43,12 +43,12 @@ Attaches and detaches do not wait for the log's room meanwhile (``_room``): the 
 reading its touches (a keepalive left unread is a false offline in waiting), and what they can add to memory
 is bounded already (no new session; a logout that cannot be held is left to its deadline: ``Sessions.logout``).
 
-*Touch ages.* A batching gateway holds its touches a while before they travel (an edge: up to its
-``touch_interval``); a ``touch`` carrying ``ago`` is stamped that much before it arrived, so that a deadline
-is its user's last keepalive plus the timeout and not plus the batch's wait as well. The core applies at most
-half a tick of it: a stamp later than the activity is never an early offline, and so capped a deadline never
-lands on a tick the detector has already judged (``ago`` < a tick, see ``idled.core.presence``'s ticks); a
-touch stamped before what the session already has changes nothing (``touch_owned``).
+*Touch ages.* A batching gateway holds its touches a while before they travel (an edge: up to 100 ms); a
+``touch`` carrying ``ago`` (which the welcome's ``ages`` invites) is stamped that much before it arrived, so a
+deadline is its user's last keepalive plus the timeout, not plus the batch's wait too. At most half a tick of
+it is applied: a stamp later than the activity is never an early offline, and so capped a deadline never lands
+on a tick already judged (``ago`` < a tick <= any timeout); a touch stamped before what the session already
+has changes nothing (``touch_owned``).
 
 A gateway that logs in with ``"marks": true`` (every edge) reports watermarks: the presence table tracks it
 as an owner (``idled.core.watermarks``), its outbox sends ``mark`` requests, and each ``marked`` answer
@@ -293,7 +293,8 @@ class Gateways:
         # The presence table's own rule, evaluated at its extremes, gives the edge its parameters: the
         # default timeout, the floor (a tick) and the cap (max_timeout, as far as any keepalive can reach).
         rule = self.sessions.presence.timeout_for
-        return Welcome("gateway", gateway.name, rule(None), self.max_frame, rule(1e-9), rule(MAX_KEEPALIVE))
+        return Welcome("gateway", gateway.name, rule(None), self.max_frame, rule(1e-9), rule(MAX_KEEPALIVE),
+                       ages=True)
 
     async def serve(self, link: GatewayConnection, stream: trio.abc.Stream, decoder: FrameDecoder) -> bool:
         """The gateway's frames until ``bye`` (True) or the end of its stream (False)."""

@@ -290,7 +290,7 @@ class UserPlane:
         """Serve the sockets ``events`` report (under the loop lock, from the thread or a task): reads, touches,
         pongs and flushes. What closes is only filed here (``_close``); the task ends it (``_settle``)."""
         conns = self.conns
-        now = self.users.now()  # read after the poll: no frame here arrived after it
+        reads: list[tuple[UserConnection, bytes]] = []
         for fd, mask in events:
             record = conns[fd] if fd < len(conns) else None
             if record is None:  # (the stop's eventfd, or a connection ended since the thread polled)
@@ -300,11 +300,23 @@ class UserPlane:
                 # as closed since, out of the epoll -- not to be re-armed -- and no longer read)
                 if mask & select.EPOLLOUT and record not in self._ending:
                     self._flush(record)
-                if mask & ~select.EPOLLOUT and record.reading:
-                    self._read(record, now)
-            except Exception:  # a bug: that connection is closed, the others are served on
-                log.exception("user plane: serving %r failed (bug); connection closed", record.key)
-                self._close(record, "closed")
+                if mask & ~select.EPOLLOUT and record.reading and (data := self._recv(record)) is not None:
+                    reads.append((record, data))
+            except Exception:
+                self._bug(record)
+        # Read after every recv of the batch: no byte handled here arrived after it (a stamp before its
+        # frame arrived could be an early offline).
+        now = self.users.now()
+        for record, data in reads:
+            try:
+                self._handle(record, data, now)
+            except Exception:
+                self._bug(record)
+
+    def _bug(self, record: UserConnection) -> None:
+        """Serving ``record`` failed (a bug): that connection is closed, the others are served on."""
+        log.exception("user plane: serving %r failed (bug); connection closed", record.key)
+        self._close(record, "closed")
 
     def _settle(self) -> None:
         """On a task: end every connection filed as closed (``_finish``), in the order they were filed."""
@@ -313,13 +325,19 @@ class UserPlane:
             record = next(iter(ending))
             self._finish(record, ending.pop(record))
 
-    def _read(self, record: UserConnection, now: float) -> None:
+    @staticmethod
+    def _recv(record: UserConnection) -> bytes | None:
+        """What the socket holds (b"": its end, or an error: the connection closes), None if nothing."""
         try:
-            data = record.sock.recv(RECV_BYTES)
+            data: bytes = record.sock.recv(RECV_BYTES)
         except _RETRY:
-            return
+            return None
         except OSError:
-            data = b""
+            return b""
+        return data
+
+    def _handle(self, record: UserConnection, data: bytes, now: float) -> None:
+        """One read of ``record``'s: its frames touched at ``now``, pongs sent, its end filed."""
         decoder = record.decoder
         if not data:
             if decoder is not None and decoder.buffered and record.end is None:

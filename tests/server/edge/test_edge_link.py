@@ -28,11 +28,12 @@ Script = Callable[[trio.SocketStream, FrameDecoder, list[Any]], Awaitable[None]]
 
 
 class ScriptedCore:
-    """A listener whose n-th connection runs ``scripts[n]`` after the login and welcome; ``seen`` records
-    every frame each connection sent, in order."""
+    """A listener whose n-th connection runs ``scripts[n]`` after the login and welcome (``tick``, ``ages``:
+    what it says); ``seen`` records every frame each connection sent, in order."""
 
-    def __init__(self, *scripts: Script) -> None:
+    def __init__(self, *scripts: Script, tick: float = 0.1, ages: bool = True) -> None:
         self.scripts = list(scripts)
+        self.tick, self.ages = tick, ages
         self.seen: list[list[Any]] = []
         self.port = 0
 
@@ -50,7 +51,7 @@ class ScriptedCore:
         try:
             login = await receive_message(stream, decoder)
             assert isinstance(login, Login) and login.role == "gateway" and login.ended
-            await stream.send_all(encode(Welcome("gateway", login.name, 3.0, 1 << 20, 0.1, 60.0)))
+            await stream.send_all(encode(Welcome("gateway", login.name, 3.0, 1 << 20, self.tick, 60.0, self.ages)))
             await script(stream, decoder, seen)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
@@ -99,9 +100,9 @@ class Linked:
 
 
 @asynccontextmanager
-async def linked(*scripts: Script) -> AsyncIterator[Linked]:
-    """``ScriptedCore(*scripts)`` listening, a ``CoreLink`` to it running; both cancelled when the block ends."""
-    core = ScriptedCore(*scripts)
+async def linked(*scripts: Script, tick: float = 0.1, ages: bool = True) -> AsyncIterator[Linked]:
+    """``ScriptedCore(*scripts, ...)`` listening, a ``CoreLink`` to it running; both cancelled when the block ends."""
+    core = ScriptedCore(*scripts, tick=tick, ages=ages)
     async with trio.open_nursery() as nursery:
         await nursery.start(core.serve)
         link = CoreLink(f"127.0.0.1:{core.port}", "edge-test", secret=None, on_ended=lambda uids, reason: None,
@@ -228,7 +229,7 @@ async def test_touches_say_how_long_ago_they_were_read_never_longer() -> None:
     # Touches wait at the edge for company; each carries its age so the core stamps the activity when the
     # edge read it, not when the batch arrived. Ages are floored (to the link's AGE_STEP): a touch may look
     # younger than it is -- a later deadline -- never older, which would be an early offline.
-    async with linked(serve_forever) as peers:
+    async with linked(serve_forever, tick=1.0) as peers:
         core, link = peers.core, peers.link
         await peers.attach("ivy", 30.0)
         await peers.attach("jon", 30.0)
@@ -240,13 +241,44 @@ async def test_touches_say_how_long_ago_they_were_read_never_longer() -> None:
         ago = {uid: m.ago for m in core.seen[0] if type(m) is Touch for uid in m.uids}
         assert 0.0 <= ago["jon"] <= arrived - read_jon
         assert ago["ivy"] <= arrived - read_ivy
-        assert ago["ivy"] - ago["jon"] == pytest.approx(0.25, abs=AGE_STEP)
+        assert ago["ivy"] - ago["jon"] == pytest.approx(0.25, abs=AGE_STEP * 1.01)  # (each floored on its own)
+
+
+async def test_no_touch_is_older_than_the_core_applies_nor_waits_longer() -> None:
+    # The core applies at most half its tick of an age: touches alone wait no longer than that, and an older
+    # one (a link that lagged) travels as that old, with the others of that age (one frame, not one per step).
+    async with linked(serve_forever, tick=0.04) as peers:
+        core, link = peers.core, peers.link
+        for uid in ("ivy", "jon", "kim"):
+            await peers.attach(uid, 30.0)
+        link.touch("ivy", time.monotonic() - 5.0)
+        link.touch("jon", time.monotonic() - 0.5)
+        sent = time.monotonic()
+        link.touch("kim", sent)
+        await wait_for(lambda: sum(len(m.uids) for m in core.seen[0] if type(m) is Touch) == 3, timeout=10.0)
+        assert time.monotonic() - sent <= 0.02 + TOUCH_SLACK
+        touches = [m for m in core.seen[0] if type(m) is Touch]
+        ago = {uid: m.ago for m in touches for uid in m.uids}
+        assert ago["ivy"] == ago["jon"] == 0.02 and ago["kim"] <= 0.02 and len(touches) <= 2
+
+
+async def test_a_core_that_does_not_say_ages_gets_none_and_touches_wait_only_the_flush_interval() -> None:
+    # An older core refuses a field it does not know (a touch's ``ago``): the link must not send it there, and
+    # without ages a wait would move deadlines, so touches go as soon as attaches do.
+    async with linked(serve_forever, ages=False) as peers:
+        core, link = peers.core, peers.link
+        await peers.attach("ivy", 30.0)
+        sent = time.monotonic()
+        link.touch("ivy", sent - 0.25)
+        await wait_for(lambda: any(type(m) is Touch for m in core.seen[0]), timeout=10.0)
+        assert time.monotonic() - sent <= link.flush_interval + TOUCH_SLACK
+        assert [m for m in core.seen[0] if type(m) is Touch] == [Touch(("ivy",))]
 
 
 async def test_touches_alone_wait_the_touch_interval_and_a_detach_filed_meanwhile_cuts_it_short() -> None:
     # Touches alone wait for company longer than attaches and detaches (fewer flushes: fewer loop turns at
     # the edge and at the core); a detach -- a logout the observers wait for -- must not wait with them.
-    async with linked(serve_forever) as peers:
+    async with linked(serve_forever, tick=20.0) as peers:  # (a tick whose half is longer than the wait below)
         core, link = peers.core, peers.link
         await peers.attach("ivy", 30.0)
         await peers.attach("jon", 30.0)

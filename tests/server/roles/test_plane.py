@@ -410,3 +410,40 @@ async def test_a_failure_in_the_planes_thread_ends_its_task_with_the_error() -> 
                 await trio.testing.wait_all_tasks_blocked()
                 peer.sendall(PING_FRAME)
     assert plane.stopped
+
+
+async def test_a_frame_that_arrives_while_the_batch_reads_its_clock_is_not_stamped_before_it_arrived() -> None:
+    """A keepalive's stamp must not be earlier than the keepalive (an early deadline is an early offline). The
+    clock is read once per batch: a frame that arrives after that reading and is then read in the same batch
+    would carry a stamp from before it was sent. Here the clock reading itself lets the peer's second ping in."""
+    import socket
+
+    from idled.protocol import FrameDecoder
+    from idled.server.roles.plane import UserPlane
+    from idled.server.roles.users import UserConnection
+
+    sent: list[float] = []
+    stamps: list[float] = []
+
+    class Racing(_Sink):
+        def touch(self, key: Any, now: float) -> None:
+            stamps.append(now)
+
+        def now(self) -> float:
+            t = time.monotonic()
+            if len(sent) == 1:  # the second ping lands just after this reading
+                sent.append(time.monotonic())
+                peer.sendall(PING_FRAME)
+            return t
+
+    plane = UserPlane(cast(Any, Racing()), release=lambda: None, reject=lambda code: None)
+    ours, peer = socket.socketpair()
+    with peer:
+        assert plane.adopt(trio.SocketStream(trio.socket.from_stdlib_socket(ours)), "alice", UserConnection(),
+                           FrameDecoder())
+        sent.append(time.monotonic())
+        peer.sendall(PING_FRAME)
+        while len(stamps) < 2:
+            plane.drain()
+        assert len(sent) == 2 and all(stamp >= at for stamp, at in zip(stamps, sent)), (stamps, sent)
+        plane.drain()

@@ -37,7 +37,8 @@ export interface Ping { op: "ping" }
 export interface Msg { op: "msg"; data?: unknown }
 export interface Bye { op: "bye" }
 export interface Attach { op: "attach"; uids: readonly SessionKey[]; keepalive?: number }
-export interface Touch { op: "touch"; uids: readonly SessionKey[] }
+// `ago`: seconds since the gateway read that activity; send it only to a server whose welcome says `ages` (docs/protocol.md).
+export interface Touch { op: "touch"; uids: readonly SessionKey[]; ago?: number }
 export interface Detach { op: "detach"; uids: readonly SessionKey[]; reason?: "logout" | "closed" | "shutdown" }
 export interface Marked { op: "marked"; t: number }
 export interface Subscribe { op: "subscribe"; from?: number; durable?: boolean; uids?: readonly Uid[] }
