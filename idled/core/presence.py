@@ -273,9 +273,8 @@ class PresenceTable:
         return self.holds.take(key) if self.holds.held else None
 
     def touch_owned(self, key: SessionKey, owner: Owner, now: float) -> bool:
-        """Activity reported by ``owner`` (a gateway) for ``key`` at ``now``; ignored unless it owns the session.
-        A gateway's touch may be stamped before its arrival (``Touch.ago``), so ``now`` may be earlier than the
-        session's last activity: that activity stands (a deadline never moves back, see the detectors)."""
+        """Activity reported by ``owner`` (a gateway) for ``key`` at ``now`` (maybe before the session's last
+        activity: ``Touch.ago``; it stands); ignored unless it owns the session."""
         session = self._sessions.get(key)
         if session is None:
             held = self.holds.held.get(key)
@@ -284,10 +283,8 @@ class PresenceTable:
             self.holds.take(key)
             self._file(key, held, max(now, held.seen))  # it spoke before its deadline after all
             return True
-        if session.owner is not owner:
-            return False
-        if now <= session.seen:  # a gateway's touch stamped back (``ago``): no later than what the session has
-            return True
+        if session.owner is not owner or now <= session.seen:  # not its own, or no later than what it has
+            return session.owner is owner
         session.seen = now
         seconds = session.seconds
         tick = self._activity_tick(now) if seconds is self._timeout else self._own_tick(now, seconds, session.timeout)

@@ -20,67 +20,54 @@ stops an edge from reading its users and answering their pings.
   it flushes (after the attach/detach groups: a touch of a uid detached meanwhile is ignored by the core, one
   attached meanwhile is covered by the attach). All goes in one write, at most ``flush_interval`` (10 ms)
   after the first attach or detach, touches alone ``touch_interval`` (100 ms) after the first (a flush costs
-  loop turns here and at the core: docs/peer.md, "Touch ages"), at once at ``flush_size`` touches.
-* *Touch ages.* A touch is filed with the time its activity was read (``TOUCH_CLOCK``, the users' ``now``)
-  and travels with its age (``Touch.ago``), so the core stamps it when this edge read it, not when the batch
-  arrived: the wait above moves no deadline. Touches of one flush go in one frame per ``AGE_STEP`` (10 ms)
-  of age, floored: a touch may look up to a step younger than it is (a deadline that much later), never
-  older (an early offline). The core applies at most half its tick of an age, so touches alone wait no longer
-  than that (a 0.1 s tick: 50 ms), and older ones travel as that old. A core that does not say ``ages`` in
-  its welcome (an older version: it would refuse the field) gets no ages, and touches wait only
-  ``flush_interval``, as attaches do.
+  loop turns here and at the core: docs/peer.md, "Touch ages"), at once at ``flush_size`` touches. Each
+  touch carries its age (``idled.server.edge.touches``): the wait moves no deadline. It is no longer than
+  the core applies of an age (half its tick); a core that takes no ages gets touches after ``flush_interval``.
 * *Attaches are acknowledged.* An attach is flushed followed by a ping; the core handles a gateway's frames
   in order, so its pong says the attach is done. ``attach`` returns the event that pong sets (shared by
   every attach of that flush; released too if the connection ends): the edge sends the user's welcome after
   it, so a welcome means "online in the record", as for a direct login. An attach is flushed at once while
-  no acknowledgement is in flight, else when that one's pong arrives or the batch interval is up, whichever
-  comes first: under a login storm the attaches of a round trip share one frame and one pong, so the
-  batches grow with the core's lag instead of the pongs multiplying (2,000 logins/s cost the core 2,000
-  pong writes before).
+  no acknowledgement is in flight, else when that one's pong arrives or the batch interval is up: under a
+  login storm the attaches of a round trip share one frame and one pong (batches grow with the core's lag).
 * *Reconnecting* (``Link.run``). When the connection ends (refused, reset, end of stream, any error frame
   of the core -- an edge retries them all, ``auth_failed`` included): the reader or the flusher that saw it
   raises ``ConnectionLost`` (or the core's error), the other is cancelled, nothing is raised out of
-  ``run()``, and the link sleeps a full-jitter backoff (``Backoff``: attempt n after the last login waits
-  uniform(0, min(cap, base 2^n)), so a thousand edges do not return in lockstep) and connects again. While
-  disconnected (not ``up``) only the live uids are kept up to date (``touches`` are dropped: the re-attach
-  is fresh activity for all of them). On every welcome the batcher's ``reattach`` replaces whatever was
-  pending by an attach of every live uid: the core forgot them (``gateway_lost``, ``shutdown`` or
-  ``restart`` offlines) and they come back ``online``; the flusher writes it first.
+  ``run()``, and the link sleeps a full-jitter backoff (``Backoff``: a thousand edges do not return in
+  lockstep) and connects again. While disconnected (not ``up``) only the live uids are kept up to date
+  (``touches`` are dropped: the re-attach is fresh activity for all of them). On every welcome the batcher's
+  ``reattach`` replaces whatever was pending by an attach of every live uid (the core forgot them: they come
+  back ``online``); the flusher writes it first.
 * *TLS* (``link_tls``): the link and every relayed connection to a TCP core are opened by
   ``idled.door.outbound.dial`` (a ``unix:PATH`` core stays plain). A configuration the two sides cannot
   speak -- a plaintext link answered ``tls_required``, a TLS link to a plaintext core, a certificate that does
   not verify -- is not retried while nothing has worked since the start (``LinkPolicy.strict``) and every
   listed core answered one in a full round (``LinkRound``): ``run()`` ends with them in ``mismatches`` and
-  the edge exits with one line naming them all. A mismatch with one core of several is logged once and the
-  next core tried; after a first welcome any mismatch is logged once and retried like any other refusal.
+  the edge exits with one line naming them all. Otherwise a mismatch is logged once and the next core tried
+  (after a first welcome: retried like any other refusal).
 * *Several cores* (``--core A,B``): an active core and its standbys, or an elected group. Which one to try
   is the client library's rule (``idled.client.leader``): the core a ``not_leader`` refusal names (its
-  ``leader``) first, else the others in turn, at once; the backoff above is slept between full rounds only.
-  The users stay through it all, and the welcome of whichever core leads re-attaches them there. A switch
-  is logged once (``edge: core is now B (was A)``). Relayed gateways and observers go to the current core.
+  ``leader``) first, else the others in turn, at once; the backoff is slept between full rounds only. The
+  users stay, and the welcome of whichever core leads re-attaches them there (a switch is logged once);
+  relayed gateways and observers go to the current core.
 * *Notices.* The link logs in with ``"ended": true``; each ``ended`` frame is handed to ``on_ended(uids,
   reason)``, which decides per uid what to forget (``EdgeUsers.on_ended``: a notice that crossed a fresh
   login re-attaches it instead). The welcome's ``timeout``, ``tick`` and ``max_timeout`` are kept in
   ``params`` (``timeout_for``): the edge answers its users' logins with them.
-* *Bounds.* ``touches`` holds at most one entry per live uid. Attach/detach groups grow with logins while the
-  core is not reading; beyond ``max_pending`` pending uids the connection is dropped and re-established,
-  which replaces the backlog by one re-attach of the live uids. A frame from the core is at most the client
-  library's ``CLIENT_MAX_FRAME``.
+* *Bounds.* ``touches``: one entry per live uid at most. Attach/detach groups grow with logins while the core
+  is not reading; past ``max_pending`` uids the connection is dropped, and one re-attach replaces the backlog.
+  A frame from the core is at most the client library's ``CLIENT_MAX_FRAME``.
 * *Watermarks* (``idled.core.watermarks``). The link logs in with ``"marks": true``. When the core asks
   ``mark(t)``, the flusher answers ``marked(t)`` after two event-loop turns and a drain of the user plane
-  (``drain``: it lets readiness gather between polls) -- by then every user task and the plane have read, and
-  touched, whatever a socket held when the request arrived -- and after the touches it collected, in the
-  same write. The core holds a session of this edge until an answer passes its deadline:
-  a keepalive that reached this edge in time is never lost to a lagging or stopped edge, a full batch or a
-  busy link. Only the latest request waiting is answered (it covers the earlier ones).
-* *Admission.* ``attaches_in_flight`` counts the attaches the core has not acknowledged yet; past ``MAX_ATTACHING``
-  the edge refuses new logins with ``busy`` (``EdgeUsers.begin``): a core that cannot keep up pushes back
-  on logins instead of collecting a backlog the users would wait on.
+  (``drain``) -- by then every user task and the plane have read, and touched, whatever a socket held when
+  the request arrived -- and after the touches it collected, in the same write. The core holds a session of
+  this edge until an answer passes its deadline: a keepalive that reached this edge in time is never lost to a
+  lagging or stopped edge, a full batch or a busy link. Only the latest request waiting is answered.
+* *Admission.* Past ``MAX_ATTACHING`` attaches not yet acknowledged (``attaches_in_flight``) the edge refuses
+  new logins ``busy`` (``EdgeUsers.begin``): a core that cannot keep up pushes back instead of a backlog.
 * *Liveness.* The link pings the core every ``ping_interval`` seconds; no frame at all for ``dead_after``
   seconds of this edge's own running time (``clock``: the stall guard's, so a pause of this edge is not the
-  core's silence) means the core, or the path to it, is gone without a reset: the connection is dropped.
-  Over a unix socket the kernel reports a dead core at once, and a silent one is only stopped: no silence
-  ends such a link.
+  core's silence) means the core, or the path to it, is gone without a reset: the connection is dropped
+  (over a unix socket the kernel reports a dead core at once; no silence ends such a link).
 """
 
 from __future__ import annotations
@@ -88,7 +75,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Final
@@ -104,9 +90,10 @@ from idled.client.trio import TRIO, TrioConn
 from idled.core.timeouts import DEFAULT_MAX_TIMEOUT, DEFAULT_TICK, DEFAULT_TIMEOUT, timeout_for
 from idled.door.outbound import LinkFailed, LinkPolicy, LinkRound, broken_link, dial
 from idled.protocol import (
-    BYE_FRAME, MAX_TOUCH_AGO, PING_FRAME, Login, Marked, SessionKey, Welcome, encode, tokens,
+    BYE_FRAME, PING_FRAME, Login, Marked, SessionKey, Welcome, encode, tokens,
 )
 from idled.protocol.address import Endpoint, HostPort, UnixPath, format_address, format_addresses, parse_addresses
+from idled.server.edge.touches import fold
 from idled.server.runtime.clock import WallClock
 
 __all__ = ["CoreLink", "CoreParams", "LinkMismatch", "open_core_stream", "parse_cores"]
@@ -115,8 +102,6 @@ log = logging.getLogger("idled.server.edge.link")
 
 FLUSH_INTERVAL: Final = 0.010  # seconds an attach or detach may wait for company
 TOUCH_INTERVAL: Final = 0.100  # seconds touches alone may wait for company (module docstring, *Batching*)
-AGE_STEP: Final = 0.010  # a touch's age travels floored to this (module docstring, *Touch ages*)
-TOUCH_CLOCK: Final = time.monotonic  # what touches are stamped with (EdgeUsers.now) and aged by
 FLUSH_SIZE: Final = 4096  # pending touches that trigger a flush at once
 MAX_PENDING: Final = 1_000_000  # pending attach/detach uids before the connection is dropped and re-attached
 TOKEN_TTL: Final = 86400.0  # a gateway token minted per connection lives this long
@@ -220,7 +205,7 @@ class CoreLink(GatewayLink):
         self._dead_after = dead_after
         self.clock = clock
         self.wall = WallClock() if wall is None else wall  # a minted token's expiry: the edge's wall clock
-        self.touches: dict[SessionKey, float] = {}  # session key -> when its latest activity was read (TOUCH_CLOCK)
+        self.touches: dict[SessionKey, float] = {}  # session key -> when its latest activity was read (``touches``)
         self.params: CoreParams | None = None
         self.ready = trio.Event()
         self._first: list[bytes] = []  # the re-attach, for the flusher to write first
@@ -283,8 +268,7 @@ class CoreLink(GatewayLink):
         return None
 
     def touch(self, uid: SessionKey, now: float) -> None:
-        """Activity from ``uid``, read at ``now`` (``TOUCH_CLOCK``: the user loop's ``touch(uid, now())``, as
-        the core's presence table is)."""
+        """Activity from ``uid``, read at ``now`` (``touches.TOUCH_CLOCK``: the user loop's ``touch(uid, now())``)."""
         if self.up:
             touches = self.touches
             touches[uid] = now
@@ -369,7 +353,7 @@ class CoreLink(GatewayLink):
 
     async def _on_welcome(self, conn: Conn, welcome: Welcome) -> None:
         self.params = CoreParams(welcome)
-        self._max_age = min(self.params.tick / 2, MAX_TOUCH_AGO) if welcome.ages else None
+        self._max_age = self.params.tick / 2 if welcome.ages else None
         self._down = trio.Event()
         self._scope = trio.CancelScope()  # the flusher runs in it; a cancel before it starts counts too
         self.touches = {}
@@ -481,24 +465,13 @@ class CoreLink(GatewayLink):
             if closing:
                 await trio.sleep_forever()  # the core closes the connection after the bye
 
-    def _touch_wait(self) -> float:
-        """How long touches alone wait (*Touch ages*): no longer than the core applies of their age."""
+    def _touch_wait(self) -> float:  # no longer than the core applies of an age (module docstring, *Batching*)
         return self.flush_interval if self._max_age is None else min(self.touch_interval, self._max_age)
 
     def _take(self) -> list[bytes]:
-        touches, max_age = self.touches, self._max_age
-        if touches and max_age is None:
-            self.batch.touch(touches, 0.0)
-        elif touches and max_age is not None:
-            # One touch frame per AGE_STEP of age, floored (younger than they are: never an early offline),
-            # and none older than the core applies (a link that lagged sends one frame for all of those).
-            now, top = TOUCH_CLOCK(), int(max_age / AGE_STEP)
-            by_age: dict[int, list[SessionKey]] = {}
-            for uid, read in touches.items():
-                by_age.setdefault(min(int((now - read) / AGE_STEP), top), []).append(uid)
-            for steps, uids in sorted(by_age.items(), reverse=True):
-                self.batch.touch(uids, 0.0, steps * AGE_STEP)
-        self.touches = {}
+        if self.touches:
+            fold(self.touches, self.batch, self._max_age)
+            self.touches = {}
         return self.batch.take(self.max_frame)
 
     async def close(self, timeout: float = 2.0) -> None:

@@ -52,7 +52,8 @@ import trio
 from idled.door.outbound import LinkFailed, close_link
 from idled.door.websocket import WebSocketStream
 from idled.protocol import ErrorCode, FrameDecoder, Login, ProtocolError, SessionKey, encode
-from idled.server.edge.link import MAX_ATTACHING, TOUCH_CLOCK, CoreLink, open_core_stream
+from idled.server.edge.link import MAX_ATTACHING, CoreLink, open_core_stream
+from idled.server.edge.touches import TOUCH_CLOCK
 from idled.server.roles.doorway import close_with
 from idled.server.roles.users import Plane, UserConnection
 

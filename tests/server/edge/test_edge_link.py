@@ -22,7 +22,8 @@ from idled.client.gateway import Gateway
 from idled.client.gatewaylink import GatewayLink
 from idled.client.trio import TRIO
 from idled.protocol import BYE, PING, PONG_FRAME, Attach, Detach, FrameDecoder, Login, Touch, Welcome, encode, receive_message
-from idled.server.edge.link import AGE_STEP, CoreLink
+from idled.server.edge.link import CoreLink
+from idled.server.edge.touches import AGE_STEP
 
 Script = Callable[[trio.SocketStream, FrameDecoder, list[Any]], Awaitable[None]]
 
