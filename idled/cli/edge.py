@@ -7,6 +7,7 @@ import dataclasses
 import logging
 import os
 import socket
+from typing import TYPE_CHECKING
 
 
 from idled.cli.serve import fatal, run_until_stopped
@@ -17,12 +18,14 @@ from idled.ops.config import Config, ConfigError
 from idled.ops.fatal import EXIT_OK, EXIT_USAGE, Fatal
 from idled.ops.gcpolicy import GcPolicy
 from idled.ops.logs import setup_logging
-from idled.ops.metrics import Metrics
 from idled.protocol import tokens
 from idled.protocol.address import AddressError, HostPort
 from idled.server.edge import Edge
 from idled.server.edge.link import parse_cores
 from idled.server.workers.occupancy import Occupancy, parse_occupancy
+
+if TYPE_CHECKING:
+    from idled.ops.metrics import Metrics
 
 log = logging.getLogger("idled.server.edge")
 
@@ -82,9 +85,8 @@ def run(args: argparse.Namespace) -> int:
         # The link to a TCP core logs in with a token from the same secret; a unix-socket core trusts its socket.
         tcp = any(isinstance(core, HostPort) for core in cores)
         link_secret = tokens.load_secret(cfg.secret_file) if cfg.secret_file and tcp else None
-        registry = _registry() if cfg.metrics_port else None
         edge = Edge(cfg, core=args.core, name=name, listen_fds=args.listen_fd,
-                    metrics=Metrics(registry, tick=1.0) if registry is not None else None,
+                    metrics=_metrics() if cfg.metrics_port else None,
                     reload_config=lambda: load(args), link_secret=link_secret, gc_policy=GcPolicy(thaw_every=cfg.gc_thaw_every),
                     occupancy=occupancy, links=LinkPolicy.of(cfg))  # TLS to a TCP core (idled.door.outbound)
     except (ConfigError, tokens.SecretError, ValueError, OSError) as exc:
@@ -97,7 +99,10 @@ def run(args: argparse.Namespace) -> int:
     return status
 
 
-def _registry():  # type: ignore[no-untyped-def]
+def _metrics() -> Metrics:
+    """The edge's own metrics, imported only by an edge that exports them (``idled.ops.nullmetrics``)."""
     from prometheus_client import CollectorRegistry
 
-    return CollectorRegistry()
+    from idled.ops.metrics import Metrics
+
+    return Metrics(CollectorRegistry(), tick=1.0)

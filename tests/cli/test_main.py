@@ -63,3 +63,13 @@ def test_serve_never_imports_pyspark_or_matplotlib() -> None:
            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('pyspark', 'matplotlib')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_an_edge_without_a_metrics_port_never_imports_prometheus_nor_the_engine() -> None:
+    """Every edge is a whole interpreter (six at 100,000 connections): what it never uses is not loaded --
+    prometheus_client with its http.server and email (~2.4 MiB), the core's engine (~1.4 MiB)."""
+    code = "import sys, idled.cli.main; idled.cli.main.build_parser('edge'); import idled.cli.edge; " \
+           "print(sorted(m for m in sys.modules if m.split('.')[0] in ('prometheus_client', 'email') " \
+           "or m.startswith('idled.server.engine') or m == 'idled.ops.metrics'))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -43,7 +43,7 @@ import logging
 import socket
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -55,11 +55,13 @@ from idled.ops.config import Config
 from idled.ops.fdbudget import Budget, ConnectionLimit, edge_budget, open_file_limit
 from idled.ops.gcpolicy import GcPolicy
 from idled.ops.health import Health
-from idled.ops.http import serve_metrics
-from idled.ops.metrics import Metrics, NullMetrics
+from idled.ops.nullmetrics import NullMetrics
 from idled.protocol import ErrorCode
 from idled.server.edge.link import CoreLink
 from idled.server.edge.users import EdgeUsers
+
+if TYPE_CHECKING:  # (exporters only: a process without metrics never imports prometheus_client)
+    from idled.ops.metrics import Metrics
 from idled.server.roles.doorway import Doorway, auth_secret, refuse, refuse_out_of_descriptors
 from idled.server.roles.table import (
     DOOR_RELOADABLE, connection_counts, connection_limit, reload_door, roles, user_plane,
@@ -147,6 +149,8 @@ class Edge:
                     # Its own /status (the core it is on, its link, its users) beside /metrics; no live page.
                     health = Health(None, status=self.status, listening=lambda: bool(self.ports) and not self.users.stopping,
                                     secret=self.secret, wall=self.clock.wall)
+                    from idled.ops.http import serve_metrics  # (an edge that exports: idled.ops.nullmetrics)
+
                     await nursery.start(functools.partial(serve_metrics, health=health, page=False),
                                         self.metrics.registry, metrics_listeners, metrics_gate())
                 else:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Final, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 import trio
 
@@ -37,12 +37,15 @@ from idled.door.gate import Gate, Refused
 from idled.door.websocket import UPGRADE, OriginRule, WsRefused, head_inbox, upgrade
 from idled.ops.config import Config
 from idled.ops.logs import PeerLog
-from idled.ops.metrics import Metrics, NullMetrics
+from idled.ops.nullmetrics import NullMetrics
 from idled.protocol import (
     RECEIVE_BYTES, Error, ErrorCode, FrameDecoder, Login, ProtocolError, encode, receive_message, tokens,
 )
 from idled.protocol.websocket import WsDecoder
 from idled.server.runtime.clock import WallClock
+
+if TYPE_CHECKING:  # (exporters only: a process without metrics never imports prometheus_client)
+    from idled.ops.metrics import Metrics
 
 __all__ = [
     "HANDED_OVER", "ROLE_LABELS", "SEND_ERROR_TIMEOUT", "Admission", "Connection", "Doorway", "Role", "auth_secret",

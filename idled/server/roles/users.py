@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import trio
 
@@ -58,8 +58,10 @@ from idled.protocol import (
     receive_message,
 )
 from idled.protocol.websocket import ACTIVITY, WsDecoder
-from idled.server.engine.sessions import Sessions
 from idled.server.roles.doorway import HANDED_OVER, Admission, Connection, close_with
+
+if TYPE_CHECKING:  # (the core's sink only: an edge never loads the engine)
+    from idled.server.engine.sessions import Sessions
 
 __all__ = [
     "CoreUsers", "HANDED_OVER", "LOGOUT", "NOTHING", "PONG", "UserConnection", "UserSink", "run_user", "user_step",

@@ -14,12 +14,16 @@ time counts as lag too (and, past the stall limit, as a pause).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import trio
 
 from idled.ops import systemd
-from idled.ops.metrics import Metrics, NullMetrics
+from idled.ops.nullmetrics import NullMetrics
 from idled.server.runtime.clock import Clock
+
+if TYPE_CHECKING:  # (exporters only: a process without metrics never imports prometheus_client)
+    from idled.ops.metrics import Metrics
 
 __all__ = ["Monitor", "STATUS_EVERY"]
 
