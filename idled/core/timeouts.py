@@ -9,7 +9,8 @@ asks for no keepalive gets the server's default timeout.
 The presence table applies it to every login; an edge computes the same value from the core's welcome
 (timeout, tick, max_timeout) so its users' welcomes say what a direct login would; the load tester predicts
 it. Whoever needs the rule calls ``timeout_for``: it is written nowhere else. Likewise ``ticks_for``, a
-timeout in whole ticks, rounded up: the presence table's rounding, which the server sizes its detector with.
+timeout in whole ticks, rounded up: the presence table's rounding, which the server sizes its detector with;
+and ``max_touch_age``, how much of a gateway touch's ``ago`` the server applies, which an edge keeps within.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ import math
 from typing import Final
 
 __all__ = [
-    "DEFAULT_MAX_TIMEOUT", "DEFAULT_TICK", "DEFAULT_TIMEOUT", "KEEPALIVE_FACTOR", "SharedTimeouts", "ticks_for",
-    "timeout_for",
+    "DEFAULT_MAX_TIMEOUT", "DEFAULT_TICK", "DEFAULT_TIMEOUT", "KEEPALIVE_FACTOR", "SharedTimeouts", "max_touch_age",
+    "ticks_for", "timeout_for",
 ]
 
 KEEPALIVE_FACTOR: Final = 1.5  # seconds of silence allowed per second of promised keepalive
@@ -35,6 +36,13 @@ def timeout_for(keepalive: float | None, default: float, tick: float, max_timeou
     if keepalive is None:
         return default
     return min(max(KEEPALIVE_FACTOR * keepalive, tick), max_timeout)
+
+
+def max_touch_age(tick: float) -> float:
+    """The most of a gateway touch's ``ago`` the server applies: half a tick. A stamp later than the activity
+    is never an early offline, and with less than a tick applied (every timeout is at least one) a deadline
+    never lands on a tick already judged (``idled.server.roles.gateways``, *Touch ages*)."""
+    return tick / 2
 
 
 def ticks_for(seconds: float, tick: float) -> int:

@@ -50,7 +50,6 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from idled import __version__
-from idled.ops.nullmetrics import NullMetrics
 from idled.ops.procstats import ProcessStats
 
 __all__ = [
@@ -59,7 +58,6 @@ __all__ = [
     "SNAPSHOT_KEYS",
     "Snapshot",
     "Metrics",
-    "NullMetrics",
     "lateness_buckets",
 ]
 

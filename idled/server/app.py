@@ -74,7 +74,8 @@ from idled.ops.gcpolicy import GcPolicy
 from idled.ops.health import Health
 from idled.ops.http import serve_metrics
 from idled.ops.logs import PeerLog, plural
-from idled.ops.metrics import Metrics, NullMetrics
+from idled.ops.metrics import Metrics
+from idled.ops.nullmetrics import NullMetrics
 from idled.protocol import ErrorCode
 from idled.server.election import Election
 from idled.server.election.fence import Fence

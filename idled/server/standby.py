@@ -51,7 +51,8 @@ from idled.ops.fatal import fatal_on_log_error
 from idled.ops.fdbudget import Budget, ConnectionLimit, open_file_limit
 from idled.ops.health import Health
 from idled.ops.http import serve_metrics
-from idled.ops.metrics import Metrics, NullMetrics
+from idled.ops.metrics import Metrics
+from idled.ops.nullmetrics import NullMetrics
 from idled.protocol import ErrorCode, FrameDecoder, Login, ProtocolError, Query, Status, Uid, encode
 from idled.protocol.address import format_address
 from idled.server.engine.bus import EventBus

@@ -651,7 +651,8 @@ def test_null_metrics_has_everything_the_server_bumps() -> None:
     it.)"""
     from prometheus_client import CollectorRegistry
 
-    from idled.ops.metrics import Metrics, NullMetrics
+    from idled.ops.metrics import Metrics
+    from idled.ops.nullmetrics import NullMetrics
 
     real = Metrics(CollectorRegistry(), tick=TICK, process_collectors=False)
     public = {name for name in [*vars(real), *dir(Metrics)] if not name.startswith("_")}

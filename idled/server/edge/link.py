@@ -87,7 +87,7 @@ from idled.client.gatewaylink import EndedCallback, GatewayLink
 from idled.client.leader import LeaderSearch
 from idled.client.link import Conn
 from idled.client.trio import TRIO, TrioConn
-from idled.core.timeouts import DEFAULT_MAX_TIMEOUT, DEFAULT_TICK, DEFAULT_TIMEOUT, timeout_for
+from idled.core.timeouts import DEFAULT_MAX_TIMEOUT, DEFAULT_TICK, DEFAULT_TIMEOUT, max_touch_age, timeout_for
 from idled.door.outbound import LinkFailed, LinkPolicy, LinkRound, broken_link, dial
 from idled.protocol import (
     BYE_FRAME, PING_FRAME, Login, Marked, SessionKey, Welcome, encode, tokens,
@@ -150,14 +150,15 @@ class _TLSConn(TrioConn):
 
 
 class CoreParams:
-    """What the core's welcome said: its default timeout, tick and largest timeout."""
+    """What the core's welcome said: default timeout, tick, largest timeout, touch age applied (None: no ages)."""
 
-    __slots__ = ("timeout", "tick", "max_timeout")
+    __slots__ = ("timeout", "tick", "max_timeout", "max_age")
 
     def __init__(self, welcome: Welcome) -> None:
         self.timeout = welcome.timeout if welcome.timeout is not None else DEFAULT_TIMEOUT
         self.tick = welcome.tick if welcome.tick is not None else DEFAULT_TICK
         self.max_timeout = welcome.max_timeout if welcome.max_timeout is not None else DEFAULT_MAX_TIMEOUT
+        self.max_age = max_touch_age(self.tick) if welcome.ages else None
 
     def timeout_for(self, keepalive: float | None) -> float:
         """The core's rule (``idled.core.timeouts``), so a user's welcome says what a direct login would."""
@@ -200,7 +201,6 @@ class CoreLink(GatewayLink):
         self.flush_interval = flush_interval
         self.touch_interval = touch_interval
         self._touches_wait = False  # the flusher waits for touches alone (an operation cuts it short)
-        self._max_age: float | None = None  # the age the core applies (half its tick); None: it takes no ages
         self.ping_interval = ping_interval
         self._dead_after = dead_after
         self.clock = clock
@@ -353,7 +353,6 @@ class CoreLink(GatewayLink):
 
     async def _on_welcome(self, conn: Conn, welcome: Welcome) -> None:
         self.params = CoreParams(welcome)
-        self._max_age = self.params.tick / 2 if welcome.ages else None
         self._down = trio.Event()
         self._scope = trio.CancelScope()  # the flusher runs in it; a cancel before it starts counts too
         self.touches = {}
@@ -422,6 +421,7 @@ class CoreLink(GatewayLink):
     async def _flusher(self, conn: Conn) -> None:
         """The only writer of the connection: the re-attach, then batches, pings, and the final bye."""
         first, self._first = self._first, []
+        max_age = self.params.max_age if self.params else None  # (this connection's welcome came first)
         await self._write(conn, first)
         next_ping = trio.current_time() + self.ping_interval
         self._heard = self.clock()
@@ -430,7 +430,10 @@ class CoreLink(GatewayLink):
                 await self._wake.wait()
             if self._wake.is_set():
                 self._touches_wait = not self.batch.pending and self._mark is None
-                with trio.move_on_after(self._touch_wait() if self._touches_wait else self.flush_interval):
+                wait = self.flush_interval  # touches alone: no longer than the core applies of an age
+                if self._touches_wait and max_age is not None:
+                    wait = min(self.touch_interval, max_age)
+                with trio.move_on_after(wait):
                     await self._urgent.wait()
                 self._touches_wait = False
                 self._wake, self._urgent = trio.Event(), trio.Event()
@@ -446,7 +449,7 @@ class CoreLink(GatewayLink):
                 await trio.lowlevel.checkpoint()
                 self.drain()
             attaching = self.batch.attaching
-            frames = self._take()
+            frames = self._take(max_age)
             if marked is not None:
                 frames.append(encode(Marked(marked)))
             if attaching or trio.current_time() >= next_ping:  # the pong proves the core is alive (see _on_pong)
@@ -465,12 +468,9 @@ class CoreLink(GatewayLink):
             if closing:
                 await trio.sleep_forever()  # the core closes the connection after the bye
 
-    def _touch_wait(self) -> float:  # no longer than the core applies of an age (module docstring, *Batching*)
-        return self.flush_interval if self._max_age is None else min(self.touch_interval, self._max_age)
-
-    def _take(self) -> list[bytes]:
+    def _take(self, max_age: float | None) -> list[bytes]:
         if self.touches:
-            fold(self.touches, self.batch, self._max_age)
+            fold(self.touches, self.batch, max_age)
             self.touches = {}
         return self.batch.take(self.max_frame)
 

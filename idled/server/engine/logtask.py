@@ -23,7 +23,8 @@ from idled.log.eventlog import EventLog
 from idled.log.writer import run_writer
 from idled.ops.config import Config
 from idled.ops.fatal import fatal_on_log_error
-from idled.ops.metrics import Metrics, NullMetrics
+from idled.ops.metrics import Metrics
+from idled.ops.nullmetrics import NullMetrics
 from idled.server.election.fence import Fence
 from idled.server.engine.bus import EventBus
 from idled.server.engine.degraded import LogHold

@@ -31,7 +31,8 @@ from collections.abc import Callable
 import trio
 
 from idled.core.detector import DEFAULT_CHUNK
-from idled.ops.metrics import Metrics, NullMetrics
+from idled.ops.metrics import Metrics
+from idled.ops.nullmetrics import NullMetrics
 from idled.protocol import ErrorCode
 from idled.server.engine.sessions import Sessions
 

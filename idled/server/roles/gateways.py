@@ -115,6 +115,7 @@ import trio
 
 from idled.core.detector import DEFAULT_CHUNK
 from idled.core.presence import SessionKey as Key
+from idled.core.timeouts import max_touch_age
 from idled.protocol import (
     MAX_DEVICE_BYTES,
     MAX_KEEPALIVE,
@@ -301,7 +302,7 @@ class Gateways:
         sessions = self.sessions
         presence, now = sessions.presence, sessions.clock.now
         gateway, outbox = link.gateway, link.outbox
-        max_ago = presence.tick / 2  # (module docstring, *Touch ages*)
+        max_ago = max_touch_age(presence.tick)
         while True:
             message = await receive_message(stream, decoder)
             if message is None or message is BYE:

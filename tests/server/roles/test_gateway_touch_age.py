@@ -14,14 +14,13 @@ import pytest
 import trio
 import trio.testing
 
-from idled.protocol import Attach, Query, Status, Touch, encode
+from idled.protocol import Attach, Touch, encode
 from tests.peers import Harness, running
 
 
 async def last_seen(h: Harness, *uids: str) -> dict[str, float]:
     observer = await h.observer()
-    await observer.send(Query(uids, last_seen=True))
-    status = await observer.expect(Status)
+    status = await observer.status_of(uids, last_seen=True)
     await observer.stream.aclose()
     assert status.last_seen is not None
     return {uid: status.last_seen[uid] for uid in uids}  # type: ignore[misc]

@@ -19,7 +19,8 @@ from prometheus_client import CollectorRegistry
 from idled.door.door import client_gate
 from idled.ops.config import Config, ConfigError
 from idled.ops.fdbudget import RESERVE, Budget
-from idled.ops.metrics import ROLES as METRIC_ROLES, Metrics, NullMetrics
+from idled.ops.metrics import ROLES as METRIC_ROLES, Metrics
+from idled.ops.nullmetrics import NullMetrics
 from idled.protocol import ROLES
 from idled.server import app
 from idled.server.edge import app as edge_app

@@ -5,7 +5,7 @@ from __future__ import annotations
 import trio
 import trio.testing
 
-from idled.ops.metrics import NullMetrics
+from idled.ops.nullmetrics import NullMetrics
 from idled.server.runtime.clock import Clock
 from idled.server.runtime.monitor import Monitor
 
