@@ -33,7 +33,9 @@ class FullScan(EntryMap):
         self._expired_total = 0
 
     def add(self, key: Hashable, now: int, timeout: int | None = None, entry: Entry | None = None) -> Entry:
-        return self._enter(key, now, timeout, entry)
+        entry = self._enter(key, now, timeout, entry)
+        entry.place = True  # (the scan files nothing, but None means "not held")
+        return entry
 
     def touch(self, key: Hashable, now: int) -> None:
         entry = self.entries.get(key)
@@ -44,7 +46,11 @@ class FullScan(EntryMap):
         entry.tick = now
 
     def remove(self, key: Hashable) -> bool:
-        return self.entries.pop(key, None) is not None
+        entry = self.entries.pop(key, None)
+        if entry is None:
+            return False
+        entry.place = None
+        return True
 
     def next_due(self) -> int | None:
         # The scan cannot know the earliest deadline without scanning: it wakes every tick.
@@ -68,6 +74,7 @@ class FullScan(EntryMap):
             # Re-check: an entry found by the scan may have been touched or removed between chunks.
             if entries.get(entry.key) is entry and entry.tick + entry.timeout <= self._now:
                 del entries[entry.key]
+                entry.place = None
                 expired.append(entry)
         self._expired_total += len(expired)
         return expired

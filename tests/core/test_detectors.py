@@ -202,3 +202,20 @@ def test_replacing_or_removing_a_record_unfiles_the_old_one(kind: str) -> None:
     detector.add("gone", 60)
     assert detector.remove("gone") and not detector.remove("gone")
     assert detector.advance(200) == [] and len(detector) == 0
+
+
+@pytest.mark.parametrize("kind", DETECTOR_KINDS)
+def test_an_entry_has_a_place_exactly_while_its_detector_holds_it(kind: str) -> None:
+    # The user plane holds its session's record and touches it without the key's lookup
+    # (PresenceTable.touch_session): ``place is None`` is how it knows the record was replaced, removed or expired.
+    detector = make_detector(kind, timeout=30)
+    first = detector.add("k", 0)
+    assert first.place is not None
+    second = detector.add("k", 5)  # replaced
+    assert first.place is None and second.place is not None
+    detector.touch_entry(second, 10)
+    assert second.place is not None
+    removed = detector.add("gone", 10)
+    assert detector.remove("gone") and removed.place is None
+    expired = detector.advance_entries(40)
+    assert expired == [second] and second.place is None

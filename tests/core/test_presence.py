@@ -267,6 +267,29 @@ def test_a_gateway_touch_stamped_before_the_sessions_last_activity_changes_nothi
     assert run_until_expired(p, "u", 5.0)[0] == pytest.approx(3.5)
 
 
+@pytest.mark.parametrize("kind", ["ring-lazy", "ring-eager", "scan", "heap"])
+def test_touching_a_session_record_moves_only_that_session_while_it_lives(kind: str) -> None:
+    # The user plane touches its connection's session record (session_of), not its key: a record replaced by a
+    # newer login, or ended, must stay out of the table -- it never moves the new owner's deadline, never
+    # comes back, and never breaks the detector (eager ones re-file what they are given).
+    p = PresenceTable(make_detector(kind, timeout=10, slots=16), tick=0.1, timeout=1.0, max_timeout=60.0,
+                      detector_name=kind)
+    old, new = Owner("old"), Owner("new")
+    p.login("u", old, 0.0, wall(0.0))
+    mine = p.session_of("u", old)
+    assert mine is not None and p.session_of("u", new) is None
+    p.touch_session(mine, 0.5)
+    assert p.last_activity("u") == 0.5
+    p.login("u", new, 0.6, wall(0.6))  # newest wins: old's record is out
+    assert p.session_of("u", old) is None
+    p.touch_session(mine, 1.2)  # a late frame of the old connection
+    assert p.last_activity("u") == 0.6
+    assert run_until_expired(p, "u", 5.0)[0] == pytest.approx(1.6)
+    p.touch_session(mine, 1.7)
+    p.touch_session(p.session_of("u", new), 1.7)  # (None: no session of its any more)
+    assert not p.is_online("u") and p.next_due() is None
+
+
 def test_takeover_with_another_keepalive_changes_the_timeout() -> None:
     p = table(tick=0.1, timeout=1.0)
     p.login("u", Owner("a"), 0.0, wall(0.0), keepalive=4.0)

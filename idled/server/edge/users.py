@@ -108,6 +108,9 @@ class EdgeUsers:
 
     # -- the user role: run_user(self, ...) (idled.server.roles.users) --------------------------------------------
 
+    def handle(self, key: SessionKey, conn: EdgeUser) -> SessionKey:
+        return key  # (the link files touches by key)
+
     async def begin(self, login: Login) -> EdgeUser:
         link, users = self.link, self.users
         key = login.key

@@ -175,6 +175,7 @@ class UserPlane:
         sock = socket.socket(fileno=stream.socket.detach())
         sock.setblocking(False)
         conn.key = key
+        conn.handle = self.users.handle(key, conn)
         conn.sock = sock  # (the connection is the plane's record of it; its descriptor, its place in the table)
         conn.ws = decoder if isinstance(decoder, WsDecoder) else None
         # A plain connection's decoder exists only while bytes are pending (module docstring)
@@ -226,6 +227,7 @@ class UserPlane:
             finally:
                 lock.acquire()
             for record in self.records():
+                record.handle = None
                 record.sock.close()
                 self.release()
             self.conns.clear()
@@ -349,7 +351,7 @@ class UserPlane:
             message = KEEPALIVE_FRAMES.get(data)
             if message is not None:  # one whole keepalive and nothing else: the commonest read of all
                 if record.end is None:
-                    self.users.touch(record.key, now)
+                    self.users.touch(record.handle, now)
                 if message is PING:
                     self._send(record, PONG_FRAME)
                 return
@@ -367,7 +369,7 @@ class UserPlane:
         try:
             while (message := decoder.next_event()) is not NEED_DATA:
                 if record.end is None:  # a closed connection's last frames are not anyone's activity
-                    touch(record.key, now)
+                    touch(record.handle, now)
                 step = user_step(message)
                 if step == PONG:
                     self._send(record, PONG_FRAME if record.ws is None else _WS_PONG)
@@ -439,6 +441,7 @@ class UserPlane:
         self.conns[record.sock.fileno()] = None
         self._count -= 1
         self.users.end(record.key, record, reason)
+        record.handle = None  # (the core's refers back to the connection: freed without the collector)
         end = record.end
         last = b""
         if end is not None:

@@ -312,6 +312,9 @@ class _Sink:
         self.touched: list[Any] = []
         self.ended: list[Any] = []
 
+    def handle(self, key: Any, conn: Any) -> Any:
+        return key
+
     def touch(self, key: Any, now: float) -> None:
         self.touched.append(key)
 
