@@ -22,10 +22,9 @@ on, or the gateway that attached it), a last-activity time and a timeout. The ta
   that) would otherwise find nothing due and spin.
 
 Storage: one record per session (``SessionEntry``: owner, last activity, timeout, and the detector's own fields),
-in one key-keyed map -- the detector's ``entries``, shared (see ``idled.core.detector``; six parallel maps used
-to grow in the same login, each copying itself: 65-160 ms stalls at ~350k and ~700k sessions). A keepalive
-(``touch(key, now)``) is one lookup in that map whatever the key: a plain uid or a ``(uid, device)`` tuple
-(which the protocol decoded as is, so nothing is built per packet).
+in one key-keyed map -- the detector's ``entries``, shared (``idled.core.detector``; six parallel maps used to
+grow in the same login: 65-160 ms stalls at ~350k sessions). A keepalive is ``touch(key, now)``, one lookup
+whatever the key, or -- the user plane's, which keeps its connection's record -- ``touch_session``, none.
 
 *Users and their devices.* Events are about users, not sessions: a user is online while at least one of its
 keys lives. Which keys each user holds is ``idled.core.devices.UserKeys`` (``_user_keys``), touched only on
@@ -62,11 +61,9 @@ Rules:
   sees held sessions like any other.
 * ``restart_event`` stays per uid: the event log is user-level (one open ``online`` per user).
 
-Questions: ``len(table)`` counts sessions (keys, held ones included); ``users()`` counts online users
-(grace included); ``is_online(uid)`` is user-level (any key, or in grace); ``owner_of(key)`` and
-``timeout_of(key)`` are per key; ``keys_of(uid)`` lists a user's live keys, oldest first, ``devices_of(uid)``
-the devices among them, ``last_activity(uid)`` the latest activity over them, ``in_grace(uid)`` whether
-the user is online only by the grace.
+Questions: ``len(table)`` counts sessions (held ones too), ``users()`` online users (grace too); ``is_online``,
+``in_grace``, ``keys_of`` (oldest first), ``devices_of``, ``last_activity`` are per uid, ``owner_of``, ``timeout_of``
+per key.
 """
 
 from __future__ import annotations
@@ -240,8 +237,7 @@ class PresenceTable:
             return replaced, None  # back within the grace: the user never went offline
         return replaced, self._event("online", uid, wall, "login", wall, timeout, device)
 
-    def touch(self, key: SessionKey, now: float) -> None:
-        """Activity from ``key``."""
+    def touch(self, key: SessionKey, now: float) -> None:  # activity from ``key``
         self.touch_session(self._sessions.get(key), now)
 
     def touch_session(self, session: SessionEntry | None, now: float) -> None:
@@ -290,13 +286,7 @@ class PresenceTable:
             return True
         if session.owner is not owner or now <= session.seen:  # not its own, or no later than what it has
             return session.owner is owner
-        session.seen = now
-        seconds = session.seconds
-        tick = self._activity_tick(now) if seconds is self._timeout else self._own_tick(now, seconds, session.timeout)
-        if self._plain_touch:
-            session.tick = tick
-        else:
-            self._touch_entry(session, tick)
+        self.touch_session(session, now)
         return True
 
     def logout(self, key: SessionKey, owner: Owner, now: float, wall: float, reason: str) -> PresenceEvent | None:

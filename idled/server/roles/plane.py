@@ -74,9 +74,11 @@ Memory per adopted connection: the socket object, the connection object itself -
 session already has as its owner (the presence table's; at an edge, ``EdgeUsers.users``'s) is the plane's record
 too (its task's cancel scope is dropped), so no second object points back at it -- one slot in the
 descriptor-indexed table, no decoder while idle, and the epoll registration in the kernel. (A user connection
-that is never adopted -- TLS -- carries the plane's eight slots empty: 64 bytes beside its task's ~6 KiB.)
-Nothing here forms a cycle: a closed connection is freed by reference counting at once, never left for the
-collector (frozen by ``idled.ops.gcpolicy``: until its next thaw).
+that is never adopted -- TLS -- carries the plane's nine slots empty: 72 bytes beside its task's ~6 KiB.)
+A keepalive touches the connection's ``handle`` (``UserSink.handle``): at the core, its session's own record,
+whose ``owner`` is the connection -- the one cycle here, cut when the plane ends it (``_finish``), so a closed
+connection is freed by reference counting at once, never left for the collector (frozen by
+``idled.ops.gcpolicy``: until its next thaw).
 """
 
 from __future__ import annotations

@@ -47,6 +47,35 @@ async def test_pings_messages_and_bye_through_the_plane(tmp_path: Path) -> None:
                 await trio.sleep(0.01)  # the plane gave the count back
 
 
+async def test_a_connection_the_plane_ended_is_freed_without_the_collector(tmp_path: Path) -> None:
+    # The core's plane touches the session's record, whose owner is the connection: a cycle while it lives. The
+    # collector is frozen between thaws (idled.ops.gcpolicy), so an ended connection left in a cycle would be
+    # kept until the next one: the plane must cut it.
+    import gc
+
+    from idled.server.roles.users import UserConnection
+
+    async with running(tmp_path, listen=True) as h:
+        gc.collect()
+        gc.disable()
+        try:
+            for name in ("ann", "bob"):
+                client = await user(h, name)
+                await client.send(BYE)
+                assert await client.recv() is None
+            with trio.fail_after(5):
+                while h.server.connections["user"]:
+                    await trio.sleep(0.01)
+            gc.set_debug(gc.DEBUG_SAVEALL)
+            gc.collect()
+            left = [o for o in gc.garbage if isinstance(o, UserConnection)]
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+            gc.enable()
+        assert left == []
+
+
 class _LoopTurns(trio.abc.Instrument):
     def __init__(self) -> None:
         self.turns = 0
