@@ -45,7 +45,8 @@ class DetectorStats:
 class Entry:
     """One watched key. ``tick`` and ``timeout`` are the detector's (activity tick, timeout in ticks); ``place``
     is private to the detector that holds the entry (the wheel: the bucket it is filed in), and None exactly while
-    none does -- replaced, removed or expired: a caller that kept the entry itself checks that before touching it.
+    none does -- replaced, removed or expired (and so while the presence table holds it out of the detector): a
+    caller that kept the entry itself checks that before touching it.
 
     Subclass it (with ``__slots__``) to keep more per-key fields in the same record."""
 

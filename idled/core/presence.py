@@ -24,7 +24,7 @@ on, or the gateway that attached it), a last-activity time and a timeout. The ta
 Storage: one record per session (``SessionEntry``: owner, last activity, timeout, and the detector's own fields),
 in one key-keyed map -- the detector's ``entries``, shared (``idled.core.detector``; six parallel maps used to
 grow in the same login: 65-160 ms stalls at ~350k sessions). A keepalive is ``touch(key, now)``, one lookup
-whatever the key, or -- the user plane's, which keeps its connection's record -- ``touch_session``, none.
+whatever the key, or -- a direct user's, whose connection keeps its record -- ``touch_session``, none.
 
 *Users and their devices.* Events are about users, not sessions: a user is online while at least one of its
 keys lives. Which keys each user holds is ``idled.core.devices.UserKeys`` (``_user_keys``), touched only on
@@ -241,9 +241,9 @@ class PresenceTable:
         self.touch_session(self._sessions.get(key), now)
 
     def touch_session(self, session: SessionEntry | None, now: float) -> None:
-        """Activity of a session record (``session_of``): the per-packet path of the user plane, two stores and no
-        lookup of its key (a cold dict and key cost ~1 us a keepalive here). A record the table no longer holds
-        (replaced, ended: no ``place``) is left alone."""
+        """Activity of a session record (``session_of``): a direct user's per-packet path, no lookup of its key (a
+        cold map and key cost ~1 us a keepalive here). A record out of the detector (no ``place``: replaced, ended,
+        or held -- only a gateway's is, which touches by key: ``touch_owned``) is left alone."""
         if session is not None and session.place is not None:
             session.seen = now
             # The default timeout is the table's own float object: one identity test, then the shared tick.

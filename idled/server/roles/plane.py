@@ -442,8 +442,8 @@ class UserPlane:
         it), the socket, and its count."""
         self.conns[record.sock.fileno()] = None
         self._count -= 1
-        self.users.end(record.key, record, reason)
         record.handle = None  # (the core's refers back to the connection: freed without the collector)
+        self.users.end(record.key, record, reason)
         end = record.end
         last = b""
         if end is not None:

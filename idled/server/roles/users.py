@@ -25,8 +25,8 @@ is also what the doorway admits connections against: ``stopping``, ``refuse_if_s
 ``key`` is the login's session key (``Login.key``): the uid, or ``(uid, device)`` for a login that names a
 device -- what the connection holds from its login on.
 
-The loop holds ``touch`` and ``now`` in locals -- for the core, the table's own ``touch`` and the clock's
-``now``: no attribute chain, no wrapper call per packet. ``ready`` runs inside the connection's scope, so a
+The loop holds ``touch``, ``now`` and its ``handle`` in locals -- for the core, the table's own
+``touch_session`` and the clock's ``now``: no attribute chain, no wrapper call per packet. ``ready`` runs inside the connection's scope, so a
 connection closed while it waits (kicked, shut down) stops waiting.
 
 No per-connection timer exists: idleness is the detector's job (at an edge, the core's), which ends an idle
@@ -145,7 +145,7 @@ class UserSink(Admission, Protocol[C]):
     # that does not relay devices yet) is still a sink; the core's takes any SessionKey.
     def handle(self, key: Any, conn: C) -> Any:
         """What ``touch`` takes for the activity of ``conn``, which owns ``key``'s session (asked right after
-        ``begin``)."""
+        ``begin``, and by the plane when it adopts the connection)."""
 
     async def ready(self, key: Any, conn: C) -> float:
         """Just before the welcome, inside the connection's scope: the timeout the welcome announces."""
