@@ -59,9 +59,6 @@ from idled.ops.nullmetrics import NullMetrics
 from idled.protocol import ErrorCode
 from idled.server.edge.link import CoreLink
 from idled.server.edge.users import EdgeUsers
-
-if TYPE_CHECKING:  # (exporters only: a process without metrics never imports prometheus_client)
-    from idled.ops.metrics import Metrics
 from idled.server.roles.doorway import Doorway, auth_secret, refuse, refuse_out_of_descriptors
 from idled.server.roles.table import (
     DOOR_RELOADABLE, connection_counts, connection_limit, reload_door, roles, user_plane,
@@ -71,6 +68,9 @@ from idled.server.runtime.monitor import Monitor
 from idled.server.runtime.reload import reload
 from idled.server.runtime.signals import SIGNALS, until_stopped
 from idled.server.workers.occupancy import Occupancy
+
+if TYPE_CHECKING:  # (exporters only: a process without metrics never imports prometheus_client)
+    from idled.ops.metrics import Metrics
 
 __all__ = ["Edge", "RELOADABLE"]
 

@@ -157,9 +157,11 @@ class UserPlane:
 
     # -- entering ------------------------------------------------------------------------------------------
 
-    def adopt(self, stream: trio.abc.Stream, key: Any, conn: UserConnection, decoder: FrameDecoder) -> bool:
+    def adopt(self, stream: trio.abc.Stream, key: Any, handle: Any, conn: UserConnection,
+              decoder: FrameDecoder) -> bool:
         """Take over a logged-in user's connection (True), or leave it to its task (False: not a plain socket,
-        the plane has stopped, or the kernel would not watch one more descriptor).
+        the plane has stopped, or the kernel would not watch one more descriptor). ``handle``: what its frames
+        touch (``UserSink.handle``, asked by the user loop).
 
         The caller's task must end without touching the stream again; what the decoder still holds is served
         at the plane's next step."""
@@ -177,7 +179,7 @@ class UserPlane:
         sock = socket.socket(fileno=stream.socket.detach())
         sock.setblocking(False)
         conn.key = key
-        conn.handle = self.users.handle(key, conn)
+        conn.handle = handle
         conn.sock = sock  # (the connection is the plane's record of it; its descriptor, its place in the table)
         conn.ws = decoder if isinstance(decoder, WsDecoder) else None
         # A plain connection's decoder exists only while bytes are pending (module docstring)

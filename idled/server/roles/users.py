@@ -87,7 +87,8 @@ def user_step(message: Any) -> int:
 class Plane(Protocol):
     """Whoever takes logged-in connections over (``idled.server.roles.plane.UserPlane``)."""
 
-    def adopt(self, stream: trio.abc.Stream, key: SessionKey, conn: UserConnection, decoder: FrameDecoder) -> bool:
+    def adopt(self, stream: trio.abc.Stream, key: SessionKey, handle: Any, conn: UserConnection,
+              decoder: FrameDecoder) -> bool:
         ...
 
     def request_close(self, conn: UserConnection) -> None: ...
@@ -144,8 +145,8 @@ class UserSink(Admission, Protocol[C]):
     # ``key`` is typed Any in this protocol, not SessionKey, while a sink that serves plain uids only (an edge
     # that does not relay devices yet) is still a sink; the core's takes any SessionKey.
     def handle(self, key: Any, conn: C) -> Any:
-        """What ``touch`` takes for the activity of ``conn``, which owns ``key``'s session (asked right after
-        ``begin``, and by the plane when it adopts the connection)."""
+        """What ``touch`` takes for the activity of ``conn``, which owns ``key``'s session (asked once, right
+        after ``begin``; the user plane is given it when it adopts the connection)."""
 
     async def ready(self, key: Any, conn: C) -> float:
         """Just before the welcome, inside the connection's scope: the timeout the welcome announces."""
@@ -205,7 +206,7 @@ async def run_user(users: UserSink[Any], stream: trio.abc.Stream, decoder: Frame
         with conn.scope:
             timeout = await users.ready(key, conn)
             await stream.send_all(encode(Welcome("uid", uid, timeout)))
-            if plane is not None and plane.adopt(stream, key, conn, decoder):
+            if plane is not None and plane.adopt(stream, key, handle, conn, decoder):
                 return HANDED_OVER
             while (message := await receive_message(stream, decoder)) is not None:
                 if conn.end is None:  # a kicked connection's last frames are not the new owner's activity

@@ -301,7 +301,7 @@ async def test_a_login_finishing_after_the_plane_stopped_keeps_its_own_task() ->
     left, right = trio.socket.socketpair()
     with left, right:
         stream = trio.SocketStream(left)
-        assert plane.adopt(stream, "late", UserConnection(), FrameDecoder()) is False
+        assert plane.adopt(stream, "late", "late", UserConnection(), FrameDecoder()) is False
         assert stream.socket.fileno() == left.fileno()  # untouched: still the task's
 
 
@@ -341,9 +341,6 @@ class _Sink:
         self.touched: list[Any] = []
         self.ended: list[Any] = []
 
-    def handle(self, key: Any, conn: Any) -> Any:
-        return key
-
     def touch(self, key: Any, now: float) -> None:
         self.touched.append(key)
 
@@ -369,7 +366,7 @@ async def test_a_descriptor_reused_by_a_new_connection_is_not_closed_by_the_old_
     def adopted(key: str) -> tuple[UserConnection, socket.socket]:
         ours, peer = socket.socketpair()
         conn = UserConnection()
-        assert plane.adopt(trio.SocketStream(trio.socket.from_stdlib_socket(ours)), key, conn, FrameDecoder())
+        assert plane.adopt(trio.SocketStream(trio.socket.from_stdlib_socket(ours)), key, key, conn, FrameDecoder())
         return conn, peer
 
     first, first_peer = adopted("first")
@@ -408,7 +405,7 @@ async def test_a_close_requested_while_the_peer_hangs_up_ends_it_once_and_leaves
     plane = UserPlane(cast(Any, sink), release=lambda: released.append(1), reject=lambda code: None)
     ours, peer = socket.socketpair()
     conn = UserConnection()
-    assert plane.adopt(trio.SocketStream(trio.socket.from_stdlib_socket(ours)), "alice", conn, FrameDecoder())
+    assert plane.adopt(trio.SocketStream(trio.socket.from_stdlib_socket(ours)), "alice", "alice", conn, FrameDecoder())
     peer.close()
     conn.close(ErrorCode.KICKED, "logged in elsewhere")
     plane.drain()
@@ -432,7 +429,7 @@ async def test_a_failure_in_the_planes_thread_ends_its_task_with_the_error() -> 
     plane = UserPlane(cast(Any, Broken()), release=lambda: None, reject=lambda code: None)
     ours, peer = socket.socketpair()
     with peer:
-        assert plane.adopt(trio.SocketStream(trio.socket.from_stdlib_socket(ours)), "alice", UserConnection(),
+        assert plane.adopt(trio.SocketStream(trio.socket.from_stdlib_socket(ours)), "alice", "alice", UserConnection(),
                            FrameDecoder())
         failed = pytest.RaisesExc(RuntimeError, match="thread failed",
                                   check=lambda exc: isinstance(exc.__cause__, ZeroDivisionError))
@@ -471,7 +468,7 @@ async def test_a_frame_that_arrives_while_the_batch_reads_its_clock_is_not_stamp
     plane = UserPlane(cast(Any, Racing()), release=lambda: None, reject=lambda code: None)
     ours, peer = socket.socketpair()
     with peer:
-        assert plane.adopt(trio.SocketStream(trio.socket.from_stdlib_socket(ours)), "alice", UserConnection(),
+        assert plane.adopt(trio.SocketStream(trio.socket.from_stdlib_socket(ours)), "alice", "alice", UserConnection(),
                            FrameDecoder())
         sent.append(time.monotonic())
         peer.sendall(PING_FRAME)
